@@ -1,0 +1,36 @@
+# `make run` and `make test` work on a fresh machine: each creates .venv and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch on this machine's disk; an unpinned torch would download a CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[engine,dashboard,dev]"
+	touch $@ $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/kvlab sim
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/policies_bench.py
+	$(BIN)/python benchmarks/sim_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""kvlab.dashboard."""

@@ -1,0 +1,79 @@
+"""The `kvlab` command: a thin shell over library functions.
+
+Subcommands live in `kvlab.commands.<name>` and are imported only when chosen, so `kvlab --help`
+does not import numpy, simpy or torch. Each command module has `add_arguments(parser)` and
+`run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from kvlab import __version__
+from kvlab.errors import KvlabError
+
+# name -> (module under kvlab.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("sim", "simulate a trace through a memory policy on a model and hardware preset"),
+    "run": ("run", "run a trace through the real paged engine (cpu, cuda or npu)"),
+    "calibrate": ("calibrate", "fit the simulator's cost model to engine step profiles"),
+    "validate": ("validate", "run one trace through engine and simulator and compare metrics"),
+    "policies": ("policies", "list every registered memory policy"),
+    "presets": ("presets", "list model and hardware presets with their key figures"),
+    "traces": ("traces", "inspect request traces (kvlab traces info PATH)"),
+    "dashboard": ("dashboard", "start the Streamlit policy explorer on localhost"),
+}
+
+
+def _top_parser(commands: dict[str, tuple[str, str]]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvlab",
+        description="KV-cache memory-management laboratory: simulate, run and validate policies.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in commands.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def _available_commands() -> dict[str, tuple[str, str]]:
+    """The commands whose module is installed (a command lands with its library)."""
+    found = {}
+    for name, entry in COMMANDS.items():
+        if importlib.util.find_spec(f"kvlab.commands.{entry[0]}") is not None:
+            found[name] = entry
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `kvlab` console script; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = _available_commands()
+    if not argv or argv[0] not in commands:
+        parser = _top_parser(commands)
+        if argv and not argv[0].startswith("-"):
+            parser.error(f"unknown command {argv[0]!r}; choose from: {', '.join(commands)}")
+        parser.parse_args(argv)
+        parser.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(f"kvlab.commands.{commands[name][0]}")
+    parser = argparse.ArgumentParser(prog=f"kvlab {name}", description=commands[name][1])
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except KvlabError as err:
+        print(f"kvlab {name}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"kvlab {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

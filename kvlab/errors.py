@@ -1,0 +1,5 @@
+"""The one exception type for user mistakes; the CLI prints it as one line and exits with 2."""
+
+
+class KvlabError(Exception):
+    """A user mistake (bad flag, file, trace row, preset or policy spec) with an actionable message."""

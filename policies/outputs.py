@@ -1,0 +1,145 @@
+"""What the manager and the scheduler hand to their executors (engine or simulator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvlab.policies.request import Request
+
+
+@dataclass(slots=True)
+class MemOps:
+    """The physical work one memory decision implies; the executor carries it out.
+
+    Each list holds (source page, destination page) pairs. `copies` are device-to-device copies
+    (copy-on-write, or a dynamic-block-size move: `moves` marks the subset that are moves);
+    `swap_outs` copy device pages to host pages, `swap_ins` host pages back to device pages.
+    `num_swap_transfers` counts separate transfers (one per contiguous run of pages), which is
+    what a link's per-transfer latency is charged on.
+    """
+
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    moves: list[tuple[int, int]] = field(default_factory=list)
+    swap_outs: list[tuple[int, int]] = field(default_factory=list)
+    swap_ins: list[tuple[int, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.copies or self.moves or self.swap_outs or self.swap_ins)
+
+    def extend(self, other: MemOps) -> None:
+        """Append another decision's work after this one's."""
+        self.copies.extend(other.copies)
+        self.moves.extend(other.moves)
+        self.swap_outs.extend(other.swap_outs)
+        self.swap_ins.extend(other.swap_ins)
+
+    @property
+    def num_swap_out_transfers(self) -> int:
+        """Separate device-to-host transfers: one per run of consecutive device and host pages."""
+        return count_runs(self.swap_outs)
+
+    @property
+    def num_swap_in_transfers(self) -> int:
+        """Separate host-to-device transfers: one per run of consecutive host and device pages."""
+        return count_runs(self.swap_ins)
+
+
+def count_runs(pairs: list[tuple[int, int]]) -> int:
+    """Runs of pairs where both source and destination advance by one page."""
+    runs = 0
+    prev_src = prev_dst = -2
+    for src, dst in pairs:
+        if src != prev_src + 1 or dst != prev_dst + 1:
+            runs += 1
+        prev_src, prev_dst = src, dst
+    return runs
+
+
+@dataclass(slots=True)
+class MemoryUsage:
+    """A snapshot of KV memory, in pages and token slots.
+
+    `num_used_pages + num_cached_free_pages + num_free_pages == num_total_pages`. Used pages hold
+    `num_live_token_slots` tokens of live KV and `num_internal_frag_slots` allocated but empty slots
+    (reservations included); `num_external_frag_pages` are free pages the allocator cannot hand out
+    as the contiguous runs it needs (always 0 for paged allocation).
+    """
+
+    page_size: int
+    num_total_pages: int
+    num_used_pages: int
+    num_cached_free_pages: int
+    num_free_pages: int
+    num_live_token_slots: int
+    num_internal_frag_slots: int
+    num_external_frag_pages: int
+    num_host_total_pages: int
+    num_host_used_pages: int
+    num_prefix_queries: int  # prompt pages looked up in the prefix cache
+    num_prefix_hits: int  # of those, found
+
+    @property
+    def usage_perc(self) -> float:
+        """Share of pages held by sequences, in percent (vLLM's kv_cache_usage_perc x 100)."""
+        return 100.0 * self.num_used_pages / self.num_total_pages if self.num_total_pages else 0.0
+
+    @property
+    def token_state_perc(self) -> float:
+        """Share of held slots that store real token states (the PagedAttention paper's metric)."""
+        held = self.num_used_pages * self.page_size
+        return 100.0 * self.num_live_token_slots / held if held else 0.0
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step: compute `num_new_tokens` tokens after the computed ones."""
+
+    request: Request
+    num_new_tokens: int
+    num_computed_tokens: int  # tokens whose KV is already in memory before this step
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while prompt tokens remain to compute (a prefill chunk, maybe after a preemption)."""
+        return self.num_computed_tokens < self.request.num_tokens - 1
+
+    @property
+    def samples_token(self) -> bool:
+        """True when this step reaches the end of the known tokens and so samples a new one."""
+        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One engine step's decisions.
+
+    `scheduled` lists the running requests in batch order (decodes and prefill chunks alike);
+    `mem_ops` is the memory work to do before the step's forward pass (swap-outs of preempted
+    requests, swap-ins, copies). `preempted` were stopped this step (recompute or swap);
+    `failed` finished with an error without running.
+    """
+
+    step_id: int
+    scheduled: list[ScheduledRequest]
+    mem_ops: MemOps
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_context_tokens: int = 0  # KV tokens attention reads this step, summed over requests
+    num_attention_pairs: int = 0  # (query, key) pairs of the prefill chunks, for the quadratic term
+
+    @property
+    def num_seqs(self) -> int:
+        """Requests in the batch."""
+        return len(self.scheduled)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens computed this step."""
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing runs and no memory work is due."""
+        return not self.scheduled and not self.mem_ops

@@ -1,0 +1,119 @@
+"""A request and its state as the scheduler and the KV-cache manager see it (torch-free)."""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+
+import xxhash
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life; the FINISHED_* values are terminal."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "finished_stopped"  # eos or a stop token
+    FINISHED_LENGTH = "finished_length"  # reached its output budget
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # could never run (too long for the model or the memory)
+
+    @property
+    def is_finished(self) -> bool:
+        """True for every terminal status."""
+        return self.value.startswith("finished")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One inference request: what it asks for, and its progress through the engine.
+
+    Prompt content is known in one of two ways: `prompt_token_ids` (the engine, or a tokenized
+    trace), or `hash_ids` naming chained blocks of `hash_block_size` prompt tokens (a trace such as
+    Mooncake, where `hash_ids[i]` stands for block i together with everything before it). Either
+    gives per-page prefix hashes for any page size; with neither, the prompt is never shared.
+    `max_output_tokens` is the output budget; in the simulator it is also the real output length.
+    """
+
+    request_id: int
+    prompt_len: int
+    max_output_tokens: int
+    arrival_s: float = 0.0
+    prompt_token_ids: list[int] | None = None
+    hash_ids: tuple[int, ...] | None = None
+    hash_block_size: int = 512
+    # Filled in by the engine as it samples; the simulator only counts.
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first schedule
+    num_swaps_out: int = 0
+    error: str | None = None
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    # Cached per-page prefix hashes for one page size: (page_size, hashes).
+    _page_hashes: tuple[int, list] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_len:
+            raise ValueError(
+                f"request {self.request_id}: prompt_len {self.prompt_len} but "
+                f"{len(self.prompt_token_ids)} prompt token ids"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens so far."""
+        return self.prompt_len + self.num_output_tokens
+
+    @property
+    def total_len(self) -> int:
+        """The most tokens this request can ever hold: prompt plus output budget."""
+        return self.prompt_len + self.max_output_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the request has a terminal status."""
+        return self.status.is_finished
+
+    def token_ids(self) -> list[int]:
+        """All token ids (prompt then output); only for requests with known prompt ids."""
+        assert self.prompt_token_ids is not None
+        return self.prompt_token_ids + self.output_token_ids
+
+    def page_hashes(self, page_size: int) -> list:
+        """Chained prefix hashes of the full pages of the prompt, in order.
+
+        With token ids: hash(parent hash, the page's ids). With trace hash ids: the key of the
+        prefix ending at the page's last token, (id of the block holding that token, offset in the
+        block), which is equal for two requests exactly when their prefixes are. Output tokens are
+        never hashed, so the simulator and the engine cache the same pages.
+        """
+        cached = self._page_hashes
+        if cached is not None and cached[0] == page_size:
+            return cached[1]
+        num_full_pages = self.prompt_len // page_size
+        hashes: list = []
+        if self.prompt_token_ids is not None:
+            ids = array("q", self.prompt_token_ids)
+            parent = 0
+            for page in range(num_full_pages):
+                chunk = ids[page * page_size : (page + 1) * page_size].tobytes()
+                parent = xxhash.xxh3_64_intdigest(chunk, seed=parent)
+                hashes.append(parent)
+        elif self.hash_ids is not None:
+            block = self.hash_block_size
+            for page in range(num_full_pages):
+                end = (page + 1) * page_size
+                block_index = (end - 1) // block
+                if block_index >= len(self.hash_ids):
+                    break
+                hashes.append((self.hash_ids[block_index], end - block_index * block))
+        self._page_hashes = (page_size, hashes)
+        return hashes
