@@ -1,0 +1,386 @@
+"""Benchmark metrics of a finished run: vLLM's bench keys plus KV-cache memory metrics.
+
+Both the simulator (`kvlab sim`) and the real engine (`kvlab run`) end with a `RunResult`;
+`summarize` turns it into the flat, JSON-ready dict that `kvlab.report` prints and
+`kvlab.results` saves. Torch-free: numpy and pandas only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvlab.errors import KvlabError
+from kvlab.policies.records import STEP_COLUMNS, StepRecorder
+from kvlab.policies.request import Request, RequestStatus
+
+# A request is completed when it produced its output normally; every other one counts as failed
+# (FINISHED_ERROR: could never run; FINISHED_ABORTED: cut off; a non-terminal status: the run
+# ended first), as vLLM counts every unsuccessful request as failed.
+COMPLETED_STATUSES = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH})
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+METADATA_KEYS = ("policy", "model", "hardware", "dataset", "seed", "backend")
+LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything a finished run (simulated or real) leaves behind, on one clock in seconds.
+
+    `requests` are all arrived requests with terminal status; `itls_s` holds every gap between
+    consecutive output tokens of the completed requests, concatenated (the producer collects
+    them, since a request keeps no per-token stamps). `duration_s` runs from the first arrival to
+    the last finish. `metadata` holds the run's description: policy (spec string), policy_json,
+    model, hardware, dataset, seed, backend ("sim" or "engine:<device>"), num_prompts,
+    request_rate and whatever else the producer wants saved with the summary.
+    """
+
+    requests: list[Request]
+    steps: StepRecorder
+    itls_s: np.ndarray
+    duration_s: float
+    page_size: int
+    num_total_pages: int
+    kv_cache_size_tokens: int
+    num_host_pages: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def percentile_label(p: float) -> str:
+    """A percentile as vLLM writes it in keys: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def parse_percentile_metrics(text: str) -> tuple[str, ...]:
+    """Parse vLLM's `--percentile-metrics ttft,tpot,itl` flag value."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    _check_percentile_metrics(names)
+    return names
+
+
+def parse_metric_percentiles(text: str) -> tuple[float, ...]:
+    """Parse vLLM's `--metric-percentiles 50,90,99` flag value."""
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(float(item))
+        except ValueError:
+            raise KvlabError(
+                f"--metric-percentiles: {item.strip()!r} is not a number; "
+                "expected comma-separated percentiles such as 50,90,99"
+            ) from None
+    _check_percentiles(values)
+    return tuple(values)
+
+
+def parse_goodput(items: Iterable[str]) -> dict[str, float]:
+    """Parse vLLM's `--goodput ttft:MS tpot:MS e2el:MS` flag values into SLOs in milliseconds."""
+    slos: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition(":")
+        try:
+            slos[name.strip()] = float(value)
+        except ValueError:
+            raise KvlabError(
+                f"--goodput {item!r}: expected KEY:MILLISECONDS with KEY one of "
+                f"{', '.join(GOODPUT_METRICS)}, e.g. ttft:500"
+            ) from None
+    _check_goodput(slos)
+    return slos
+
+
+def _check_percentile_metrics(names: Sequence[str]) -> None:
+    for name in names:
+        if name not in PERCENTILE_METRICS:
+            raise KvlabError(
+                f"--percentile-metrics: unknown metric {name!r}; "
+                f"choose from {', '.join(PERCENTILE_METRICS)}"
+            )
+
+
+def _check_percentiles(values: Sequence[float]) -> None:
+    for p in values:
+        if not 0.0 <= p <= 100.0:
+            raise KvlabError(f"--metric-percentiles: {p:g} is outside 0..100")
+
+
+def _check_goodput(slos: dict[str, float]) -> None:
+    for name, value in slos.items():
+        if name not in GOODPUT_METRICS:
+            raise KvlabError(
+                f"--goodput: unknown SLO {name!r}; choose from {', '.join(GOODPUT_METRICS)}"
+            )
+        if not (math.isfinite(value) and value >= 0.0):
+            raise KvlabError(f"--goodput {name}:{value:g}: expected milliseconds >= 0")
+
+
+@dataclass(slots=True)
+class _RequestArrays:
+    """Per-request columns as numpy arrays (NaN where a timestamp is missing)."""
+
+    request_id: np.ndarray
+    arrival_s: np.ndarray
+    first_scheduled_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    num_cached_tokens: np.ndarray
+    num_preemptions: np.ndarray
+    num_swaps_out: np.ndarray
+    completed: np.ndarray
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        """Time to first token: the first token's stamp minus arrival."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2el_s(self) -> np.ndarray:
+        """End-to-end latency: finish minus arrival."""
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Time per output token after the first; NaN with one output token or fewer."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = (self.e2el_s - self.ttft_s) / (self.output_len - 1)
+        return np.where(self.output_len > 1, tpot, np.nan)
+
+
+def _request_arrays(requests: Sequence[Request]) -> _RequestArrays:
+    def floats(name: str) -> np.ndarray:
+        # None -> NaN: numpy converts None when the dtype is float.
+        return np.array([getattr(r, name) for r in requests], dtype=np.float64)
+
+    def ints(name: str) -> np.ndarray:
+        return np.array([getattr(r, name) for r in requests], dtype=np.int64)
+
+    completed = np.array([r.status in COMPLETED_STATUSES for r in requests], dtype=bool)
+    arrays = _RequestArrays(
+        request_id=ints("request_id"),
+        arrival_s=floats("arrival_s"),
+        first_scheduled_s=floats("first_scheduled_s"),
+        first_token_s=floats("first_token_s"),
+        finish_s=floats("finish_s"),
+        input_len=ints("prompt_len"),
+        output_len=ints("num_output_tokens"),
+        num_cached_tokens=ints("num_cached_tokens"),
+        num_preemptions=ints("num_preemptions"),
+        num_swaps_out=ints("num_swaps_out"),
+        completed=completed,
+    )
+    missing = completed & (np.isnan(arrays.first_token_s) | np.isnan(arrays.finish_s))
+    if missing.any():
+        bad = arrays.request_id[missing][:5].tolist()
+        raise ValueError(f"completed requests {bad} lack first_token_s or finish_s")
+    return arrays
+
+
+def _distribution(name: str, values: np.ndarray, percentiles: Sequence[float]) -> dict:
+    """mean/median/std/pP of one latency metric in ms; every key is 0.0 when it is empty."""
+    ms = values * 1000.0 if values.size else np.zeros(1)
+    # One partition pass for the median and every percentile (the median is the 50th).
+    median, *points = np.percentile(ms, [50.0, *percentiles])
+    stats = {
+        f"mean_{name}_ms": float(np.mean(ms)),
+        f"median_{name}_ms": float(median),
+        f"std_{name}_ms": float(np.std(ms)),
+    }
+    for p, value in zip(percentiles, points, strict=True):
+        stats[f"p{percentile_label(p)}_{name}_ms"] = float(value)
+    return stats
+
+
+def _num_good(arrays: _RequestArrays, slos_ms: dict[str, float]) -> int:
+    """Completed requests meeting every SLO (value <= SLO, as vLLM's goodput)."""
+    done = arrays.completed
+    good = done.copy()
+    # A one-token request has TPOT 0 for goodput, as in vLLM.
+    tpot = np.nan_to_num(arrays.tpot_s, nan=0.0)
+    values = {"ttft": arrays.ttft_s, "tpot": tpot, "e2el": arrays.e2el_s}
+    for name, slo_ms in slos_ms.items():
+        good &= values[name] * 1000.0 <= slo_ms
+    return int(good.sum())
+
+
+def step_columns(steps: StepRecorder) -> dict[str, np.ndarray]:
+    """The recorder's columns as numpy arrays (copies), in STEP_COLUMNS order."""
+    return {name: np.array(steps.columns[name]) for name in STEP_COLUMNS}
+
+
+def _time_weighted_ratio(weights: np.ndarray, num: np.ndarray, den: np.ndarray) -> float:
+    """sum(w * num) / sum(w * den) in percent; 0.0 when the denominator is 0."""
+    den_sum = float(np.dot(weights, den))
+    return 100.0 * float(np.dot(weights, num)) / den_sum if den_sum > 0 else 0.0
+
+
+def _kv_stats(result: RunResult) -> dict:
+    """KV-memory metrics over the engine steps, each step weighted by its duration."""
+    cols = step_columns(result.steps)
+    weights = cols["duration_s"]
+    if weights.size and not weights.sum() > 0:
+        weights = np.ones_like(weights)  # all steps took no time: weigh them equally
+    total_pages = result.num_total_pages
+    used = cols["num_used_pages"].astype(np.float64)
+    held_slots = used * result.page_size
+    constant_total = np.full_like(used, float(total_pages))
+    return {
+        "mean_kv_usage_perc": _time_weighted_ratio(weights, used, constant_total),
+        "peak_kv_usage_perc": (
+            100.0 * float(used.max()) / total_pages if used.size and total_pages else 0.0
+        ),
+        "kv_token_state_perc": _time_weighted_ratio(
+            weights, cols["num_live_token_slots"], held_slots
+        ),
+        "internal_fragmentation_perc": _time_weighted_ratio(
+            weights, cols["num_internal_frag_slots"], held_slots
+        ),
+        "external_fragmentation_perc": _time_weighted_ratio(
+            weights, cols["num_external_frag_pages"], constant_total
+        ),
+        "num_swap_out_pages": int(cols["num_swap_out_pages"].sum()),
+        "num_swap_in_pages": int(cols["num_swap_in_pages"].sum()),
+    }
+
+
+def _prefix_cache_hit_rate(arrays: _RequestArrays) -> float:
+    """Prompt tokens served from the prefix cache over prompt tokens looked up, in percent."""
+    looked_up = ~np.isnan(arrays.first_scheduled_s)
+    prompt_tokens = int(arrays.input_len[looked_up].sum())
+    hits = int(arrays.num_cached_tokens[looked_up].sum())
+    return 100.0 * hits / prompt_tokens if prompt_tokens else 0.0
+
+
+def _metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The run's description, with the standard keys always present (None when unknown)."""
+    out: dict[str, Any] = dict.fromkeys(METADATA_KEYS)
+    for key, value in metadata.items():
+        if isinstance(value, np.generic):
+            value = value.item()
+        # vLLM saves an unbounded request rate as the string "inf"; JSON has no infinity.
+        if isinstance(value, float) and not math.isfinite(value):
+            value = str(value)
+        out[key] = value
+    return out
+
+
+def summarize(
+    result: RunResult,
+    *,
+    percentile_metrics: Sequence[str] = ("ttft", "tpot", "itl"),
+    metric_percentiles: Sequence[float] = (99,),
+    goodput_slos: dict[str, float] | None = None,
+) -> dict:
+    """The run's summary: vLLM's bench keys, KV-cache metrics, then the run's metadata.
+
+    Latency metrics and token totals cover completed requests (FINISHED_STOPPED or
+    FINISHED_LENGTH); every other request counts as failed. TTFT = first token - arrival,
+    E2EL = finish - arrival, TPOT = (E2EL - TTFT) / (output_len - 1) over requests with more
+    than one output token, ITL = `result.itls_s`. Empty metrics are 0.0, as in vLLM; rates over
+    a zero duration are 0.0. `goodput_slos` are milliseconds keyed ttft/tpot/e2el; when given,
+    `request_goodput` is the completed requests meeting every SLO per second.
+
+    KV metrics, with each engine step weighted by its duration (idle gaps between steps hold no
+    weight), all in percent:
+    - mean_kv_usage_perc: mean of used pages / total pages; peak_kv_usage_perc: its maximum.
+    - kv_token_state_perc: sum(w * live token slots) / sum(w * held slots), held slots = used
+      pages x page_size: the share of memory held by requests (reservations and internal
+      fragmentation included) that stores real token states, the PagedAttention paper's metric.
+    - internal_fragmentation_perc: sum(w * allocated-but-empty slots) / sum(w * held slots).
+    - external_fragmentation_perc: sum(w * free-but-unusable pages) / sum(w * total pages).
+    - prefix_cache_hit_rate: from the requests, sum(num_cached_tokens) / sum(prompt_len) over
+      requests that were scheduled at least once (the prompt tokens looked up at first schedule).
+    Counters: num_preemptions (events, recompute and swap), num_swaps_out (events: a request
+    swapped out), num_swaps_in (events, counted from requests that completed: each of their
+    swap-outs was followed by a swap-in, since a request finishes on the device),
+    num_swap_out_pages / num_swap_in_pages (pages moved, from the steps).
+    """
+    _check_percentile_metrics(percentile_metrics)
+    _check_percentiles(metric_percentiles)
+    if goodput_slos is not None:
+        _check_goodput(goodput_slos)
+    arrays = _request_arrays(result.requests)
+    done = arrays.completed
+    duration = float(result.duration_s)
+    num_completed = int(done.sum())
+    total_input = int(arrays.input_len[done].sum())
+    total_output = int(arrays.output_len[done].sum())
+
+    def per_second(count: float) -> float:
+        return count / duration if duration > 0 else 0.0
+
+    summary: dict[str, Any] = {
+        "duration": duration,
+        "completed": num_completed,
+        "failed": len(result.requests) - num_completed,
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": per_second(num_completed),
+    }
+    if goodput_slos:
+        summary["request_goodput"] = per_second(_num_good(arrays, goodput_slos))
+    summary["output_throughput"] = per_second(total_output)
+    summary["total_token_throughput"] = per_second(total_input + total_output)
+
+    tpot = arrays.tpot_s[done]
+    values = {
+        "ttft": arrays.ttft_s[done],
+        "tpot": tpot[~np.isnan(tpot)],
+        "itl": np.asarray(result.itls_s, dtype=np.float64),
+        "e2el": arrays.e2el_s[done],
+    }
+    for name in PERCENTILE_METRICS:
+        if name in percentile_metrics:
+            summary.update(_distribution(name, values[name], metric_percentiles))
+
+    summary["num_preemptions"] = int(arrays.num_preemptions.sum())
+    summary["num_swaps_out"] = int(arrays.num_swaps_out.sum())
+    summary["num_swaps_in"] = int(arrays.num_swaps_out[done].sum())
+    summary["prefix_cache_hit_rate"] = _prefix_cache_hit_rate(arrays)
+    summary.update(_kv_stats(result))
+    summary["kv_cache_size_tokens"] = int(result.kv_cache_size_tokens)
+    summary["page_size"] = int(result.page_size)
+    summary["num_total_pages"] = int(result.num_total_pages)
+    summary["num_host_pages"] = int(result.num_host_pages)
+    metadata = _metadata(result.metadata)
+    clash = sorted(set(metadata) & set(summary))
+    assert not clash, f"metadata keys {clash} shadow metric keys"
+    summary.update(metadata)
+    return summary
+
+
+def per_request_table(result: RunResult) -> pd.DataFrame:
+    """One row per request: lengths, status, latencies in ms (NaN where undefined), counters."""
+    arrays = _request_arrays(result.requests)
+    ms = 1000.0
+    return pd.DataFrame(
+        {
+            "request_id": arrays.request_id,
+            "arrival_s": arrays.arrival_s,
+            "input_len": arrays.input_len,
+            "output_len": arrays.output_len,
+            "status": [r.status.value for r in result.requests],
+            "error": pd.Series([r.error for r in result.requests], dtype=object),
+            "ttft_ms": arrays.ttft_s * ms,
+            "tpot_ms": arrays.tpot_s * ms,
+            "e2el_ms": arrays.e2el_s * ms,
+            "num_cached_tokens": arrays.num_cached_tokens,
+            "num_preemptions": arrays.num_preemptions,
+            "num_swaps_out": arrays.num_swaps_out,
+            "first_scheduled_s": arrays.first_scheduled_s,
+            "finish_s": arrays.finish_s,
+        }
+    )
+
+
+def per_step_table(result: RunResult) -> pd.DataFrame:
+    """One row per engine step: the StepRecorder's columns."""
+    return pd.DataFrame(step_columns(result.steps))

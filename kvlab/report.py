@@ -1,0 +1,163 @@
+"""The printed benchmark report (vLLM's `bench serve` layout) and the side-by-side comparison.
+
+Formatting only: these functions return strings and never print.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kvlab.metrics import LATENCY_KEY, PERCENTILE_METRICS
+
+WIDTH = 50  # vLLM's report width
+LABEL_WIDTH = 40
+VALUE_WIDTH = 10
+MAX_HEADER_WIDTH = 14  # longer comparison labels become [1], [2]... with a legend
+
+# metric -> (short name, section header), as vLLM prints them
+METRIC_NAMES = {
+    "ttft": ("TTFT", "Time to First Token"),
+    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("ITL", "Inter-token Latency"),
+    "e2el": ("E2EL", "End-to-end Latency"),
+}
+THROUGHPUT_ROWS = (
+    ("completed", "Successful requests:"),
+    ("failed", "Failed requests:"),
+    ("duration", "Benchmark duration (s):"),
+    ("total_input_tokens", "Total input tokens:"),
+    ("total_output_tokens", "Total generated tokens:"),
+    ("request_throughput", "Request throughput (req/s):"),
+    ("request_goodput", "Request goodput (req/s):"),
+    ("output_throughput", "Output token throughput (tok/s):"),
+    ("total_token_throughput", "Total Token throughput (tok/s):"),
+)
+KV_CACHE_ROWS = (
+    ("kv_cache_size_tokens", "KV cache size (tokens):"),
+    ("page_size", "Page size (tokens):"),
+    ("mean_kv_usage_perc", "Mean KV cache usage (%):"),
+    ("peak_kv_usage_perc", "Peak KV cache usage (%):"),
+    ("kv_token_state_perc", "KV slots holding token states (%):"),
+    ("internal_fragmentation_perc", "Internal fragmentation (%):"),
+    ("external_fragmentation_perc", "External fragmentation (%):"),
+    ("prefix_cache_hit_rate", "Prefix cache hit rate (%):"),
+    ("num_preemptions", "Preemptions:"),
+    ("num_swaps_out", "Swap-outs (requests):"),
+    ("num_swap_out_pages", "Swapped-out pages:"),
+    ("num_swaps_in", "Swap-ins (requests):"),
+    ("num_swap_in_pages", "Swapped-in pages:"),
+)
+RUN_ROWS = (
+    ("policy", "Policy:"),
+    ("backend", "Backend:"),
+    ("model", "Model:"),
+    ("hardware", "Hardware:"),
+    ("dataset", "Dataset:"),
+    ("seed", "Seed:"),
+)
+
+
+def _value(value: object) -> str:
+    """A value as vLLM prints it: floats with 2 decimals, everything else as is."""
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _row(label: str, value: object) -> str:
+    return f"{label:<{LABEL_WIDTH}} {_value(value):<{VALUE_WIDTH}}"
+
+
+def _header(text: str, fill: str, width: int = WIDTH) -> str:
+    return f"{text:{fill}^{width}}"
+
+
+def _latency_rows(summary: dict, metric: str) -> list[tuple[str, str]]:
+    """(key, label) of a metric's mean, median and percentiles, in the summary's key order."""
+    name = METRIC_NAMES[metric][0]
+    rows = []
+    for key in summary:
+        match = LATENCY_KEY.match(key)
+        if match is None or match.group(2) != metric or match.group(1) == "std":
+            continue
+        stat = match.group(1)
+        word = stat.capitalize() if stat in ("mean", "median") else stat.upper()
+        rows.append((key, f"{word} {name} (ms):"))
+    return rows
+
+
+def _request_rate_row(summary: dict) -> list[str]:
+    """vLLM prints the configured rate only when it is finite."""
+    rate = summary.get("request_rate")
+    if isinstance(rate, (int, float)) and math.isfinite(rate):
+        return [f"{'Request rate configured (RPS):':<{LABEL_WIDTH}} {rate:<{VALUE_WIDTH}.2f}"]
+    return []
+
+
+def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> str:
+    """The summary as vLLM's printed report, with a KV Cache and a Run section after it.
+
+    Lines are vLLM's `{:<40} {:<10}` rows (floats with 2 decimals) under 50-wide centred headers;
+    a row is printed only when its key is in the summary.
+    """
+    lines = [_header(f" {title} ", "=")]
+    for key, label in THROUGHPUT_ROWS:
+        if key in summary:
+            lines.append(_row(label, summary[key]))
+        if key == "failed":
+            lines.extend(_request_rate_row(summary))
+    for metric in PERCENTILE_METRICS:
+        rows = _latency_rows(summary, metric)
+        if rows:
+            lines.append(_header(METRIC_NAMES[metric][1], "-"))
+            lines.extend(_row(label, summary[key]) for key, label in rows)
+    for section, section_rows in (("KV Cache", KV_CACHE_ROWS), ("Run", RUN_ROWS)):
+        present = [(k, label) for k, label in section_rows if summary.get(k) is not None]
+        if present:
+            lines.append(_header(section, "-"))
+            lines.extend(_row(label, summary[key]) for key, label in present)
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+def _comparison_rows(summaries: Sequence[dict]) -> list[tuple[str, str]]:
+    """(key, label) of every numeric row present in at least one summary, in report order."""
+    rows = list(THROUGHPUT_ROWS)
+    for metric in PERCENTILE_METRICS:
+        seen: dict[str, str] = {}
+        for summary in summaries:
+            seen.update(_latency_rows(summary, metric))
+        rows.extend(seen.items())
+    rows.extend(KV_CACHE_ROWS)
+    return [(k, label) for k, label in rows if any(s.get(k) is not None for s in summaries)]
+
+
+def format_comparison(summaries: Sequence[dict], labels: Sequence[str]) -> str:
+    """Several runs' summaries side by side: one metric per row, one column per run.
+
+    Labels longer than MAX_HEADER_WIDTH (policy specs usually are) are shown as [1], [2]... in
+    the header, with a legend of the full labels under the table.
+    """
+    if len(summaries) != len(labels) or not summaries:
+        raise ValueError(f"{len(summaries)} summaries but {len(labels)} labels")
+    abbreviate = any(len(label) > MAX_HEADER_WIDTH for label in labels)
+    headers = [f"[{i}]" for i in range(1, len(labels) + 1)] if abbreviate else list(labels)
+    rows = _comparison_rows(summaries)
+    cells = [
+        [_value(s[key]) if s.get(key) is not None else "-" for s in summaries] for key, _ in rows
+    ]
+    widths = [
+        max(len(headers[i]), *(len(row[i]) for row in cells)) + 2 for i in range(len(headers))
+    ]
+    total = max(WIDTH, LABEL_WIDTH + sum(widths))
+
+    def line(label: str, values: Sequence[str]) -> str:
+        return f"{label:<{LABEL_WIDTH}}" + "".join(
+            f"{v:>{w}}" for v, w in zip(values, widths, strict=True)
+        )
+
+    lines = [_header(" Policy Comparison ", "=", total), line("Metric", headers), "-" * total]
+    lines.extend(line(label, row) for (_, label), row in zip(rows, cells, strict=True))
+    lines.append("=" * total)
+    if abbreviate:
+        lines.extend(f"[{i}] {label}" for i, label in enumerate(labels, start=1))
+    return "\n".join(lines)
