@@ -1,1 +1,46 @@
-"""kvlab.kernels."""
+"""Paged-attention and KV-cache kernels behind one API, with backends chosen by name.
+
+Cache layout, per layer (the vllm-ascend layout): K and V each
+`[num_pages, page_size, num_kv_heads, head_dim]`, contiguous. A slot is
+`page_id * page_size + offset`; a sequence's block table lists its page ids in token order.
+
+    AttentionMetadata.build(*, block_tables, seq_lens, query_lens, page_size, device)
+        one mixed batch: sequence i has seq_lens[i] tokens of context after this step, of which
+        the last query_lens[i] are new (query rows query_start_loc[i]:query_start_loc[i+1]);
+        fields slot_mapping [num_tokens] int64 (-1 = don't write), block_tables
+        [num_seqs, max_pages] int32 padded with 0, seq_lens [num_seqs] int32, query_start_loc
+        [num_seqs + 1] int32, host lists seq_lens_cpu / query_lens_cpu, max_seq_len,
+        max_query_len, page_size.
+
+    get_backend(name) -> KernelBackend          "torch"; unknown -> KvlabError naming the valid
+    backend_names() -> list[str]                 every name get_backend accepts
+    available_backends() -> list[str]            those whose packages are installed here
+
+    KernelBackend (each backend's module is imported only when get_backend selects it):
+        name: str
+        write_kv(key, value, k_cache, v_cache, slot_mapping) -> None
+            key/value [num_tokens, num_kv_heads, head_dim] stored at their slots; -1 skipped.
+        paged_attention(query, k_cache, v_cache, meta, *, scale, num_kv_heads, out=None) -> Tensor
+            query [num_tokens, num_heads, head_dim] -> same shape (written into `out` if given).
+            Causal within each sequence: query row j of sequence i sits at position
+            seq_len_i - query_len_i + j and attends to positions <= its own. Grouped-query
+            attention: num_heads is a multiple of num_kv_heads, query head h reads KV head
+            h // (num_heads // num_kv_heads).
+        copy_pages(k_cache, v_cache, pairs) -> None
+            pairs [n, 2] of (src, dst) pages within one cache, in place; every source is read
+            before any destination is written (a page may be both).
+        swap_pages(src_k, src_v, dst_k, dst_v, pairs) -> None
+            pairs [n, 2] of (src page in src_*, dst page in dst_*), either direction between a
+            device cache and a host cache of the same page shape.
+"""
+
+from kvlab.kernels.backend import KernelBackend, available_backends, backend_names, get_backend
+from kvlab.kernels.metadata import AttentionMetadata
+
+__all__ = [
+    "AttentionMetadata",
+    "KernelBackend",
+    "available_backends",
+    "backend_names",
+    "get_backend",
+]

@@ -1,0 +1,93 @@
+"""The kernel backend protocol and the registry that imports a backend only when it is chosen."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import Tensor
+
+from kvlab.errors import KvlabError
+from kvlab.kernels.metadata import AttentionMetadata
+
+
+class KernelBackend(Protocol):
+    """Paged attention and cache ops over `[num_pages, page_size, kv_heads, head_dim]` caches."""
+
+    name: str
+
+    def write_kv(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        ...
+
+    def paged_attention(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        num_kv_heads: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        ...
+
+    def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
+        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        ...
+
+    def swap_pages(
+        self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
+    ) -> None:
+        """Copy pages `pairs[n, 2]` of (src, dst) from one cache to another (device <-> host)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _BackendEntry:
+    module: str
+    cls: str
+    requires: str  # top-level package the backend needs, checked without importing it
+    help: str
+
+
+_BACKENDS: dict[str, _BackendEntry] = {
+    "torch": _BackendEntry(
+        "kvlab.kernels.torch_backend", "TorchBackend", "torch", "PyTorch reference (any device)"
+    ),
+}
+
+
+def backend_names() -> list[str]:
+    """Every name `get_backend` accepts, whether or not its packages are installed here."""
+    return list(_BACKENDS)
+
+
+def available_backends() -> list[str]:
+    """Names of the backends whose required packages are installed on this machine."""
+    return [
+        name
+        for name, entry in _BACKENDS.items()
+        if importlib.util.find_spec(entry.requires) is not None
+    ]
+
+
+def get_backend(name: str) -> KernelBackend:
+    """The backend called `name`; its module is imported now, and only now.
+
+    Raises KvlabError for an unknown name (listing the valid ones) or a backend whose packages
+    are missing on this machine.
+    """
+    entry = _BACKENDS.get(name)
+    if entry is None:
+        choices = ", ".join(f"{n} ({e.help})" for n, e in _BACKENDS.items())
+        raise KvlabError(f"unknown attention backend {name!r}; choose one of: {choices}")
+    module = importlib.import_module(entry.module)
+    backend: KernelBackend = getattr(module, entry.cls)()
+    return backend

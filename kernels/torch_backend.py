@@ -1,0 +1,160 @@
+"""The reference backend: plain PyTorch, obviously right, and vectorised where it is easy.
+
+Decodes (one new token per sequence) are gathered into padded batches, sorted by context length
+so padding stays small; each prefill chunk gathers its own context and runs one
+scaled_dot_product_attention with a causal mask shifted by its cached prefix. Attention is
+computed in fp32 and cast back to the query's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kvlab.kernels.metadata import AttentionMetadata
+
+# Upper bound on gathered context slots per decode group (x num_kv_heads x head_dim x 4 bytes for
+# each of K and V): keeps the reference's temporary memory bounded for large batches.
+_MAX_DECODE_GROUP_SLOTS = 1 << 16
+
+
+class TorchBackend:
+    """Reference kernels on any torch device; every other backend is tested against these."""
+
+    name = "torch"
+
+    def write_kv(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        keep = slot_mapping >= 0
+        slots = slot_mapping[keep].to(torch.int64)
+        for rows, cache in ((key, k_cache), (value, v_cache)):
+            # view (not flatten/reshape) so a non-contiguous cache fails instead of writing a copy
+            flat = cache.view(-1, *cache.shape[2:])
+            flat.index_copy_(0, slots, rows[keep].to(cache.dtype))
+
+    def paged_attention(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        num_kv_heads: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
+        assert query.shape[0] == meta.num_tokens, "one query row per new token"
+        assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+        out = torch.empty_like(query) if out is None else out
+        decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        for group in _decode_groups(decode_ids, meta.seq_lens_cpu, meta.page_size):
+            _decode(query, k_cache, v_cache, meta, group, scale, out)
+        for seq_id, query_len in enumerate(meta.query_lens_cpu):
+            if query_len > 1:
+                _prefill(query, k_cache, v_cache, meta, seq_id, scale, out)
+        return out
+
+    def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
+        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        pairs = pairs.to(k_cache.device, torch.int64)
+        for cache in (k_cache, v_cache):
+            cache.index_copy_(0, pairs[:, 1], cache.index_select(0, pairs[:, 0]))
+
+    def swap_pages(
+        self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
+    ) -> None:
+        """Copy pages `pairs[n, 2]` of (src, dst) from one cache to another (device <-> host)."""
+        src_ids = pairs[:, 0].to(src_k.device, torch.int64)
+        dst_ids = pairs[:, 1].to(dst_k.device, torch.int64)
+        for src, dst in ((src_k, dst_k), (src_v, dst_v)):
+            dst.index_copy_(0, dst_ids, src.index_select(0, src_ids).to(dst.device))
+
+
+def _decode_groups(decode_ids: list[int], seq_lens: list[int], page_size: int) -> list[list[int]]:
+    """Decode sequences sorted by context length, cut into groups of bounded padded size."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    for seq_id in sorted(decode_ids, key=lambda i: seq_lens[i]):
+        padded_len = -(-seq_lens[seq_id] // page_size) * page_size
+        if group and (len(group) + 1) * padded_len > _MAX_DECODE_GROUP_SLOTS:
+            groups.append(group)
+            group = []
+        group.append(seq_id)
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _decode(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    seq_ids: list[int],
+    scale: float,
+    out: Tensor,
+) -> None:
+    """One-token queries of `seq_ids`, attended over one padded gather of their pages."""
+    device = query.device
+    starts = meta.query_start_loc_cpu
+    rows = torch.tensor([starts[i] for i in seq_ids], device=device)
+    ids = torch.tensor(seq_ids, device=device)
+    max_len = max(meta.seq_lens_cpu[i] for i in seq_ids)
+    num_pages = -(-max_len // meta.page_size)
+    tables = meta.block_tables[ids, :num_pages]
+    valid = torch.arange(num_pages * meta.page_size, device=device) < meta.seq_lens[ids, None]
+    # padded slots are masked below, but may hold NaN/inf garbage that 0 * garbage would spread
+    k = _gather(k_cache, tables).masked_fill_(~valid[:, :, None, None], 0)
+    v = _gather(v_cache, tables).masked_fill_(~valid[:, :, None, None], 0)
+    q = query[rows].unsqueeze(2)  # [batch, num_heads, 1, head_dim]
+    o = _attend(q, k.transpose(1, 2), v.transpose(1, 2), valid[:, None, None, :], scale)
+    out[rows] = o.squeeze(2).to(out.dtype)
+
+
+def _prefill(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    seq_id: int,
+    scale: float,
+    out: Tensor,
+) -> None:
+    """The query chunk of one sequence over its whole context, causal from its offset."""
+    seq_len = meta.seq_lens_cpu[seq_id]
+    query_len = meta.query_lens_cpu[seq_id]
+    start = meta.query_start_loc_cpu[seq_id]
+    tables = meta.block_tables[seq_id : seq_id + 1, : -(-seq_len // meta.page_size)]
+    k = _gather(k_cache, tables)[:, :seq_len].transpose(1, 2)  # [1, kv_heads, seq_len, dim]
+    v = _gather(v_cache, tables)[:, :seq_len].transpose(1, 2)
+    q = query[start : start + query_len].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, dim]
+    mask = None
+    if query_len < seq_len:
+        positions = torch.arange(seq_len, device=query.device)
+        mask = positions[None, :] <= positions[seq_len - query_len :, None]
+    o = _attend(q, k, v, mask, scale)
+    out[start : start + query_len] = o[0].transpose(0, 1).to(out.dtype)
+
+
+def _gather(cache: Tensor, tables: Tensor) -> Tensor:
+    """The pages of each table row, concatenated: `[rows, pages * page_size, kv_heads, dim]`."""
+    pages = cache.index_select(0, tables.reshape(-1).to(torch.int64))
+    return pages.view(tables.shape[0], -1, *cache.shape[2:])
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """Grouped-query attention in fp32; `mask` True where a key may be attended (None: causal)."""
+    return F.scaled_dot_product_attention(
+        q.float(),
+        k.float(),
+        v.float(),
+        attn_mask=mask,
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )

@@ -1,0 +1,103 @@
+"""Random paged-attention batches and their contiguous reference, shared by the backend tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kvlab.kernels import AttentionMetadata
+
+
+@dataclass(slots=True)
+class PagedCase:
+    """One batch: paged caches, its metadata, the new-token queries and each sequence's full K/V."""
+
+    query: Tensor  # [num_tokens, num_heads, head_dim]
+    k_cache: Tensor
+    v_cache: Tensor
+    meta: AttentionMetadata
+    full_q: list[Tensor]  # per sequence [seq_len, num_heads, head_dim]
+    full_k: list[Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]
+    full_v: list[Tensor]
+    num_kv_heads: int
+    scale: float
+
+
+def make_case(
+    seq_lens: list[int],
+    query_lens: list[int],
+    *,
+    page_size: int,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    dtype: torch.dtype = torch.float32,
+    shuffle: bool = True,
+    poison: float = float("nan"),
+    seed: int = 0,
+) -> PagedCase:
+    """A batch whose pages are scattered (shuffled) over a cache whose other slots hold `poison`."""
+    gen = torch.Generator().manual_seed(seed)
+    pages_per_seq = [-(-n // page_size) for n in seq_lens]
+    num_pages = sum(pages_per_seq) + 3  # spare pages that no table names
+    # its own generator, so shuffling changes where the data sits but not the data
+    page_gen = torch.Generator().manual_seed(seed + 1)
+    order = torch.randperm(num_pages, generator=page_gen) if shuffle else torch.arange(num_pages)
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, poison, dtype=dtype)
+    v_cache = torch.full(shape, poison, dtype=dtype)
+    tables, full_q, full_k, full_v = [], [], [], []
+    next_page = 0
+    for seq_len, n in zip(seq_lens, pages_per_seq, strict=True):
+        table = order[next_page : next_page + n].tolist()
+        next_page += n
+        tables.append(table)
+        full_q.append(torch.randn(seq_len, num_heads, head_dim, generator=gen).to(dtype))
+        full_k.append(torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype))
+        full_v.append(torch.randn(seq_len, num_kv_heads, head_dim, generator=gen).to(dtype))
+        positions = torch.arange(seq_len)
+        pages = torch.tensor(table)[positions // page_size]
+        k_cache[pages, positions % page_size] = full_k[-1]
+        v_cache[pages, positions % page_size] = full_v[-1]
+    meta = AttentionMetadata.build(
+        block_tables=tables, seq_lens=seq_lens, query_lens=query_lens, page_size=page_size
+    )
+    query = torch.cat([q[len(q) - n :] for q, n in zip(full_q, query_lens, strict=True)])
+    return PagedCase(
+        query=query,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        meta=meta,
+        full_q=full_q,
+        full_k=full_k,
+        full_v=full_v,
+        num_kv_heads=num_kv_heads,
+        scale=head_dim**-0.5,
+    )
+
+
+def contiguous_attention(case: PagedCase) -> Tensor:
+    """Expected output: causal SDPA over each whole contiguous sequence, keeping the new rows."""
+    rows = []
+    for q, k, v, n in zip(
+        case.full_q, case.full_k, case.full_v, case.meta.query_lens_cpu, strict=True
+    ):
+        group = q.shape[1] // k.shape[1]
+        o = F.scaled_dot_product_attention(
+            q.float().transpose(0, 1),
+            k.float().repeat_interleave(group, dim=1).transpose(0, 1),
+            v.float().repeat_interleave(group, dim=1).transpose(0, 1),
+            is_causal=True,
+            scale=case.scale,
+        )
+        rows.append(o.transpose(0, 1)[len(q) - n :])
+    return torch.cat(rows).to(case.query.dtype)
+
+
+def max_relative_error(actual: Tensor, expected: Tensor) -> float:
+    """Largest |actual - expected| over the largest |expected| (NaN anywhere gives NaN)."""
+    diff = (actual.float() - expected.float()).abs().max()
+    return float(diff / expected.float().abs().max().clamp_min(1e-30))
