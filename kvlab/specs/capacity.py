@@ -1,0 +1,124 @@
+"""How many KV-cache pages fit on a device, sized the way vLLM sizes them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvlab.errors import KvlabError
+from kvlab.specs.hardware import HardwareSpec, check_tensor_parallel
+from kvlab.specs.model import ModelSpec
+
+# vLLM profiles one forward pass of max_num_batched_tokens tokens to find peak activations;
+# 8192 is the middle of its defaults (2048-16384), 256 sequences sample logits at the end.
+PROFILE_NUM_TOKENS = 8192
+PROFILE_NUM_SEQS = 256
+# Memory outside the tensor allocator that grows at start-up (communication buffers, GEMM
+# workspaces) [estimate].
+NON_TORCH_BYTES = 512 * 1024**2
+
+
+@dataclass(slots=True, frozen=True)
+class KVCapacity:
+    """The KV cache one device holds: pages of `page_size` tokens, `page_bytes` each (all layers).
+
+    `weight_bytes` and `activation_bytes` are what was set aside before the pages, per device.
+    """
+
+    num_pages: int
+    page_size: int
+    page_bytes: int
+    num_tokens: int
+    weight_bytes: int
+    activation_bytes: int
+
+    def max_concurrency(self, max_model_len: int) -> float:
+        """Requests of max_model_len tokens that fit at once (vLLM counts whole pages each)."""
+        return self.num_pages / math.ceil(max_model_len / self.page_size)
+
+    def startup_lines(self, max_model_len: int) -> list[str]:
+        """The two lines vLLM prints at start-up, with its number formatting."""
+        return [
+            f"KV cache size: {self.num_tokens:,} tokens",
+            f"Maximum concurrency for {max_model_len:,} tokens per request: "
+            f"{self.max_concurrency(max_model_len):.2f}x",
+        ]
+
+
+def estimate_activation_bytes(model: ModelSpec, tensor_parallel_size: int = 1) -> int:
+    """Peak activation memory of vLLM's profiling forward pass, per device, estimated.
+
+    One layer's intermediates are live at a time: residual and normed hidden states, the QKV
+    projection, and the MLP's gate/up output with its activation; then fp32 logits of the sampled
+    sequences; plus NON_TORCH_BYTES.
+    """
+    tp = tensor_parallel_size
+    qkv_width = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim / tp
+    per_token = 2 * model.hidden_size + qkv_width + 3 * model.intermediate_size / tp
+    layer_bytes = PROFILE_NUM_TOKENS * per_token * model.dtype_bytes
+    logits_bytes = PROFILE_NUM_SEQS * model.vocab_size * 4
+    return math.ceil(layer_bytes + logits_bytes) + NON_TORCH_BYTES
+
+
+def kv_cache_capacity_tokens(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    *,
+    page_size: int,
+    gpu_memory_utilization: float = 0.9,
+    tensor_parallel_size: int = 1,
+    num_gpu_blocks_override: int | None = None,
+    activation_reserve_bytes: int | None = None,
+) -> KVCapacity:
+    """The KV cache that fits on each device: HBM x utilisation - weights - activations.
+
+    `activation_reserve_bytes` defaults to `estimate_activation_bytes`. `num_gpu_blocks_override`
+    sets the page count outright, as vLLM's flag does, whatever the memory says. Raises
+    KvlabError for bad flags and when not even one page fits.
+    """
+    _check_flags(page_size, gpu_memory_utilization, num_gpu_blocks_override)
+    check_tensor_parallel(model, hardware, tensor_parallel_size)
+    page_bytes = page_size * model.kv_bytes_per_token(tensor_parallel_size)
+    weight_bytes = model.weight_bytes(tensor_parallel_size)
+    activation_bytes = (
+        estimate_activation_bytes(model, tensor_parallel_size)
+        if activation_reserve_bytes is None
+        else activation_reserve_bytes
+    )
+    requested = math.ceil(hardware.hbm_bytes * gpu_memory_utilization)
+    available = requested - weight_bytes - activation_bytes
+    num_pages = max(available, 0) // page_bytes
+    if num_gpu_blocks_override is not None:
+        num_pages = num_gpu_blocks_override
+    elif num_pages < 1:
+        raise KvlabError(
+            f"model {model.name!r} does not fit on hardware {hardware.name!r} with room for one "
+            f"KV page: {requested / 1e9:.1f} GB usable per device (--gpu-memory-utilization "
+            f"{gpu_memory_utilization}) minus {weight_bytes / 1e9:.1f} GB weights and "
+            f"{activation_bytes / 1e9:.1f} GB activations leaves {available / 1e9:.1f} GB, "
+            f"one page needs {page_bytes / 1024:.0f} KiB; raise --gpu-memory-utilization or "
+            "--tensor-parallel-size, lower --block-size, or set --num-gpu-blocks-override"
+        )
+    return KVCapacity(
+        num_pages=num_pages,
+        page_size=page_size,
+        page_bytes=page_bytes,
+        num_tokens=num_pages * page_size,
+        weight_bytes=weight_bytes,
+        activation_bytes=activation_bytes,
+    )
+
+
+def _check_flags(
+    page_size: int, gpu_memory_utilization: float, num_gpu_blocks_override: int | None
+) -> None:
+    if page_size < 1:
+        raise KvlabError(f"--block-size is {page_size}, expected a whole number >= 1")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise KvlabError(
+            f"--gpu-memory-utilization is {gpu_memory_utilization}, expected a fraction in (0, 1]"
+        )
+    if num_gpu_blocks_override is not None and num_gpu_blocks_override < 1:
+        raise KvlabError(
+            f"--num-gpu-blocks-override is {num_gpu_blocks_override}, expected a whole number >= 1"
+        )

@@ -1,0 +1,150 @@
+"""Look up a model or hardware spec by preset name, or read one from a user's YAML/JSON file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from pathlib import Path
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml  # type: ignore[import-untyped, unused-ignore]  # stubs: types-PyYAML
+
+from kvlab.errors import KvlabError
+from kvlab.specs.hardware import HardwareSpec
+from kvlab.specs.model import ModelSpec
+from kvlab.specs.presets import HARDWARE_PRESETS, MODEL_PRESETS
+
+SpecT = TypeVar("SpecT", ModelSpec, HardwareSpec)
+
+SPEC_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def list_models() -> dict[str, ModelSpec]:
+    """Every model preset, by name."""
+    return dict(MODEL_PRESETS)
+
+
+def list_hardware() -> dict[str, HardwareSpec]:
+    """Every hardware preset, by name."""
+    return dict(HARDWARE_PRESETS)
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A model preset by name, or a ModelSpec read from a YAML or JSON file path."""
+    return _get(name_or_path, MODEL_PRESETS, ModelSpec, "model")
+
+
+def get_hardware(name_or_path: str) -> HardwareSpec:
+    """A hardware preset by name, or a HardwareSpec read from a YAML or JSON file path."""
+    return _get(name_or_path, HARDWARE_PRESETS, HardwareSpec, "hardware")
+
+
+def _get(name_or_path: str, presets: dict[str, SpecT], cls: type[SpecT], kind: str) -> SpecT:
+    if name_or_path in presets:
+        return presets[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix.lower() in SPEC_FILE_SUFFIXES or path.exists():
+        return _load_file(path, cls, kind)
+    raise KvlabError(
+        f"unknown {kind} preset {name_or_path!r}; choose from: {', '.join(presets)} "
+        f"(or give a .yaml/.json file with the {kind} fields)"
+    )
+
+
+def _load_file(path: Path, cls: type[SpecT], kind: str) -> SpecT:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise KvlabError(f"cannot read {kind} file {path}: {err.strerror or err}") from err
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise KvlabError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {err}") from err
+    if not isinstance(data, dict):
+        raise KvlabError(f"{path}: expected a mapping of {kind} fields, got {type(data).__name__}")
+    return _build(data, path, cls)
+
+
+def _build(data: dict[str, Any], path: Path, cls: type[SpecT]) -> SpecT:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    valid = ", ".join(fields)
+    unknown = [key for key in data if key not in fields]
+    if unknown:
+        raise KvlabError(f"{path}: unknown field {unknown[0]!r}; valid fields: {valid}")
+    # A file that omits its name is named after itself.
+    values = {"name": path.stem, **data}
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in values
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise KvlabError(f"{path}: missing field {missing[0]!r}; valid fields: {valid}")
+    hints = get_type_hints(cls)
+    kwargs = {name: _coerce(value, hints[name], path, name) for name, value in values.items()}
+    spec = cls(**kwargs)
+    _check_values(spec, path)
+    return spec
+
+
+def _coerce(value: Any, hint: Any, path: Path, field: str) -> Any:
+    """Check one field's value against its annotation; accept numbers YAML read as strings."""
+    optional = get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
+    if value is None and optional:
+        return None
+    base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+    if base is str:
+        if isinstance(value, str):
+            return value
+        raise KvlabError(f"{path}: field {field!r} is {value!r}, expected text")
+    number = _as_number(value)
+    if number is None:
+        raise KvlabError(f"{path}: field {field!r} is {value!r}, expected a number")
+    if base is int:
+        if number != int(number):
+            raise KvlabError(f"{path}: field {field!r} is {value!r}, expected a whole number")
+        return int(number)
+    return float(number)
+
+
+def _as_number(value: Any) -> float | None:
+    # PyYAML reads 1.6e12 (no dot, no exponent sign) as a string, so accept numeric strings.
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value.replace("_", ""))
+        except ValueError:
+            return None
+    return None
+
+
+def _check_values(spec: ModelSpec | HardwareSpec, path: Path) -> None:
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        # Latencies and overheads may be zero (an ideal link, CUDA graphs); sizes may not.
+        floor_ok = f.name.endswith("_s") and value == 0
+        if isinstance(value, int | float) and value <= 0 and not floor_ok:
+            raise KvlabError(f"{path}: field {f.name!r} is {value}, expected a positive number")
+    if isinstance(spec, ModelSpec):
+        problem = model_problem(spec)
+        if problem:
+            raise KvlabError(f"{path}: {problem}")
+
+
+def model_problem(spec: ModelSpec) -> str | None:
+    """What makes a model spec inconsistent, or None when it is sound."""
+    if spec.num_heads % spec.num_kv_heads:
+        return f"num_heads {spec.num_heads} is not a multiple of num_kv_heads {spec.num_kv_heads}"
+    if spec.num_active_params > spec.num_params:
+        return (
+            f"num_active_params {spec.num_active_params:g} exceeds num_params {spec.num_params:g}"
+        )
+    if (spec.kv_lora_rank is None) != (spec.qk_rope_head_dim is None):
+        return "kv_lora_rank and qk_rope_head_dim go together (MLA): give both or neither"
+    return None

@@ -1,0 +1,178 @@
+"""How long an engine step, a swap, a page copy and a recomputation take: the cost-model interface
+and its roofline default, built from a model and a hardware preset.
+
+The roofline charges a step max(memory time, compute time) + collectives + a fixed overhead:
+
+- memory: weights read once per step (an MoE batch touches min(all experts, active x tokens) of
+  them, an upper bound that assumes tokens route to disjoint experts), KV read for every context
+  token and written for every new token, over HBM bandwidth x BANDWIDTH_EFFICIENCY;
+- compute: 2 FLOPs per active layer parameter per token, the LM head only for the one sampled
+  token of each sequence (untied embeddings, as every preset has; the embedding lookup is free),
+  plus attention per (query, key) pair, over peak FLOPs x FLOPS_EFFICIENCY (the fp16/bf16 peak,
+  also for FP8 weights);
+- with tensor parallelism, two ring all-reduces of the step's hidden states per layer (after
+  attention and after the MLP) over the peer interconnect, not overlapped with compute.
+
+Everything is float arithmetic on constants prepared in __init__: step_time_s runs once per
+simulated step, ~100k times a simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvlab.specs import HardwareSpec, ModelSpec, check_tensor_parallel
+
+# Share of data-sheet peaks a serving engine reaches: ~80% of HBM bandwidth in decode GEMVs and
+# attention, ~60% of dense FLOPs over a whole prefill (GEMMs plus lower-efficiency ops). Defaults
+# to be replaced by `kvlab calibrate`'s fitted model.
+BANDWIDTH_EFFICIENCY = 0.8
+FLOPS_EFFICIENCY = 0.6
+
+
+class StepShapeLike(Protocol):
+    """Anything with a step's five cost-relevant counts (StepShape, or the scheduler's output)."""
+
+    @property
+    def num_prefill_tokens(self) -> int: ...
+    @property
+    def num_decode_tokens(self) -> int: ...
+    @property
+    def num_context_tokens(self) -> int: ...
+    @property
+    def num_seqs(self) -> int: ...
+    @property
+    def num_attention_pairs(self) -> int: ...
+
+
+@dataclass(slots=True)
+class StepShape:
+    """What one engine step's cost depends on (for tests and for fitting from profiles).
+
+    `num_context_tokens` sums the KV tokens attention reads over the batch's requests;
+    `num_attention_pairs` counts the (query, key) pairs of the prefill chunks, the quadratic term.
+    """
+
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_context_tokens: int = 0
+    num_seqs: int = 0
+    num_attention_pairs: int = 0
+
+
+class CostModel(Protocol):
+    """The simulator's clock: durations, in seconds, of the work an engine step implies."""
+
+    def step_time_s(self, shape: StepShapeLike) -> float:
+        """One engine step's duration (a forward pass over the batch)."""
+        ...
+
+    def swap_time_s(self, num_pages: int, num_transfers: int) -> float:
+        """Moving num_pages pages in num_transfers separate copies, one way over the host link."""
+        ...
+
+    def copy_time_s(self, num_pages: int) -> float:
+        """Copying num_pages pages device to device (copy-on-write, block moves)."""
+        ...
+
+    def recompute_time_s(self, num_tokens: int) -> float:
+        """Prefilling num_tokens tokens from scratch (what a recompute preemption costs)."""
+        ...
+
+
+class RooflineCostModel:
+    """Step, swap, copy and recompute times from data-sheet figures (see the module docstring).
+
+    Times are per device: with tensor parallelism every device works on its shard in parallel.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        *,
+        page_size: int,
+        tensor_parallel_size: int = 1,
+        bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY,
+        flops_efficiency: float = FLOPS_EFFICIENCY,
+    ) -> None:
+        check_tensor_parallel(model, hardware, tensor_parallel_size)
+        tp = tensor_parallel_size
+        self.model = model
+        self.hardware = hardware
+        self.page_size = page_size
+        self.tensor_parallel_size = tp
+        kv_bytes = model.kv_bytes_per_token(tp)
+        self.page_bytes = page_size * kv_bytes  # one page, all layers, on one device
+        bandwidth = hardware.hbm_bandwidth * bandwidth_efficiency
+        flops = hardware.peak_flops * flops_efficiency
+        weight_element = model.weight_dtype_bytes or model.dtype_bytes
+        lm_head_params = model.vocab_size * model.hidden_size
+        layer_params = max(model.num_active_params - 2 * lm_head_params, 0.0)
+
+        self._weights_s = model.weight_bytes(tp) / bandwidth
+        self._active_weights_s_per_token = model.num_active_params * weight_element / tp / bandwidth
+        self._kv_s_per_token = kv_bytes / bandwidth
+        self._linear_s_per_token = 2 * layer_params / tp / flops
+        self._lm_head_s_per_seq = 2 * lm_head_params / tp / flops
+        self._attention_s_per_pair = model.attention_flops_per_pair() / tp / flops
+        self._allreduce_s_per_token, self._allreduce_s = self._allreduce_costs(model, hardware, tp)
+        self._overhead_s = hardware.step_overhead_s
+        self._copy_s_per_page = 2 * self.page_bytes / bandwidth  # read and write
+        self._host_s_per_page = self.page_bytes / hardware.host_link_bandwidth
+        self._host_latency_s = hardware.host_link_latency_s
+
+    @staticmethod
+    def _allreduce_costs(model: ModelSpec, hardware: HardwareSpec, tp: int) -> tuple[float, float]:
+        """(seconds per batched token, fixed seconds) of a step's all-reduces; zero without TP."""
+        if tp == 1:
+            return 0.0, 0.0
+        num_allreduces = 2 * model.num_layers
+        # A ring all-reduce sends and receives 2 (tp - 1) / tp of the buffer on each device.
+        ring_bytes = 2 * (tp - 1) / tp * model.hidden_size * model.dtype_bytes
+        per_token = num_allreduces * ring_bytes / hardware.peer_bandwidth
+        return per_token, num_allreduces * hardware.peer_latency_s
+
+    def step_time_s(self, shape: StepShapeLike) -> float:
+        """One engine step: max(memory, compute) + all-reduces + overhead; 0 when nothing runs.
+
+        Decode attention pairs are taken as num_context_tokens (each decode token reads its whole
+        context); this also counts the prefill chunks' context once more, a small overcount
+        next to their num_attention_pairs.
+        """
+        num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
+        if num_tokens <= 0:
+            return 0.0
+        num_context = shape.num_context_tokens
+        memory_s = (
+            min(self._weights_s, self._active_weights_s_per_token * num_tokens)
+            + (num_context + num_tokens) * self._kv_s_per_token
+        )
+        compute_s = (
+            num_tokens * self._linear_s_per_token
+            + shape.num_seqs * self._lm_head_s_per_seq
+            + (shape.num_attention_pairs + num_context) * self._attention_s_per_pair
+        )
+        collective_s = self._allreduce_s + num_tokens * self._allreduce_s_per_token
+        return max(memory_s, compute_s) + collective_s + self._overhead_s
+
+    def swap_time_s(self, num_pages: int, num_transfers: int) -> float:
+        """Per-transfer latency plus bytes over the host link: many small swaps cost more."""
+        return num_transfers * self._host_latency_s + num_pages * self._host_s_per_page
+
+    def copy_time_s(self, num_pages: int) -> float:
+        """Each page read and written once in HBM (copies are batched into one kernel)."""
+        return num_pages * self._copy_s_per_page
+
+    def recompute_time_s(self, num_tokens: int) -> float:
+        """The step time of one sequence's prefill of num_tokens tokens, causal attention."""
+        if num_tokens <= 0:
+            return 0.0
+        shape = StepShape(
+            num_prefill_tokens=num_tokens,
+            num_context_tokens=num_tokens,
+            num_seqs=1,
+            num_attention_pairs=num_tokens * (num_tokens + 1) // 2,
+        )
+        return self.step_time_s(shape)
