@@ -41,8 +41,8 @@ def get_hardware(name_or_path: str) -> HardwareSpec:
 
 
 def _get(name_or_path: str, presets: dict[str, SpecT], cls: type[SpecT], kind: str) -> SpecT:
-    if name_or_path in presets:
-        return presets[name_or_path]
+    if name_or_path.lower() in presets:
+        return presets[name_or_path.lower()]
     path = Path(name_or_path)
     if path.suffix.lower() in SPEC_FILE_SUFFIXES or path.exists():
         return _load_file(path, cls, kind)

@@ -151,3 +151,7 @@ def test_unknown_hardware_preset_lists_the_valid_names():
 def test_presets_are_returned_by_name():
     assert isinstance(get_model("llama-2-7b"), ModelSpec)
     assert get_hardware("atlas-800t-a2").num_devices == 8
+
+
+def test_preset_names_match_in_any_case():
+    assert get_model("Llama-2-7B") is get_model("llama-2-7b")
