@@ -1,1 +1,26 @@
-"""kvlab.policies."""
+"""kvlab.policies: requests, the page pool, the KV-cache manager, its policy families, the scheduler.
+
+Torch-free and simpy-free: the simulator and the real engine both drive these same objects.
+"""
+
+from kvlab.policies.manager import KVCacheManager
+from kvlab.policies.outputs import MemOps, MemoryUsage, ScheduledRequest, SchedulerOutput
+from kvlab.policies.records import StepRecorder
+from kvlab.policies.request import Request, RequestStatus
+from kvlab.policies.scheduler import Scheduler, SchedulerConfig
+from kvlab.policies.spec import PolicySpec, parse_policy
+
+__all__ = [
+    "KVCacheManager",
+    "MemOps",
+    "MemoryUsage",
+    "PolicySpec",
+    "Request",
+    "RequestStatus",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "StepRecorder",
+    "parse_policy",
+]

@@ -11,25 +11,25 @@ from kvlab.policies.request import Request
 class MemOps:
     """The physical work one memory decision implies; the executor carries it out.
 
-    Each list holds (source page, destination page) pairs. `copies` are device-to-device copies
-    (copy-on-write, or a dynamic-block-size move: `moves` marks the subset that are moves);
-    `swap_outs` copy device pages to host pages, `swap_ins` host pages back to device pages.
-    `num_swap_transfers` counts separate transfers (one per contiguous run of pages), which is
-    what a link's per-transfer latency is charged on.
+    Each list holds (source page, destination page) pairs: `copies` are device-to-device copies
+    (copy-on-write), `swap_outs` copy device pages to host pages, `swap_ins` host pages back to
+    device pages. Executors carry them out before the step's forward pass, in this order:
+    swap_outs, then copies, then swap_ins (a page freed by a swap-out may be the destination of a
+    later copy or swap-in in the same step). Dynamic block sizes need no page moves here: a block
+    table addresses blocks wherever they lie. A transfer is one run of consecutive pages on both
+    sides, which is what a link's per-transfer latency is charged on.
     """
 
     copies: list[tuple[int, int]] = field(default_factory=list)
-    moves: list[tuple[int, int]] = field(default_factory=list)
     swap_outs: list[tuple[int, int]] = field(default_factory=list)
     swap_ins: list[tuple[int, int]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.copies or self.moves or self.swap_outs or self.swap_ins)
+        return bool(self.copies or self.swap_outs or self.swap_ins)
 
     def extend(self, other: MemOps) -> None:
         """Append another decision's work after this one's."""
         self.copies.extend(other.copies)
-        self.moves.extend(other.moves)
         self.swap_outs.extend(other.swap_outs)
         self.swap_ins.extend(other.swap_ins)
 
@@ -100,8 +100,11 @@ class ScheduledRequest:
 
     @property
     def is_prefill(self) -> bool:
-        """True while prompt tokens remain to compute (a prefill chunk, maybe after a preemption)."""
-        return self.num_computed_tokens < self.request.num_tokens - 1
+        """False only for a decode: one new token after all the others are in memory."""
+        return not (
+            self.num_new_tokens == 1
+            and 0 < self.num_computed_tokens == self.request.num_tokens - 1
+        )
 
     @property
     def samples_token(self) -> bool:

@@ -1,0 +1,46 @@
+"""First-in-first-out eviction: the page cached earliest goes first, however often it was hit."""
+
+from __future__ import annotations
+
+from kvlab.policies.eviction.heap import PageHeap
+from kvlab.policies.registry import register
+
+
+@register("eviction", "fifo", help="prefix caching; evict the page that entered the cache first")
+class FIFOEviction:
+    """Ordered by when a page's content was first cached (its registration number)."""
+
+    __slots__ = ("_heap", "_registered", "_next")
+    caches = True
+
+    def __init__(self) -> None:
+        self._heap = PageHeap()
+        self._registered: dict[int, int] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, page_id: int, depth: int) -> None:
+        """The page became unreferenced; its place is its first-cached time."""
+        if page_id not in self._registered:
+            self._registered[page_id] = self._next
+            self._next += 1
+        self._heap.push(page_id, (self._registered[page_id],))
+
+    def remove(self, page_id: int) -> None:
+        """A prefix hit took the page back."""
+        self._heap.discard(page_id)
+
+    def on_hit(self, page_id: int) -> None:
+        """Hits do not change FIFO order."""
+
+    def pop_victim(self) -> int:
+        """The earliest-cached page. Raises LookupError when none is cached."""
+        page_id = self._heap.pop()
+        self._registered.pop(page_id, None)
+        return page_id
+
+    def pages(self) -> list[int]:
+        """Cached-free pages."""
+        return self._heap.pages()

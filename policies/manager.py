@@ -1,0 +1,456 @@
+"""The KV-cache manager: the one object the simulator and the engine ask for memory."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from kvlab.errors import KvlabError
+from kvlab.policies import registry
+from kvlab.policies.outputs import MemOps, MemoryUsage
+from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
+from kvlab.policies.request import Request
+from kvlab.policies.spec import PolicySpec, parse_policy
+
+# Returned when a decision needs no physical work. Shared: callers must never mutate a MemOps
+# they get from the manager (the scheduler copies them into its own per-step MemOps).
+NO_OPS = MemOps()
+
+
+@dataclass(slots=True)
+class _SeqState:
+    """A sequence's memory: its block table and how far allocate() may go without the slow path."""
+
+    pages: list[int]
+    num_tokens: int  # token slots claimed: KV written, or being written this step
+    fast_limit: int  # allocate() up to this many tokens is a counter update (O(1))
+    num_blocks: int  # blocks taken so far (block-sizing policies grow with it)
+    num_hashed: int  # leading pages registered in the prefix cache (or known to be there)
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What an allocation will do, computed before anything changes."""
+
+    hit_pages: list[int]
+    num_block_pages: int  # pages asked of the allocator (0: none)
+    cow: bool  # the shared, partly filled last page must be copied first
+
+
+class KVCacheManager:
+    """Pages, prefix cache, swap space and the policies that decide over them (torch-free).
+
+    All methods are deterministic. A method returning `None` changed nothing. Sequences are keyed
+    by `request_id`; the scheduler owns `num_computed_tokens`, and `allocate(seq, n)` makes room
+    for tokens `[seq.num_computed_tokens, seq.num_computed_tokens + n)`.
+    """
+
+    def __init__(
+        self,
+        policy: PolicySpec | str,
+        num_pages: int,
+        *,
+        max_model_len: int,
+        num_host_pages: int | None = None,
+        costs: PreemptionCosts | None = None,
+    ) -> None:
+        self.policy = parse_policy(policy)
+        if num_pages < 1:
+            raise KvlabError(f"KV cache has {num_pages} pages; it needs at least one")
+        if self.policy.preemption == "auto" and costs is None:
+            raise KvlabError("preemption=auto needs a cost model to compare swap and recompute")
+        spec = self.policy
+        self.page_size = spec.block_size
+        self.num_total_pages = num_pages
+        self.max_model_len = max_model_len
+        self.costs = costs
+        self.allocator = registry.get("allocation", spec.kind).factory(num_pages)
+        self.block_sizing = registry.get("block_sizing", spec.block_sizing).factory(self.page_size)
+        self.evictor = registry.get("eviction", spec.eviction).factory()
+        self.caching: bool = self.evictor.caches
+        self._reserve = registry.get("reserve", spec.reserve).factory
+        self._is_paged = spec.kind == "paged"
+        self._is_contiguous = spec.kind == "contiguous"
+        self.watermark_pages = int(spec.watermark * num_pages)
+        self._ref = [0] * num_pages
+        self._hash: list = [None] * num_pages
+        self._depth = [0] * num_pages
+        self._cached: dict = {}  # prefix hash -> page holding it
+        self._seqs: dict[int, _SeqState] = {}
+        self._swapped: dict[int, tuple[list[int], int]] = {}  # request -> (host pages, tokens)
+        host = num_pages if spec.host_pages is None else spec.host_pages
+        self.num_host_pages = host if num_host_pages is None else num_host_pages
+        self._host_free: deque[int] = deque(range(self.num_host_pages))
+        self._num_live_slots = 0  # sum of claimed tokens over sequences...
+        self._num_dup_slots = 0  # ...minus this: tokens counted twice because a page is shared
+        self.num_prefix_queries = 0
+        self.num_prefix_hits = 0
+        self._last_lookup: tuple[int, list[int]] | None = None
+
+    # ----------------------------------------------------------------------------- queries
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages with no owner and no cached content."""
+        return self.allocator.num_free_pages
+
+    @property
+    def num_cached_free_pages(self) -> int:
+        """Pages with no owner that still hold a cached prefix (reclaimable)."""
+        return len(self.evictor)
+
+    @property
+    def num_used_pages(self) -> int:
+        """Pages held by at least one sequence."""
+        return self.num_total_pages - self.allocator.num_free_pages - len(self.evictor)
+
+    def block_table(self, seq: Request) -> list[int]:
+        """The sequence's page ids in token order (empty when it holds none). Do not mutate."""
+        state = self._seqs.get(seq.request_id)
+        return state.pages if state is not None else []
+
+    def num_pages_held(self, seq: Request) -> int:
+        """Pages in the sequence's block table."""
+        state = self._seqs.get(seq.request_id)
+        return len(state.pages) if state is not None else 0
+
+    def is_swapped(self, seq: Request) -> bool:
+        """True while the sequence's KV lives in host memory."""
+        return seq.request_id in self._swapped
+
+    def num_computed_prefix_tokens(self, seq: Request) -> int:
+        """Prompt tokens whose KV is cached, in whole pages, capped at the token count - 1."""
+        if not self.caching:
+            return 0
+        hashes = seq.page_hashes(self.page_size)
+        limit = self._num_lookup_pages(seq)
+        cached = self._cached
+        pages: list[int] = []
+        for key in hashes[:limit]:
+            page = cached.get(key)
+            if page is None:
+                break
+            pages.append(page)
+        self._last_lookup = (seq.request_id, pages)
+        return len(pages) * self.page_size
+
+    def _num_lookup_pages(self, seq: Request) -> int:
+        """Prompt pages a lookup may hit: full, hashed, and leaving the last token to compute."""
+        return min(len(seq.page_hashes(self.page_size)), (seq.num_tokens - 1) // self.page_size)
+
+    def pages_needed_alone(self, seq: Request) -> int:
+        """Pages the request needs at its largest, with memory to itself (an upper bound)."""
+        total = seq.total_len
+        if self._is_contiguous:
+            total = max(total, self._reserve(seq.total_len, self.max_model_len))
+        return self.allocator.pages_for(-(-total // self.page_size))
+
+    def usage(self) -> MemoryUsage:
+        """A snapshot of device and host memory (O(1) for paged allocation)."""
+        used = self.num_used_pages
+        live = self._num_live_slots - self._num_dup_slots
+        return MemoryUsage(
+            page_size=self.page_size,
+            num_total_pages=self.num_total_pages,
+            num_used_pages=used,
+            num_cached_free_pages=len(self.evictor),
+            num_free_pages=self.allocator.num_free_pages,
+            num_live_token_slots=live,
+            num_internal_frag_slots=used * self.page_size - live,
+            num_external_frag_pages=self.allocator.num_unusable_free_pages(),
+            num_host_total_pages=self.num_host_pages,
+            num_host_used_pages=self.num_host_pages - len(self._host_free),
+            num_prefix_queries=self.num_prefix_queries,
+            num_prefix_hits=self.num_prefix_hits,
+        )
+
+    # ----------------------------------------------------------------------------- allocation
+
+    def can_allocate(self, seq: Request, num_new_tokens: int) -> bool:
+        """Whether `allocate(seq, num_new_tokens)` would succeed now."""
+        state = self._seqs.get(seq.request_id)
+        if state is not None and seq.num_computed_tokens + num_new_tokens <= state.fast_limit:
+            return True
+        return self._plan(seq, num_new_tokens, state) is not None
+
+    def allocate(self, seq: Request, num_new_tokens: int) -> MemOps | None:
+        """Make room for `num_new_tokens` more tokens; None when memory is short (nothing changed).
+
+        A new sequence first takes its prefix-cache hit (`seq.num_computed_tokens` must equal
+        `num_computed_prefix_tokens(seq)`); new full prompt pages are registered in the cache.
+        """
+        state = self._seqs.get(seq.request_id)
+        if state is not None:
+            total = seq.num_computed_tokens + num_new_tokens
+            if total <= state.fast_limit:  # the common decode step: no page boundary crossed
+                if total > state.num_tokens:
+                    self._num_live_slots += total - state.num_tokens
+                    state.num_tokens = total
+                return NO_OPS
+        plan = self._plan(seq, num_new_tokens, state)
+        if plan is None:
+            return None
+        if state is None and self.caching:
+            self.num_prefix_queries += self._num_lookup_pages(seq)
+            self.num_prefix_hits += len(plan.hit_pages)
+        return self._execute(seq, seq.num_computed_tokens + num_new_tokens, state, plan)
+
+    def free(self, seq: Request) -> None:
+        """Release everything the sequence holds, on device and host."""
+        state = self._seqs.pop(seq.request_id, None)
+        if state is not None:
+            self._release(state)
+        swapped = self._swapped.pop(seq.request_id, None)
+        if swapped is not None:
+            self._host_free.extend(swapped[0])
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Share the parent's filled pages with `child` (copy-on-write: a write copies first)."""
+        assert child.request_id not in self._seqs, "child already holds memory"
+        src = self._seqs[parent.request_id]
+        num_filled = -(-src.num_tokens // self.page_size)
+        pages = src.pages[:num_filled]
+        for index, page in enumerate(pages):
+            self._ref[page] += 1
+            self._num_dup_slots += self._fill(index, src.num_tokens)
+        # Both sides must take the slow path before writing into the shared last page.
+        src.fast_limit = min(src.fast_limit, src.num_tokens)
+        self._seqs[child.request_id] = _SeqState(
+            list(pages), src.num_tokens, src.num_tokens, src.num_blocks, src.num_hashed
+        )
+        self._num_live_slots += src.num_tokens
+
+    # ----------------------------------------------------------------------------- swapping
+
+    def should_swap(self, seq: Request) -> bool:
+        """Whether the preemption mode swaps this victim (else it is recomputed)."""
+        num_tokens = seq.num_computed_tokens
+        if seq.request_id not in self._seqs or num_tokens == 0:
+            return False
+        num_pages = -(-num_tokens // self.page_size)
+        return should_swap(self.policy.preemption, num_pages, 1, num_tokens, self.costs)
+
+    def can_swap_out(self, seq: Request) -> bool:
+        """Whether the host pool has room for the sequence's computed pages."""
+        if seq.request_id not in self._seqs:
+            return False
+        return -(-seq.num_computed_tokens // self.page_size) <= len(self._host_free)
+
+    def swap_out(self, seq: Request) -> MemOps:
+        """Copy the pages of the computed tokens to host memory and release all device pages."""
+        state = self._seqs.pop(seq.request_id)
+        num_tokens = seq.num_computed_tokens
+        num_filled = -(-num_tokens // self.page_size)
+        assert num_filled <= len(self._host_free), "call can_swap_out first"
+        host_pages = [self._host_free.popleft() for _ in range(num_filled)]
+        ops = MemOps(swap_outs=list(zip(state.pages[:num_filled], host_pages)))
+        self._release(state)
+        self._swapped[seq.request_id] = (host_pages, num_tokens)
+        return ops
+
+    def can_swap_in(self, seq: Request) -> bool:
+        """Whether device memory has room to bring the sequence back."""
+        swapped = self._swapped.get(seq.request_id)
+        return swapped is not None and self._plan_new(seq, swapped[1], [], watermark=False) is not None
+
+    def swap_in(self, seq: Request) -> MemOps | None:
+        """Bring the sequence's pages back from host memory; None when device memory is short."""
+        host_pages, num_tokens = self._swapped[seq.request_id]
+        plan = self._plan_new(seq, num_tokens, [], watermark=False)
+        if plan is None:
+            return None
+        del self._swapped[seq.request_id]
+        self._execute(seq, num_tokens, None, plan)
+        pages = self._seqs[seq.request_id].pages
+        self._host_free.extend(host_pages)
+        return MemOps(swap_ins=list(zip(host_pages, pages)))
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _plan(self, seq: Request, num_new_tokens: int, state: _SeqState | None) -> _Plan | None:
+        total = seq.num_computed_tokens + num_new_tokens
+        if state is None:
+            return self._plan_new(seq, total, self._hit_pages(seq), watermark=True)
+        return self._plan_growth(seq, total, state)
+
+    def _hit_pages(self, seq: Request) -> list[int]:
+        if not seq.num_computed_tokens:
+            return []
+        last = self._last_lookup
+        if last is None or last[0] != seq.request_id:
+            self.num_computed_prefix_tokens(seq)
+            last = self._last_lookup
+        assert last is not None
+        pages = last[1]
+        assert len(pages) * self.page_size == seq.num_computed_tokens, (
+            "num_computed_tokens of a new sequence must be its prefix-cache hit"
+        )
+        return pages
+
+    def _plan_new(self, seq: Request, total: int, hits: list[int], *, watermark: bool) -> _Plan | None:
+        page_size = self.page_size
+        if self._is_contiguous:
+            reserved = max(total, self._reserve(seq.total_len, self.max_model_len))
+            needed = -(-reserved // page_size) - len(hits)
+        else:
+            needed = self._block_pages(seq, total, 0, len(hits))
+        reserve = self.watermark_pages if watermark and self.num_used_pages > 0 else 0
+        if not self._fits(needed, hits, reserve):
+            return None
+        return _Plan(hits, needed, False)
+
+    def _plan_growth(self, seq: Request, total: int, state: _SeqState) -> _Plan | None:
+        page_size = self.page_size
+        cow = bool(
+            state.num_tokens % page_size
+            and total > state.num_tokens
+            and self._ref[state.pages[state.num_tokens // page_size]] > 1
+        )
+        if self._is_contiguous:  # a region can only grow by another region elsewhere
+            needed = max(0, -(-total // page_size) - len(state.pages))
+        else:
+            needed = self._block_pages(seq, total, state.num_blocks, len(state.pages))
+        if cow and not self._fits(1, [], 0):
+            return None
+        if not self._fits(needed + (1 if cow and self._is_paged else 0), [], 0):
+            return None
+        return _Plan([], needed, cow)
+
+    def _block_pages(self, seq: Request, total: int, num_blocks: int, num_held: int) -> int:
+        """Pages of the next block: what the block-sizing policy asks, never past the request's
+        largest possible length (so a request that fits alone always fits)."""
+        page_size = self.page_size
+        needed = -(-total // page_size) - num_held
+        if needed <= 0:
+            return 0
+        wanted = self.block_sizing.pages_for_next_block(seq, num_blocks, needed)
+        ceiling = -(-max(total, seq.total_len) // page_size) - num_held
+        return max(needed, min(wanted, ceiling))
+
+    def _fits(self, num_pages: int, hits: list[int], reserve: int) -> bool:
+        """Whether `num_pages` (as one block) can be taken, evicting cached pages if needed."""
+        if num_pages <= 0:
+            return True
+        evictor = self.evictor
+        num_hits_cached = sum(1 for page in hits if self._ref[page] == 0)
+        take = self.allocator.pages_for(num_pages)
+        available = self.allocator.num_free_pages + len(evictor) - num_hits_cached
+        if take + reserve > available:
+            return False
+        if self._is_paged or self.allocator.can_allocate(num_pages):
+            return True
+        if not len(evictor):
+            return False
+        hit_set = set(hits)
+        evictable = [page for page in evictor.pages() if page not in hit_set]
+        return self.allocator.can_allocate(num_pages, evictable)
+
+    def _execute(self, seq: Request, total: int, state: _SeqState | None, plan: _Plan) -> MemOps:
+        ops = NO_OPS
+        if state is None:
+            state = self._take_hits(seq, plan.hit_pages)
+        if plan.cow:
+            ops = MemOps()
+            index = state.num_tokens // self.page_size
+            old = state.pages[index]
+            new = self._take_block(1)[0]
+            ops.copies.append((old, new))
+            self._ref[old] -= 1
+            self._num_dup_slots -= self._fill(index, state.num_tokens)
+            state.pages[index] = new
+        if plan.num_block_pages:
+            state.pages.extend(self._take_block(plan.num_block_pages))
+            state.num_blocks += 1
+        if total > state.num_tokens:
+            self._num_live_slots += total - state.num_tokens
+            state.num_tokens = total
+        self._register(seq, state)
+        state.fast_limit = self._fast_limit(seq, state)
+        return ops
+
+    def _take_hits(self, seq: Request, hits: list[int]) -> _SeqState:
+        ref, evictor = self._ref, self.evictor
+        for page in hits:
+            if ref[page] == 0:
+                evictor.remove(page)
+            else:
+                self._num_dup_slots += self.page_size
+            ref[page] += 1
+            evictor.on_hit(page)
+        self._last_lookup = None
+        state = _SeqState(list(hits), 0, 0, 0, len(hits))
+        self._seqs[seq.request_id] = state
+        self._num_live_slots += len(hits) * self.page_size
+        state.num_tokens = len(hits) * self.page_size
+        return state
+
+    def _take_block(self, num_pages: int) -> list[int]:
+        """Take one block, evicting cached pages as needed (the plan made sure it fits)."""
+        allocator = self.allocator
+        if self._is_paged:
+            for _ in range(num_pages - allocator.num_free_pages):
+                self._evict_one()
+        pages = allocator.allocate(num_pages)
+        while pages is None:
+            self._evict_one()
+            pages = allocator.allocate(num_pages)
+        ref = self._ref
+        for page in pages:
+            ref[page] = 1
+        return pages
+
+    def _evict_one(self) -> None:
+        page = self.evictor.pop_victim()
+        del self._cached[self._hash[page]]
+        self._hash[page] = None
+        self.allocator.release([page])
+
+    def _register(self, seq: Request, state: _SeqState) -> None:
+        """Put newly full prompt pages into the prefix cache."""
+        if not self.caching:
+            return
+        hashes = seq.page_hashes(self.page_size)
+        num_full = min(len(hashes), state.num_tokens // self.page_size)
+        cached, page_hash, depth = self._cached, self._hash, self._depth
+        for index in range(state.num_hashed, num_full):
+            key = hashes[index]
+            if key in cached:
+                continue  # the same content is already cached in another page
+            page = state.pages[index]
+            cached[key] = page
+            page_hash[page] = key
+            depth[page] = index
+        state.num_hashed = max(state.num_hashed, num_full)
+
+    def _fast_limit(self, seq: Request, state: _SeqState) -> int:
+        page_size = self.page_size
+        limit = len(state.pages) * page_size
+        if state.num_tokens % page_size:
+            tail = state.pages[state.num_tokens // page_size]
+            if self._ref[tail] > 1:  # shared partial page: the next write copies it
+                return state.num_tokens
+        if self.caching and state.num_hashed < len(seq.page_hashes(page_size)):
+            # stop at the next prompt page boundary so it gets registered
+            limit = min(limit, (state.num_hashed + 1) * page_size)
+        return limit
+
+    def _release(self, state: _SeqState) -> None:
+        """Drop one owner from each page; tail first, so LRU evicts a prompt's deepest pages first."""
+        ref, page_hash, evictor = self._ref, self._hash, self.evictor
+        to_free: list[int] = []
+        for index in range(len(state.pages) - 1, -1, -1):
+            page = state.pages[index]
+            ref[page] -= 1
+            if ref[page] > 0:
+                self._num_dup_slots -= self._fill(index, state.num_tokens)
+            elif page_hash[page] is not None:
+                evictor.add(page, self._depth[page])
+            else:
+                to_free.append(page)
+        to_free.reverse()
+        self.allocator.release(to_free)
+        self._num_live_slots -= state.num_tokens
+
+    def _fill(self, index: int, num_tokens: int) -> int:
+        """Tokens held in page `index` of a sequence of `num_tokens` tokens."""
+        return max(0, min(self.page_size, num_tokens - index * self.page_size))

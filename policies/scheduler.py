@@ -1,0 +1,297 @@
+"""Continuous-batching scheduler shared by the simulator and the engine (torch-free)."""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.errors import KvlabError
+from kvlab.policies import registry
+from kvlab.policies.manager import KVCacheManager
+from kvlab.policies.outputs import MemOps, ScheduledRequest, SchedulerOutput
+from kvlab.policies.request import Request, RequestStatus
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerConfig:
+    """Batch limits: requests per step, tokens per step, model length, chunked prefill."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for flag, value in (
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+            ("--max-model-len", self.max_model_len),
+        ):
+            if value < 1:
+                raise KvlabError(f"{flag} is {value}; it must be at least 1")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise KvlabError(
+                f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"--max-model-len ({self.max_model_len}) with chunked prefill off: long prompts "
+                "could never be scheduled; raise it or enable chunked prefill"
+            )
+
+
+class Scheduler:
+    """Decides each step which requests run, how many tokens each computes, and who is preempted.
+
+    Order of service: running requests (decodes and unfinished prefill chunks), then swapped
+    requests (swap-in, oldest first), then waiting requests (first come, first served). Swapped
+    and waiting requests are admitted only in steps without a preemption, and waiting ones only
+    when no request is left swapped out, so preempted work is never starved by new arrivals.
+    When `allocate` fails the preemption policy picks a victim among the running requests.
+    """
+
+    def __init__(self, config: SchedulerConfig, manager: KVCacheManager) -> None:
+        self.config = config
+        self.manager = manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self._pick_victim = registry.get("victim", manager.policy.victim).factory
+        self.step_id = 0
+        self.num_preemptions = 0
+        self.num_swaps_out = 0
+        self.num_swaps_in = 0
+        self.itls_s = array("d")  # every gap between two consecutive tokens of a request
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request (callers add them in arrival order)."""
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting, running or swapped out."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def schedule(self, now_s: float = 0.0) -> SchedulerOutput:
+        """Decide the next step at clock time `now_s`."""
+        step = _Step(self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_swapped(step, now_s)
+            if not self.swapped:
+                self._schedule_waiting(step, now_s)
+        self.step_id += 1
+        return step.output(self.step_id - 1)
+
+    def update(
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: Sequence[int | None] | None = None,
+        now_s: float = 0.0,
+        stopped: set[int] | frozenset[int] = frozenset(),
+    ) -> list[Request]:
+        """Commit a finished step: advance tokens, stamp times, finish and free requests.
+
+        `sampled_token_ids` is aligned with `output.scheduled` (None where nothing was sampled,
+        or None altogether in the simulator); `stopped` holds request ids the engine stopped at
+        eos or a stop token. Returns the requests that finished in this step.
+        """
+        finished: list[Request] = []
+        itls = self.itls_s
+        for index, item in enumerate(output.scheduled):
+            request = item.request
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            request.num_computed_tokens = item.num_computed_tokens + item.num_new_tokens
+            if request.num_computed_tokens != request.num_tokens:
+                continue  # a prefill chunk that does not reach the end yet
+            if sampled_token_ids is not None:
+                token = sampled_token_ids[index]
+                if token is not None:
+                    request.output_token_ids.append(token)
+            request.num_output_tokens += 1
+            if request.first_token_s is None:
+                request.first_token_s = now_s
+            else:
+                itls.append(now_s - request.last_token_s)  # type: ignore[operator]
+            request.last_token_s = now_s
+            if request.num_output_tokens >= request.max_output_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH
+            elif request.request_id in stopped:
+                request.status = RequestStatus.FINISHED_STOPPED
+            else:
+                continue
+            request.finish_s = now_s
+            finished.append(request)
+        if finished:
+            for request in finished:
+                self.manager.free(request)
+            self.running = [r for r in self.running if not r.status.is_finished]
+        return finished
+
+    def abort(self, request: Request, now_s: float = 0.0) -> None:
+        """Stop a request wherever it is and free its memory."""
+        for queue in (self.waiting, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        if request in self.running:
+            self.running.remove(request)
+        self.manager.free(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+        request.finish_s = now_s
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _schedule_running(self, step: _Step) -> None:
+        running = self.running
+        index = 0
+        while index < len(running) and step.budget > 0:
+            request = running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            if num_new <= 0:
+                index += 1
+                continue
+            ops = self.manager.allocate(request, num_new)
+            while ops is None:
+                victim = self._pick_victim(running, self.manager.num_pages_held)
+                if running.index(victim) < index:
+                    index -= 1
+                self._preempt(victim, step)
+                if victim is request:
+                    break
+                ops = self.manager.allocate(request, num_new)
+            if ops is None:
+                continue  # the request itself was preempted; `index` now points past it
+            step.add(request, num_new, ops)
+            index += 1
+
+    def _preempt(self, victim: Request, step: _Step) -> None:
+        manager = self.manager
+        self.running.remove(victim)
+        step.unschedule(victim)
+        if manager.should_swap(victim) and manager.can_swap_out(victim):
+            step.ops.extend(manager.swap_out(victim))
+            victim.status = RequestStatus.SWAPPED
+            victim.num_swaps_out += 1
+            self.num_swaps_out += 1
+            self.swapped.append(victim)
+        else:
+            manager.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = RequestStatus.WAITING
+            self.waiting.appendleft(victim)
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        step.preempted.append(victim)
+
+    def _schedule_swapped(self, step: _Step, now_s: float) -> None:
+        manager, running = self.manager, self.running
+        while self.swapped and step.budget > 0 and len(running) < self.config.max_num_seqs:
+            request = self.swapped[0]
+            if not manager.can_swap_in(request):
+                break
+            ops = manager.swap_in(request)
+            assert ops is not None
+            self.swapped.popleft()
+            step.ops.extend(ops)
+            request.status = RequestStatus.RUNNING
+            self.num_swaps_in += 1
+            running.append(request)
+            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            grow = manager.allocate(request, num_new)
+            if grow is not None:  # else it runs from the next step, preempting if it must
+                step.add(request, num_new, grow)
+
+    def _schedule_waiting(self, step: _Step, now_s: float) -> None:
+        config, manager, running = self.config, self.manager, self.running
+        while self.waiting and step.budget > 0 and len(running) < config.max_num_seqs:
+            request = self.waiting[0]
+            error = self._admission_error(request)
+            if error is not None:
+                self.waiting.popleft()
+                request.status = RequestStatus.FINISHED_ERROR
+                request.error = error
+                request.finish_s = now_s
+                step.failed.append(request)
+                continue
+            hit = manager.num_computed_prefix_tokens(request)
+            num_new = request.num_tokens - hit
+            if num_new > step.budget:
+                if not config.enable_chunked_prefill:
+                    break
+                num_new = step.budget
+            request.num_computed_tokens = hit
+            ops = manager.allocate(request, num_new)
+            if ops is None:
+                request.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = now_s
+                request.num_cached_tokens = hit
+            running.append(request)
+            step.add(request, num_new, ops)
+
+    def _admission_error(self, request: Request) -> str | None:
+        max_len = self.config.max_model_len
+        if request.total_len > max_len:
+            return (
+                f"request {request.request_id} needs {request.total_len} tokens "
+                f"({request.prompt_len} prompt + {request.max_output_tokens} output), more than "
+                f"max_model_len {max_len}"
+            )
+        pages = self.manager.pages_needed_alone(request)
+        if pages > self.manager.num_total_pages:
+            return (
+                f"request {request.request_id} needs {pages} KV pages but the cache has only "
+                f"{self.manager.num_total_pages}"
+            )
+        return None
+
+
+class _Step:
+    """The step being built: scheduled requests, token budget left, memory work, preemptions."""
+
+    __slots__ = ("budget", "failed", "ops", "preempted", "scheduled")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.scheduled: list[ScheduledRequest] = []
+        self.ops = MemOps()
+        self.preempted: list[Request] = []
+        self.failed: list[Request] = []
+
+    def add(self, request: Request, num_new: int, ops: MemOps) -> None:
+        self.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+        self.budget -= num_new
+        if ops:
+            self.ops.extend(ops)
+
+    def unschedule(self, request: Request) -> None:
+        for index, item in enumerate(self.scheduled):
+            if item.request is request:
+                self.budget += item.num_new_tokens
+                del self.scheduled[index]
+                return
+
+    def output(self, step_id: int) -> SchedulerOutput:
+        num_prefill = num_decode = num_context = num_pairs = 0
+        for item in self.scheduled:
+            new, done = item.num_new_tokens, item.num_computed_tokens
+            num_context += done + new
+            if new == 1 and 0 < done == item.request.num_tokens - 1:
+                num_decode += 1
+            else:
+                num_prefill += new
+                num_pairs += new * done + new * (new + 1) // 2
+        return SchedulerOutput(
+            step_id=step_id,
+            scheduled=self.scheduled,
+            mem_ops=self.ops,
+            preempted=self.preempted,
+            failed=self.failed,
+            num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode,
+            num_context_tokens=num_context,
+            num_attention_pairs=num_pairs,
+        )
