@@ -201,8 +201,7 @@ def _distribution(name: str, values: np.ndarray, percentiles: Sequence[float]) -
 
 def _num_good(arrays: _RequestArrays, slos_ms: dict[str, float]) -> int:
     """Completed requests meeting every SLO (value <= SLO, as vLLM's goodput)."""
-    done = arrays.completed
-    good = done.copy()
+    good = arrays.completed.copy()
     # A one-token request has TPOT 0 for goodput, as in vLLM.
     tpot = np.nan_to_num(arrays.tpot_s, nan=0.0)
     values = {"ttft": arrays.ttft_s, "tpot": tpot, "e2el": arrays.e2el_s}
