@@ -1,0 +1,32 @@
+"""Guess which loader reads a trace file, from its extension or its CSV header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvlab.errors import KvlabError
+from kvlab.traces.tabular import check_file
+
+_ANY_TRACE = "a trace file (.csv, .jsonl or .json)"
+
+
+def guess_dataset_name(path: str | Path) -> str:
+    """'mooncake' for .jsonl, 'sharegpt' for .json, else 'azure' or 'burstgpt' by CSV header."""
+    path = Path(path)
+    check_file(path, _ANY_TRACE)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return "mooncake"
+    if suffix == ".json":
+        return "sharegpt"
+    with path.open(encoding="utf-8", errors="replace") as file:
+        header = [name.strip() for name in file.readline().split(",")]
+    if "ContextTokens" in header:
+        return "azure"
+    if "Request tokens" in header:
+        return "burstgpt"
+    raise KvlabError(
+        f"{path} line 1: cannot tell the dataset from the header {','.join(header)!r}; expected "
+        "an Azure (TIMESTAMP,ContextTokens,GeneratedTokens) or BurstGPT (Timestamp,Model,"
+        "Request tokens,Response tokens,...) header, or give --dataset-name"
+    )

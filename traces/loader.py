@@ -1,0 +1,90 @@
+"""`load_trace`: one entry point for every dataset, with vLLM-benchmark-style arrival options."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvlab.errors import KvlabError
+from kvlab.traces.arrivals import apply_arrivals, check_arrival_options
+from kvlab.traces.azure import load_azure
+from kvlab.traces.build import check_num_prompts
+from kvlab.traces.bundled import DEFAULT_EXCERPT, bundled_trace_path, resolve_trace_path
+from kvlab.traces.burstgpt import load_burstgpt
+from kvlab.traces.mooncake import load_mooncake
+from kvlab.traces.sharegpt import load_sharegpt
+from kvlab.traces.synthetic import RandomOptions, load_random
+from kvlab.traces.types import Trace
+
+FILE_LOADERS: dict[str, Callable[..., Trace]] = {
+    "azure": load_azure,
+    "mooncake": load_mooncake,
+    "burstgpt": load_burstgpt,
+    "sharegpt": load_sharegpt,
+}
+DATASET_NAMES = (*FILE_LOADERS, "random")
+
+# Options beyond the shared ones that each dataset accepts.
+_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sharegpt": ("tokenizer",),
+    "random": tuple(f.name for f in dataclasses.fields(RandomOptions)),
+}
+
+
+def load_trace(
+    dataset_name: str,
+    path: str | Path | None = None,
+    *,
+    num_prompts: int | None = None,
+    seed: int = 0,
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    time_scale: float = 1.0,
+    **options: Any,
+) -> Trace:
+    """Load a trace (or generate `random`) and set its arrivals.
+
+    `path` may be a file or a bundled excerpt name (`azure-conv`, `azure-code`, `mooncake`);
+    without one, `azure` and `mooncake` load their bundled excerpt. `num_prompts` keeps the first
+    N requests in arrival order (random: generates N, default 1000). Arrivals replay the trace's
+    timestamps divided by `time_scale`, unless a finite `request_rate` resamples them (see
+    `kvlab.traces.arrivals`). `options`: `tokenizer` for sharegpt, the `random_*` options and
+    `num_prefix_groups` for random. Every user mistake is a KvlabError naming the flag.
+    """
+    if dataset_name not in DATASET_NAMES:
+        raise KvlabError(f"--dataset-name {dataset_name!r}: expected one of "
+                         f"{', '.join(DATASET_NAMES)}")
+    _check_options(dataset_name, options)
+    check_num_prompts(num_prompts)
+    check_arrival_options(request_rate, burstiness, time_scale)
+    if dataset_name == "random":
+        if path is not None:
+            raise KvlabError(f"--dataset-path {path}: --dataset-name random generates its "
+                             "requests and reads no file")
+        trace = load_random(num_prompts=num_prompts, seed=seed, **options)
+    else:
+        file = _trace_file(dataset_name, path)
+        trace = FILE_LOADERS[dataset_name](file, num_prompts=num_prompts, **options)
+    return apply_arrivals(trace, request_rate=request_rate, burstiness=burstiness,
+                          time_scale=time_scale, seed=seed)
+
+
+def _trace_file(dataset_name: str, path: str | Path | None) -> Path:
+    if path is not None:
+        return resolve_trace_path(path)
+    if dataset_name not in DEFAULT_EXCERPT:
+        raise KvlabError(f"--dataset-name {dataset_name} needs a --dataset-path: no "
+                         f"{dataset_name} excerpt is bundled")
+    return bundled_trace_path(DEFAULT_EXCERPT[dataset_name])
+
+
+def _check_options(dataset_name: str, options: dict[str, Any]) -> None:
+    allowed = _OPTIONS.get(dataset_name, ())
+    unknown = [name for name in options if name not in allowed]
+    if unknown:
+        expected = f"expected one of {', '.join(allowed)}" if allowed else "it takes none"
+        raise KvlabError(f"option {unknown[0]!r} does not apply to --dataset-name "
+                         f"{dataset_name}; {expected}")

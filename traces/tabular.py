@@ -1,0 +1,173 @@
+"""Vectorised CSV reading for trace files, with user errors that name the file, line and column.
+
+Columns are parsed with pandas and numpy over whole arrays; only when a value is bad is the file
+scanned row by row, to turn the first bad row's position into the line an editor shows.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvlab.errors import KvlabError
+
+_EXAMPLE_TIMESTAMP = "2023-11-16 18:15:46.6805900"
+
+
+def check_file(path: Path, what: str) -> None:
+    """Raise a KvlabError unless `path` is a readable file; `what` says what it should hold."""
+    if not path.exists():
+        raise KvlabError(f"{path}: no such file; expected {what}")
+    if not path.is_file():
+        raise KvlabError(f"{path}: not a file; expected {what}")
+
+
+@dataclass(slots=True)
+class Table:
+    """The non-blank data rows of a CSV file as strings, with their 0-based row positions.
+
+    `row_index[i]` is the position of row i among all data rows (blank ones included) in file
+    order, which `line_of_row` turns into a line number.
+    """
+
+    path: Path
+    header: list[str]
+    frame: pd.DataFrame
+    row_index: np.ndarray
+
+
+def read_table(path: Path, required: Sequence[str], what: str) -> Table:
+    """Read a CSV with a header holding every `required` column; blank lines are skipped."""
+    check_file(path, what)
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False,
+                            skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise KvlabError(f"{path}: the file is empty; expected {what}") from None
+    except pd.errors.ParserError as err:
+        raise _field_count_error(path, err) from None
+    except UnicodeDecodeError as err:
+        raise KvlabError(f"{path}: not a UTF-8 text file ({err.reason}); expected {what}") from None
+    header = [str(c).strip() for c in frame.columns]
+    frame.columns = header
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise KvlabError(
+            f"{path} line 1: missing column {missing[0]}; expected {what} with columns "
+            f"{', '.join(required)}, found {', '.join(header)}"
+        )
+    blank = np.ones(len(frame), dtype=bool)
+    for column in header:
+        blank &= (frame[column].str.strip() == "").to_numpy()
+    keep = ~blank
+    if not keep.any():
+        raise KvlabError(f"{path}: no requests, only a header; expected {what}")
+    return Table(path, header, frame[keep].reset_index(drop=True), np.flatnonzero(keep))
+
+
+@dataclass(slots=True)
+class Parsed:
+    """One parsed column: its values and, per kind of problem, which rows have it.
+
+    Each problem is (mask of rows, text completing "'<value>' ..."), e.g. "is not a whole number".
+    """
+
+    values: np.ndarray
+    problems: list[tuple[np.ndarray, str]]
+
+    def bad(self) -> np.ndarray:
+        """Rows with any problem."""
+        bad = np.zeros(len(self.values), dtype=bool)
+        for mask, _ in self.problems:
+            bad |= mask
+        return bad
+
+    def problem_at(self, row: int) -> str:
+        """What is wrong with the value in `row`."""
+        return next(text for mask, text in self.problems if mask[row])
+
+
+def whole_numbers(table: Table, column: str, *, min_value: int = 1) -> Parsed:
+    """Parse a column of whole numbers >= min_value (a trailing '.0' is accepted)."""
+    numbers = pd.to_numeric(table.frame[column], errors="coerce").to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        not_whole = ~np.isfinite(numbers) | (numbers != np.floor(numbers))
+        too_small = ~not_whole & (numbers < min_value)
+    values = np.where(not_whole, 0, numbers).astype(np.int64)
+    return Parsed(values, [
+        (not_whole, "is not a whole number"),
+        (too_small, f"is too small: expected a whole number >= {min_value}"),
+    ])
+
+
+def seconds(table: Table, column: str) -> Parsed:
+    """Parse a column of finite numbers (seconds)."""
+    numbers = pd.to_numeric(table.frame[column], errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(numbers)
+    return Parsed(np.where(bad, 0.0, numbers), [(bad, "is not a number of seconds")])
+
+
+def timestamps_ns(table: Table, column: str) -> Parsed:
+    """Parse a column of ISO-8601 date-times (e.g. Azure's) into int64 nanoseconds."""
+    parsed = pd.to_datetime(table.frame[column], format="ISO8601", errors="coerce", utc=True)
+    bad = parsed.isna().to_numpy()
+    values = np.where(bad, 0, parsed.to_numpy(dtype="datetime64[ns]").view(np.int64))
+    return Parsed(values, [(bad, f"is not a timestamp like {_EXAMPLE_TIMESTAMP}")])
+
+
+def raise_first_bad(table: Table, columns: dict[str, Parsed]) -> None:
+    """Raise a KvlabError for the earliest bad row of any parsed column; return if none is bad."""
+    bad_rows = np.zeros(len(table.frame), dtype=bool)
+    bad_by_column = {name: parsed.bad() for name, parsed in columns.items()}
+    for bad in bad_by_column.values():
+        bad_rows |= bad
+    if not bad_rows.any():
+        return
+    row = int(bad_rows.argmax())
+    line, fields = line_of_row(table.path, int(table.row_index[row]))
+    if len(fields) != len(table.header):
+        raise KvlabError(
+            f"{table.path} line {line}: {len(fields)} fields, expected {len(table.header)} "
+            f"({','.join(table.header)})"
+        )
+    name = next(name for name, bad in bad_by_column.items() if bad[row])
+    value = table.frame[name].iloc[row]
+    problem = columns[name].problem_at(row)
+    raise KvlabError(f"{table.path} line {line}, column {name}: {value!r} {problem}")
+
+
+def line_of_row(path: Path, row: int) -> tuple[int, list[str]]:
+    """The 1-based line where data row `row` (0-based, blank rows counted) starts, and its fields.
+
+    A row-by-row scan, used only to word an error message.
+    """
+    with path.open(newline="", encoding="utf-8") as file:
+        reader = csv.reader(file, skipinitialspace=True)
+        next(reader)
+        start = reader.line_num + 1
+        for position, fields in enumerate(reader):
+            if position == row:
+                return start, fields
+            start = reader.line_num + 1
+    raise AssertionError(f"{path} has no data row {row}")
+
+
+def _field_count_error(path: Path, err: Exception) -> KvlabError:
+    """The error for a row with more fields than the header, found by a row-by-row scan."""
+    with path.open(newline="", encoding="utf-8") as file:
+        reader = csv.reader(file, skipinitialspace=True)
+        header = next(reader)
+        start = reader.line_num + 1
+        for fields in reader:
+            if len(fields) > len(header):
+                return KvlabError(
+                    f"{path} line {start}: {len(fields)} fields, expected {len(header)} "
+                    f"({','.join(h.strip() for h in header)})"
+                )
+            start = reader.line_num + 1
+    return KvlabError(f"{path}: cannot be read as CSV ({err})")

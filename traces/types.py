@@ -1,0 +1,54 @@
+"""The records every trace loader returns: one `TraceRequest` per request, grouped in a `Trace`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvlab.traces.stats import TraceInfo
+
+
+@dataclass(slots=True, frozen=True)
+class TraceRequest:
+    """One request of a trace: when it arrives, how long its prompt and output are.
+
+    `hash_ids[i]` names prompt block i (tokens [i*B, (i+1)*B) with B = `hash_block_size`)
+    together with everything before it, as in the Mooncake traces: two requests share their
+    first k*B prompt tokens exactly when their first k ids are equal. `prompt_token_ids` is set
+    only when a tokenizer produced the prompt's tokens.
+    """
+
+    request_id: int  # 0..n-1 in arrival order
+    arrival_s: float  # seconds since the first request (the first is 0.0)
+    input_len: int  # prompt tokens (>= 1)
+    output_len: int  # generated tokens (>= 1)
+    hash_ids: tuple[int, ...] | None = None
+    hash_block_size: int = 512
+    prompt_token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(slots=True)
+class Trace:
+    """A named, ordered list of requests and where it came from.
+
+    `metadata` records what shaped the requests beyond the file itself, so a result can say
+    exactly which workload it ran: rows skipped by a loader (`num_failed_skipped` for BurstGPT,
+    `num_skipped_entries` for ShareGPT), the token-length source, synthetic options, and the
+    arrival options applied (`request_rate`, `burstiness`, `seed`, `time_scale`).
+    """
+
+    name: str  # e.g. "azure-conv excerpt", or the file name
+    dataset_name: str  # azure | mooncake | burstgpt | sharegpt | random
+    source: str  # a path, "bundled:<file>" or "synthetic"
+    requests: list[TraceRequest]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def info(self) -> TraceInfo:
+        """Summary statistics: size, duration, rate, length percentiles, prefix-sharing share."""
+        from kvlab.traces.stats import trace_info
+
+        return trace_info(self)
