@@ -1,0 +1,1 @@
+"""Model implementations and configs for the real engine."""
