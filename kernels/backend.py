@@ -61,6 +61,12 @@ _BACKENDS: dict[str, _BackendEntry] = {
     "torch": _BackendEntry(
         "kvlab.kernels.torch_backend", "TorchBackend", "torch", "PyTorch reference (any device)"
     ),
+    "triton": _BackendEntry(
+        "kvlab.kernels.triton_backend",
+        "TritonBackend",
+        "triton",
+        "Triton kernels (CUDA, or CPU with TRITON_INTERPRET=1)",
+    ),
 }
 
 

@@ -69,10 +69,17 @@ class TorchBackend:
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
         """Copy pages `pairs[n, 2]` of (src, dst) from one cache to another (device <-> host)."""
-        src_ids = pairs[:, 0].to(src_k.device, torch.int64)
-        dst_ids = pairs[:, 1].to(dst_k.device, torch.int64)
-        for src, dst in ((src_k, dst_k), (src_v, dst_v)):
-            dst.index_copy_(0, dst_ids, src.index_select(0, src_ids).to(dst.device))
+        swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
+
+
+def swap_pages_by_index(
+    src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
+) -> None:
+    """Gather the source pages on their device, move them once, scatter them on the other."""
+    src_ids = pairs[:, 0].to(src_k.device, torch.int64)
+    dst_ids = pairs[:, 1].to(dst_k.device, torch.int64)
+    for src, dst in ((src_k, dst_k), (src_v, dst_v)):
+        dst.index_copy_(0, dst_ids, src.index_select(0, src_ids).to(dst.device))
 
 
 def _decode_groups(decode_ids: list[int], seq_lens: list[int], page_size: int) -> list[list[int]]:

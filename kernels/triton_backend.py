@@ -1,0 +1,489 @@
+"""Triton kernels for paged attention and the KV-cache ops (CUDA; CPU under TRITON_INTERPRET=1).
+
+Decodes use flash-decoding: each (sequence, KV head, context partition) program runs an online
+softmax over its partition for all query heads of the group, and a reduce kernel merges the
+partitions; with one partition the first kernel writes the output itself. Prefill chunks (more
+than one new token) run a flash-attention kernel over the block table, causal from the chunk's
+offset in its context. Every kernel looks up each token's page through the block table, so any
+page size works; tiles are independent of the page size. swap_pages moves pages between host and
+device with torch index copies (a gather, one transfer, a scatter), not a Triton kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kvlab.kernels.metadata import AttentionMetadata
+from kvlab.kernels.torch_backend import swap_pages_by_index
+
+_BLOCK_M = 64  # query rows per prefill program
+_BLOCK_N = 64  # context tokens per tile
+_COPY_BLOCK = 1024  # elements per copy program
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_key_tok,
+    stride_key_head,
+    stride_value_tok,
+    stride_value_head,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot < 0:
+        return
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    dst = slot * (NUM_KV_HEADS * HEAD_DIM) + h * HEAD_DIM + d
+    k = tl.load(key_ptr + tok * stride_key_tok + h * stride_key_head + d, mask=mask)
+    v = tl.load(value_ptr + tok * stride_value_tok + h * stride_value_head + d, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    seq_ids_ptr,
+    out_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    part_acc_ptr,
+    scale,
+    num_parts,
+    stride_q_tok,
+    stride_q_head,
+    stride_out_tok,
+    stride_out_head,
+    stride_table,
+    GROUP: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PARTITION_SIZE: tl.constexpr,
+    PARTITIONED: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    seq = tl.load(seq_ids_ptr + i).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = part * PARTITION_SIZE
+    if start >= seq_len:
+        return  # the reduce kernel counts only the partitions that hold context
+    end = tl.minimum(start + PARTITION_SIZE, seq_len)
+    row = tl.load(query_start_ptr + seq).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + g
+    head_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + row * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
+        mask=head_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    slot_stride = NUM_KV_HEADS * HEAD_DIM
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        page = tl.load(
+            block_tables_ptr + seq * stride_table + pos // PAGE_SIZE, mask=valid, other=0
+        )
+        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        kv_off = slot[:, None] * slot_stride + kv_head * HEAD_DIM + d[None, :]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    if PARTITIONED:
+        part_row = (i * (NUM_KV_HEADS * GROUP) + heads) * num_parts + part
+        tl.store(part_max_ptr + part_row, m_i, mask=head_mask)
+        tl.store(part_sum_ptr + part_row, l_i, mask=head_mask)
+        acc_off = part_row[:, None] * HEAD_DIM + d[None, :]
+        tl.store(part_acc_ptr + acc_off, acc, mask=head_mask[:, None] & d_mask[None, :])
+    else:
+        o = acc / l_i[:, None]
+        o_off = row * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
+        mask = head_mask[:, None] & d_mask[None, :]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    seq_ids_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    part_acc_ptr,
+    num_parts,
+    stride_out_tok,
+    stride_out_head,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PARTITION_SIZE: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    i = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(seq_ids_ptr + i).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    row = tl.load(query_start_ptr + seq).to(tl.int64)
+    p = tl.arange(0, BLOCK_P)
+    d = tl.arange(0, BLOCK_D)
+    valid = p < tl.cdiv(seq_len, PARTITION_SIZE)
+    base = (i * NUM_HEADS + head) * num_parts
+    m = tl.load(part_max_ptr + base + p, mask=valid, other=float("-inf"))
+    weight = tl.exp(m - tl.max(m, 0))  # exp(-inf) = 0 drops empty partitions
+    total = tl.sum(tl.load(part_sum_ptr + base + p, mask=valid, other=0.0) * weight, 0)
+    acc_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
+    acc = tl.load(
+        part_acc_ptr + (base + p)[:, None] * HEAD_DIM + d[None, :], mask=acc_mask, other=0.0
+    )
+    o = tl.sum(acc * weight[:, None], 0) / total
+    o_off = row * stride_out_tok + head * stride_out_head + d
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    seq_ids_ptr,
+    out_ptr,
+    scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_out_tok,
+    stride_out_head,
+    stride_table,
+    GROUP: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    i = tl.program_id(0)
+    q_block = tl.program_id(1)
+    head = tl.program_id(2)
+    seq = tl.load(seq_ids_ptr + i).to(tl.int64)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    if q_block * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pos_m = seq_len - q_len + offs_m  # position of each query row in its context
+    row_valid = offs_m < q_len
+    rows = (q_start + offs_m).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    kv_head = head // GROUP
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_q_tok + head * stride_q_head + d[None, :],
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # causal: no row of this block sees past its last row's position
+    hi = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * BLOCK_M)
+    slot_stride = NUM_KV_HEADS * HEAD_DIM
+    for tile in range(0, hi, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        valid = pos < hi
+        page = tl.load(
+            block_tables_ptr + seq * stride_table + pos // PAGE_SIZE, mask=valid, other=0
+        )
+        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        kv_off = slot[:, None] * slot_stride + kv_head * HEAD_DIM + d[None, :]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        visible = (pos[None, :] <= pos_m[:, None]) & valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = acc / l_i[:, None]
+    o_off = rows[:, None] * stride_out_tok + head * stride_out_head + d[None, :]
+    tl.store(
+        out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_mask[None, :]
+    )
+
+
+@triton.jit
+def _copy_pages_kernel(
+    k_cache_ptr, v_cache_ptr, pairs_ptr, PAGE_NUMEL: tl.constexpr, BLOCK: tl.constexpr
+):
+    pair = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    src = tl.load(pairs_ptr + 2 * pair).to(tl.int64) * PAGE_NUMEL
+    dst = tl.load(pairs_ptr + 2 * pair + 1).to(tl.int64) * PAGE_NUMEL
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < PAGE_NUMEL
+    tl.store(k_cache_ptr + dst + offs, tl.load(k_cache_ptr + src + offs, mask=mask), mask=mask)
+    tl.store(v_cache_ptr + dst + offs, tl.load(v_cache_ptr + src + offs, mask=mask), mask=mask)
+
+
+class TritonBackend:
+    """Triton kernels; fp16/bf16 on CUDA, fp32 also under the interpreter (TRITON_INTERPRET=1).
+
+    `partition_size` is the context each flash-decoding program covers; contexts longer than
+    one partition are split and merged by the reduce kernel.
+    """
+
+    name = "triton"
+
+    def __init__(self, partition_size: int = 512) -> None:
+        assert partition_size % _BLOCK_N == 0, "a partition is a whole number of tiles"
+        self.partition_size = partition_size
+
+    def write_kv(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        _check_cache(k_cache, v_cache)
+        assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
+        num_kv_heads, head_dim = k_cache.shape[2:]
+        if key.shape[0] == 0:
+            return
+        _write_kv_kernel[(key.shape[0],)](
+            key,
+            value,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            key.stride(0),
+            key.stride(1),
+            value.stride(0),
+            value.stride(1),
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            BLOCK_H=triton.next_power_of_2(num_kv_heads),
+            BLOCK_D=triton.next_power_of_2(head_dim),
+        )
+
+    def paged_attention(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        num_kv_heads: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        _check_cache(k_cache, v_cache)
+        assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
+        assert query.shape[0] == meta.num_tokens, "one query row per new token"
+        assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+        assert query.stride(-1) == 1, "head_dim must be contiguous"
+        out = torch.empty_like(query) if out is None else out
+        decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
+        if decode_ids:
+            self._decode(query, k_cache, v_cache, meta, decode_ids, scale, out)
+        if prefill_ids:
+            _prefill(query, k_cache, v_cache, meta, prefill_ids, scale, out)
+        return out
+
+    def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
+        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        _check_cache(k_cache, v_cache)
+        if pairs.shape[0] == 0:
+            return
+        pairs = pairs.to(k_cache.device, torch.int64).contiguous()
+        if bool(torch.isin(pairs[:, 1], pairs[:, 0]).any()):
+            # a page that is both read and written would race between programs: snapshot first
+            for cache in (k_cache, v_cache):
+                cache.index_copy_(0, pairs[:, 1], cache.index_select(0, pairs[:, 0]))
+            return
+        page_numel = k_cache[0].numel()
+        grid = (pairs.shape[0], triton.cdiv(page_numel, _COPY_BLOCK))
+        _copy_pages_kernel[grid](k_cache, v_cache, pairs, PAGE_NUMEL=page_numel, BLOCK=_COPY_BLOCK)
+
+    def swap_pages(
+        self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
+    ) -> None:
+        """Copy pages `pairs[n, 2]` of (src, dst) between caches, with torch index copies."""
+        swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
+
+    def _decode(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        seq_ids: list[int],
+        scale: float,
+        out: Tensor,
+    ) -> None:
+        num_heads, head_dim = query.shape[1:]
+        num_kv_heads = k_cache.shape[2]
+        group = num_heads // num_kv_heads
+        max_len = max(meta.seq_lens_cpu[i] for i in seq_ids)
+        num_parts = triton.cdiv(max_len, self.partition_size)
+        partitioned = num_parts > 1
+        parts = (len(seq_ids), num_heads, num_parts) if partitioned else (1, 1, 1)
+        part_max = torch.empty(parts, dtype=torch.float32, device=query.device)
+        part_sum = torch.empty_like(part_max)
+        part_acc = torch.empty((*parts, head_dim), dtype=torch.float32, device=query.device)
+        ids = _seq_ids_tensor(seq_ids, meta.num_seqs, query.device)
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        _decode_kernel[(len(seq_ids), num_kv_heads, num_parts)](
+            query,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            ids,
+            out,
+            part_max,
+            part_sum,
+            part_acc,
+            scale,
+            num_parts,
+            query.stride(0),
+            query.stride(1),
+            out.stride(0),
+            out.stride(1),
+            meta.block_tables.stride(0),
+            GROUP=group,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            PAGE_SIZE=meta.page_size,
+            PARTITION_SIZE=self.partition_size,
+            PARTITIONED=partitioned,
+            BLOCK_G=max(16, triton.next_power_of_2(group)),
+            BLOCK_D=block_d,
+            BLOCK_N=_BLOCK_N,
+            DOT_PRECISION=_dot_precision(query.dtype),
+        )
+        if partitioned:
+            _decode_reduce_kernel[(len(seq_ids), num_heads)](
+                out,
+                meta.seq_lens,
+                meta.query_start_loc,
+                ids,
+                part_max,
+                part_sum,
+                part_acc,
+                num_parts,
+                out.stride(0),
+                out.stride(1),
+                NUM_HEADS=num_heads,
+                HEAD_DIM=head_dim,
+                PARTITION_SIZE=self.partition_size,
+                BLOCK_P=triton.next_power_of_2(num_parts),
+                BLOCK_D=block_d,
+            )
+
+
+def _prefill(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    seq_ids: list[int],
+    scale: float,
+    out: Tensor,
+) -> None:
+    """Launch the prefill-chunk kernel over the sequences with more than one new token."""
+    num_heads, head_dim = query.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
+    grid = (len(seq_ids), triton.cdiv(max_query_len, _BLOCK_M), num_heads)
+    _prefill_kernel[grid](
+        query,
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
+        out,
+        scale,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        meta.block_tables.stride(0),
+        GROUP=num_heads // num_kv_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=meta.page_size,
+        BLOCK_M=_BLOCK_M,
+        BLOCK_N=_BLOCK_N,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        DOT_PRECISION=_dot_precision(query.dtype),
+    )
+
+
+def _seq_ids_tensor(seq_ids: list[int], num_seqs: int, device: torch.device) -> Tensor:
+    """Device int32 ids of the sequences one launch covers (an arange when it covers all)."""
+    if len(seq_ids) == num_seqs:
+        return torch.arange(num_seqs, dtype=torch.int32, device=device)
+    return torch.tensor(seq_ids, dtype=torch.int32, device=device)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """Exact fp32 products for fp32 inputs (TF32 would cost about 1e-3 relative error)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _check_cache(k_cache: Tensor, v_cache: Tensor) -> None:
+    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
+    assert k_cache.shape == v_cache.shape, "K and V caches must have the same shape"
