@@ -3,6 +3,7 @@
 Torch-free and simpy-free: the simulator and the real engine both drive these same objects.
 """
 
+from kvlab.policies.arrivals import ArrivalQueue
 from kvlab.policies.manager import KVCacheManager
 from kvlab.policies.outputs import MemOps, MemoryUsage, ScheduledRequest, SchedulerOutput
 from kvlab.policies.records import StepRecorder
@@ -11,6 +12,7 @@ from kvlab.policies.scheduler import Scheduler, SchedulerConfig
 from kvlab.policies.spec import PolicySpec, parse_policy
 
 __all__ = [
+    "ArrivalQueue",
     "KVCacheManager",
     "MemOps",
     "MemoryUsage",

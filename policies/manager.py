@@ -71,6 +71,9 @@ class KVCacheManager:
         self._reserve = registry.get("reserve", spec.reserve).factory
         self._is_paged = spec.kind == "paged"
         self._is_contiguous = spec.kind == "contiguous"
+        # Paged allocation with fixed blocks grows by one page from the free list: a fast path.
+        simple = self._is_paged and spec.block_sizing == "fixed"
+        self._free_list: deque[int] | None = self.allocator.free_list if simple else None
         self.watermark_pages = int(spec.watermark * num_pages)
         self._ref = [0] * num_pages
         self._hash: list = [None] * num_pages
@@ -187,6 +190,8 @@ class KVCacheManager:
                     self._num_live_slots += total - state.num_tokens
                     state.num_tokens = total
                 return NO_OPS
+            if self._free_list is not None and self._grow_by_one_page(state, total):
+                return NO_OPS
         plan = self._plan(seq, num_new_tokens, state)
         if plan is None:
             return None
@@ -266,6 +271,23 @@ class KVCacheManager:
         return MemOps(swap_ins=list(zip(host_pages, pages)))
 
     # ----------------------------------------------------------------------------- internals
+
+    def _grow_by_one_page(self, state: _SeqState, total: int) -> bool:
+        """The decode step that crosses a page boundary under paged, fixed-size blocks: take the
+        next free page directly (the hot path of every simulation); False defers to the planner."""
+        page_size = self.page_size
+        limit = state.fast_limit
+        free = self._free_list
+        if total > limit + page_size or limit != len(state.pages) * page_size or not free:
+            return False
+        page = free.popleft()
+        self._ref[page] = 1
+        state.pages.append(page)
+        state.num_blocks += 1
+        state.fast_limit = limit + page_size
+        self._num_live_slots += total - state.num_tokens
+        state.num_tokens = total
+        return True
 
     def _plan(self, seq: Request, num_new_tokens: int, state: _SeqState | None) -> _Plan | None:
         total = seq.num_computed_tokens + num_new_tokens

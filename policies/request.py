@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+_ID_MASK = (1 << 43) - 1
+
 
 class RequestStatus(enum.Enum):
     """Where a request is in its life; the FINISHED_* values are terminal."""
@@ -91,8 +93,9 @@ class Request:
         """Chained prefix hashes of the full pages of the prompt, in order.
 
         With token ids: hash(parent hash, the page's ids). With trace hash ids: the key of the
-        prefix ending at the page's last token, (id of the block holding that token, offset in the
-        block), which is equal for two requests exactly when their prefixes are. Output tokens are
+        prefix ending at the page's last token, made of the id of the block holding that token and
+        the offset in the block, which is equal for two requests exactly when their prefixes are
+        (block sizes up to 2^20 tokens, ids up to 2^43). Output tokens are
         never hashed, so the simulator and the engine cache the same pages.
         """
         cached = self._page_hashes
@@ -114,6 +117,9 @@ class Request:
                 block_index = (end - 1) // block
                 if block_index >= len(self.hash_ids):
                     break
-                hashes.append((self.hash_ids[block_index], end - block_index * block))
+                # an int key (not a tuple) keeps millions of cached keys out of the GC's way;
+                # negative so it never equals a token-id hash
+                key = -(((self.hash_ids[block_index] & _ID_MASK) << 20) | (end - block_index * block))
+                hashes.append(key - 1)
         self._page_hashes = (page_size, hashes)
         return hashes

@@ -11,16 +11,17 @@ from kvlab.policies.registry import register
 class PagedAllocator:
     """A FIFO free list of page ids: freed pages are reused last, so reuse order is deterministic."""
 
-    __slots__ = ("_free", "num_total_pages")
+    __slots__ = ("free_list", "num_total_pages")
 
     def __init__(self, num_total_pages: int) -> None:
         self.num_total_pages = num_total_pages
-        self._free: deque[int] = deque(range(num_total_pages))
+        # Public so the manager's hot path can pop a page without a call; only pop from the left.
+        self.free_list: deque[int] = deque(range(num_total_pages))
 
     @property
     def num_free_pages(self) -> int:
         """Truly free pages."""
-        return len(self._free)
+        return len(self.free_list)
 
     def pages_for(self, num_pages: int) -> int:
         """Paging hands out exactly what is asked."""
@@ -28,18 +29,18 @@ class PagedAllocator:
 
     def allocate(self, num_pages: int) -> list[int] | None:
         """Pop `num_pages` free pages, or None when fewer are free."""
-        free = self._free
+        free = self.free_list
         if num_pages > len(free):
             return None
         return [free.popleft() for _ in range(num_pages)]
 
     def can_allocate(self, num_pages: int, extra_free: list[int] = ()) -> bool:  # type: ignore[assignment]
         """Enough pages, counting `extra_free` as released."""
-        return num_pages <= len(self._free) + len(extra_free)
+        return num_pages <= len(self.free_list) + len(extra_free)
 
     def release(self, pages: list[int]) -> None:
         """Append pages to the tail of the free list."""
-        self._free.extend(pages)
+        self.free_list.extend(pages)
 
     def num_unusable_free_pages(self) -> int:
         """Every free page is usable by paging."""
