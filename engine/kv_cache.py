@@ -1,0 +1,334 @@
+"""The KV cache tensors: sizing them like vLLM, allocating them, and carrying out MemOps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvlab.engine.models.config import ModelConfig
+from kvlab.engine.platform import Platform
+from kvlab.errors import KvlabError
+from kvlab.policies.outputs import MemOps
+
+GiB = 1 << 30
+# vLLM's CPU backend reserves 4 GiB for KV when VLLM_CPU_KVCACHE_SPACE is unset; v0's swap_space
+# default is 4 GiB of host memory as well.
+DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB
+DEFAULT_SWAP_SPACE_BYTES = 4 * GiB
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    """How big the KV cache and its host swap space are; flag names follow vLLM.
+
+    Precedence: `num_gpu_blocks_override` (pages), then `kv_cache_memory_bytes`, then on cuda/npu
+    `gpu_memory_utilization` of the device minus weights and the profiled activation peak, on
+    cpu DEFAULT_CPU_KV_CACHE_BYTES. `kv_cache_dtype` None means the model's dtype.
+    """
+
+    page_size: int = 16
+    gpu_memory_utilization: float = 0.92
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
+    kv_cache_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise KvlabError(f"--block-size must be >= 1, got {self.page_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise KvlabError(
+                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise KvlabError(
+                f"--num-gpu-blocks-override must be >= 1, got {self.num_gpu_blocks_override}"
+            )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 0:
+            raise KvlabError(
+                f"--kv-cache-memory-bytes must be >= 0, got {self.kv_cache_memory_bytes}"
+            )
+        if self.swap_space_bytes < 0:
+            raise KvlabError(f"--swap-space must be >= 0 bytes, got {self.swap_space_bytes}")
+
+
+def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page takes over every layer, K and V."""
+    return page_size * config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+
+
+def num_pages_for_budget(budget_bytes: int, page_bytes: int, why: str) -> int:
+    """Pages that fit in a budget; a KvlabError (with `why`: flag and figures) below one page."""
+    num_pages = budget_bytes // page_bytes if budget_bytes > 0 else 0
+    if num_pages < 1:
+        raise KvlabError(f"not enough memory for one KV page of {page_bytes:,} bytes: {why}")
+    return num_pages
+
+
+def num_host_pages(config: ModelConfig, cache_config: CacheConfig, dtype: torch.dtype) -> int:
+    """Host swap pages that fit in `swap_space_bytes` (0 turns swapping off)."""
+    return cache_config.swap_space_bytes // page_bytes_all_layers(
+        config, cache_config.page_size, dtype
+    )
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's parameters."""
+    return next(model.parameters()).dtype
+
+
+def weights_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def determine_num_pages(
+    model: Any,
+    platform: Platform,
+    cache_config: CacheConfig,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+) -> int:
+    """The number of device KV pages, sized like vLLM (see CacheConfig for the precedence)."""
+    if cache_config.num_gpu_blocks_override is not None:
+        return cache_config.num_gpu_blocks_override
+    dtype = cache_config.kv_cache_dtype or model_dtype(model)
+    page_bytes = page_bytes_all_layers(model.config, cache_config.page_size, dtype)
+    if cache_config.kv_cache_memory_bytes is not None:
+        budget = cache_config.kv_cache_memory_bytes
+        return num_pages_for_budget(budget, page_bytes, f"--kv-cache-memory-bytes is {budget:,}")
+    if platform.name == "cpu":
+        budget = DEFAULT_CPU_KV_CACHE_BYTES
+        return num_pages_for_budget(budget, page_bytes, "the cpu default budget")
+    peak = profile_peak_activation_bytes(
+        model,
+        platform,
+        page_size=cache_config.page_size,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+    )
+    total = platform.total_memory_bytes()
+    weights = weights_bytes(model)
+    budget = int(total * cache_config.gpu_memory_utilization) - weights - peak
+    why = (
+        f"--gpu-memory-utilization {cache_config.gpu_memory_utilization} of {total:,} bytes "
+        f"minus weights {weights:,} and activation peak {peak:,} (profiled at "
+        f"--max-num-batched-tokens {max_num_batched_tokens}) leaves {budget:,}"
+    )
+    num_pages = num_pages_for_budget(budget, page_bytes, why)
+    free = platform.free_memory_bytes()
+    if num_pages * page_bytes > free:
+        raise KvlabError(
+            f"the KV cache would take {num_pages * page_bytes:,} bytes but only {free:,} are free "
+            f"on {platform.device} (other processes?): lower --gpu-memory-utilization"
+        )
+    return num_pages
+
+
+def dummy_batch_lens(
+    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int
+) -> list[int]:
+    """Sequence lengths of the profiling batch: one full step of prefill, in few sequences."""
+    lens: list[int] = []
+    remaining = max_num_batched_tokens
+    while remaining > 0 and len(lens) < max_num_seqs:
+        lens.append(min(remaining, max_model_len))
+        remaining -= lens[-1]
+    return lens
+
+
+def profile_peak_activation_bytes(
+    model: Any,
+    platform: Platform,
+    *,
+    page_size: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+) -> int:
+    """Peak bytes a full step (forward of max_num_batched_tokens, logits of max_num_seqs rows)
+    allocates beyond the weights and its own KV pages (needs the platform's allocator stats)."""
+    from kvlab.kernels import AttentionMetadata
+
+    lens = dummy_batch_lens(max_num_batched_tokens, max_num_seqs, max_model_len)
+    block_tables, next_page = [], 0
+    for n in lens:
+        block_tables.append(list(range(next_page, next_page + math.ceil(n / page_size))))
+        next_page += len(block_tables[-1])
+    cache = KVCache.for_model(
+        model.config,
+        num_pages=next_page,
+        num_host_pages=0,
+        page_size=page_size,
+        dtype=model_dtype(model),
+        platform=platform,
+        backend=model.attn_backend,
+    )
+    device = platform.device
+    meta = AttentionMetadata.build(
+        block_tables=block_tables,
+        seq_lens=lens,
+        query_lens=lens,
+        page_size=page_size,
+        device=device,
+    )
+    input_ids = torch.zeros(sum(lens), dtype=torch.long, device=device)
+    positions = torch.cat([torch.arange(n, device=device) for n in lens])
+    num_rows = min(max_num_seqs, max_num_batched_tokens)
+    platform.synchronize()
+    platform.reset_peak_memory_stats()
+    before = platform.memory_allocated_bytes()
+    with torch.inference_mode():
+        hidden = model(input_ids, positions, cache.layers(), meta)
+        rows = hidden[torch.arange(num_rows, device=device) % hidden.shape[0]]
+        model.compute_logits(rows).float().softmax(dim=-1)  # the sampler's working set
+    platform.synchronize()
+    peak = platform.peak_memory_allocated_bytes() - before
+    del cache, meta, hidden, rows
+    platform.empty_cache()
+    return peak
+
+
+def startup_lines(num_pages: int, page_size: int, max_model_len: int) -> list[str]:
+    """vLLM's two startup lines: KV cache size in tokens, and how many full-length requests fit."""
+    num_tokens = num_pages * page_size
+    concurrency = num_pages / math.ceil(max_model_len / page_size)
+    return [
+        f"KV cache size: {num_tokens:,} tokens",
+        f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
+    ]
+
+
+def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Split ordered (src, dst) copies into batches a gather-then-scatter kernel runs correctly.
+
+    Within a batch no copy reads or rewrites a page an earlier copy of that batch wrote, so each
+    batch at once equals its copies one by one in list order (copies may chain: a->b, b->c).
+    """
+    batches: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    written: set[int] = set()
+    for src, dst in pairs:
+        if src in written or dst in written:
+            batches.append(current)
+            current, written = [], set()
+        current.append((src, dst))
+        written.add(dst)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class KVCache:
+    """Per-layer K and V pages on the device and the host swap space, same layout.
+
+    Each tensor is [num_pages, page_size, num_kv_heads, head_dim]; the host tensors are pinned
+    where the platform has DMA. `backend` is the kvlab.kernels backend that moves pages.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_pages: int,
+        num_host_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        platform: Platform,
+        backend: Any,
+    ) -> None:
+        self.num_pages = num_pages
+        self.num_host_pages = num_host_pages
+        self.page_size = page_size
+        self.backend = backend
+        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        host_shape = (num_host_pages, page_size, num_kv_heads, head_dim)
+        # Zeros, not empty: a kernel that loads a whole page and masks scores must not meet NaN.
+        device = platform.device
+        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        pin = platform.pin_memory and num_host_pages > 0
+        self.host_k_caches = [
+            torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)
+        ]
+        self.host_v_caches = [
+            torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)
+        ]
+
+    @classmethod
+    def for_model(
+        cls,
+        config: ModelConfig,
+        *,
+        num_pages: int,
+        num_host_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        platform: Platform,
+        backend: Any,
+    ) -> KVCache:
+        """The cache for one model's layers and KV heads."""
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_pages=num_pages,
+            num_host_pages=num_host_pages,
+            page_size=page_size,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=dtype,
+            platform=platform,
+            backend=backend,
+        )
+
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(k_cache, v_cache) per layer, as the model's forward takes them."""
+        return list(zip(self.k_caches, self.v_caches, strict=True))
+
+    def execute_mem_ops(self, mem_ops: MemOps) -> None:
+        """Carry out a step's memory work in MemOps' order: swap-outs, copies, then swap-ins.
+
+        A device page freed by a swap-out may be the destination of a copy or a swap-in in the
+        same step, so swap-outs go first; copies run as if one by one in list order.
+        """
+        if mem_ops.swap_outs:
+            pairs = torch.tensor(mem_ops.swap_outs, dtype=torch.long)
+            for layer in range(len(self.k_caches)):
+                self.backend.swap_pages(
+                    self.k_caches[layer],
+                    self.v_caches[layer],
+                    self.host_k_caches[layer],
+                    self.host_v_caches[layer],
+                    pairs,
+                )
+        for batch in copy_batches(mem_ops.copies):
+            pairs = torch.tensor(batch, dtype=torch.long, device=self.k_caches[0].device)
+            for k_cache, v_cache in zip(self.k_caches, self.v_caches, strict=True):
+                self.backend.copy_pages(k_cache, v_cache, pairs)
+        if mem_ops.swap_ins:
+            pairs = torch.tensor(mem_ops.swap_ins, dtype=torch.long)
+            for layer in range(len(self.k_caches)):
+                self.backend.swap_pages(
+                    self.host_k_caches[layer],
+                    self.host_v_caches[layer],
+                    self.k_caches[layer],
+                    self.v_caches[layer],
+                    pairs,
+                )
+
+    @property
+    def num_bytes(self) -> int:
+        """Device bytes of all K and V pages."""
+        return sum(t.numel() * t.element_size() for t in self.k_caches + self.v_caches)
+
+    @property
+    def num_host_bytes(self) -> int:
+        """Host bytes of the swap space."""
+        return sum(t.numel() * t.element_size() for t in self.host_k_caches + self.host_v_caches)
