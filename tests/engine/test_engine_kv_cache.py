@@ -21,7 +21,7 @@ from kvlab.engine.kv_cache import (
     weights_bytes,
 )
 from kvlab.engine.loader import load_model
-from kvlab.engine.platform import get_platform
+from kvlab.engine.platform import CpuPlatform, get_platform
 from kvlab.errors import KvlabError
 from kvlab.kernels import get_backend
 from kvlab.policies.outputs import MemOps
@@ -55,6 +55,35 @@ def _cache(num_pages: int = 8, num_host_pages: int = 6) -> KVCache:
 
 def _device_pages(cache: KVCache, page: int) -> list[torch.Tensor]:
     return [t[page].clone() for t in cache.k_caches + cache.v_caches]
+
+
+class FakeGpu(CpuPlatform):
+    """A CPU posing as an accelerator with a fixed memory size and a scripted activation peak."""
+
+    name = "fake-gpu"
+
+    def __init__(self, total: int, free: int, peak: int) -> None:
+        super().__init__(torch.device("cpu"))
+        self.total, self.free, self.peak = total, free, peak
+        self.num_profiles = 0
+
+    def total_memory_bytes(self) -> int:
+        return self.total
+
+    def free_memory_bytes(self) -> int:
+        return self.free
+
+    def memory_allocated_bytes(self) -> int:
+        return 0
+
+    def reset_peak_memory_stats(self) -> None:
+        self.num_profiles += 1
+
+    def peak_memory_allocated_bytes(self) -> int:
+        return self.peak
+
+
+LIMITS = {"max_num_batched_tokens": 96, "max_num_seqs": 4, "max_model_len": 64}
 
 
 def test_page_bytes_count_k_and_v_of_every_layer(tiny):
@@ -105,6 +134,38 @@ def test_budget_below_one_page_names_the_flag(tiny):
             max_num_seqs=4,
             max_model_len=128,
         )
+
+
+def test_accelerator_budget_is_utilization_minus_weights_and_profiled_peak(tiny):
+    model, config = tiny
+    platform = FakeGpu(total=100 << 20, free=100 << 20, peak=3 << 20)
+    num_pages = determine_num_pages(
+        model, platform, CacheConfig(gpu_memory_utilization=0.5), **LIMITS
+    )
+    budget = (50 << 20) - weights_bytes(model) - (3 << 20)
+    assert platform.num_profiles == 1
+    assert num_pages == budget // page_bytes_all_layers(config, 16, torch.float32)
+
+
+def test_weights_and_peak_beyond_the_utilization_name_the_flag(tiny):
+    model, _ = tiny
+    platform = FakeGpu(total=100 << 20, free=100 << 20, peak=40 << 20)
+    with pytest.raises(KvlabError, match=r"--gpu-memory-utilization 0\.3 of 104,857,600 bytes"):
+        determine_num_pages(model, platform, CacheConfig(gpu_memory_utilization=0.3), **LIMITS)
+
+
+def test_kv_cache_larger_than_free_memory_is_refused(tiny):
+    model, _ = tiny
+    platform = FakeGpu(total=100 << 20, free=20 << 20, peak=1 << 20)
+    with pytest.raises(KvlabError, match=r"only 20,971,520 are free.*lower --gpu-memory-util"):
+        determine_num_pages(model, platform, CacheConfig(gpu_memory_utilization=0.9), **LIMITS)
+
+
+def test_profiling_forward_runs_the_full_step_budget(tiny):
+    model, _ = tiny
+    platform = FakeGpu(total=1 << 30, free=1 << 30, peak=0)
+    assert profile_peak_activation_bytes(model, platform, page_size=16, **LIMITS) == 0
+    assert platform.num_profiles == 1
 
 
 @pytest.mark.parametrize(
