@@ -3,9 +3,10 @@
 A request is the first "human" turn (the prompt) and the "gpt" turn right after it (the output);
 entries without such a pair are skipped and counted in `metadata["num_skipped_entries"]`. Token
 lengths come from a local Hugging Face tokenizer when one is given (prompt with special tokens,
-output without: generated tokens carry no BOS), else from an estimate of 4 characters per token,
-rounded up, at least 1. ShareGPT has no arrival times: every request arrives at 0 unless
-`load_trace` resamples arrivals at a request rate. Requests keep file order (no shuffling).
+output without, since generated tokens carry no BOS, and at least 1), else from an estimate of
+4 characters per token, rounded up, at least 1. ShareGPT has no arrival times: every request
+arrives at 0 unless `load_trace` resamples arrivals at a request rate. Requests keep file order:
+unlike vLLM's benchmark, entries are not shuffled, so `num_prompts` takes the first N.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def _turns(path: Path, index: int, entry: Any) -> list[dict[str, Any]]:
     if not isinstance(entry, dict) or not isinstance(entry.get("conversations"), list):
         raise KvlabError(f'{where}: expected an object with a "conversations" list')
     where += f" (id {entry.get('id')!r})"
-    turns = entry["conversations"]
+    turns: list[dict[str, Any]] = entry["conversations"]
     for number, turn in enumerate(turns):
         if not isinstance(turn, dict) or not isinstance(turn.get("from"), str) \
                 or not isinstance(turn.get("value"), str):

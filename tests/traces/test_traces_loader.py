@@ -1,0 +1,83 @@
+"""The `load_trace` dispatcher, bundled excerpts and dataset-name guessing."""
+
+import pytest
+
+from kvlab.errors import KvlabError
+from kvlab.traces import (
+    bundled_trace_path,
+    bundled_traces,
+    guess_dataset_name,
+    load_trace,
+)
+
+
+def test_azure_without_a_path_loads_the_bundled_conv_excerpt():
+    trace = load_trace("azure")
+    assert (trace.name, trace.source) == ("azure-conv excerpt", "bundled:azure_conv_excerpt.csv")
+
+
+def test_mooncake_without_a_path_loads_the_bundled_excerpt():
+    trace = load_trace("mooncake", num_prompts=10)
+    assert trace.source == "bundled:mooncake_excerpt.jsonl"
+    assert len(trace) == 10
+
+
+def test_a_bundled_name_works_as_a_path():
+    assert load_trace("azure", "azure-code").name == "azure-code excerpt"
+
+
+@pytest.mark.parametrize("dataset_name", ["burstgpt", "sharegpt"])
+def test_datasets_without_an_excerpt_need_a_path(dataset_name):
+    with pytest.raises(KvlabError, match=r"needs a --dataset-path"):
+        load_trace(dataset_name)
+
+
+def test_unknown_dataset_name_lists_the_known_ones():
+    with pytest.raises(KvlabError, match=r"--dataset-name 'foo': expected one of azure, "):
+        load_trace("foo")
+
+
+def test_option_of_another_dataset_is_an_error():
+    with pytest.raises(KvlabError, match=r"'random_input_len' does not apply to --dataset-name "
+                                         r"azure"):
+        load_trace("azure", random_input_len=5)
+
+
+def test_random_takes_no_path():
+    with pytest.raises(KvlabError, match=r"reads no file"):
+        load_trace("random", "trace.csv")
+
+
+def test_unknown_path_names_the_bundled_excerpts(tmp_path):
+    with pytest.raises(KvlabError, match=r"no such file, nor a bundled excerpt name \(azure-conv"):
+        load_trace("azure", tmp_path / "missing.csv")
+
+
+def test_unknown_bundled_name_is_an_error():
+    with pytest.raises(KvlabError, match=r"no bundled trace 'azure-chat'"):
+        bundled_trace_path("azure-chat")
+
+
+def test_bundled_traces_exist_and_stay_small():
+    files = bundled_traces()
+    assert set(files) == {"azure-conv", "azure-code", "mooncake"}
+    assert sum(path.stat().st_size for path in files.values()) < 600_000
+
+
+@pytest.mark.parametrize("name, first_line, expected", [
+    ("a.jsonl", "{}", "mooncake"),
+    ("a.json", "[]", "sharegpt"),
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens", "azure"),
+    ("a.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type", "burstgpt"),
+])
+def test_dataset_name_is_guessed_from_extension_or_header(tmp_path, name, first_line, expected):
+    path = tmp_path / name
+    path.write_text(first_line + "\n")
+    assert guess_dataset_name(path) == expected
+
+
+def test_unrecognised_header_asks_for_a_dataset_name(tmp_path):
+    path = tmp_path / "a.csv"
+    path.write_text("when,in,out\n")
+    with pytest.raises(KvlabError, match=r"a.csv line 1: cannot tell the dataset"):
+        guess_dataset_name(path)
