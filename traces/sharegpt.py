@@ -145,8 +145,11 @@ def load_tokenizer(path: str | Path) -> Any:
     if not folder.is_dir():
         raise KvlabError(f"--tokenizer {path}: no such folder; expected a local Hugging Face "
                          "tokenizer folder (tokenizer.json or tokenizer_config.json)")
-    from transformers import AutoTokenizer
-
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise KvlabError(f"--tokenizer {path}: needs the transformers package "
+                         "(pip install transformers)") from None
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as err:
