@@ -12,9 +12,19 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
         [num_seqs + 1] int32, host lists seq_lens_cpu / query_lens_cpu, max_seq_len,
         max_query_len, page_size.
 
-    get_backend(name) -> KernelBackend          "torch"; unknown -> KvlabError naming the valid
+    get_backend(name) -> KernelBackend          "torch" | "triton" | "npu"; an unknown name, or
+                                                 npu without torch_npu -> KvlabError
     backend_names() -> list[str]                 every name get_backend accepts
     available_backends() -> list[str]            those whose packages are installed here
+
+    torch   reference: plain PyTorch on any device, attention in fp32 (kernels/torch_backend.py)
+    triton  Triton kernels: flash-decoding with a partition reduce, prefill chunks over block
+            tables; CUDA in fp16/bf16/fp32, or CPU tensors with TRITON_INTERPRET=1 set before
+            import (kernels/triton_backend.py)
+    npu     torch_npu's npu_scatter_pa_kv_cache, _npu_paged_attention (decode-only batches) and
+            npu_fused_infer_attention_score (TND, sparse_mode=3); fp16/bf16 caches, page size a
+            multiple of 16 up to 512, 128 recommended (kernels/npu_backend.py); not yet run on
+            Ascend hardware, tested against an emulation of the documented ops
 
     KernelBackend (each backend's module is imported only when get_backend selects it):
         name: str

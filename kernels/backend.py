@@ -67,6 +67,12 @@ _BACKENDS: dict[str, _BackendEntry] = {
         "triton",
         "Triton kernels (CUDA, or CPU with TRITON_INTERPRET=1)",
     ),
+    "npu": _BackendEntry(
+        "kvlab.kernels.npu_backend",
+        "NpuBackend",
+        "torch_npu",
+        "torch_npu fused ops (Ascend NPU with CANN)",
+    ),
 }
 
 

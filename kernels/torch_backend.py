@@ -61,15 +61,20 @@ class TorchBackend:
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
         """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
-        pairs = pairs.to(k_cache.device, torch.int64)
-        for cache in (k_cache, v_cache):
-            cache.index_copy_(0, pairs[:, 1], cache.index_select(0, pairs[:, 0]))
+        copy_pages_by_index(k_cache, v_cache, pairs)
 
     def swap_pages(
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
         """Copy pages `pairs[n, 2]` of (src, dst) from one cache to another (device <-> host)."""
         swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
+
+
+def copy_pages_by_index(k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
+    """Gather every source page, then scatter to the destinations (so chains copy old content)."""
+    pairs = pairs.to(k_cache.device, torch.int64)
+    for cache in (k_cache, v_cache):
+        cache.index_copy_(0, pairs[:, 1], cache.index_select(0, pairs[:, 0]))
 
 
 def swap_pages_by_index(

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kvlab.kernels.metadata import AttentionMetadata
-from kvlab.kernels.torch_backend import swap_pages_by_index
+from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
 _BLOCK_M = 64  # query rows per prefill program
 _BLOCK_N = 64  # context tokens per tile
@@ -346,9 +346,8 @@ class TritonBackend:
             return
         pairs = pairs.to(k_cache.device, torch.int64).contiguous()
         if bool(torch.isin(pairs[:, 1], pairs[:, 0]).any()):
-            # a page that is both read and written would race between programs: snapshot first
-            for cache in (k_cache, v_cache):
-                cache.index_copy_(0, pairs[:, 1], cache.index_select(0, pairs[:, 0]))
+            # a page both read and written would race between programs: gather first, then scatter
+            copy_pages_by_index(k_cache, v_cache, pairs)
             return
         page_numel = k_cache[0].numel()
         grid = (pairs.shape[0], triton.cdiv(page_numel, _COPY_BLOCK))

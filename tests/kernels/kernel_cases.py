@@ -79,6 +79,15 @@ def make_case(
     )
 
 
+def move_case(case: PagedCase, device: torch.device | str) -> PagedCase:
+    """The same case with its query, caches and metadata tensors on `device` (in place)."""
+    for name in ("query", "k_cache", "v_cache"):
+        setattr(case, name, getattr(case, name).to(device))
+    for name in ("slot_mapping", "block_tables", "seq_lens", "query_start_loc"):
+        setattr(case.meta, name, getattr(case.meta, name).to(device))
+    return case
+
+
 def contiguous_attention(case: PagedCase) -> Tensor:
     """Expected output: causal SDPA over each whole contiguous sequence, keeping the new rows."""
     rows = []

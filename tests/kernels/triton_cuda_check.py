@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_cases import make_case, max_relative_error
+from kernel_cases import make_case, max_relative_error, move_case
 
 from kvlab.kernels import get_backend
 
@@ -22,22 +22,13 @@ CASES = [  # (seq_lens, query_lens, page_size, num_heads, num_kv_heads, head_dim
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
 
-def _to_cuda(case):
-    for name in ("query", "k_cache", "v_cache"):
-        setattr(case, name, getattr(case, name).cuda())
-    meta = case.meta
-    for name in ("slot_mapping", "block_tables", "seq_lens", "query_start_loc"):
-        setattr(meta, name, getattr(meta, name).cuda())
-    return case
-
-
 def main() -> int:
     """Run every case in every dtype; return the number of failures."""
     triton_backend, reference = get_backend("triton"), get_backend("torch")
     failures = 0
     for dtype, tolerance in TOLERANCE.items():
         for seq_lens, query_lens, page_size, heads, kv_heads, head_dim in CASES:
-            case = _to_cuda(
+            case = move_case(
                 make_case(
                     seq_lens,
                     query_lens,
@@ -46,8 +37,8 @@ def main() -> int:
                     num_kv_heads=kv_heads,
                     head_dim=head_dim,
                     dtype=dtype,
-                    poison=0.0,
-                )
+                ),
+                "cuda",
             )
             args = (case.query, case.k_cache, case.v_cache, case.meta)
             kwargs = dict(scale=case.scale, num_kv_heads=kv_heads)

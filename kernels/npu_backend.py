@@ -1,0 +1,198 @@
+"""Ascend NPU backend: torch_npu's documented fused ops, called the way vllm-ascend calls them.
+
+- write_kv: `npu_scatter_pa_kv_cache(..., cache_mode="Norm")`, the ND cache layout
+  `[num_pages, page_size, num_kv_heads, head_dim]`.
+- decode-only batches: `_npu_paged_attention` over the block tables, context lengths on the host.
+- any batch with a prefill chunk: `npu_fused_infer_attention_score` in the "TND" layout with
+  `sparse_mode=3` (causal aligned to the bottom-right corner, i.e. to the end of each context),
+  the caches viewed as `[num_pages, page_size, num_kv_heads * head_dim]`.
+- copy_pages and swap_pages: torch index copies, which torch_npu runs on the device.
+
+torch_npu is imported when the backend is constructed, never at module import. Not yet run on
+Ascend hardware: tests run this code against tests/kernels/npu_emulation.py, a torch emulation
+of each op's documented contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kvlab.errors import KvlabError
+from kvlab.kernels.metadata import AttentionMetadata
+from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
+
+MAX_PAGE_SIZE = 512
+PAGE_SIZE_MULTIPLE = 16  # for float16/bfloat16 caches (int8 caches would need 32)
+RECOMMENDED_PAGE_SIZE = 128
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+# sparse_mode=3 takes this fixed-size "compressed" causal mask: 1 above the diagonal = masked
+_CAUSAL_MASK_SIZE = 2048
+
+
+def check_kv_cache(page_size: int, dtype: torch.dtype) -> None:
+    """Raise KvlabError unless CANN's paged attention accepts this page size and dtype."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise KvlabError(
+            f"the npu backend's attention ops take float16 or bfloat16 caches, not {dtype}; "
+            "run the model in float16 or bfloat16 (--dtype)"
+        )
+    if not 0 < page_size <= MAX_PAGE_SIZE or page_size % PAGE_SIZE_MULTIPLE:
+        raise KvlabError(
+            f"page size (--block-size) {page_size} does not suit the npu backend: CANN's paged "
+            f"attention needs a multiple of {PAGE_SIZE_MULTIPLE} that is at most {MAX_PAGE_SIZE} "
+            f"for float16/bfloat16 ({RECOMMENDED_PAGE_SIZE} recommended)"
+        )
+
+
+class NpuBackend:
+    """Kernels from torch_npu for Ascend NPUs (Atlas A2/A3); needs torch_npu and CANN."""
+
+    name = "npu"
+
+    def __init__(self) -> None:
+        self._ops = _import_torch_npu()
+        self._causal_masks: dict[torch.device, Tensor] = {}
+
+    def write_kv(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip).
+
+        The op documents slots in [0, num_slots) only, so rows marked -1 are dropped first
+        (one host sync to learn whether any are).
+        """
+        check_kv_cache(k_cache.shape[1], k_cache.dtype)
+        keep = slot_mapping >= 0
+        if not bool(keep.all()):
+            key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+        if slot_mapping.numel() == 0:
+            return
+        self._ops.npu_scatter_pa_kv_cache(
+            key.to(k_cache.dtype).contiguous(),
+            value.to(v_cache.dtype).contiguous(),
+            k_cache,
+            v_cache,
+            slot_mapping.contiguous(),
+            cache_mode="Norm",
+        )
+
+    def paged_attention(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        num_kv_heads: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        check_kv_cache(meta.page_size, k_cache.dtype)
+        assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
+        assert query.shape[0] == meta.num_tokens, "one query row per new token"
+        query = query.to(k_cache.dtype).contiguous()
+        if meta.is_decode_only:
+            result = self._decode(query, k_cache, v_cache, meta, scale, num_kv_heads, out)
+        else:
+            result = self._fused(query, k_cache, v_cache, meta, scale, num_kv_heads)
+        if out is None:
+            return result
+        if result is not out:
+            out.copy_(result)
+        return out
+
+    def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
+        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        copy_pages_by_index(k_cache, v_cache, pairs)
+
+    def swap_pages(
+        self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
+    ) -> None:
+        """Copy pages `pairs[n, 2]` of (src, dst) between caches, with torch index copies."""
+        swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
+
+    def _decode(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        num_kv_heads: int,
+        out: Tensor | None,
+    ) -> Tensor:
+        """One new token per sequence: the decode-only fast path, written into `out`."""
+        if out is None or not out.is_contiguous() or out.dtype != query.dtype:
+            out = torch.empty_like(query)
+        self._ops._npu_paged_attention(
+            query=query,
+            key_cache=k_cache,
+            value_cache=v_cache,
+            num_kv_heads=num_kv_heads,
+            num_heads=query.shape[1],
+            scale_value=scale,
+            block_table=meta.block_tables,
+            # a host tensor: the op tiles the work on the CPU side (as vllm-ascend passes it)
+            context_lens=torch.tensor(meta.seq_lens_cpu, dtype=torch.int32),
+            out=out,
+        )
+        return out
+
+    def _fused(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        num_kv_heads: int,
+    ) -> Tensor:
+        """A batch with prefill chunks: one fused call over all sequences in the TND layout."""
+        num_pages, page_size = k_cache.shape[:2]
+        # TND semantics, from the torch_npu docs (Ascend/op-plugin,
+        # docs/context/torch_npu-npu_fused_infer_attention_score.md): actual_seq_lengths holds
+        # CUMULATIVE query ends, one per sequence (its length is the batch size), while with
+        # page attention actual_seq_lengths_kv holds each sequence's own context length.
+        # vllm-ascend's attention_v1.py passes exactly query_start_loc[1:] and seq_lens.
+        output, _ = self._ops.npu_fused_infer_attention_score(
+            query,
+            k_cache.view(num_pages, page_size, -1),
+            v_cache.view(num_pages, page_size, -1),
+            atten_mask=self._causal_mask(query.device),
+            actual_seq_lengths=meta.query_start_loc_cpu[1:],
+            actual_seq_lengths_kv=list(meta.seq_lens_cpu),
+            block_table=meta.block_tables,
+            num_heads=query.shape[1],
+            scale=scale,
+            input_layout="TND",
+            num_key_value_heads=num_kv_heads,
+            sparse_mode=3,
+            block_size=page_size,
+        )
+        return output
+
+    def _causal_mask(self, device: torch.device) -> Tensor:
+        """The 2048 x 2048 int8 mask sparse_mode=3 expects, built once per device."""
+        mask = self._causal_masks.get(device)
+        if mask is None:
+            ones = torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.int8)
+            mask = torch.triu(ones, diagonal=1).to(device)
+            self._causal_masks[device] = mask
+        return mask
+
+
+def _import_torch_npu() -> Any:
+    """torch_npu, or a KvlabError saying what this backend needs."""
+    try:
+        import torch_npu
+    except (ImportError, OSError, RuntimeError) as err:
+        raise KvlabError(
+            "the npu attention backend needs torch_npu and the CANN toolkit on an Ascend "
+            f"machine (import torch_npu failed: {err}); use --attention-backend torch or triton "
+            "elsewhere"
+        ) from err
+    return torch_npu

@@ -1,0 +1,243 @@
+"""A torch emulation of the torch_npu ops the npu backend calls, for tests on machines without NPUs.
+
+Each function follows the documented contract of the op of the same name (torch_npu 2.13 docs,
+Ascend/op-plugin docs/context/*.md): argument names, layouts, dtypes, cumulative query ends vs
+per-sequence KV lengths in the TND layout, the fixed 2048 x 2048 mask of sparse_mode=3, in-place
+cache updates. It checks what the docs require of callers and raises ContractError when a caller
+breaks it, then computes the documented result with plain fp32 torch. Only the configurations the
+backend uses are emulated; others raise NotImplementedError rather than guess.
+
+`fake_torch_npu()` returns a module to place in sys.modules["torch_npu"]; `calls` on it records
+which op ran, so tests can tell the decode fast path from the fused one.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+_MASK_SIZE = 2048
+
+
+class ContractError(AssertionError):
+    """The caller broke a documented requirement of the emulated op."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ContractError(message)
+
+
+def _check_paged_cache(op: str, key: Tensor, value: Tensor, block_size: int) -> None:
+    _require(key.shape == value.shape, f"{op}: key and value caches differ in shape")
+    _require(key.dtype in _HALF_DTYPES, f"{op}: caches must be float16/bfloat16, not {key.dtype}")
+    _require(
+        0 < block_size <= 512 and block_size % 16 == 0,
+        f"{op}: block_size {block_size} must be a multiple of 16 and at most 512",
+    )
+
+
+def _gather(cache: Tensor, table: Tensor, length: int, num_kv_heads: int) -> Tensor:
+    """The first `length` tokens of one sequence, [length, num_kv_heads, head_dim], as fp32."""
+    block_size = cache.shape[1]
+    pages = table[: -(-length // block_size)].long()
+    return cache[pages].reshape(-1, num_kv_heads, cache.shape[-1] // num_kv_heads)[:length].float()
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, visible: Tensor) -> Tensor:
+    """Softmax attention in fp32; q [n, heads, dim], k/v [s, kv_heads, dim], visible [n, s]."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,shd->hns", q.float(), k) * scale
+    probs = F.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    return torch.einsum("hns,shd->nhd", probs, v)
+
+
+def npu_scatter_pa_kv_cache(
+    key: Tensor,
+    value: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    slot_mapping: Tensor,
+    *,
+    compress_lens: Tensor | None = None,
+    compress_seq_offsets: Tensor | None = None,
+    seq_lens: Tensor | None = None,
+    cache_mode: str | None = "PA_NZ",
+) -> None:
+    """Write each token's key/value at its slot of ND caches, in place (scenario: 3-D key)."""
+    op = "npu_scatter_pa_kv_cache"
+    if cache_mode not in (None, "Norm"):
+        raise NotImplementedError(f"{op}: only ND caches (cache_mode='Norm') are emulated")
+    if compress_lens is not None or compress_seq_offsets is not None or seq_lens is not None:
+        raise NotImplementedError(f"{op}: the compression scenario is not emulated")
+    _require(key.dim() == 3 and value.dim() == 3, f"{op}: key/value must be [tokens, heads, dim]")
+    _require(key.shape[:2] == value.shape[:2], f"{op}: key and value differ in tokens or heads")
+    _require(key_cache.dim() == 4, f"{op}: caches must be [blocks, block_size, heads, dim]")
+    _require(key_cache.shape[2:] == key.shape[1:], f"{op}: cache heads/dim differ from key's")
+    for t in (key, value, key_cache, value_cache, slot_mapping):
+        _require(t.is_contiguous(), f"{op}: non-contiguous inputs are not supported")
+    _require(
+        key.dtype == value.dtype == key_cache.dtype == value_cache.dtype,
+        f"{op}: key, value and caches must share one dtype",
+    )
+    _require(slot_mapping.dtype in (torch.int32, torch.int64), f"{op}: slot_mapping int32/int64")
+    _require(slot_mapping.shape == key.shape[:1], f"{op}: one slot per token")
+    slots = slot_mapping.long()
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    _require(
+        bool(((slots >= 0) & (slots < num_slots)).all()),
+        f"{op}: slot_mapping values must lie in [0, {num_slots - 1}]",
+    )
+    _require(slots.unique().numel() == slots.numel(), f"{op}: slot_mapping values must be unique")
+    key_cache.view(num_slots, *key_cache.shape[2:])[slots] = key
+    value_cache.view(num_slots, *value_cache.shape[2:])[slots] = value
+
+
+def npu_fused_infer_attention_score(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    atten_mask: Tensor | None = None,
+    actual_seq_lengths: list[int] | None = None,
+    actual_seq_lengths_kv: list[int] | None = None,
+    block_table: Tensor | None = None,
+    num_heads: int = 1,
+    scale: float = 1.0,
+    input_layout: str = "BSH",
+    num_key_value_heads: int = 0,
+    sparse_mode: int = 0,
+    block_size: int = 0,
+    softmax_lse_flag: bool = False,
+    **other: object,
+) -> tuple[Tensor, Tensor]:
+    """Paged attention in the TND layout (page attention; sparse_mode 0 unmasked or 3 causal)."""
+    op = "npu_fused_infer_attention_score"
+    if input_layout != "TND" or block_table is None or other or softmax_lse_flag:
+        raise NotImplementedError(f"{op}: only TND with block_table and default extras emulated")
+    if sparse_mode not in (0, 3):
+        raise NotImplementedError(f"{op}: only sparse_mode 0 and 3 are emulated")
+    _require(query.dim() == 3 and query.shape[1] == num_heads, f"{op}: query must be [T, N, D]")
+    _require(query.is_contiguous(), f"{op}: query must be contiguous")
+    _require(query.dtype == key.dtype, f"{op}: query and caches must share one dtype")
+    _require(key.dim() == 3, f"{op}: paged key/value emulated as [blocks, block_size, H] only")
+    _require(block_size == key.shape[1], f"{op}: block_size must equal the caches' dim 1")
+    _check_paged_cache(op, key, value, block_size)
+    num_kv_heads = num_key_value_heads or num_heads
+    _require(num_heads % num_kv_heads == 0, f"{op}: num_heads must divide by num_key_value_heads")
+    _require(num_heads // num_kv_heads <= 64, f"{op}: at most 64 query heads per KV head")
+    _require(key.shape[2] == num_kv_heads * query.shape[2], f"{op}: H must be KV_N * D")
+    q_ends, kv_lens = _check_lengths(op, query, actual_seq_lengths, actual_seq_lengths_kv)
+    _require(block_table.dtype == torch.int32, f"{op}: block_table must be int32")
+    _require(block_table.dim() == 2 and block_table.shape[0] == len(q_ends), f"{op}: [B, M]")
+    max_blocks = -(-max(kv_lens, default=0) // block_size)
+    _require(block_table.shape[1] >= max_blocks, f"{op}: block_table narrower than the contexts")
+    if sparse_mode == 3:
+        _check_compressed_causal_mask(op, atten_mask)
+    else:
+        _require(atten_mask is None, f"{op}: sparse_mode 0 is emulated without a mask only")
+    out = torch.zeros_like(query)
+    start = 0
+    for b, (end, kv_len) in enumerate(zip(q_ends, kv_lens, strict=True)):
+        q_len = end - start
+        _require(q_len <= kv_len, f"{op}: batch {b} has more query tokens than KV tokens")
+        k = _gather(key, block_table[b], kv_len, num_kv_heads)
+        v = _gather(value, block_table[b], kv_len, num_kv_heads)
+        visible = torch.ones(q_len, kv_len, dtype=torch.bool)
+        if sparse_mode == 3:  # rightDownCausal: the last query row sees the whole context
+            rows = torch.arange(q_len)[:, None] + (kv_len - q_len)
+            visible = torch.arange(kv_len)[None, :] <= rows
+        out[start:end] = _attend(query[start:end], k, v, scale, visible).to(query.dtype)
+        start = end
+    return out, torch.zeros(1)
+
+
+def _check_lengths(
+    op: str, query: Tensor, q_ends: list[int] | None, kv_lens: list[int] | None
+) -> tuple[list[int], list[int]]:
+    """TND: both lists required, one entry per batch; query lengths are cumulative ends."""
+    _require(q_ends is not None and kv_lens is not None, f"{op}: TND needs both length lists")
+    q_ends, kv_lens = list(q_ends), list(kv_lens)
+    _require(len(q_ends) == len(kv_lens), f"{op}: one query end and one KV length per batch")
+    _require(
+        all(b >= a for a, b in zip([0, *q_ends], q_ends, strict=False)),
+        f"{op}: actual_seq_lengths must be cumulative (non-decreasing, from 0) in TND",
+    )
+    _require(not q_ends or q_ends[-1] <= query.shape[0], f"{op}: query ends exceed T")
+    _require(all(n >= 0 for n in kv_lens), f"{op}: negative actual_seq_lengths_kv")
+    return q_ends, kv_lens
+
+
+def _check_compressed_causal_mask(op: str, mask: Tensor | None) -> None:
+    _require(mask is not None, f"{op}: sparse_mode 3 needs the 2048 x 2048 atten_mask")
+    _require(
+        mask.shape[-2:] == (_MASK_SIZE, _MASK_SIZE) and mask.numel() == _MASK_SIZE**2,
+        f"{op}: sparse_mode 3 needs atten_mask of shape (2048, 2048), got {tuple(mask.shape)}",
+    )
+    _require(mask.dtype in (torch.bool, torch.int8, torch.uint8), f"{op}: mask bool/int8/uint8")
+    expected = torch.ones(_MASK_SIZE, _MASK_SIZE, dtype=torch.bool).triu(diagonal=1)
+    _require(
+        torch.equal(mask.reshape(_MASK_SIZE, _MASK_SIZE).bool().cpu(), expected),
+        f"{op}: sparse_mode 3 needs 1 above the diagonal (masked) and 0 on and below it",
+    )
+
+
+def _npu_paged_attention(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    num_kv_heads: int,
+    num_heads: int,
+    scale_value: float,
+    block_table: Tensor,
+    context_lens: Tensor,
+    out: Tensor,
+) -> None:
+    """Decode attention: one query token per sequence over its whole paged context, into out."""
+    op = "_npu_paged_attention"
+    _require(query.dim() == 3 and query.shape[1] == num_heads, f"{op}: query must be [B, N, D]")
+    _require(key_cache.dim() == 4, f"{op}: caches must be [blocks, block_size, KV_N, D]")
+    _require(key_cache.shape[2] == num_kv_heads, f"{op}: num_kv_heads differs from the caches")
+    _check_paged_cache(op, key_cache, value_cache, key_cache.shape[1])
+    _require(query.dtype == key_cache.dtype == out.dtype, f"{op}: one dtype for q, caches, out")
+    _require(out.shape == query.shape and out.is_contiguous(), f"{op}: out must be like query")
+    _require(block_table.dtype == torch.int32, f"{op}: block_table must be int32")
+    _require(
+        isinstance(context_lens, Tensor) and context_lens.dtype == torch.int32,
+        f"{op}: context_lens must be an int32 tensor",
+    )
+    _require(context_lens.device.type == "cpu", f"{op}: context_lens must be a host tensor")
+    _require(context_lens.shape == query.shape[:1], f"{op}: one context length per query")
+    cache_2d = key_cache.view(*key_cache.shape[:2], -1)
+    value_2d = value_cache.view(*value_cache.shape[:2], -1)
+    for b, length in enumerate(context_lens.tolist()):
+        k = _gather(cache_2d, block_table[b], length, num_kv_heads)
+        v = _gather(value_2d, block_table[b], length, num_kv_heads)
+        visible = torch.ones(1, length, dtype=torch.bool)
+        out[b : b + 1] = _attend(query[b : b + 1], k, v, scale_value, visible).to(out.dtype)
+
+
+def fake_torch_npu() -> types.ModuleType:
+    """A stand-in `torch_npu` module whose ops are the emulations above; `calls` logs op names."""
+    module = types.ModuleType("torch_npu")
+    module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", loader=None)
+    calls: list[str] = []
+    module.calls = calls
+
+    def logged(fn):
+        def wrapper(*args, **kwargs):
+            calls.append(fn.__name__)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for fn in (npu_scatter_pa_kv_cache, npu_fused_infer_attention_score, _npu_paged_attention):
+        setattr(module, fn.__name__, logged(fn))
+    return module
