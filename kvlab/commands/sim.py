@@ -1,0 +1,290 @@
+"""`kvlab sim`: simulate a trace through one memory policy (or compare several) and print
+vLLM's benchmark report with a KV-cache section.
+
+Flags take vLLM's names where the meaning is the same (bench: dataset, arrivals, metrics, result
+files; engine: block size, batch limits, memory sizing, prefix caching).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvlab.metrics import RunResult
+    from kvlab.policies import PolicySpec
+    from kvlab.sim import SimConfig
+
+DATASET_NAMES = ("azure", "mooncake", "burstgpt", "sharegpt", "random")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `kvlab sim` (no heavy imports here)."""
+    data = parser.add_argument_group("workload")
+    data.add_argument(
+        "--dataset-name",
+        default="azure",
+        choices=DATASET_NAMES,
+        help="trace format, or random for vLLM's synthetic set (default: azure, "
+        "the bundled Azure conversation excerpt)",
+    )
+    data.add_argument(
+        "--dataset-path",
+        default=None,
+        help="trace file or bundled excerpt name (azure-conv, azure-code, "
+        "mooncake); default: the dataset's bundled excerpt",
+    )
+    data.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="keep the first N requests (random: generate N, default 1000)",
+    )
+    data.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="resample arrivals at this many requests/s (default inf: replay the "
+        "trace's timestamps; random sends everything at 0)",
+    )
+    data.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of resampled arrival gaps (1: Poisson)",
+    )
+    data.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="divide trace timestamps by this to compress time (4: 4x the rate)",
+    )
+    data.add_argument(
+        "--seed", type=int, default=0, help="seed of resampled arrivals and synthetic lengths"
+    )
+    data.add_argument(
+        "--tokenizer",
+        default=None,
+        help="sharegpt: local Hugging Face tokenizer folder for exact lengths",
+    )
+    for flag, kind, text in (
+        ("--random-input-len", int, "random: prompt tokens (default 1024)"),
+        ("--random-output-len", int, "random: output tokens (default 128)"),
+        ("--random-range-ratio", float, "random: lengths vary uniformly by this share"),
+        ("--random-prefix-len", int, "random: shared prefix tokens before each prompt"),
+        ("--num-prefix-groups", int, "random: requests share their prefix in this many groups"),
+    ):
+        data.add_argument(flag, type=kind, default=None, help=text)
+
+    machine = parser.add_argument_group("model, hardware and memory")
+    machine.add_argument(
+        "--model", default="llama-2-7b", help="model preset or spec file (see `kvlab presets`)"
+    )
+    machine.add_argument(
+        "--hardware", default="a100-80g", help="hardware preset or spec file (see `kvlab presets`)"
+    )
+    machine.add_argument("--tensor-parallel-size", type=int, default=1)
+    machine.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of HBM for weights, activations and KV cache",
+    )
+    machine.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="KV pages per device, whatever the memory says",
+    )
+    machine.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest request (prompt + output); default: the model's",
+    )
+
+    policy = parser.add_argument_group("policy and scheduler")
+    which = policy.add_mutually_exclusive_group()
+    which.add_argument(
+        "--policy",
+        default="paged",
+        metavar="SPEC",
+        help="memory policy, e.g. paged:block_size=16,eviction=lru,"
+        "preemption=swap (see `kvlab policies`)",
+    )
+    which.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="SPEC",
+        help="simulate each policy on the same trace; print them side by side",
+    )
+    policy.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per page for every policy whose spec leaves block_size at its default (16)",
+    )
+    policy.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="cache prompt pages (eviction none becomes lru)",
+    )
+    policy.add_argument("--max-num-seqs", type=int, default=256)
+    policy.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    policy.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+    )
+
+    out = parser.add_argument_group("report and results")
+    out.add_argument(
+        "--percentile-metrics",
+        default="ttft,tpot,itl",
+        help="metrics with percentiles: any of ttft,tpot,itl,e2el",
+    )
+    out.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
+    out.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="KEY:MS",
+        help="SLOs for request goodput, e.g. ttft:500 tpot:50",
+    )
+    out.add_argument(
+        "--save-result",
+        action="store_true",
+        help="write the summary JSON and per-request and per-step tables",
+    )
+    out.add_argument("--result-dir", default=".")
+    out.add_argument(
+        "--result-filename",
+        default=None,
+        help="summary file name (default: vLLM's <backend>-<rate>qps-<model>-<date>.json)",
+    )
+    out.add_argument("--table-format", default="csv", choices=("csv", "parquet"))
+    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate, print the start-up lines and the report; save results when asked."""
+    from kvlab.metrics import (
+        parse_goodput,
+        parse_metric_percentiles,
+        parse_percentile_metrics,
+        summarize,
+    )
+    from kvlab.report import format_comparison, format_report
+    from kvlab.sim import simulate
+
+    metrics = parse_percentile_metrics(args.percentile_metrics)
+    percentiles = parse_metric_percentiles(args.metric_percentiles)
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    configs = [_config(args, spec) for spec in (args.compare or [args.policy])]
+    capacities = [config.kv_capacity() for config in configs]  # bad flags fail before loading
+    trace = _load_trace(args)
+    progress = not args.disable_tqdm and sys.stderr.isatty()
+    runs: list[tuple[RunResult, dict[str, Any]]] = []
+    for index, (config, capacity) in enumerate(zip(configs, capacities, strict=True)):
+        prefix = f"[{index + 1}] " if args.compare else ""
+        for line in capacity.startup_lines(config.effective_max_model_len()):
+            print(prefix + line)
+        result = simulate(trace, config, progress=progress)
+        summary = summarize(
+            result, percentile_metrics=metrics, metric_percentiles=percentiles, goodput_slos=goodput
+        )
+        runs.append((result, summary))
+    summaries = [summary for _, summary in runs]
+    if args.compare:
+        print(format_comparison(summaries, [str(s["policy"]) for s in summaries]))
+    else:
+        print(format_report(summaries[0]))
+    if args.save_result:
+        _save(args, runs)
+    return 0
+
+
+def _config(args: argparse.Namespace, spec_text: str) -> SimConfig:
+    from kvlab.sim import SimConfig
+
+    return SimConfig(
+        model=args.model,
+        hardware=args.hardware,
+        tensor_parallel_size=args.tensor_parallel_size,
+        policy=_policy(spec_text, args.block_size),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        seed=args.seed,
+    )
+
+
+def _policy(spec_text: str, block_size: int | None) -> PolicySpec:
+    """The spec, with --block-size applied unless the spec sets another page size itself."""
+    from kvlab.errors import KvlabError
+    from kvlab.policies import PolicySpec, parse_policy
+
+    spec = parse_policy(spec_text)
+    if block_size is None:
+        return spec
+    default = PolicySpec().block_size
+    if spec.block_size not in (default, block_size):
+        raise KvlabError(
+            f"--block-size {block_size} contradicts policy {spec_text!r}, which "
+            f"sets block_size={spec.block_size}; give the page size once"
+        )
+    return spec.with_options(block_size=block_size)
+
+
+def _load_trace(args: argparse.Namespace) -> Any:
+    from kvlab.traces import load_trace
+
+    options = {
+        name: getattr(args, name)
+        for name in (
+            "tokenizer",
+            "random_input_len",
+            "random_output_len",
+            "random_range_ratio",
+            "random_prefix_len",
+            "num_prefix_groups",
+        )
+        if getattr(args, name) is not None
+    }
+    return load_trace(
+        args.dataset_name,
+        args.dataset_path,
+        num_prompts=args.num_prompts,
+        seed=args.seed,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        time_scale=args.time_scale,
+        **options,
+    )
+
+
+def _save(args: argparse.Namespace, runs: list[tuple[RunResult, dict[str, Any]]]) -> None:
+    """One summary JSON and two tables per policy; compared policies get numbered names."""
+    from kvlab.results import default_result_filename, save_results
+
+    base = args.result_filename or default_result_filename(runs[0][1])
+    stem = base[: -len(".json")] if base.endswith(".json") else base
+    for index, (result, summary) in enumerate(runs):
+        name = base
+        if args.compare:
+            label = re.sub(r"[^A-Za-z0-9._-]+", "_", str(summary["policy"])).strip("_")
+            name = f"{stem}-{index + 1}-{label}.json"
+        paths = save_results(
+            summary,
+            result,
+            result_dir=args.result_dir,
+            result_filename=name,
+            table_format=args.table_format,
+        )
+        print("Saved " + ", ".join(str(path) for path in paths))

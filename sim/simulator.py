@@ -1,0 +1,142 @@
+"""`simulate`: replay a trace through one simulated instance and return its `RunResult`;
+`compare`: the same trace through several policies."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from kvlab.metrics import RunResult
+from kvlab.policies import ArrivalQueue, KVCacheManager, PolicySpec, Request, Scheduler
+from kvlab.sim.arrivals import arrival_process
+from kvlab.sim.config import SimConfig
+from kvlab.sim.cost_model import CostModel, RooflineCostModel
+from kvlab.sim.instance import SimInstance
+from kvlab.sim.link import HostLink
+from kvlab.sim.requests import to_requests
+from kvlab.traces import Trace
+
+
+def simulate(
+    trace: Trace,
+    config: SimConfig,
+    *,
+    cost_model: CostModel | None = None,
+    progress: bool = False,
+) -> RunResult:
+    """Run every request of `trace` to completion (or failure) and collect the run's records.
+
+    `cost_model` defaults to the roofline of the config's model and hardware; it also answers the
+    manager's swap-versus-recompute question under preemption=auto. `progress` shows a tqdm bar
+    of finished requests on stderr.
+    """
+    policy = config.effective_policy()
+    capacity = config.kv_capacity()
+    if cost_model is None:
+        cost_model = RooflineCostModel(
+            config.model_spec(),
+            config.hardware_spec(),
+            page_size=policy.block_size,
+            tensor_parallel_size=config.tensor_parallel_size,
+        )
+    scheduler_config = config.scheduler_config()
+    manager = KVCacheManager(
+        policy,
+        capacity.num_pages,
+        max_model_len=scheduler_config.max_model_len,
+        num_host_pages=_num_host_pages(policy, capacity.num_pages),
+        costs=cost_model,
+    )
+    scheduler = Scheduler(scheduler_config, manager)
+    requests = to_requests(trace)
+    env = simpy.Environment()
+    bar = _progress_bar(len(requests), enabled=progress)
+    instance = SimInstance(
+        env,
+        scheduler,
+        ArrivalQueue(requests),
+        cost_model,
+        HostLink(env, cost_model),
+        on_finished=None if bar is None else bar.update,
+    )
+    env.process(arrival_process(env, (r.arrival_s for r in requests), instance.wake))
+    env.process(instance.run())
+    try:
+        env.run()
+    finally:
+        if bar is not None:
+            bar.close()
+    _check_conservation(requests, manager)
+    return RunResult(
+        requests=requests,
+        steps=instance.steps,
+        itls_s=np.frombuffer(scheduler.itls_s, dtype=np.float64).copy(),
+        duration_s=_duration_s(requests),
+        page_size=capacity.page_size,
+        num_total_pages=capacity.num_pages,
+        kv_cache_size_tokens=capacity.num_tokens,
+        num_host_pages=manager.num_host_pages,
+        metadata={**config.metadata(), **_trace_metadata(trace), "backend": "sim"},
+    )
+
+
+def compare(
+    trace: Trace, config: SimConfig, policies: Iterable[PolicySpec | str]
+) -> list[RunResult]:
+    """`simulate` the same trace and config once per policy, in the order given."""
+    return [simulate(trace, config.with_policy(policy)) for policy in policies]
+
+
+def _num_host_pages(policy: PolicySpec, num_pages: int) -> int:
+    """Host swap pages, as the engine sizes them: none for a policy that never swaps, else the
+    spec's `host_pages`, else as many as the device has."""
+    if policy.preemption == "recompute":
+        return 0
+    return num_pages if policy.host_pages is None else policy.host_pages
+
+
+def _progress_bar(total: int, *, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="simulating", leave=False)
+
+
+def _duration_s(requests: Sequence[Request]) -> float:
+    """From the first arrival to the last finish (0 for an empty trace)."""
+    if not requests:
+        return 0.0
+    first = min(r.arrival_s for r in requests)
+    last = max(r.finish_s for r in requests if r.finish_s is not None)
+    return float(last - first)
+
+
+def _check_conservation(requests: Sequence[Request], manager: KVCacheManager) -> None:
+    """Every request finished (or failed with a reason) and every page came back."""
+    unfinished = [r.request_id for r in requests if not r.is_finished]
+    assert not unfinished, f"requests {unfinished[:5]} never finished"
+    unexplained = [r.request_id for r in requests if r.error is None and r.finish_s is None]
+    assert not unexplained, f"requests {unexplained[:5]} ended without a stamp or a reason"
+    usage = manager.usage()
+    assert usage.num_used_pages == 0, f"{usage.num_used_pages} pages still in use at the end"
+    assert usage.num_host_used_pages == 0, f"{usage.num_host_used_pages} host pages still in use"
+    assert usage.num_live_token_slots == 0, "live token slots left at the end"
+
+
+def _trace_metadata(trace: Trace) -> dict[str, Any]:
+    """The workload's description as saved with a result."""
+    meta = trace.metadata
+    return {
+        "dataset": trace.name,
+        "dataset_name": trace.dataset_name,
+        "dataset_source": trace.source,
+        "num_prompts": len(trace),
+        "request_rate": float(meta.get("request_rate", math.inf)),
+        "burstiness": float(meta.get("burstiness", 1.0)),
+        "time_scale": float(meta.get("time_scale", 1.0)),
+    }
