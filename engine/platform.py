@@ -198,15 +198,17 @@ def _import_torch_npu() -> Any:
     """torch.npu, after importing torch_npu; a KvlabError saying what is missing otherwise."""
     try:
         import torch_npu  # noqa: F401  (registers the npu device with torch)
-    except ImportError as exc:
+    except (ImportError, OSError, RuntimeError) as exc:  # missing, or CANN libraries missing
         raise KvlabError(
             "device 'npu' needs torch_npu and the Ascend CANN toolkit, which are not installed "
             f"here ({exc}); install the torch_npu build matching torch {torch.__version__} on an "
             "Ascend machine, or choose --device cpu or cuda"
         ) from exc
-    if not torch.npu.is_available():
+    # torch.npu exists only once torch_npu is imported
+    npu = torch.npu  # type: ignore[attr-defined]
+    if not npu.is_available():
         raise KvlabError("device 'npu': torch_npu is installed but sees no Ascend NPU")
-    return torch.npu
+    return npu
 
 
 def get_platform(device: str | torch.device) -> Platform:

@@ -133,8 +133,8 @@ class ModelConfig:
             "Qwen2ForCausalLM": "qwen2",
         }[self.architecture]
         eos: int | list[int] | None = list(self.eos_token_ids) or None
-        if eos is not None and len(eos) == 1:
-            eos = eos[0]
+        if len(self.eos_token_ids) == 1:
+            eos = self.eos_token_ids[0]
         return {
             "architectures": [self.architecture],
             "model_type": model_type,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -259,10 +259,10 @@ class LlamaForCausalLM(nn.Module):
             )
         target.copy_(tensor)
 
-    def _hf_targets(self) -> dict[str, tuple[nn.Parameter, tuple[int, int] | None]]:
+    def _hf_targets(self) -> dict[str, tuple[torch.Tensor, tuple[int, int] | None]]:
         """HF name -> (parameter, row range of a fused parameter or None for all of it)."""
         cfg = self.config
-        targets: dict[str, tuple[nn.Parameter, tuple[int, int] | None]] = {
+        targets: dict[str, tuple[torch.Tensor, tuple[int, int] | None]] = {
             "model.embed_tokens.weight": (self.model.embed_tokens.weight, None),
             "model.norm.weight": (self.model.norm.weight, None),
         }
@@ -271,7 +271,7 @@ class LlamaForCausalLM(nn.Module):
         q = cfg.num_attention_heads * cfg.head_dim
         kv = cfg.num_key_value_heads * cfg.head_dim
         inter = cfg.intermediate_size
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(cast(list[LlamaDecoderLayer], list(self.model.layers))):
             pre = f"model.layers.{i}"
             attn, mlp = layer.self_attn, layer.mlp
             targets[f"{pre}.input_layernorm.weight"] = (layer.input_layernorm.weight, None)
@@ -279,7 +279,7 @@ class LlamaForCausalLM(nn.Module):
                 layer.post_attention_layernorm.weight,
                 None,
             )
-            fused = {
+            fused: dict[str, tuple[nn.Linear, tuple[int, int] | None]] = {
                 "self_attn.q_proj": (attn.qkv_proj, (0, q)),
                 "self_attn.k_proj": (attn.qkv_proj, (q, q + kv)),
                 "self_attn.v_proj": (attn.qkv_proj, (q + kv, q + 2 * kv)),
