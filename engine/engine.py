@@ -1,0 +1,306 @@
+"""The engine loop: schedule -> execute -> commit, around the policies' Scheduler and manager.
+
+Every memory decision is the scheduler's and the KV-cache manager's, made from the same inputs
+the simulator gives them; the engine only carries them out (MemOps, forward, sampling) and
+measures how long each step took. That is what lets lockstep validation replay a run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from kvlab.engine.clock import VirtualClock, WallClock, make_clock
+from kvlab.engine.config import EngineConfig
+from kvlab.engine.costs import measure_preemption_costs
+from kvlab.engine.kv_cache import (
+    CacheConfig,
+    KVCache,
+    determine_num_pages,
+    model_dtype,
+    num_host_pages,
+    startup_lines,
+)
+from kvlab.engine.loader import load_model
+from kvlab.engine.model_runner import ModelRunner
+from kvlab.engine.platform import Platform, get_platform
+from kvlab.engine.sampler import SamplingParams
+from kvlab.errors import KvlabError
+from kvlab.kernels import get_backend
+from kvlab.policies import (
+    ArrivalQueue,
+    KVCacheManager,
+    PolicySpec,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+    StepRecorder,
+)
+
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclass(slots=True)
+class EngineRun:
+    """What one `LLMEngine.run` leaves: its requests (all finished), per-step records, the gaps
+    between consecutive tokens, and the clock times of the first arrival and the last finish."""
+
+    requests: list[Request]
+    steps: StepRecorder
+    itls_s: np.ndarray
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        """First arrival to last finish, on the run's clock."""
+        return self.end_s - self.start_s
+
+
+def describe_device(platform: Platform) -> str:
+    """A short description of the device, for results ("cpu (2 threads)", a GPU's name)."""
+    if platform.name == "cpu":
+        return f"cpu ({torch.get_num_threads()} threads)"
+    if platform.name == "cuda":
+        return torch.cuda.get_device_name(platform.device)
+    return str(platform.device)
+
+
+class LLMEngine:
+    """A paged inference engine on one device, driven step by step by the policies' Scheduler.
+
+    Build it from an EngineConfig; `make_request` turns a prompt into a Request, and `run`
+    serves a list of requests to completion on a virtual (`fast`) or wall (`realtime`) clock.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.platform = get_platform(config.device)
+        backend = get_backend(config.attention_backend)
+        spec = config.policy_spec()
+        self.policy: PolicySpec = spec
+        self.model, self.model_config, self.tokenizer = load_model(
+            config.model, dtype=config.dtype, device=self.platform.device, attn_backend=backend
+        )
+        self.max_model_len = self._max_model_len()
+        cache_config = CacheConfig(
+            page_size=spec.block_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            num_gpu_blocks_override=config.num_gpu_blocks_override,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            swap_space_bytes=config.swap_space_bytes,
+        )
+        num_pages = determine_num_pages(
+            self.model,
+            self.platform,
+            cache_config,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
+        self.kv_cache = KVCache.for_model(
+            self.model_config,
+            num_pages=num_pages,
+            num_host_pages=self._num_host_pages(spec, num_pages, cache_config),
+            page_size=spec.block_size,
+            dtype=model_dtype(self.model),
+            platform=self.platform,
+            backend=backend,
+        )
+        self.runner = ModelRunner(
+            self.model, self.kv_cache, self.platform, lambda r: self.manager.block_table(r)
+        )
+        costs = config.preemption_costs
+        if spec.preemption == "auto" and costs is None:
+            costs = measure_preemption_costs(self.runner, self.max_model_len)
+        self.preemption_costs = costs
+        self.manager = KVCacheManager(
+            spec,
+            num_pages,
+            max_model_len=self.max_model_len,
+            num_host_pages=self.kv_cache.num_host_pages,
+            costs=costs,
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+                enable_chunked_prefill=config.enable_chunked_prefill,
+            ),
+            self.manager,
+        )
+        self.startup_lines = startup_lines(num_pages, spec.block_size, self.max_model_len)
+        self.device_name = describe_device(self.platform)
+        self._params: dict[int, SamplingParams] = {}
+        self._stop_ids: dict[int, frozenset[int]] = {}
+        self._next_request_id = 0
+
+    # ----------------------------------------------------------------------------- requests
+
+    @property
+    def num_pages(self) -> int:
+        """Device KV pages."""
+        return self.manager.num_total_pages
+
+    @property
+    def page_size(self) -> int:
+        """Token slots per page (the policy's block_size)."""
+        return self.manager.page_size
+
+    def make_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        arrival_s: float = 0.0,
+        hash_ids: tuple[int, ...] | None = None,
+        hash_block_size: int = 512,
+    ) -> Request:
+        """A new request with a fresh id; its output budget is `params.max_tokens`.
+
+        A sampling request without a seed gets one derived from the engine's seed and its id,
+        so its tokens depend on neither the batch nor the global RNG.
+        """
+        ids = list(prompt_token_ids)
+        self._check_prompt(ids)
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        if params.seed is None and not params.is_greedy:
+            params = replace(params, seed=(self.config.seed * 1_000_003 + request_id) & _SEED_MASK)
+        eos = () if params.ignore_eos else self.model_config.eos_token_ids
+        self._params[request_id] = params
+        self._stop_ids[request_id] = frozenset((*eos, *params.stop_token_ids))
+        return Request(
+            request_id=request_id,
+            prompt_len=len(ids),
+            max_output_tokens=params.max_tokens,
+            arrival_s=arrival_s,
+            prompt_token_ids=ids,
+            hash_ids=hash_ids,
+            hash_block_size=hash_block_size,
+        )
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise KvlabError("a prompt is empty; every request needs at least one token")
+        vocab_size = self.model_config.vocab_size
+        low, high = min(ids), max(ids)
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise KvlabError(
+                f"prompt token id {bad} is outside the model's vocabulary [0, {vocab_size})"
+            )
+
+    # ----------------------------------------------------------------------------- the loop
+
+    def run(
+        self, requests: Sequence[Request], *, replay: str = "fast", progress: bool = False
+    ) -> EngineRun:
+        """Serve `requests` (from make_request) until every one has finished or failed.
+
+        Arrivals follow DESIGN's time rule through ArrivalQueue: a step starting at clock time t
+        first admits every request with arrival <= t; an idle engine waits for the next arrival
+        (the virtual clock jumps, the wall clock sleeps). Tokens are stamped with the end of the
+        step that produced them.
+        """
+        clock = make_clock(replay)
+        arrivals = ArrivalQueue(requests)
+        scheduler = self.scheduler
+        steps = StepRecorder()
+        first_itl = len(scheduler.itls_s)
+        bar = tqdm(
+            total=len(requests), desc="Processed prompts", disable=None if progress else True
+        )
+        try:
+            while len(arrivals) or scheduler.has_unfinished():
+                now_s = clock.now()
+                arrivals.admit_until(now_s, scheduler)
+                if not scheduler.has_unfinished():
+                    next_s = arrivals.next_arrival_s()
+                    assert next_s is not None
+                    clock.wait_until(next_s)
+                    continue
+                bar.update(self._step(now_s, clock, steps))
+        finally:
+            bar.close()
+        itls = np.frombuffer(scheduler.itls_s, dtype=np.float64)[first_itl:].copy()
+        start = min((r.arrival_s for r in requests), default=0.0)
+        end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
+        return EngineRun(list(requests), steps, itls, start, end)
+
+    def _step(self, now_s: float, clock: VirtualClock | WallClock, steps: StepRecorder) -> int:
+        """One schedule -> execute -> commit step starting at `now_s`; returns requests ended."""
+        scheduler = self.scheduler
+        started = time.perf_counter()
+        output = scheduler.schedule(now_s)
+        sampled = self.runner.execute(output, self._params)
+        measured_s = time.perf_counter() - started
+        end_s = clock.end_step(now_s, measured_s)
+        self._check_progress(output)
+        steps.record(
+            output,
+            self.manager.usage(),
+            start_s=now_s,
+            duration_s=end_s - now_s,
+            wall_time_s=measured_s,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_swapped=len(scheduler.swapped),
+        )
+        finished = scheduler.update(output, sampled, end_s, self._stopped(output, sampled))
+        for request in (*output.failed, *finished):
+            self._forget(request.request_id)
+        return len(output.failed) + len(finished)
+
+    def _stopped(self, output: SchedulerOutput, sampled: list[int | None]) -> set[int]:
+        """Requests whose new token is an eos (unless ignore_eos) or one of their stop tokens."""
+        stop_ids = self._stop_ids
+        return {
+            item.request.request_id
+            for item, token in zip(output.scheduled, sampled, strict=True)
+            if token is not None and token in stop_ids[item.request.request_id]
+        }
+
+    def _check_progress(self, output: SchedulerOutput) -> None:
+        if output.scheduled or output.mem_ops or output.failed or output.preempted:
+            return
+        raise RuntimeError(
+            f"step {output.step_id}: the scheduler ran nothing with "
+            f"{len(self.scheduler.waiting)} waiting and {len(self.scheduler.swapped)} swapped "
+            "requests and nothing running (a scheduler bug)"
+        )
+
+    def _forget(self, request_id: int) -> None:
+        self._params.pop(request_id, None)
+        self._stop_ids.pop(request_id, None)
+        self.runner.sampler.free(request_id)
+
+    # ----------------------------------------------------------------------------- sizing
+
+    def _max_model_len(self) -> int:
+        limit = self.model_config.max_model_len
+        wanted = self.config.max_model_len
+        if wanted is None:
+            return limit
+        if wanted > limit:
+            raise KvlabError(
+                f"--max-model-len {wanted} is more than the model's limit of {limit} "
+                "(max_position_embeddings, or the sliding window)"
+            )
+        return wanted
+
+    def _num_host_pages(self, spec: PolicySpec, num_pages: int, cache: CacheConfig) -> int:
+        """Host swap pages: none when the policy never swaps; else the spec's `host_pages`, or
+        as many as the device has (the simulator's default) within the swap space."""
+        if spec.preemption == "recompute":
+            return 0
+        if spec.host_pages is not None:
+            return spec.host_pages
+        return min(num_pages, num_host_pages(self.model_config, cache, model_dtype(self.model)))

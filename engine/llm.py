@@ -1,0 +1,160 @@
+"""`LLM`: the offline API (vLLM's shape) over one LLMEngine."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvlab.engine.config import EngineConfig, parse_memory_size
+from kvlab.engine.engine import EngineRun, LLMEngine
+from kvlab.engine.kv_cache import DEFAULT_SWAP_SPACE_BYTES
+from kvlab.engine.outputs import RequestOutput, request_output
+from kvlab.engine.sampler import SamplingParams
+from kvlab.errors import KvlabError
+
+PromptLike = str | Sequence[int] | Mapping[str, Any]
+
+
+class LLM:
+    """Generate with a Llama-family model over a paged KV cache managed by a kvlab policy.
+
+    `model` is a preset (`tiny-llama`, `tiny-qwen2`) or a local Hugging Face folder. `policy` is
+    a spec such as "paged:eviction=lru,preemption=swap"; `block_size` overrides its page size.
+    KV memory: `num_gpu_blocks_override` pages, else `kv_cache_memory` (bytes or "256MiB"), else
+    on cuda/npu `gpu_memory_utilization` of the device minus weights and activations (4 GiB on
+    cpu). The two startup lines (KV cache size, maximum concurrency) are printed to stderr once
+    unless `verbose` is False.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        device: str = "cpu",
+        policy: Any = "paged",
+        block_size: int | None = None,
+        gpu_memory_utilization: float = 0.92,
+        num_gpu_blocks_override: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        attention_backend: str = "torch",
+        seed: int = 0,
+        *,
+        kv_cache_memory: int | str | None = None,
+        swap_space: int | str = DEFAULT_SWAP_SPACE_BYTES,
+        dtype: str | None = None,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = False,
+        preemption_costs: Any = None,
+        verbose: bool = True,
+    ) -> None:
+        config = EngineConfig(
+            model=str(model),
+            device=device,
+            policy=policy,
+            block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            num_gpu_blocks_override=num_gpu_blocks_override,
+            kv_cache_memory_bytes=(
+                None if kv_cache_memory is None else parse_memory_size(kv_cache_memory)
+            ),
+            swap_space_bytes=parse_memory_size(swap_space, "swap_space"),
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=enable_chunked_prefill,
+            enable_prefix_caching=enable_prefix_caching,
+            attention_backend=attention_backend,
+            dtype=dtype,
+            seed=seed,
+            preemption_costs=preemption_costs,
+        )
+        self.engine = LLMEngine(config)
+        self.last_run: EngineRun | None = None  # per-step records of the latest generate()
+        if verbose:
+            for line in self.engine.startup_lines:
+                print(line, file=sys.stderr)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model folder's tokenizer (transformers), or None."""
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptLike | Sequence[PromptLike],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the order of the prompts.
+
+        A prompt is a list of token ids, {"prompt_token_ids": [...]}, or a string (only when
+        the model folder has a tokenizer). `sampling_params` is one for all prompts, one per
+        prompt, or None (vLLM's defaults). All prompts arrive at once and run on the virtual
+        clock, so the metrics are measured step times. A prompt the scheduler refuses (longer
+        than max_model_len with its max_tokens) comes back with finish_reason "error" and an
+        `error` message; the others run normally.
+        """
+        items = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(items))
+        engine = self.engine
+        requests, texts = [], []
+        for index, (item, param) in enumerate(zip(items, params, strict=True)):
+            text, ids = self._tokenize(item, index)
+            texts.append(text)
+            requests.append(engine.make_request(ids, param))
+        self.last_run = engine.run(requests, replay="fast", progress=use_tqdm)
+        return [
+            request_output(request, text, self._detokenize(request.output_token_ids))
+            for request, text in zip(requests, texts, strict=True)
+        ]
+
+    def _tokenize(self, item: PromptLike, index: int) -> tuple[str | None, list[int]]:
+        if isinstance(item, str):
+            if self.tokenizer is None:
+                raise KvlabError(
+                    f"prompt {index} is a string but model {self.engine.config.model!r} has no "
+                    "tokenizer files; pass token ids instead"
+                )
+            return item, list(self.tokenizer(item)["input_ids"])
+        if isinstance(item, Mapping):
+            if "prompt_token_ids" not in item:
+                raise KvlabError(f"prompt {index}: a dict prompt needs 'prompt_token_ids'")
+            item = item["prompt_token_ids"]
+        ids = list(item)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise KvlabError(f"prompt {index}: token ids must be whole numbers")
+        return None, ids
+
+    def _detokenize(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _as_prompt_list(prompts: PromptLike | Sequence[PromptLike]) -> list[PromptLike]:
+    """A list of prompts from one prompt (a string, a dict or a flat list of ids) or many."""
+    if isinstance(prompts, (str, Mapping)):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as a flat list of token ids
+    return items
+
+
+def _as_params_list(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_prompts
+    params = list(sampling_params)
+    if len(params) != num_prompts:
+        raise KvlabError(
+            f"{len(params)} SamplingParams for {num_prompts} prompts: give one for all, or one "
+            "per prompt"
+        )
+    return params

@@ -1,0 +1,161 @@
+"""Carries out one scheduled step on the device: memory work, one forward pass, sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvlab.engine.kv_cache import KVCache
+from kvlab.engine.platform import Platform
+from kvlab.engine.sampler import Sampler, SamplingParams
+from kvlab.kernels import AttentionMetadata
+from kvlab.policies.outputs import ScheduledRequest, SchedulerOutput
+from kvlab.policies.request import Request
+
+
+@dataclass(slots=True)
+class ModelInput:
+    """A step's flat batch: every scheduled token in batch order, and which rows sample.
+
+    `sample_indices[i]` is the index in `SchedulerOutput.scheduled` of the request whose last row,
+    `sample_rows[i]`, is turned into logits (only requests that reach their last known token).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_indices: list[int]
+    sample_rows: torch.Tensor
+
+
+def token_slice(request: Request, start: int, end: int) -> list[int]:
+    """Token ids `[start, end)` of prompt-then-output, without building the whole list."""
+    prompt = request.prompt_token_ids
+    assert prompt is not None, "the engine's requests carry prompt token ids"
+    num_prompt = len(prompt)
+    if end <= num_prompt:
+        return prompt[start:end]
+    outputs = request.output_token_ids
+    if start >= num_prompt:
+        return outputs[start - num_prompt : end - num_prompt]
+    return prompt[start:] + outputs[: end - num_prompt]
+
+
+def prepare_input(
+    scheduled: Sequence[ScheduledRequest],
+    block_table: Callable[[Request], list[int]],
+    page_size: int,
+    device: torch.device,
+) -> ModelInput:
+    """The flat batch of a step: token ids, positions, attention metadata, sampling rows."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    seq_lens: list[int] = []
+    query_lens: list[int] = []
+    tables: list[list[int]] = []
+    sample_indices: list[int] = []
+    sample_rows: list[int] = []
+    num_rows = 0
+    for index, item in enumerate(scheduled):
+        request = item.request
+        start = item.num_computed_tokens
+        end = start + item.num_new_tokens
+        if item.num_new_tokens == 1:  # decodes: most of a batch, kept cheap
+            input_ids.append(token_slice(request, start, end)[0])
+            positions.append(start)
+        else:
+            input_ids.extend(token_slice(request, start, end))
+            positions.extend(range(start, end))
+        num_rows += item.num_new_tokens
+        seq_lens.append(end)
+        query_lens.append(item.num_new_tokens)
+        tables.append(block_table(request))
+        if end == request.num_tokens:
+            sample_indices.append(index)
+            sample_rows.append(num_rows - 1)
+    meta = AttentionMetadata.build(
+        block_tables=tables,
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        page_size=page_size,
+        device=device,
+    )
+    return ModelInput(
+        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        meta=meta,
+        sample_indices=sample_indices,
+        sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+    )
+
+
+class ModelRunner:
+    """Runs a SchedulerOutput: its MemOps, then one forward over all tokens, then the sampler.
+
+    Every scheduled token of the step (decodes and prefill chunks alike) goes through a single
+    forward pass; only the rows that sample reach the LM head.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        kv_cache: KVCache,
+        platform: Platform,
+        block_table: Callable[[Request], list[int]],
+        sampler: Sampler | None = None,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.platform = platform
+        self.block_table = block_table
+        self.sampler = sampler or Sampler()
+        self.page_size = kv_cache.page_size
+        self.device = platform.device
+        self._kv_layers = kv_cache.layers()
+
+    def execute(
+        self, output: SchedulerOutput, params: Mapping[int, SamplingParams]
+    ) -> list[int | None]:
+        """Sampled token ids aligned with `output.scheduled` (None where a row did not sample).
+
+        `params` maps request id to its SamplingParams. Returns once the device is done.
+        """
+        if output.mem_ops:
+            self.kv_cache.execute_mem_ops(output.mem_ops)
+        sampled: list[int | None] = [None] * len(output.scheduled)
+        if output.scheduled:
+            batch = prepare_input(output.scheduled, self.block_table, self.page_size, self.device)
+            with torch.inference_mode():
+                hidden = self.model(batch.input_ids, batch.positions, self._kv_layers, batch.meta)
+                if batch.sample_indices:
+                    logits = self.model.compute_logits(hidden[batch.sample_rows])
+                    requests = [output.scheduled[i].request for i in batch.sample_indices]
+                    tokens = self.sampler(
+                        logits,
+                        [params[r.request_id] for r in requests],
+                        [r.request_id for r in requests],
+                    )
+                    for index, token in zip(batch.sample_indices, tokens, strict=True):
+                        sampled[index] = token
+        self.platform.synchronize()
+        return sampled
+
+    def forward_tokens(self, token_ids: list[int], block_table: list[int]) -> None:
+        """One prefill of `token_ids` into the pages of `block_table` (to time a recomputation)."""
+        num_tokens = len(token_ids)
+        meta = AttentionMetadata.build(
+            block_tables=[block_table],
+            seq_lens=[num_tokens],
+            query_lens=[num_tokens],
+            page_size=self.page_size,
+            device=self.device,
+        )
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(num_tokens, device=self.device)
+        with torch.inference_mode():
+            hidden = self.model(ids, positions, self._kv_layers, meta)
+            self.model.compute_logits(hidden[-1:])
+        self.platform.synchronize()
