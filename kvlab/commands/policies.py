@@ -1,0 +1,61 @@
+"""`kvlab policies`: every registered memory policy, family by family, with a one-line description."""
+
+from __future__ import annotations
+
+import argparse
+
+_TITLES = {
+    "allocation": "allocation (KIND)",
+    "reserve": "reserve= (contiguous only)",
+    "block_sizing": "block_sizing=",
+    "eviction": "eviction=",
+    "victim": "victim=",
+    "preemption": "preemption=",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `kvlab policies`."""
+    parser.add_argument("--json", action="store_true", help="print the registry as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the policy registry and the spec grammar."""
+    import json
+
+    from kvlab.policies import PolicySpec, registry
+
+    entries = registry.entries()
+    if args.json:
+        table: dict[str, dict[str, str]] = {}
+        for entry in entries:
+            table.setdefault(entry.family, {})[entry.name] = entry.help
+        print(json.dumps({"families": table, "defaults": PolicySpec().to_json()}, indent=2))
+        return 0
+    print(format_policies(entries))
+    return 0
+
+
+def format_policies(entries: list) -> str:
+    """The registry as aligned text, with the spec grammar and an example."""
+    from kvlab.policies import PolicySpec
+
+    width = max(len(entry.name) for entry in entries) + 2
+    lines = [
+        "Policy spec: KIND[:key=value,...]   e.g. paged:block_size=16,eviction=lru,preemption=swap",
+        "",
+    ]
+    family = None
+    for entry in entries:
+        if entry.family != family:
+            family = entry.family
+            lines.append(_TITLES[family])
+        lines.append(f"  {entry.name:<{width}}{entry.help}")
+    defaults = PolicySpec().to_json()
+    lines += [
+        "",
+        "other keys: block_size (tokens per page, default 16), watermark (share of pages kept "
+        "free at admission, default 0.01), host_pages (swap space in pages, default = device pages)",
+        "defaults: " + ",".join(f"{key}={value}" for key, value in defaults.items()),
+    ]
+    return "\n".join(lines)
