@@ -8,6 +8,9 @@ computed in fp32 and cast back to the query's dtype.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -18,11 +21,24 @@ from kvlab.kernels.metadata import AttentionMetadata
 # each of K and V): keeps the reference's temporary memory bounded for large batches.
 _MAX_DECODE_GROUP_SLOTS = 1 << 16
 
+_MAX_GATHER_RUN = 16  # slots per gathered row
+
+# (shape, like) -> two scratch tensors of that shape, for gathered K and V
+_Buffers = Callable[[tuple[int, ...], Tensor], tuple[Tensor, Tensor]]
+
 
 class TorchBackend:
-    """Reference kernels on any torch device; every other backend is tested against these."""
+    """Reference kernels on any torch device; every other backend is tested against these.
+
+    Keeps one gather workspace per (device, dtype), as large as the largest gather so far: a
+    decode group holds at most _MAX_DECODE_GROUP_SLOTS slots, a prefill chunk its whole context.
+    """
 
     name = "torch"
+
+    def __init__(self) -> None:
+        # reused gather buffers: fresh multi-MB allocations page-fault on every call on CPU
+        self._workspace: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
     def write_kv(
         self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
@@ -53,11 +69,21 @@ class TorchBackend:
         out = torch.empty_like(query) if out is None else out
         decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         for group in _decode_groups(decode_ids, meta.seq_lens_cpu, meta.page_size):
-            _decode(query, k_cache, v_cache, meta, group, scale, out)
+            _decode(query, k_cache, v_cache, meta, group, scale, out, self._buffers)
         for seq_id, query_len in enumerate(meta.query_lens_cpu):
             if query_len > 1:
-                _prefill(query, k_cache, v_cache, meta, seq_id, scale, out)
+                _prefill(query, k_cache, v_cache, meta, seq_id, scale, out, self._buffers)
         return out
+
+    def _buffers(self, shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
+        """Two scratch tensors of `shape` (for K and V), valid until the next call."""
+        key = (like.device, like.dtype)
+        numel = math.prod(shape)
+        buffer = self._workspace.get(key)
+        if buffer is None or buffer.numel() < 2 * numel:
+            buffer = torch.empty(2 * numel, dtype=like.dtype, device=like.device)
+            self._workspace[key] = buffer
+        return buffer[:numel].view(shape), buffer[numel : 2 * numel].view(shape)
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
         """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
@@ -110,6 +136,7 @@ def _decode(
     seq_ids: list[int],
     scale: float,
     out: Tensor,
+    buffers: _Buffers,
 ) -> None:
     """One-token queries of `seq_ids`, attended over one padded gather of their pages."""
     device = query.device
@@ -120,9 +147,12 @@ def _decode(
     num_pages = -(-max_len // meta.page_size)
     tables = meta.block_tables[ids, :num_pages]
     valid = torch.arange(num_pages * meta.page_size, device=device) < meta.seq_lens[ids, None]
-    # padded slots are masked below, but may hold NaN/inf garbage that 0 * garbage would spread
-    k = _gather(k_cache, tables).masked_fill_(~valid[:, :, None, None], 0)
-    v = _gather(v_cache, tables).masked_fill_(~valid[:, :, None, None], 0)
+    k, v = _gather_pair(k_cache, v_cache, tables, buffers)
+    # slots past a context are masked below, but may hold NaN/inf that 0 * garbage would spread
+    for row, seq_id in enumerate(seq_ids):
+        if meta.seq_lens_cpu[seq_id] < k.shape[1]:
+            k[row, meta.seq_lens_cpu[seq_id] :] = 0
+            v[row, meta.seq_lens_cpu[seq_id] :] = 0
     q = query[rows].unsqueeze(2)  # [batch, num_heads, 1, head_dim]
     o = _attend(q, k.transpose(1, 2), v.transpose(1, 2), valid[:, None, None, :], scale)
     out[rows] = o.squeeze(2).to(out.dtype)
@@ -136,14 +166,16 @@ def _prefill(
     seq_id: int,
     scale: float,
     out: Tensor,
+    buffers: _Buffers,
 ) -> None:
     """The query chunk of one sequence over its whole context, causal from its offset."""
     seq_len = meta.seq_lens_cpu[seq_id]
     query_len = meta.query_lens_cpu[seq_id]
     start = meta.query_start_loc_cpu[seq_id]
     tables = meta.block_tables[seq_id : seq_id + 1, : -(-seq_len // meta.page_size)]
-    k = _gather(k_cache, tables)[:, :seq_len].transpose(1, 2)  # [1, kv_heads, seq_len, dim]
-    v = _gather(v_cache, tables)[:, :seq_len].transpose(1, 2)
+    k, v = _gather_pair(k_cache, v_cache, tables, buffers)
+    k = k[:, :seq_len].transpose(1, 2)  # [1, kv_heads, seq_len, dim]
+    v = v[:, :seq_len].transpose(1, 2)
     q = query[start : start + query_len].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, dim]
     mask = None
     if query_len < seq_len:
@@ -153,10 +185,22 @@ def _prefill(
     out[start : start + query_len] = o[0].transpose(0, 1).to(out.dtype)
 
 
-def _gather(cache: Tensor, tables: Tensor) -> Tensor:
+def _gather_pair(
+    k_cache: Tensor, v_cache: Tensor, tables: Tensor, buffers: _Buffers
+) -> tuple[Tensor, Tensor]:
     """The pages of each table row, concatenated: `[rows, pages * page_size, kv_heads, dim]`."""
-    pages = cache.index_select(0, tables.reshape(-1).to(torch.int64))
-    return pages.view(tables.shape[0], -1, *cache.shape[2:])
+    page_size, slot_shape = k_cache.shape[1], k_cache.shape[2:]
+    # index_select on CPU slows down several-fold once rows grow past a few tens of KiB, so
+    # large pages are gathered as runs of at most 16 slots
+    run = page_size if page_size <= _MAX_GATHER_RUN else math.gcd(page_size, _MAX_GATHER_RUN)
+    runs_per_page = page_size // run
+    page_ids = tables.reshape(-1).to(torch.int64)
+    run_ids = page_ids[:, None] * runs_per_page + torch.arange(runs_per_page, device=tables.device)
+    k, v = buffers((run_ids.numel(), run, *slot_shape), k_cache)
+    torch.index_select(k_cache.view(-1, run, *slot_shape), 0, run_ids.flatten(), out=k)
+    torch.index_select(v_cache.view(-1, run, *slot_shape), 0, run_ids.flatten(), out=v)
+    shape = (tables.shape[0], -1, *slot_shape)
+    return k.view(shape), v.view(shape)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
