@@ -26,6 +26,8 @@ from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
 MAX_PAGE_SIZE = 512
 PAGE_SIZE_MULTIPLE = 16  # for float16/bfloat16 caches (int8 caches would need 32)
+# some torch_npu releases document FIA's page attention with more than one query token as
+# needing a multiple of 128 (128..512): 128 is safe everywhere, and vllm-ascend forces it
 RECOMMENDED_PAGE_SIZE = 128
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 # sparse_mode=3 takes this fixed-size "compressed" causal mask: 1 above the diagonal = masked
@@ -158,6 +160,7 @@ class NpuBackend:
         # CUMULATIVE query ends, one per sequence (its length is the batch size), while with
         # page attention actual_seq_lengths_kv holds each sequence's own context length.
         # vllm-ascend's attention_v1.py passes exactly query_start_loc[1:] and seq_lens.
+        output: Tensor
         output, _ = self._ops.npu_fused_infer_attention_score(
             query,
             k_cache.view(num_pages, page_size, -1),
