@@ -59,7 +59,7 @@ class EngineConfig:
     device: str = "cpu"
     policy: Any = "paged"
     block_size: int | None = None
-    gpu_memory_utilization: float = 0.92
+    gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES

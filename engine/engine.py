@@ -162,16 +162,22 @@ class LLMEngine:
         arrival_s: float = 0.0,
         hash_ids: tuple[int, ...] | None = None,
         hash_block_size: int = 512,
+        request_id: int | None = None,
     ) -> Request:
-        """A new request with a fresh id; its output budget is `params.max_tokens`.
+        """A new request; its output budget is `params.max_tokens`.
 
-        A sampling request without a seed gets one derived from the engine's seed and its id,
-        so its tokens depend on neither the batch nor the global RNG.
+        `request_id` defaults to a fresh one; a trace passes its own ids so that ties in the
+        scheduler break exactly as in the simulator. A sampling request without a seed gets one
+        derived from the engine's seed and its id, so its tokens depend on neither the batch nor
+        the global RNG.
         """
         ids = list(prompt_token_ids)
         self._check_prompt(ids)
-        request_id = self._next_request_id
-        self._next_request_id += 1
+        if request_id is None:
+            request_id = self._next_request_id
+        if request_id in self._params:
+            raise KvlabError(f"request id {request_id} is already in use by an unfinished request")
+        self._next_request_id = max(self._next_request_id, request_id + 1)
         if params.seed is None and not params.is_greedy:
             params = replace(params, seed=(self.config.seed * 1_000_003 + request_id) & _SEED_MASK)
         eos = () if params.ignore_eos else self.model_config.eos_token_ids

@@ -33,7 +33,7 @@ class LLM:
         device: str = "cpu",
         policy: Any = "paged",
         block_size: int | None = None,
-        gpu_memory_utilization: float = 0.92,
+        gpu_memory_utilization: float = 0.9,
         num_gpu_blocks_override: int | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,

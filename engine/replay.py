@@ -1,0 +1,156 @@
+"""A request trace through the real engine: prompt ids synthesised from the trace, arrivals
+replayed on a virtual or wall clock, and the same `RunResult` the simulator produces."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvlab.engine.engine import LLMEngine
+from kvlab.engine.sampler import SamplingParams
+from kvlab.errors import KvlabError
+from kvlab.metrics import RunResult
+
+if TYPE_CHECKING:  # traces are duck-typed here: the engine does not depend on kvlab.traces
+    from kvlab.traces import Trace, TraceRequest
+
+_U64 = (1 << 64) - 1
+_SHARED, _PRIVATE = 0, 1  # RNG stream tags: a trace block id, or one request's own prompt
+
+
+def _block_ids(hash_id: int, size: int, vocab_size: int, seed: int) -> list[int]:
+    rng = np.random.default_rng([seed & _U64, _SHARED, hash_id & _U64])
+    return rng.integers(0, vocab_size, size).tolist()
+
+
+def _private_ids(request_id: int, size: int, vocab_size: int, seed: int) -> list[int]:
+    rng = np.random.default_rng([seed & _U64, _PRIVATE, request_id & _U64])
+    return rng.integers(0, vocab_size, size).tolist()
+
+
+def synthesize_prompt_ids(trace: Trace, vocab_size: int, seed: int = 0) -> Trace:
+    """The trace with every request's `prompt_token_ids` set, deterministic from `seed`.
+
+    Where the trace names prompt blocks by hash id (Mooncake), block i of a prompt is drawn from
+    an RNG seeded with (seed, hash_ids[i]), so two requests sharing an id share those tokens
+    exactly and the prefix cache sees the trace's sharing; other prompts (or the tail past the
+    named blocks) come from an RNG seeded with (seed, request id) and share nothing. Ids lie in
+    [0, vocab_size). Token ids a trace already carries are kept, after a vocabulary check. Run
+    the simulator on the returned trace to hash exactly the pages the engine hashes.
+    """
+    blocks: dict[int, list[int]] = {}
+    requests = []
+    for request in trace.requests:
+        if request.prompt_token_ids is not None:
+            _check_vocab(request, vocab_size)
+            requests.append(request)
+            continue
+        ids: list[int] = []
+        block_size = request.hash_block_size
+        for hash_id in request.hash_ids or ():
+            if len(ids) >= request.input_len:
+                break
+            block = blocks.get(hash_id)
+            if block is None:
+                block = blocks[hash_id] = _block_ids(hash_id, block_size, vocab_size, seed)
+            ids.extend(block[: request.input_len - len(ids)])
+        if len(ids) < request.input_len:
+            ids.extend(
+                _private_ids(request.request_id, request.input_len - len(ids), vocab_size, seed)
+            )
+        requests.append(dataclasses.replace(request, prompt_token_ids=tuple(ids)))
+    metadata = {**trace.metadata, "prompt_token_ids": f"synthesized (seed {seed})"}
+    return dataclasses.replace(trace, requests=requests, metadata=metadata)
+
+
+def _check_vocab(request: TraceRequest, vocab_size: int) -> None:
+    ids = request.prompt_token_ids or ()
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise KvlabError(
+            f"trace request {request.request_id}: prompt token id {bad[0]} is outside the "
+            f"model's vocabulary [0, {vocab_size}) (tokenized for another model?)"
+        )
+
+
+def run_trace(
+    engine: LLMEngine, trace: Trace, *, replay: str = "fast", progress: bool = False
+) -> RunResult:
+    """Serve every request of a trace (with prompt ids, see `synthesize_prompt_ids`) and return
+    the run's records, as `kvlab.sim.simulate` does for the simulator.
+
+    Each request decodes greedily for exactly its trace output length (ignore_eos, max_tokens);
+    requests keep their trace ids. `replay` is `fast` (virtual clock: measured step durations,
+    idle gaps skipped) or `realtime` (wall clock, arrivals waited for).
+    """
+    requests = []
+    for item in trace.requests:
+        if item.prompt_token_ids is None:
+            raise ValueError("run_trace needs prompt token ids: call synthesize_prompt_ids")
+        params = SamplingParams(temperature=0.0, max_tokens=item.output_len, ignore_eos=True)
+        requests.append(
+            engine.make_request(
+                item.prompt_token_ids,
+                params,
+                arrival_s=item.arrival_s,
+                hash_ids=item.hash_ids,
+                hash_block_size=item.hash_block_size,
+                request_id=item.request_id,
+            )
+        )
+    run = engine.run(requests, replay=replay, progress=progress)
+    metadata = {**engine_metadata(engine), **trace_metadata(trace), "replay": replay}
+    return RunResult(
+        requests=run.requests,
+        steps=run.steps,
+        itls_s=run.itls_s,
+        duration_s=run.duration_s,
+        page_size=engine.page_size,
+        num_total_pages=engine.num_pages,
+        kv_cache_size_tokens=engine.num_pages * engine.page_size,
+        num_host_pages=engine.manager.num_host_pages,
+        metadata=metadata,
+    )
+
+
+def engine_metadata(engine: LLMEngine) -> dict[str, Any]:
+    """The engine's configuration as saved with a result (JSON-ready)."""
+    config, policy = engine.config, engine.policy
+    costs = engine.preemption_costs
+    return {
+        "policy": policy.to_string(),
+        "policy_json": policy.to_json(),
+        "model": config.model,
+        "hardware": engine.device_name,
+        "backend": f"engine:{engine.platform.name}",
+        "device": str(engine.platform.device),
+        "attention_backend": config.attention_backend,
+        "dtype": str(engine.kv_cache.k_caches[0].dtype).removeprefix("torch."),
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_model_len": engine.max_model_len,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "num_gpu_blocks_override": config.num_gpu_blocks_override,
+        "kv_cache_memory_bytes": config.kv_cache_memory_bytes,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enable_prefix_caching": policy.prefix_caching,
+        "preemption_costs": costs.to_json() if hasattr(costs, "to_json") else None,
+        "seed": config.seed,
+    }
+
+
+def trace_metadata(trace: Trace) -> dict[str, Any]:
+    """The workload's description as saved with a result (the simulator's keys)."""
+    meta = trace.metadata
+    return {
+        "dataset": trace.name,
+        "dataset_name": trace.dataset_name,
+        "dataset_source": trace.source,
+        "num_prompts": len(trace),
+        "request_rate": float(meta.get("request_rate", math.inf)),
+        "burstiness": float(meta.get("burstiness", 1.0)),
+        "time_scale": float(meta.get("time_scale", 1.0)),
+    }

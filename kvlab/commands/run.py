@@ -1,0 +1,223 @@
+"""`kvlab run`: replay a trace through the real paged engine and print vLLM's benchmark report.
+
+The flags are `kvlab sim`'s where the meaning is the same; `--model` is a real model here (a
+tiny preset or a local Hugging Face folder) and `--device`, `--attention-backend`,
+`--kv-cache-memory` and `--replay` choose how it runs. Defaults make a CPU demo quick: the
+first 32 requests of the bundled Azure conversation excerpt on `tiny-llama` (its 2,048-token
+context fails the few longer requests), a 512 MiB KV cache on cpu, and `--replay fast`, where a
+virtual clock advances by the measured step times and skips idle gaps between arrivals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+DATASET_NAMES = ("azure", "mooncake", "burstgpt", "sharegpt", "random")
+DEFAULT_NUM_PROMPTS = 32
+DEFAULT_CPU_KV_CACHE_MEMORY = "512MiB"  # vLLM's 4 GiB cpu default takes seconds to allocate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `kvlab run` (no heavy imports here)."""
+    _workload_arguments(parser.add_argument_group("workload"))
+    _engine_arguments(parser.add_argument_group("model, device and memory"))
+    _policy_arguments(parser.add_argument_group("policy and scheduler"))
+    _report_arguments(parser.add_argument_group("report and results"))
+
+
+def _workload_arguments(data: argparse._ArgumentGroup) -> None:
+    data.add_argument("--dataset-name", default="azure", choices=DATASET_NAMES,
+                      help="trace format, or random for vLLM's synthetic set (default: azure, "
+                           "the bundled Azure conversation excerpt)")
+    data.add_argument("--dataset-path", default=None,
+                      help="trace file or bundled excerpt name (azure-conv, azure-code, "
+                           "mooncake); default: the dataset's bundled excerpt")
+    data.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS,
+                      help=f"keep the first N requests (default {DEFAULT_NUM_PROMPTS})")
+    data.add_argument("--request-rate", type=float, default=math.inf,
+                      help="resample arrivals at this many requests/s (default inf: replay the "
+                           "trace's timestamps; random sends everything at 0)")
+    data.add_argument("--burstiness", type=float, default=1.0,
+                      help="gamma shape of resampled arrival gaps (1: Poisson)")
+    data.add_argument("--time-scale", type=float, default=1.0,
+                      help="divide trace timestamps by this to compress time (4: 4x the rate)")
+    data.add_argument("--seed", type=int, default=0,
+                      help="seed of resampled arrivals, synthetic lengths and prompt token ids")
+    data.add_argument("--tokenizer", default=None,
+                      help="sharegpt: local Hugging Face tokenizer folder for exact lengths")
+    for flag, kind, text in (
+        ("--random-input-len", int, "random: prompt tokens (default 1024)"),
+        ("--random-output-len", int, "random: output tokens (default 128)"),
+        ("--random-range-ratio", float, "random: lengths vary uniformly by this share"),
+        ("--random-prefix-len", int, "random: shared prefix tokens before each prompt"),
+        ("--num-prefix-groups", int, "random: requests share their prefix in this many groups"),
+    ):
+        data.add_argument(flag, type=kind, default=None, help=text)
+    data.add_argument("--replay", default="fast", choices=("fast", "realtime"),
+                      help="fast: as fast as possible on a virtual clock of measured step "
+                           "times (default); realtime: wait for each arrival on the wall clock")
+
+
+def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
+    machine.add_argument("--model", default="tiny-llama",
+                         help="tiny-llama, tiny-qwen2, or a local Hugging Face folder "
+                              "(config.json and *.safetensors)")
+    machine.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or npu")
+    machine.add_argument("--attention-backend", default="torch",
+                         help="kernel backend: torch (reference), triton, npu")
+    machine.add_argument("--dtype", default=None,
+                         help="float32, float16 or bfloat16 (default: the checkpoint's)")
+    machine.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
+                         help="KV cache size, e.g. 256MiB or 2GiB (default on cpu: "
+                              f"{DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from "
+                              "--gpu-memory-utilization)")
+    machine.add_argument("--swap-space", default="4GiB", metavar="SIZE",
+                         help="host memory bounding the swap pages (default 4GiB)")
+    machine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                         help="share of device memory for weights, activations and KV cache")
+    machine.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                         help="KV pages, whatever the memory says")
+    machine.add_argument("--max-model-len", type=int, default=None,
+                         help="longest request (prompt + output); default: the model's; "
+                              "longer requests fail")
+
+
+def _policy_arguments(policy: argparse._ArgumentGroup) -> None:
+    policy.add_argument("--policy", default="paged", metavar="SPEC",
+                        help="memory policy, e.g. paged:block_size=16,eviction=lru,"
+                             "preemption=swap (see `kvlab policies`)")
+    policy.add_argument("--block-size", type=int, default=None,
+                        help="tokens per page when the spec leaves block_size at its default")
+    policy.add_argument("--enable-prefix-caching", action="store_true",
+                        help="cache prompt pages (eviction none becomes lru)")
+    policy.add_argument("--max-num-seqs", type=int, default=256)
+    policy.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    policy.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                        default=True)
+
+
+def _report_arguments(out: argparse._ArgumentGroup) -> None:
+    out.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                     help="metrics with percentiles: any of ttft,tpot,itl,e2el")
+    out.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
+    out.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                     help="SLOs for request goodput, e.g. ttft:500 tpot:50")
+    out.add_argument("--save-result", action="store_true",
+                     help="write the summary JSON, the per-request table and the per-step "
+                          "profile (what `kvlab calibrate` fits)")
+    out.add_argument("--result-dir", default=".")
+    out.add_argument("--result-filename", default=None,
+                     help="summary file name (default: vLLM's <backend>-<rate>qps-<model>-"
+                          "<date>.json)")
+    out.add_argument("--table-format", default="csv", choices=("csv", "parquet"))
+    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the engine, replay the trace, print the report; save results when asked."""
+    from kvlab.engine.engine import LLMEngine
+    from kvlab.engine.replay import run_trace, synthesize_prompt_ids
+    from kvlab.metrics import (
+        parse_goodput,
+        parse_metric_percentiles,
+        parse_percentile_metrics,
+        summarize,
+    )
+    from kvlab.report import format_report
+
+    metrics = parse_percentile_metrics(args.percentile_metrics)
+    percentiles = parse_metric_percentiles(args.metric_percentiles)
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    config = engine_config(args)
+    trace = _load_trace(args)
+    engine = LLMEngine(config)
+    for line in engine.startup_lines:
+        print(line)
+    trace = synthesize_prompt_ids(trace, engine.model_config.vocab_size, args.seed)
+    progress = not args.disable_tqdm and sys.stderr.isatty()
+    result = run_trace(engine, trace, replay=args.replay, progress=progress)
+    summary = summarize(
+        result, percentile_metrics=metrics, metric_percentiles=percentiles, goodput_slos=goodput
+    )
+    _print_failures(result.requests)
+    print(format_report(summary))
+    if args.save_result:
+        from kvlab.results import save_results
+
+        paths = save_results(
+            summary,
+            result,
+            result_dir=args.result_dir,
+            result_filename=args.result_filename,
+            table_format=args.table_format,
+        )
+        print("Saved " + ", ".join(str(path) for path in paths))
+    return 0
+
+
+def engine_config(args: argparse.Namespace) -> object:
+    """The EngineConfig the flags describe (sizes parsed, page size applied as `kvlab sim`)."""
+    from kvlab.engine.config import EngineConfig, parse_memory_size
+
+    kv_memory = args.kv_cache_memory
+    if kv_memory is None and args.device == "cpu" and args.num_gpu_blocks_override is None:
+        kv_memory = DEFAULT_CPU_KV_CACHE_MEMORY
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        policy=_policy(args.policy, args.block_size),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        kv_cache_memory_bytes=None if kv_memory is None else parse_memory_size(kv_memory),
+        swap_space_bytes=parse_memory_size(args.swap_space, "--swap-space"),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        attention_backend=args.attention_backend,
+        dtype=args.dtype,
+        seed=args.seed,
+    )
+
+
+def _policy(spec_text: str, block_size: int | None) -> object:
+    """The spec with --block-size applied unless the spec sets another page size (as sim)."""
+    from kvlab.errors import KvlabError
+    from kvlab.policies import PolicySpec, parse_policy
+
+    spec = parse_policy(spec_text)
+    if block_size is None:
+        return spec
+    if spec.block_size not in (PolicySpec().block_size, block_size):
+        raise KvlabError(
+            f"--block-size {block_size} contradicts policy {spec_text!r}, which sets "
+            f"block_size={spec.block_size}; give the page size once"
+        )
+    return spec.with_options(block_size=block_size)
+
+
+def _load_trace(args: argparse.Namespace) -> object:
+    from kvlab.traces import load_trace
+
+    names = ("tokenizer", "random_input_len", "random_output_len", "random_range_ratio",
+             "random_prefix_len", "num_prefix_groups")
+    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    return load_trace(
+        args.dataset_name,
+        args.dataset_path,
+        num_prompts=args.num_prompts,
+        seed=args.seed,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        time_scale=args.time_scale,
+        **options,
+    )
+
+
+def _print_failures(requests: list) -> None:
+    failed = [r for r in requests if r.error is not None]
+    if failed:
+        print(f"{len(failed)} request(s) failed; first: {failed[0].error}", file=sys.stderr)
