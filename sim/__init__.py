@@ -10,7 +10,7 @@ from kvlab.sim.cost_model import CostModel, RooflineCostModel, StepShape
 from kvlab.sim.instance import LivelockError, SimInstance
 from kvlab.sim.link import HostLink
 from kvlab.sim.requests import to_requests
-from kvlab.sim.simulator import compare, simulate
+from kvlab.sim.simulator import Simulation, compare, simulate
 
 __all__ = [
     "CostModel",
@@ -19,6 +19,7 @@ __all__ = [
     "RooflineCostModel",
     "SimConfig",
     "SimInstance",
+    "Simulation",
     "StepShape",
     "compare",
     "simulate",

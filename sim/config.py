@@ -22,7 +22,8 @@ from kvlab.specs import (
 class SimConfig:
     """One simulated serving instance: model and hardware presets, memory policy, batch limits.
 
-    `model` and `hardware` are preset names (or spec-file paths, or specs). KV memory is
+    `model` and `hardware` are preset names (or spec-file paths, or specs); `policy` may be given
+    as a spec string and is parsed on construction. KV memory is
     `gpu_memory_utilization` of HBM minus weights and an activation reserve, as vLLM sizes it,
     unless `num_gpu_blocks_override` sets the page count. `max_model_len` defaults to the model's.
     `enable_prefix_caching` turns the policy's eviction `none` into `lru` (a policy naming its
@@ -33,7 +34,7 @@ class SimConfig:
     model: str | ModelSpec = "llama-2-7b"
     hardware: str | HardwareSpec = "a100-80g"
     tensor_parallel_size: int = 1
-    policy: PolicySpec = field(default_factory=PolicySpec)
+    policy: PolicySpec | str = field(default_factory=PolicySpec)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
@@ -42,6 +43,9 @@ class SimConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.policy = parse_policy(self.policy)  # a bad spec fails here, not mid-run
 
     def with_policy(self, policy: PolicySpec | str) -> SimConfig:
         """A copy running another policy."""
@@ -84,6 +88,11 @@ class SimConfig:
             max_model_len=self.effective_max_model_len(),
             enable_chunked_prefill=self.enable_chunked_prefill,
         )
+
+    def check(self) -> None:
+        """Raise a KvlabError naming the flag of the first bad setting, before any work."""
+        self.scheduler_config()
+        self.kv_capacity()
 
     def kv_capacity(self) -> KVCapacity:
         """The KV cache of one device for this config's policy page size."""

@@ -44,7 +44,7 @@ class SimInstance:
         self.link = link
         self.steps = StepRecorder()
         self.num_steps = 0
-        self._on_finished = on_finished
+        self.on_finished = on_finished  # called with the number of requests a step ended
         self._wake: simpy.Event | None = None
 
     def wake(self) -> None:
@@ -98,8 +98,8 @@ class SimInstance:
         )
         self.num_steps += 1
         finished = scheduler.update(output, None, end_s)
-        if self._on_finished is not None and (finished or output.failed):
-            self._on_finished(len(finished) + len(output.failed))
+        if self.on_finished is not None and (finished or output.failed):
+            self.on_finished(len(finished) + len(output.failed))
 
 
 def _livelock_message(scheduler: Scheduler, now_s: float) -> str:

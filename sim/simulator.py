@@ -34,54 +34,73 @@ def simulate(
     manager's swap-versus-recompute question under preemption=auto. `progress` shows a tqdm bar
     of finished requests on stderr.
     """
-    policy = config.effective_policy()
-    capacity = config.kv_capacity()
-    if cost_model is None:
-        cost_model = RooflineCostModel(
-            config.model_spec(),
-            config.hardware_spec(),
-            page_size=policy.block_size,
-            tensor_parallel_size=config.tensor_parallel_size,
+    return Simulation(trace, config, cost_model=cost_model).run(progress=progress)
+
+
+class Simulation:
+    """One trace on one simulated instance, built and ready to run (once).
+
+    The parts stay reachable after `run` (scheduler, manager, requests, instance) for tests and
+    tools that inspect the end state.
+    """
+
+    def __init__(
+        self, trace: Trace, config: SimConfig, *, cost_model: CostModel | None = None
+    ) -> None:
+        self.trace = trace
+        self.config = config
+        self.policy = config.effective_policy()
+        self.capacity = config.kv_capacity()
+        if cost_model is None:
+            cost_model = RooflineCostModel(
+                config.model_spec(),
+                config.hardware_spec(),
+                page_size=self.policy.block_size,
+                tensor_parallel_size=config.tensor_parallel_size,
+            )
+        self.cost_model = cost_model
+        scheduler_config = config.scheduler_config()
+        self.manager = KVCacheManager(
+            self.policy,
+            self.capacity.num_pages,
+            max_model_len=scheduler_config.max_model_len,
+            num_host_pages=_num_host_pages(self.policy, self.capacity.num_pages),
+            costs=cost_model,
         )
-    scheduler_config = config.scheduler_config()
-    manager = KVCacheManager(
-        policy,
-        capacity.num_pages,
-        max_model_len=scheduler_config.max_model_len,
-        num_host_pages=_num_host_pages(policy, capacity.num_pages),
-        costs=cost_model,
-    )
-    scheduler = Scheduler(scheduler_config, manager)
-    requests = to_requests(trace)
-    env = simpy.Environment()
-    bar = _progress_bar(len(requests), enabled=progress)
-    instance = SimInstance(
-        env,
-        scheduler,
-        ArrivalQueue(requests),
-        cost_model,
-        HostLink(env, cost_model),
-        on_finished=None if bar is None else bar.update,
-    )
-    env.process(arrival_process(env, (r.arrival_s for r in requests), instance.wake))
-    env.process(instance.run())
-    try:
-        env.run()
-    finally:
+        self.scheduler = Scheduler(scheduler_config, self.manager)
+        self.requests = to_requests(trace)
+        self.env = simpy.Environment()
+        self.link = HostLink(self.env, cost_model)
+        self.instance = SimInstance(
+            self.env, self.scheduler, ArrivalQueue(self.requests), cost_model, self.link
+        )
+
+    def run(self, *, progress: bool = False) -> RunResult:
+        """Simulate until every request has finished; check conservation; return the records."""
+        env, instance = self.env, self.instance
+        bar = _progress_bar(len(self.requests), enabled=progress)
         if bar is not None:
-            bar.close()
-    _check_conservation(requests, manager)
-    return RunResult(
-        requests=requests,
-        steps=instance.steps,
-        itls_s=np.frombuffer(scheduler.itls_s, dtype=np.float64).copy(),
-        duration_s=_duration_s(requests),
-        page_size=capacity.page_size,
-        num_total_pages=capacity.num_pages,
-        kv_cache_size_tokens=capacity.num_tokens,
-        num_host_pages=manager.num_host_pages,
-        metadata={**config.metadata(), **_trace_metadata(trace), "backend": "sim"},
-    )
+            instance.on_finished = bar.update
+        env.process(arrival_process(env, (r.arrival_s for r in self.requests), instance.wake))
+        env.process(instance.run())
+        try:
+            env.run()
+        finally:
+            if bar is not None:
+                bar.close()
+        _check_conservation(self.requests, self.manager)
+        capacity = self.capacity
+        return RunResult(
+            requests=self.requests,
+            steps=instance.steps,
+            itls_s=np.frombuffer(self.scheduler.itls_s, dtype=np.float64).copy(),
+            duration_s=_duration_s(self.requests),
+            page_size=capacity.page_size,
+            num_total_pages=capacity.num_pages,
+            kv_cache_size_tokens=capacity.num_tokens,
+            num_host_pages=self.manager.num_host_pages,
+            metadata={**self.config.metadata(), **_trace_metadata(self.trace), "backend": "sim"},
+        )
 
 
 def compare(

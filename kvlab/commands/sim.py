@@ -183,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
     percentiles = parse_metric_percentiles(args.metric_percentiles)
     goodput = parse_goodput(args.goodput) if args.goodput else None
     configs = [_config(args, spec) for spec in (args.compare or [args.policy])]
-    capacities = [config.kv_capacity() for config in configs]  # bad flags fail before loading
+    for config in configs:
+        config.check()  # bad flags fail before the trace loads
+    capacities = [config.kv_capacity() for config in configs]
     trace = _load_trace(args)
     progress = not args.disable_tqdm and sys.stderr.isatty()
     runs: list[tuple[RunResult, dict[str, Any]]] = []
