@@ -12,6 +12,7 @@ import simpy
 
 from kvlab.metrics import RunResult
 from kvlab.policies import ArrivalQueue, KVCacheManager, PolicySpec, Request, Scheduler
+from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel, RooflineCostModel
@@ -26,15 +27,18 @@ def simulate(
     config: SimConfig,
     *,
     cost_model: CostModel | None = None,
+    preemption_costs: PreemptionCosts | None = None,
     progress: bool = False,
 ) -> RunResult:
     """Run every request of `trace` to completion (or failure) and collect the run's records.
 
-    `cost_model` defaults to the roofline of the config's model and hardware; it also answers the
-    manager's swap-versus-recompute question under preemption=auto. `progress` shows a tqdm bar
-    of finished requests on stderr.
+    `cost_model` times every step and memory transfer; it defaults to the roofline of the config's
+    model and hardware. `preemption_costs` answers the manager's swap-versus-recompute question
+    under preemption=auto (default: `cost_model`; a replay of measured step durations passes the
+    engine's measured costs here). `progress` shows a tqdm bar of finished requests on stderr.
     """
-    return Simulation(trace, config, cost_model=cost_model).run(progress=progress)
+    simulation = Simulation(trace, config, cost_model=cost_model, preemption_costs=preemption_costs)
+    return simulation.run(progress=progress)
 
 
 class Simulation:
@@ -45,7 +49,12 @@ class Simulation:
     """
 
     def __init__(
-        self, trace: Trace, config: SimConfig, *, cost_model: CostModel | None = None
+        self,
+        trace: Trace,
+        config: SimConfig,
+        *,
+        cost_model: CostModel | None = None,
+        preemption_costs: PreemptionCosts | None = None,
     ) -> None:
         self.trace = trace
         self.config = config
@@ -65,7 +74,7 @@ class Simulation:
             self.capacity.num_pages,
             max_model_len=scheduler_config.max_model_len,
             num_host_pages=_num_host_pages(self.policy, self.capacity.num_pages),
-            costs=cost_model,
+            costs=cost_model if preemption_costs is None else preemption_costs,
         )
         self.scheduler = Scheduler(scheduler_config, self.manager)
         self.requests = to_requests(trace)

@@ -95,3 +95,29 @@ def test_scattered_pages_cost_more_link_time_than_one_run():
     one_run = MemOps(swap_outs=[(i, i) for i in range(8)])
     scattered = MemOps(swap_outs=[(2 * i, i) for i in range(8)])
     assert link.swap_time_s(scattered) > link.swap_time_s(one_run) > 0.0
+
+
+class FixedPreemptionCosts:
+    """Measured-style swap and recompute costs, apart from the step timing."""
+
+    def __init__(self, swap_s, recompute_s):
+        self.swap_s, self.recompute_s = swap_s, recompute_s
+
+    def swap_time_s(self, num_pages, num_transfers):
+        return self.swap_s
+
+    def recompute_time_s(self, num_tokens):
+        return self.recompute_s
+
+
+@pytest.mark.parametrize(("swap_s", "expect_swaps"), [(1.0, False), (0.001, True)])
+def test_auto_preemption_weighs_the_given_costs_not_the_replayed_step_model(swap_s, expect_swaps):
+    trace = make_trace([(200, 120)] * 6)
+    result = simulate(
+        trace,
+        small_config("paged:preemption=auto", num_pages=48),
+        cost_model=ReplayCostModel([0.01] * 10_000),
+        preemption_costs=FixedPreemptionCosts(swap_s, recompute_s=0.1),
+    )
+    assert sum(r.num_preemptions for r in result.requests) > 0
+    assert (sum(r.num_swaps_out for r in result.requests) > 0) is expect_swaps
