@@ -43,7 +43,6 @@ class SimInstance:
         self.cost_model = cost_model
         self.link = link
         self.steps = StepRecorder()
-        self.num_steps = 0
         self.on_finished = on_finished  # called with the number of requests a step ended
         self._wake: simpy.Event | None = None
 
@@ -96,7 +95,6 @@ class SimInstance:
             num_waiting=len(scheduler.waiting),
             num_swapped=len(scheduler.swapped),
         )
-        self.num_steps += 1
         finished = scheduler.update(output, None, end_s)
         if self.on_finished is not None and (finished or output.failed):
             self.on_finished(len(finished) + len(output.failed))
