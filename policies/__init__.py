@@ -1,4 +1,4 @@
-"""kvlab.policies: requests, the page pool, the KV-cache manager, its policy families, the scheduler.
+"""kvlab.policies: requests, the KV-cache manager, its four policy families, the scheduler.
 
 Torch-free and simpy-free: the simulator and the real engine both drive these same objects.
 """

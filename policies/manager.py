@@ -33,8 +33,8 @@ class _Plan:
     """What an allocation will do, computed before anything changes."""
 
     hit_pages: list[int]
-    num_block_pages: int  # pages asked of the allocator (0: none)
-    cow: bool  # the shared, partly filled last page must be copied first
+    num_block_pages: int  # pages asked of the allocator as one block (0: none)
+    cow: bool  # the block's first page replaces the shared, partly filled last page
 
 
 class KVCacheManager:
@@ -248,7 +248,7 @@ class KVCacheManager:
         num_filled = -(-num_tokens // self.page_size)
         assert num_filled <= len(self._host_free), "call can_swap_out first"
         host_pages = [self._host_free.popleft() for _ in range(num_filled)]
-        ops = MemOps(swap_outs=list(zip(state.pages[:num_filled], host_pages)))
+        ops = MemOps(swap_outs=list(zip(state.pages[:num_filled], host_pages, strict=True)))
         self._release(state)
         self._swapped[seq.request_id] = (host_pages, num_tokens)
         return ops
@@ -256,7 +256,9 @@ class KVCacheManager:
     def can_swap_in(self, seq: Request) -> bool:
         """Whether device memory has room to bring the sequence back."""
         swapped = self._swapped.get(seq.request_id)
-        return swapped is not None and self._plan_new(seq, swapped[1], [], watermark=False) is not None
+        return (
+            swapped is not None and self._plan_new(seq, swapped[1], [], watermark=False) is not None
+        )
 
     def swap_in(self, seq: Request) -> MemOps | None:
         """Bring the sequence's pages back from host memory; None when device memory is short."""
@@ -268,7 +270,7 @@ class KVCacheManager:
         self._execute(seq, num_tokens, None, plan)
         pages = self._seqs[seq.request_id].pages
         self._host_free.extend(host_pages)
-        return MemOps(swap_ins=list(zip(host_pages, pages)))
+        return MemOps(swap_ins=list(zip(host_pages, pages[: len(host_pages)], strict=True)))
 
     # ----------------------------------------------------------------------------- internals
 
@@ -278,8 +280,12 @@ class KVCacheManager:
         page_size = self.page_size
         limit = state.fast_limit
         free = self._free_list
-        if total > limit + page_size or limit != len(state.pages) * page_size or not free:
+        if total > limit + page_size or limit != len(state.pages) * page_size:
             return False
+        if not free:
+            if not len(self.evictor):
+                return False
+            self._evict(1)  # the cached page the eviction policy gives up lands in `free`
         page = free.popleft()
         self._ref[page] = 1
         state.pages.append(page)
@@ -309,7 +315,9 @@ class KVCacheManager:
         )
         return pages
 
-    def _plan_new(self, seq: Request, total: int, hits: list[int], *, watermark: bool) -> _Plan | None:
+    def _plan_new(
+        self, seq: Request, total: int, hits: list[int], *, watermark: bool
+    ) -> _Plan | None:
         page_size = self.page_size
         if self._is_contiguous:
             reserved = max(total, self._reserve(seq.total_len, self.max_model_len))
@@ -332,9 +340,9 @@ class KVCacheManager:
             needed = max(0, -(-total // page_size) - len(state.pages))
         else:
             needed = self._block_pages(seq, total, state.num_blocks, len(state.pages))
-        if cow and not self._fits(1, [], 0):
-            return None
-        if not self._fits(needed + (1 if cow and self._is_paged else 0), [], 0):
+        # The copy of a shared last page is the first page of the new block: one allocation.
+        needed += cow
+        if not self._fits(needed, [], 0):
             return None
         return _Plan([], needed, cow)
 
@@ -371,17 +379,17 @@ class KVCacheManager:
         ops = NO_OPS
         if state is None:
             state = self._take_hits(seq, plan.hit_pages)
-        if plan.cow:
-            ops = MemOps()
-            index = state.num_tokens // self.page_size
-            old = state.pages[index]
-            new = self._take_block(1)[0]
-            ops.copies.append((old, new))
-            self._ref[old] -= 1
-            self._num_dup_slots -= self._fill(index, state.num_tokens)
-            state.pages[index] = new
         if plan.num_block_pages:
-            state.pages.extend(self._take_block(plan.num_block_pages))
+            block = self._take_block(plan.num_block_pages)
+            if plan.cow:  # copy the shared, partly filled last page into the block's first page
+                index = state.num_tokens // self.page_size
+                old = state.pages[index]
+                ops = MemOps(copies=[(old, block[0])])
+                self._ref[old] -= 1
+                self._num_dup_slots -= self._fill(index, state.num_tokens)
+                state.pages[index] = block[0]
+                block = block[1:]
+            state.pages.extend(block)
             state.num_blocks += 1
         if total > state.num_tokens:
             self._num_live_slots += total - state.num_tokens
@@ -409,23 +417,25 @@ class KVCacheManager:
     def _take_block(self, num_pages: int) -> list[int]:
         """Take one block, evicting cached pages as needed (the plan made sure it fits)."""
         allocator = self.allocator
-        if self._is_paged:
-            for _ in range(num_pages - allocator.num_free_pages):
-                self._evict_one()
+        if self._is_paged and num_pages > allocator.num_free_pages:
+            self._evict(num_pages - allocator.num_free_pages)
         pages = allocator.allocate(num_pages)
         while pages is None:
-            self._evict_one()
+            self._evict(1)
             pages = allocator.allocate(num_pages)
         ref = self._ref
         for page in pages:
             ref[page] = 1
         return pages
 
-    def _evict_one(self) -> None:
-        page = self.evictor.pop_victim()
-        del self._cached[self._hash[page]]
-        self._hash[page] = None
-        self.allocator.release([page])
+    def _evict(self, num_pages: int) -> None:
+        """Drop the content of `num_pages` cached pages, in eviction order, and free them."""
+        pop, cached, page_hash = self.evictor.pop_victim, self._cached, self._hash
+        pages = [pop() for _ in range(num_pages)]
+        for page in pages:
+            del cached[page_hash[page]]
+            page_hash[page] = None
+        self.allocator.release(pages)
 
     def _register(self, seq: Request, state: _SeqState) -> None:
         """Put newly full prompt pages into the prefix cache."""
@@ -433,16 +443,16 @@ class KVCacheManager:
             return
         hashes = seq.page_hashes(self.page_size)
         num_full = min(len(hashes), state.num_tokens // self.page_size)
-        cached, page_hash, depth = self._cached, self._hash, self._depth
+        cached, page_hash, depth, pages = self._cached, self._hash, self._depth, state.pages
         for index in range(state.num_hashed, num_full):
             key = hashes[index]
-            if key in cached:
-                continue  # the same content is already cached in another page
-            page = state.pages[index]
-            cached[key] = page
-            page_hash[page] = key
-            depth[page] = index
-        state.num_hashed = max(state.num_hashed, num_full)
+            if key not in cached:  # else the same content is already cached in another page
+                page = pages[index]
+                cached[key] = page
+                page_hash[page] = key
+                depth[page] = index
+        if num_full > state.num_hashed:
+            state.num_hashed = num_full
 
     def _fast_limit(self, seq: Request, state: _SeqState) -> int:
         page_size = self.page_size
@@ -457,16 +467,18 @@ class KVCacheManager:
         return limit
 
     def _release(self, state: _SeqState) -> None:
-        """Drop one owner from each page; tail first, so LRU evicts a prompt's deepest pages first."""
-        ref, page_hash, evictor = self._ref, self._hash, self.evictor
+        """Drop one owner from each page, tail first (so LRU evicts deep prompt pages first)."""
+        ref, page_hash, depth, add = self._ref, self._hash, self._depth, self.evictor.add
+        pages = state.pages
         to_free: list[int] = []
-        for index in range(len(state.pages) - 1, -1, -1):
-            page = state.pages[index]
-            ref[page] -= 1
-            if ref[page] > 0:
+        for index in range(len(pages) - 1, -1, -1):
+            page = pages[index]
+            count = ref[page] - 1
+            ref[page] = count
+            if count > 0:
                 self._num_dup_slots -= self._fill(index, state.num_tokens)
             elif page_hash[page] is not None:
-                evictor.add(page, self._depth[page])
+                add(page, depth[page])
             else:
                 to_free.append(page)
         to_free.reverse()

@@ -102,8 +102,7 @@ class ScheduledRequest:
     def is_prefill(self) -> bool:
         """False only for a decode: one new token after all the others are in memory."""
         return not (
-            self.num_new_tokens == 1
-            and 0 < self.num_computed_tokens == self.request.num_tokens - 1
+            self.num_new_tokens == 1 and 0 < self.num_computed_tokens == self.request.num_tokens - 1
         )
 
     @property

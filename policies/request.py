@@ -111,15 +111,14 @@ class Request:
                 parent = xxhash.xxh3_64_intdigest(chunk, seed=parent)
                 hashes.append(parent)
         elif self.hash_ids is not None:
-            block = self.hash_block_size
-            for page in range(num_full_pages):
-                end = (page + 1) * page_size
-                block_index = (end - 1) // block
-                if block_index >= len(self.hash_ids):
-                    break
-                # an int key (not a tuple) keeps millions of cached keys out of the GC's way;
-                # negative so it never equals a token-id hash
-                key = -(((self.hash_ids[block_index] & _ID_MASK) << 20) | (end - block_index * block))
-                hashes.append(key - 1)
+            # Key of the prefix ending at token `end`: (block id, offset in block) packed in one
+            # negative int, so millions of cached keys stay out of the GC's way and never equal
+            # a token-id hash.
+            block, ids = self.hash_block_size, self.hash_ids
+            num_full_pages = min(num_full_pages, len(ids) * block // page_size)
+            hashes = [
+                -(((ids[(end - 1) // block] & _ID_MASK) << 20) | ((end - 1) % block + 1)) - 1
+                for end in range(page_size, (num_full_pages + 1) * page_size, page_size)
+            ]
         self._page_hashes = (page_size, hashes)
         return hashes

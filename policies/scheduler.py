@@ -221,6 +221,12 @@ class Scheduler:
                 num_new = step.budget
             request.num_computed_tokens = hit
             ops = manager.allocate(request, num_new)
+            if ops is None and hit and not running:
+                # Alone, a request always fits once every cached page is evictable; its own
+                # prefix hits pin pages and can fragment contiguous memory, so drop them.
+                request.num_computed_tokens = hit = 0
+                num_new = min(request.num_tokens, step.budget)
+                ops = manager.allocate(request, num_new)
             if ops is None:
                 request.num_computed_tokens = 0
                 break

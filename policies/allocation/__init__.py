@@ -35,5 +35,5 @@ class Allocator(Protocol):
         ...
 
     def num_unusable_free_pages(self) -> int:
-        """Free pages outside the largest block this allocator can hand out (external fragmentation)."""
+        """Free pages outside the largest block it can hand out (external fragmentation)."""
         ...

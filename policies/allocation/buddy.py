@@ -1,4 +1,4 @@
-"""Buddy allocation: power-of-two runs of pages, split on demand and merged with their buddy on free."""
+"""Buddy allocation: power-of-two runs of pages, split on demand, merged with their buddy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import heapq
 from kvlab.policies.registry import register
 
 
-@register("allocation", "buddy", help="power-of-two runs of contiguous pages, split and merged (buddy)")
+@register(
+    "allocation", "buddy", help="power-of-two runs of contiguous pages, split and merged (buddy)"
+)
 class BuddyAllocator:
     """Free blocks per order (a block of order k is 2^k pages aligned to 2^k).
 

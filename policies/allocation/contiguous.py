@@ -1,4 +1,4 @@
-"""Contiguous reservation (the pre-PagedAttention baseline): first-fit over the page address space."""
+"""Contiguous reservation (the pre-PagedAttention baseline): first-fit over the page addresses."""
 
 from __future__ import annotations
 
@@ -99,11 +99,13 @@ def reserve_max(total_len: int, max_model_len: int) -> int:
 
 @register("reserve", "pow2", help="contiguous: reserve the next power of two >= the real length")
 def reserve_pow2(total_len: int, max_model_len: int) -> int:
-    """Tokens reserved: the real total length rounded up to a power of two (at most max_model_len)."""
+    """Tokens reserved: the real total length rounded up to a power of two (<= max_model_len)."""
     return min(1 << max(total_len - 1, 0).bit_length(), max(max_model_len, total_len))
 
 
-@register("reserve", "oracle", help="contiguous: reserve exactly the real total length (Orca Oracle)")
+@register(
+    "reserve", "oracle", help="contiguous: reserve exactly the real total length (Orca Oracle)"
+)
 def reserve_oracle(total_len: int, max_model_len: int) -> int:
     """Tokens reserved: exactly prompt plus output, as if the future were known."""
     return total_len

@@ -7,9 +7,11 @@ from collections import deque
 from kvlab.policies.registry import register
 
 
-@register("allocation", "paged", help="fixed-size pages from a free list, anywhere in memory (vLLM)")
+@register(
+    "allocation", "paged", help="fixed-size pages from a free list, anywhere in memory (vLLM)"
+)
 class PagedAllocator:
-    """A FIFO free list of page ids: freed pages are reused last, so reuse order is deterministic."""
+    """A FIFO free list of page ids: freed pages are reused last, in a deterministic order."""
 
     __slots__ = ("free_list", "num_total_pages")
 

@@ -1,4 +1,4 @@
-"""Geometric block size: the k-th block of a sequence has 2^k pages (capped), fewer calls, more slack."""
+"""Geometric block size: the k-th block of a sequence has 2^k pages (capped)."""
 
 from __future__ import annotations
 

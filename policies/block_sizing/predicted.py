@@ -1,4 +1,4 @@
-"""Predicted block size: the first block covers the predicted total length, later ones a page each."""
+"""Predicted block size: the first block covers the predicted length, later ones a page each."""
 
 from __future__ import annotations
 

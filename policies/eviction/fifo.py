@@ -10,7 +10,7 @@ from kvlab.policies.registry import register
 class FIFOEviction:
     """Ordered by when a page's content was first cached (its registration number)."""
 
-    __slots__ = ("_heap", "_registered", "_next")
+    __slots__ = ("_heap", "_next", "_registered")
     caches = True
 
     def __init__(self) -> None:

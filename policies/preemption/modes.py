@@ -19,19 +19,20 @@ class PreemptionCosts(Protocol):
         ...
 
 
-register("preemption", "recompute", help="free the victim's pages; recompute its tokens later (vLLM)")(
-    "recompute"
-)
-register("preemption", "swap", help="copy the victim's pages to host memory; recompute if host is full")(
-    "swap"
-)
-register("preemption", "auto", help="swap when out-and-back transfer beats recomputation, else recompute")(
-    "auto"
-)
+register(
+    "preemption", "recompute", help="free the victim's pages; recompute its tokens later (vLLM)"
+)("recompute")
+register(
+    "preemption", "swap", help="copy the victim's pages to host memory; recompute if host is full"
+)("swap")
+register(
+    "preemption", "auto", help="swap when out-and-back transfer beats recomputation, else recompute"
+)("auto")
 
 
-def should_swap(mode: str, num_pages: int, num_transfers: int, num_tokens: int,
-                costs: PreemptionCosts | None) -> bool:
+def should_swap(
+    mode: str, num_pages: int, num_transfers: int, num_tokens: int, costs: PreemptionCosts | None
+) -> bool:
     """Whether a victim is swapped (True) or recomputed (False) under `mode`.
 
     `auto` compares the round trip (out and back in) with the recomputation; the manager refuses

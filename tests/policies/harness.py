@@ -21,7 +21,10 @@ class Harness:
 
     def __init__(self, spec: str, num_pages: int, max_model_len: int = 256, host_pages=None):
         self.manager = KVCacheManager(
-            spec, num_pages, max_model_len=max_model_len, num_host_pages=host_pages,
+            spec,
+            num_pages,
+            max_model_len=max_model_len,
+            num_host_pages=host_pages,
             costs=ShadowCost(),
         )
         self.page_size = self.manager.page_size
@@ -162,7 +165,9 @@ class Harness:
         assert usage.num_used_pages == len(owners)
         assert usage.num_live_token_slots == sum(live_slots.values())
         assert usage.num_internal_frag_slots == len(owners) * ps - sum(live_slots.values())
-        cached_free = [p for p in range(m.num_total_pages) if not owners.get(p) and m._hash[p] is not None]
+        cached_free = [
+            p for p in range(m.num_total_pages) if not owners.get(p) and m._hash[p] is not None
+        ]
         assert usage.num_cached_free_pages == len(cached_free)
         # a prefix-cache entry points at a page that holds exactly that content
         for key, page in m._cached.items():

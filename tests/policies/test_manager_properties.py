@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.policies import Request
@@ -55,8 +55,11 @@ def _run(data, spec: str, num_pages: int, host_pages, num_ops: int) -> Harness:
     h = Harness(spec, num_pages, MAX_MODEL_LEN, host_pages)
     next_id = 0
     for _ in range(num_ops):
-        op = data.draw(st.sampled_from(["add", "add", "grow", "grow", "grow", "free", "fork",
-                                        "swap_out", "swap_in"]))
+        op = data.draw(
+            st.sampled_from(
+                ["add", "add", "grow", "grow", "grow", "free", "fork", "swap_out", "swap_in"]
+            )
+        )
         live, swapped = list(h.live.values()), list(h.swapped.values())
         if op == "add":
             h.add(_new_request(data.draw, next_id))
@@ -70,8 +73,13 @@ def _run(data, spec: str, num_pages: int, host_pages, num_ops: int) -> Harness:
             h.free(data.draw(st.sampled_from(live + swapped)))
         elif op == "fork" and live:
             parent = data.draw(st.sampled_from(live))
-            child = Request(next_id, parent.prompt_len, parent.max_output_tokens,
-                            arrival_s=next_id, prompt_token_ids=parent.prompt_token_ids)
+            child = Request(
+                next_id,
+                parent.prompt_len,
+                parent.max_output_tokens,
+                arrival_s=next_id,
+                prompt_token_ids=parent.prompt_token_ids,
+            )
             next_id += 1
             child_content = {i: h.content(parent, i) for i in range(parent.num_computed_tokens)}
             h.fork(parent, child)
@@ -92,7 +100,6 @@ def _run(data, spec: str, num_pages: int, host_pages, num_ops: int) -> Harness:
     return h
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(memory=spec_and_memory(), data=st.data())
 def test_invariants_hold_after_every_operation(memory, data):
     spec, num_pages, host_pages = memory
@@ -106,7 +113,6 @@ def test_invariants_hold_after_every_operation(memory, data):
     assert usage.num_host_used_pages == 0
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(memory=spec_and_memory(), seed=st.integers(0, 2**32 - 1))
 def test_same_inputs_same_decisions(memory, seed):
     spec, num_pages, host_pages = memory
@@ -121,8 +127,9 @@ def test_same_inputs_same_decisions(memory, seed):
         for request_id in range(30):
             prompt = rng.randint(1, 40)
             ids = [rng.randint(0, 3) for _ in range(prompt)] if rng.random() < 0.5 else None
-            seq = Request(request_id, prompt, rng.randint(1, MAX_MODEL_LEN - prompt),
-                          prompt_token_ids=ids)
+            seq = Request(
+                request_id, prompt, rng.randint(1, MAX_MODEL_LEN - prompt), prompt_token_ids=ids
+            )
             h.add(seq)
             for live in list(h.live.values()):
                 if rng.random() < 0.5 and live.num_tokens < live.total_len:
