@@ -8,6 +8,7 @@ from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec, SchedulerConfig, parse_policy
+from kvlab.sim.calibrated import load_cost_model
 from kvlab.specs import (
     HardwareSpec,
     KVCapacity,
@@ -27,7 +28,8 @@ class SimConfig:
     `gpu_memory_utilization` of HBM minus weights and an activation reserve, as vLLM sizes it,
     unless `num_gpu_blocks_override` sets the page count. `max_model_len` defaults to the model's.
     `enable_prefix_caching` turns the policy's eviction `none` into `lru` (a policy naming its
-    eviction keeps it). `seed` is recorded with the result: the simulation itself has no
+    eviction keeps it). `cost_model` is the path of a calibrated cost model (`kvlab calibrate`)
+    used instead of the roofline. `seed` is recorded with the result: the simulation itself has no
     randomness (it shaped the trace's arrivals).
     """
 
@@ -42,6 +44,7 @@ class SimConfig:
     num_gpu_blocks_override: int | None = None
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
+    cost_model: str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -93,6 +96,8 @@ class SimConfig:
         """Raise a KvlabError naming the flag of the first bad setting, before any work."""
         self.scheduler_config()
         self.kv_capacity()
+        if self.cost_model is not None:
+            load_cost_model(self.cost_model)
 
     def kv_capacity(self) -> KVCapacity:
         """The KV cache of one device for this config's policy page size."""
@@ -106,9 +111,12 @@ class SimConfig:
         )
 
     def metadata(self) -> dict[str, Any]:
-        """The config as saved with a result (JSON-ready; names, not specs)."""
+        """The config as saved with a result (JSON-ready; names, not specs); `cost_model` only
+        when a calibrated one is named (the roofline's results keep their keys)."""
         policy = self.effective_policy()
+        calibrated = {} if self.cost_model is None else {"cost_model": self.cost_model}
         return {
+            **calibrated,
             "policy": policy.to_string(),
             "policy_json": policy.to_json(),
             "model": self.model_spec().name,

@@ -14,6 +14,7 @@ from kvlab.metrics import RunResult
 from kvlab.policies import ArrivalQueue, KVCacheManager, PolicySpec, Request, Scheduler
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.sim.arrivals import arrival_process
+from kvlab.sim.calibrated import load_cost_model
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel, RooflineCostModel
 from kvlab.sim.instance import SimInstance
@@ -32,9 +33,10 @@ def simulate(
 ) -> RunResult:
     """Run every request of `trace` to completion (or failure) and collect the run's records.
 
-    `cost_model` times every step and memory transfer; it defaults to the roofline of the config's
-    model and hardware. `preemption_costs` answers the manager's swap-versus-recompute question
-    under preemption=auto (default: `cost_model`; a replay of measured step durations passes the
+    `cost_model` times every step and memory transfer; it defaults to the calibrated model the
+    config names (`SimConfig.cost_model`), else the roofline of the config's model and hardware.
+    `preemption_costs` answers the manager's swap-versus-recompute question under
+    preemption=auto (default: `cost_model`; a replay of measured step durations passes the
     engine's measured costs here). `progress` shows a tqdm bar of finished requests on stderr.
     """
     simulation = Simulation(trace, config, cost_model=cost_model, preemption_costs=preemption_costs)
@@ -60,6 +62,8 @@ class Simulation:
         self.config = config
         self.policy = config.effective_policy()
         self.capacity = config.kv_capacity()
+        if cost_model is None and config.cost_model is not None:
+            cost_model = load_cost_model(config.cost_model)
         if cost_model is None:
             cost_model = RooflineCostModel(
                 config.model_spec(),

@@ -100,6 +100,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV pages per device, whatever the memory says",
     )
     machine.add_argument(
+        "--cost-model",
+        default=None,
+        metavar="FILE",
+        help="calibrated cost model from `kvlab calibrate` (default: the roofline of "
+        "--model and --hardware)",
+    )
+    machine.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -223,6 +230,7 @@ def _config(args: argparse.Namespace, spec_text: str) -> SimConfig:
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
+        cost_model=args.cost_model,
         seed=args.seed,
     )
 

@@ -1,0 +1,268 @@
+"""Fit the simulator's cost model to the per-step profiles `kvlab run --save-result` writes.
+
+Two least-squares fits with non-negative coefficients (a negative cost per token is noise, not
+physics, and would make the simulator's clock run backwards on some shapes):
+
+1. the forward pass, on the steps with no memory work: measured `wall_time_s` against a constant
+   (the fixed per-step overhead), prefill tokens, decode tokens, context tokens read by attention,
+   the prefill chunks' (query, key) pairs and the batch size;
+2. the memory work, on the steps that swapped or copied pages: what fit 1 does not explain of
+   their measured time, against swap transfers, swapped pages and copied pages.
+
+Fitting the swap part apart keeps a handful of swap steps from bending the forward-pass
+coefficients. Non-negativity comes from `nnls`, a small Lawson-Hanson active-set solver over
+numpy's lstsq (scipy is not a dependency). Torch-free: numpy and pandas only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvlab.errors import KvlabError
+from kvlab.sim.calibrated import CalibratedCostModel
+
+STEP_FEATURES = (
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_context_tokens",
+    "num_attention_pairs",
+    "num_seqs",
+)
+STEP_COEFFICIENTS = (
+    "step_overhead_s",
+    "prefill_token_s",
+    "decode_token_s",
+    "context_token_s",
+    "attention_pair_s",
+    "seq_s",
+)
+MEMORY_COEFFICIENTS = ("swap_transfer_s", "swap_page_s", "copy_page_s")
+MEMORY_COLUMNS = (
+    "num_swap_out_pages",
+    "num_swap_in_pages",
+    "num_swap_out_transfers",
+    "num_swap_in_transfers",
+    "num_copied_pages",
+)
+TIME_COLUMN = "wall_time_s"
+REQUIRED_COLUMNS = (TIME_COLUMN, *STEP_FEATURES, *MEMORY_COLUMNS)
+
+
+@dataclass(slots=True, frozen=True)
+class FitQuality:
+    """How well a cost model reproduces measured steps.
+
+    `r2`: 1 - residual / total sum of squares of step times; `mape_perc`: mean of
+    |predicted - measured| / measured over steps, in percent; `total_error_perc`: (sum of
+    predicted - sum of measured) / sum of measured, in percent, the error a run's duration
+    and throughput inherit.
+    """
+
+    num_steps: int
+    r2: float
+    mape_perc: float
+    total_error_perc: float
+
+
+def nnls(a: np.ndarray, b: np.ndarray, *, max_iter: int | None = None) -> np.ndarray:
+    """x >= 0 minimising ||a x - b||_2 (Lawson and Hanson's active-set method).
+
+    Each outer step frees the variable with the largest gradient; the inner loop solves the
+    unconstrained least squares on the free set with lstsq and steps back to the boundary
+    whenever a free variable would turn negative.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    num_vars = a.shape[1]
+    x = np.zeros(num_vars)
+    free = np.zeros(num_vars, dtype=bool)
+    tolerance = 10 * np.finfo(np.float64).eps * np.linalg.norm(a, 1) * max(a.shape)
+    for _ in range(max_iter or 3 * num_vars):
+        gradient = a.T @ (b - a @ x)
+        candidates = ~free & (gradient > tolerance)
+        if not candidates.any():
+            break
+        free[np.argmax(np.where(candidates, gradient, -np.inf))] = True
+        while True:
+            z = np.zeros(num_vars)
+            z[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+            if (z[free] > 0).all():
+                x = z
+                break
+            # Step from x towards z as far as feasibility allows, then fix the zeros.
+            blocking = free & (z <= 0)
+            alpha = np.min(x[blocking] / (x[blocking] - z[blocking]))
+            x = x + alpha * (z - x)
+            free &= x > tolerance
+            x[~free] = 0.0
+    return x
+
+
+def _scaled_nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """nnls on columns scaled to unit maximum (token counts and attention pairs differ by
+    orders of magnitude); all-zero columns get a zero coefficient."""
+    scale = np.abs(features).max(axis=0) if features.size else np.zeros(features.shape[1])
+    used = scale > 0
+    coefficients = np.zeros(features.shape[1])
+    if used.any() and target.size:
+        scaled = features[:, used] / scale[used]
+        coefficients[used] = nnls(scaled, target) / scale[used]
+    return coefficients
+
+
+def step_features(profile: pd.DataFrame) -> np.ndarray:
+    """The forward-pass design matrix: a column of ones, then STEP_FEATURES."""
+    ones = np.ones((len(profile), 1))
+    return np.hstack([ones, profile[list(STEP_FEATURES)].to_numpy(dtype=np.float64)])
+
+
+def memory_features(profile: pd.DataFrame) -> np.ndarray:
+    """The memory-work design matrix: swap transfers, swapped pages, copied pages."""
+    transfers = profile["num_swap_out_transfers"] + profile["num_swap_in_transfers"]
+    pages = profile["num_swap_out_pages"] + profile["num_swap_in_pages"]
+    return np.column_stack([transfers, pages, profile["num_copied_pages"]]).astype(np.float64)
+
+
+def predict(model: CalibratedCostModel, profile: pd.DataFrame) -> np.ndarray:
+    """The model's time for every step of a profile, memory work included (as the simulator
+    charges it: swap out and in over the link, copies, then the forward pass)."""
+    c = model.coefficients()
+    step = step_features(profile) @ np.array([c[name] for name in STEP_COEFFICIENTS])
+    memory = memory_features(profile) @ np.array([c[name] for name in MEMORY_COEFFICIENTS])
+    return step + memory
+
+
+def fit_quality(model: CalibratedCostModel, profile: pd.DataFrame) -> FitQuality:
+    """R^2, per-step MAPE and total-time error of `model` on a profile's measured steps."""
+    measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
+    predicted = predict(model, profile)
+    if measured.size == 0:
+        return FitQuality(0, float("nan"), float("nan"), float("nan"))
+    residual = float(np.sum((measured - predicted) ** 2))
+    spread = float(np.sum((measured - measured.mean()) ** 2))
+    positive = measured > 0
+    mape = float(np.mean(np.abs(predicted - measured)[positive] / measured[positive]))
+    total = float(measured.sum())
+    return FitQuality(
+        num_steps=int(measured.size),
+        r2=1.0 - residual / spread if spread > 0 else float("nan"),
+        mape_perc=100.0 * mape,
+        total_error_perc=100.0 * (float(predicted.sum()) - total) / total if total else 0.0,
+    )
+
+
+def fit_cost_model(
+    profile: pd.DataFrame, *, sources: Sequence[str] = (), skip_first_steps: int = 0
+) -> CalibratedCostModel:
+    """Fit a CalibratedCostModel to a step profile (see the module docstring).
+
+    `skip_first_steps` drops that many leading rows of each source profile before fitting (a
+    fresh engine's first forward pays one-off allocations); rows are told apart by a `source`
+    column when `load_profiles` added one. Raises KvlabError when no step without memory work
+    is left to fit.
+    """
+    _check_columns(profile, "profile")
+    if skip_first_steps:
+        groups = profile.groupby("source", sort=False) if "source" in profile else [(None, profile)]
+        profile = pd.concat([rows.iloc[skip_first_steps:] for _, rows in groups])
+    memory = memory_features(profile)
+    has_memory_work = memory.sum(axis=1) > 0
+    plain = profile[~has_memory_work]
+    if plain.empty:
+        raise KvlabError(
+            "the profile has no step without swaps or page copies to fit the forward pass on; "
+            "calibrate on a run with more steps"
+        )
+    measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
+    step = _scaled_nnls(step_features(plain), measured[~has_memory_work])
+    # What the forward pass does not explain of a swapping step is its memory work.
+    leftover = measured[has_memory_work] - step_features(profile[has_memory_work]) @ step
+    mem = _scaled_nnls(memory[has_memory_work], leftover)
+    coefficients = dict(zip(STEP_COEFFICIENTS, step.tolist(), strict=True))
+    coefficients.update(zip(MEMORY_COEFFICIENTS, mem.tolist(), strict=True))
+    model = CalibratedCostModel(**coefficients)
+    quality = fit_quality(model, profile)
+    fit = {
+        "sources": list(sources),
+        "num_steps": quality.num_steps,
+        "num_memory_steps": int(has_memory_work.sum()),
+        "skip_first_steps": skip_first_steps,
+        "r2": _finite_or_none(quality.r2),
+        "mape_perc": _finite_or_none(quality.mape_perc),
+        "total_error_perc": _finite_or_none(quality.total_error_perc),
+    }
+    return CalibratedCostModel(**coefficients, fit=fit)
+
+
+def _finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: an undefined figure (one step, constant times) is saved as null."""
+    return value if np.isfinite(value) else None
+
+
+def load_profiles(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """Concatenate step profiles (`<stem>.steps.csv` or `.parquet` from `kvlab run`), with a
+    `source` column naming each row's file. Raises KvlabError naming a bad file."""
+    if not paths:
+        raise KvlabError("give at least one step profile (a <stem>.steps.csv from kvlab run)")
+    frames = []
+    for path in map(Path, paths):
+        frame = _read_profile(path)
+        _check_columns(frame, str(path))
+        frames.append(frame.assign(source=str(path)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_profile(path: Path) -> pd.DataFrame:
+    if path.name.endswith(".json"):
+        raise KvlabError(
+            f"{path}: a summary file; give its step profile instead "
+            f"({path.name[: -len('.json')]}.steps.csv or .parquet beside it)"
+        )
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        return pd.read_csv(path)
+    except FileNotFoundError:
+        raise KvlabError(f"{path}: no such step profile") from None
+    except (OSError, ValueError, ImportError) as exc:
+        raise KvlabError(f"{path}: cannot read it as a step profile ({exc})") from exc
+
+
+def _check_columns(frame: pd.DataFrame, where: str) -> None:
+    missing = [name for name in REQUIRED_COLUMNS if name not in frame.columns]
+    if missing:
+        raise KvlabError(
+            f"{where}: missing column(s) {', '.join(missing)}; expected a per-step profile "
+            "as `kvlab run --save-result` writes (<stem>.steps.csv)"
+        )
+    bad = [name for name in REQUIRED_COLUMNS if not pd.api.types.is_numeric_dtype(frame[name])]
+    if bad:
+        raise KvlabError(f"{where}: column {bad[0]} holds non-numbers; expected numbers")
+
+
+def format_fit(model: CalibratedCostModel) -> str:
+    """The coefficients and fit quality as printed by `kvlab calibrate`."""
+    units = {"attention_pair_s": 1e9}
+    lines = ["Cost-model coefficients"]
+    for name, value in model.coefficients().items():
+        scale, unit = (1e9, "ns") if name in units else (1e6, "us")
+        label = name.removesuffix("_s") + f" ({unit}):"
+        lines.append(f"{label:<40}{value * scale:<10.4f}")
+    fit = model.fit
+    if fit:
+        lines.append("Fit quality")
+        lines.append(f"{'Steps (with swaps/copies):':<40}{fit['num_steps']} "
+                     f"({fit['num_memory_steps']})")
+        for label, key in (
+            ("R^2:", "r2"),
+            ("Per-step MAPE (%):", "mape_perc"),
+            ("Total-time error (%):", "total_error_perc"),
+        ):
+            value = fit[key]
+            lines.append(f"{label:<40}{'n/a' if value is None else f'{value:.4f}':<10}")
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""A cost model fitted to an engine's measured per-step profile (`kvlab calibrate` writes it,
+`kvlab sim --cost-model FILE` and `kvlab validate` read it).
+
+A step costs a fixed overhead plus a linear term in each of the step's counts:
+
+    step_s = overhead + prefill_token x num_prefill_tokens + decode_token x num_decode_tokens
+             + context_token x num_context_tokens + attention_pair x num_attention_pairs
+             + seq x num_seqs
+
+and its memory work (executed before the forward pass, on the same stream) costs
+`swap_transfer_s` per separate copy plus `swap_page_s` per page moved either way, and
+`copy_page_s` per page copied on the device. All coefficients are seconds and non-negative.
+Torch-free: the file is plain JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from kvlab.errors import KvlabError
+from kvlab.sim.cost_model import StepShape, StepShapeLike
+
+FORMAT = "kvlab-calibrated-cost-model"
+FORMAT_VERSION = 1
+
+
+@dataclass(slots=True, frozen=True)
+class CalibratedCostModel:
+    """Step, swap, copy and recompute times from coefficients fitted to measured steps.
+
+    `fit` holds how the coefficients were obtained (profiles, number of steps, R^2, MAPE); it
+    is saved with them and never changes a time.
+    """
+
+    step_overhead_s: float = 0.0
+    prefill_token_s: float = 0.0
+    decode_token_s: float = 0.0
+    context_token_s: float = 0.0
+    attention_pair_s: float = 0.0
+    seq_s: float = 0.0
+    swap_transfer_s: float = 0.0
+    swap_page_s: float = 0.0
+    copy_page_s: float = 0.0
+    fit: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def step_time_s(self, shape: StepShapeLike) -> float:
+        """One engine step's forward pass; the overhead is paid even by a step that only
+        preempts or swaps (the engine still schedules and launches it)."""
+        return (
+            self.step_overhead_s
+            + self.prefill_token_s * shape.num_prefill_tokens
+            + self.decode_token_s * shape.num_decode_tokens
+            + self.context_token_s * shape.num_context_tokens
+            + self.attention_pair_s * shape.num_attention_pairs
+            + self.seq_s * shape.num_seqs
+        )
+
+    def swap_time_s(self, num_pages: int, num_transfers: int) -> float:
+        """Moving num_pages pages in num_transfers separate copies, one way."""
+        return num_transfers * self.swap_transfer_s + num_pages * self.swap_page_s
+
+    def copy_time_s(self, num_pages: int) -> float:
+        """Copying num_pages pages on the device."""
+        return num_pages * self.copy_page_s
+
+    def recompute_time_s(self, num_tokens: int) -> float:
+        """One sequence's prefill of num_tokens tokens from scratch, causal attention."""
+        if num_tokens <= 0:
+            return 0.0
+        shape = StepShape(
+            num_prefill_tokens=num_tokens,
+            num_context_tokens=num_tokens,
+            num_seqs=1,
+            num_attention_pairs=num_tokens * (num_tokens + 1) // 2,
+        )
+        return self.step_time_s(shape)
+
+    def coefficients(self) -> dict[str, float]:
+        """The coefficients by name, in seconds (everything but `fit`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fit"}
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document `save` writes and `from_json` reads."""
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "coefficients": self.coefficients(),
+            "fit": self.fit,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "cost model") -> CalibratedCostModel:
+        """Parse `to_json`'s document; raises KvlabError naming `where` when it is not one."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise KvlabError(
+                f"{where}: not a calibrated cost model (expected a JSON object with "
+                f'"format": "{FORMAT}", as `kvlab calibrate -o FILE` writes)'
+            )
+        coefficients = data.get("coefficients")
+        names = {f.name for f in fields(cls)} - {"fit"}
+        if not isinstance(coefficients, dict):
+            raise KvlabError(f'{where}: "coefficients" is missing or not an object')
+        unknown = sorted(set(coefficients) - names)
+        if unknown:
+            raise KvlabError(
+                f"{where}: unknown coefficient {unknown[0]!r}; expected {', '.join(sorted(names))}"
+            )
+        values = {}
+        for name, value in coefficients.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise KvlabError(f"{where}: coefficient {name} is {value!r}, expected a number")
+            if not math.isfinite(value) or value < 0:
+                raise KvlabError(
+                    f"{where}: coefficient {name} is {value}, expected a finite number >= 0"
+                )
+            values[name] = float(value)
+        fit = data.get("fit", {})
+        return cls(**values, fit=fit if isinstance(fit, dict) else {})
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model as JSON to `path` (parents created); raises KvlabError on failure."""
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise KvlabError(f"cannot write cost model {path}: {exc.strerror or exc}") from exc
+        return path
+
+
+def load_cost_model(path: str | Path) -> CalibratedCostModel:
+    """Read a cost model `kvlab calibrate` wrote; a missing or malformed file is a KvlabError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KvlabError(f"--cost-model {path}: cannot read it ({exc.strerror or exc})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KvlabError(
+            f"--cost-model {path}: line {exc.lineno}, column {exc.colno}: not valid JSON "
+            f"({exc.msg})"
+        ) from exc
+    return CalibratedCostModel.from_json(data, where=f"--cost-model {path}")
+
