@@ -1,0 +1,21 @@
+"""Entry script of the kvlab policy explorer (`kvlab dashboard` runs it with Streamlit).
+
+The sidebar (workload and machine) is drawn here, before the page, so every page simulates the
+same setup and its widgets keep their values when the page changes.
+"""
+
+import streamlit as st
+
+from kvlab.dashboard.widgets import sidebar_setup
+
+st.set_page_config(page_title="kvlab policy explorer", page_icon=":material/memory:",
+                   layout="wide")
+PAGES = [
+    st.Page("explore.py", title="Explore", icon=":material/insights:", default=True),
+    st.Page("compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page("sweep.py", title="Sweep", icon=":material/grid_on:"),
+    st.Page("validate.py", title="Validate", icon=":material/fact_check:"),
+]
+page = st.navigation(PAGES)
+sidebar_setup()
+page.run()

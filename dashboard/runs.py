@@ -1,0 +1,158 @@
+"""Simulated runs as the pages show them (`RunView`), sweeps over a grid, validate results."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from kvlab.dashboard.workload import Setup, load_setup_trace
+from kvlab.errors import KvlabError
+from kvlab.metrics import per_request_table, per_step_table, summarize
+from kvlab.policies import PolicySpec
+from kvlab.sim import simulate
+from kvlab.traces import Trace
+
+PERCENTILES = (50, 90, 99)
+HEADLINE = (
+    ("request_throughput", "requests/s", "{:.2f}"),
+    ("output_throughput", "output tok/s", "{:,.0f}"),
+    ("mean_ttft_ms", "mean TTFT (ms)", "{:,.1f}"),
+    ("p99_ttft_ms", "P99 TTFT (ms)", "{:,.1f}"),
+    ("mean_tpot_ms", "mean TPOT (ms)", "{:,.1f}"),
+    ("num_preemptions", "preemptions", "{:,}"),
+    ("mean_kv_usage_perc", "mean KV usage", "{:.1f}%"),
+    ("kv_token_state_perc", "KV holding tokens", "{:.1f}%"),
+)
+# Parameters a sweep can vary: name -> (where it lives, how a typed value is read)
+SWEEP_PARAMETERS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "block_size": ("policy", int),
+    "watermark": ("policy", float),
+    "request_rate": ("setup", float),
+    "time_scale": ("setup", float),
+    "max_num_seqs": ("setup", int),
+    "max_num_batched_tokens": ("setup", int),
+    "tensor_parallel_size": ("setup", int),
+    "gpu_memory_utilization": ("setup", float),
+}
+
+
+@dataclass(slots=True)
+class RunView:
+    """One simulated run as tables: the summary, one row per engine step, one per request."""
+
+    summary: dict[str, Any]
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+
+
+def run_view(trace: Trace, setup: Setup, policy: PolicySpec | str,
+             goodput_slos: dict[str, float] | None = None) -> RunView:
+    """Simulate `trace` on the setup's machine under `policy` and tabulate the result."""
+    result = simulate(trace, setup.config(policy))
+    summary = summarize(result, percentile_metrics=("ttft", "tpot", "itl", "e2el"),
+                        metric_percentiles=PERCENTILES, goodput_slos=goodput_slos or None)
+    return RunView(summary, per_step_table(result), per_request_table(result))
+
+
+def summary_table(views: Sequence[RunView], labels: Sequence[str]) -> pd.DataFrame:
+    """One row per run: its label, then every scalar summary key."""
+    rows = []
+    for label, view in zip(labels, views, strict=True):
+        scalars = {k: v for k, v in view.summary.items() if not isinstance(v, (dict, list))}
+        rows.append({"label": label, **scalars})
+    return pd.DataFrame(rows)
+
+
+def best_run(table: pd.DataFrame, metric: str = "request_goodput") -> str | None:
+    """The label of the run with the highest `metric` (ties: the first); None with no goodput."""
+    if metric not in table or not (table[metric] > 0).any():
+        return None
+    return str(table.loc[table[metric].idxmax(), "label"])
+
+
+def parse_values(name: str, text: str) -> list[Any]:
+    """The comma-separated values of sweep parameter `name`, e.g. '8, 16, 32' for block_size."""
+    if name not in SWEEP_PARAMETERS:
+        raise KvlabError(f"cannot sweep {name!r}; choose from {', '.join(SWEEP_PARAMETERS)}")
+    kind = SWEEP_PARAMETERS[name][1]
+    values = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            values.append(kind(item))
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise KvlabError(f"{name} values: {item!r} is not {what}") from None
+    if not values:
+        raise KvlabError(f"{name} values: give at least one, comma-separated, e.g. 8,16,32")
+    return values
+
+
+def sweep(setup: Setup, policy: PolicySpec, x: str, x_values: Sequence[Any], y: str | None,
+          y_values: Sequence[Any], *, goodput_slos: dict[str, float] | None = None,
+          on_point: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Simulate every point of the grid x_values (x y_values) and return one summary row each.
+
+    `on_point(done, total)` is called after each point (progress bars).
+    """
+    points = [(vx, vy) for vy in (y_values if y else [None]) for vx in x_values]
+    rows = []
+    for index, (vx, vy) in enumerate(points):
+        point_setup, point_policy = setup, policy
+        for name, value in ((x, vx), (y, vy)):
+            if name is None:
+                continue
+            if SWEEP_PARAMETERS[name][0] == "policy":
+                point_policy = point_policy.with_options(**{name: value})
+            else:
+                point_setup = point_setup.with_value(name, value)
+        trace = load_setup_trace(point_setup)
+        summary = run_view(trace, point_setup, point_policy, goodput_slos).summary
+        row = {x: vx, **({y: vy} if y else {})}
+        row.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+        rows.append(row)
+        if on_point is not None:
+            on_point(index + 1, len(points))
+    return pd.DataFrame(rows)
+
+
+def numeric_metrics(table: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
+    """Columns of a summary table that hold numbers and are not parameters."""
+    return [c for c in table.columns
+            if c not in exclude and pd.api.types.is_numeric_dtype(table[c])
+            and not pd.api.types.is_bool_dtype(table[c])]
+
+
+def load_validate_result(name: str, data: bytes) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The metrics table (metric, sim, engine, rel_error) and the other top-level fields of a
+    `kvlab validate` result JSON; a KvlabError names what is missing or malformed."""
+    try:
+        result = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise KvlabError(f"{name} is not a JSON file: {err}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("metrics"), dict):
+        raise KvlabError(f"{name}: expected a kvlab validate result, a JSON object with "
+                         '"metrics": {NAME: {"sim": x, "engine": y, "rel_error": e}}')
+    rows = []
+    for metric, entry in result["metrics"].items():
+        if not isinstance(entry, dict):
+            raise KvlabError(f"{name}: metrics.{metric} is {entry!r}; expected an object with "
+                             "sim, engine and rel_error")
+        row: dict[str, Any] = {"metric": metric}
+        for field in ("sim", "engine", "rel_error"):
+            value = entry.get(field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise KvlabError(f"{name}: metrics.{metric}.{field} is {value!r}; "
+                                 "expected a number")
+            row[field] = float(value)
+        rows.append(row)
+    if not rows:
+        raise KvlabError(f"{name}: \"metrics\" is empty; nothing to compare")
+    table = pd.DataFrame(rows)
+    table = table[table[["sim", "engine", "rel_error"]].map(math.isfinite).all(axis=1)]
+    info = {k: v for k, v in result.items() if k != "metrics"}
+    return table.reset_index(drop=True), info

@@ -1,0 +1,78 @@
+"""Sweep page: a grid over one or two parameters, shown as a heatmap of a chosen metric."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from kvlab.dashboard import figures
+from kvlab.dashboard.runs import SWEEP_PARAMETERS, numeric_metrics, parse_values, sweep
+from kvlab.dashboard.widgets import chart, current_setup, table, user_errors
+from kvlab.dashboard.workload import Setup
+from kvlab.errors import KvlabError
+from kvlab.policies import parse_policy
+
+RESULT = "sweep_result"
+NONE = "(none)"
+DEFAULT_VALUES = {"block_size": "8,16,32", "request_rate": "2,4,8", "time_scale": "1,2,4",
+                  "watermark": "0,0.01,0.05", "max_num_seqs": "64,128,256",
+                  "max_num_batched_tokens": "2048,4096,8192", "tensor_parallel_size": "1,2,4",
+                  "gpu_memory_utilization": "0.5,0.7,0.9"}
+MAX_POINTS = 64
+
+
+def main() -> None:
+    """Render the Sweep page."""
+    st.title("kvlab · Sweep parameters")
+    setup = current_setup()
+    policy_text = st.text_input("Base policy", "paged", key="sweep_policy",
+                                help="the swept parameters override it")
+    names = list(SWEEP_PARAMETERS)
+    cols = st.columns(2)
+    x = cols[0].selectbox("X parameter", names, index=names.index("block_size"), key="sweep_x")
+    x_text = cols[0].text_input("X values", DEFAULT_VALUES[x], key=f"sweep_x_values_{x}")
+    y_name = cols[1].selectbox("Y parameter", [NONE, *names], index=names.index("request_rate")
+                               + 1, key="sweep_y")
+    y = None if y_name == NONE else y_name
+    y_text = cols[1].text_input("Y values", DEFAULT_VALUES[y], key=f"sweep_y_values_{y}") \
+        if y else ""
+    st.caption("request_rate resamples arrivals as Poisson; the other setup fields come from "
+               "the sidebar.")
+    clicked = st.button("Run", key="sweep_run", type="primary")
+    if clicked:
+        with user_errors():
+            grid = _run(setup, policy_text, x, x_text, y, y_text)
+        st.session_state[RESULT] = (x, y, grid)
+    if RESULT not in st.session_state:
+        st.info("Press **Run** to simulate every point of the grid.")
+        return
+    x, y, grid = st.session_state[RESULT]
+    metrics = numeric_metrics(grid, exclude=[x, *([y] if y else [])])
+    default = metrics.index("request_throughput") if "request_throughput" in metrics else 0
+    metric = st.selectbox("Metric", metrics, index=default, key="sweep_metric")
+    chart(figures.heatmap_figure(grid, x, y, metric), "sweep_heatmap")
+    table(grid, "sweep_table")
+
+
+def _run(setup: Setup, policy_text: str, x: str, x_text: str, y: str | None,
+         y_text: str) -> pd.DataFrame:
+    """Check the grid, then simulate it with a progress bar."""
+    policy = parse_policy(policy_text)
+    x_values = parse_values(x, x_text)
+    y_values = parse_values(y, y_text) if y else []
+    if y == x:
+        raise KvlabError(f"X and Y are both {x}; choose two different parameters or Y (none)")
+    num_points = len(x_values) * max(len(y_values), 1)
+    if num_points > MAX_POINTS:
+        raise KvlabError(f"the grid has {num_points} points; the dashboard runs at most "
+                         f"{MAX_POINTS} (use kvlab sweep for larger grids)")
+    bar = st.progress(0.0, text=f"0 of {num_points} points")
+    grid = sweep(setup, policy, x, x_values, y, y_values,
+                 on_point=lambda done, total: bar.progress(done / total,
+                                                           text=f"{done} of {total} points"))
+    bar.empty()
+    return grid
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Validate page: a `kvlab validate` result, simulator and engine overlaid metric by metric."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from kvlab.dashboard import figures
+from kvlab.dashboard.runs import load_validate_result
+from kvlab.dashboard.widgets import chart, table, user_errors
+from kvlab.errors import KvlabError
+
+
+def main() -> None:
+    """Render the Validate page."""
+    st.title("kvlab · Validate the simulator")
+    st.caption("Load the JSON that `kvlab validate` writes: per metric, the simulator's value, "
+               "the engine's and the relative error.")
+    upload = st.file_uploader("Validate result (.json)", key="validate_upload")
+    path_text = st.text_input("…or its path on this machine", key="validate_path").strip()
+    if upload is not None:
+        name, data = upload.name, upload.getvalue()
+    elif path_text:
+        path = Path(path_text).expanduser()
+        with user_errors():
+            if not path.is_file():
+                raise KvlabError(f"{path}: no such file; expected a kvlab validate result JSON")
+            name, data = path.name, path.read_bytes()
+    else:
+        st.info("Upload a result or type its path.")
+        return
+    with user_errors():
+        metrics, info = load_validate_result(name, data)
+    lockstep = info.get("lockstep_identical")
+    if lockstep is True:
+        st.success("Lockstep replay: every scheduling decision of the simulator matched the "
+                   "engine's.")
+    elif lockstep is False:
+        st.error("Lockstep replay: the simulator's decisions differed from the engine's (a bug "
+                 "in one of them).")
+    worst = metrics.loc[metrics["rel_error"].abs().idxmax()]
+    st.metric("Largest relative error", f"{100 * worst['rel_error']:.1f}%", help=worst["metric"])
+    scatter, errors = figures.validate_figures(metrics)
+    left, right = st.columns(2)
+    with left:
+        chart(scatter, "validate_scatter")
+    with right:
+        chart(errors, "validate_errors")
+    table(metrics, "validate_metrics")
+    scalars = {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}
+    if scalars:
+        st.json(scalars, expanded=False)
+
+
+if __name__ == "__main__":
+    main()

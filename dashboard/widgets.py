@@ -1,0 +1,173 @@
+"""Streamlit pieces the pages share: the sidebar setup, the policy editor, cached runs, charts
+and tables with downloads, and the guard that turns user mistakes into messages."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from kvlab.dashboard.pagemap import PageMap, page_map_at
+from kvlab.dashboard.runs import RunView, run_view
+from kvlab.dashboard.workload import DEFAULT_TRACE, Setup, load_setup_trace
+from kvlab.errors import KvlabError
+from kvlab.policies import PolicySpec, registry
+from kvlab.specs import list_hardware, list_models
+from kvlab.traces import DATASET_NAMES, Trace, bundled_traces
+
+UPLOAD = "upload a file"
+LOCAL_PATH = "a file on this machine"
+SETUP_STATE = "kvlab_setup"
+DEFAULT_POLICY = PolicySpec()
+FAMILIES = (("block_sizing", "block sizing"), ("eviction", "eviction"),
+            ("preemption", "preemption"), ("victim", "preemption victim"))
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Show a KvlabError as an error message and stop the page (no traceback)."""
+    try:
+        yield
+    except KvlabError as err:
+        st.error(str(err))
+        st.stop()
+
+
+def sidebar_setup() -> Setup:
+    """The workload and machine widgets (sidebar of every page); remembers the result."""
+    side = st.sidebar
+    side.header("Workload")
+    names = [*bundled_traces(), UPLOAD, LOCAL_PATH]
+    source = side.selectbox("Trace", names, index=names.index(DEFAULT_TRACE), key="trace",
+                            help="a bundled excerpt of a real trace, or your own file")
+    upload, name, dataset = None, source, "auto"
+    if source in (UPLOAD, LOCAL_PATH):
+        dataset = side.selectbox("Format", ["auto", *DATASET_NAMES[:-1]], key="trace_format",
+                                 help="auto: .jsonl Mooncake, .json ShareGPT, .csv by its header")
+        name, upload = _trace_file(source)
+    num_prompts = side.number_input("Requests (first N)", 1, 100_000, 1000, key="num_prompts")
+    arrivals = side.radio("Arrivals", ["replay timestamps", "Poisson at a rate"], key="arrivals",
+                          horizontal=True)
+    rate, scale = math.inf, 1.0
+    if arrivals == "replay timestamps":
+        scale = side.number_input("Time scale (x faster)", 0.01, 1000.0, 1.0, key="time_scale")
+    else:
+        rate = side.number_input("Request rate (req/s)", 0.01, 10_000.0, 4.0, key="request_rate")
+    side.header("Machine")
+    models, hardware = list(list_models()), list(list_hardware())
+    model = side.selectbox("Model", models, index=models.index("llama-2-7b"), key="model")
+    device = side.selectbox("Hardware", hardware, index=hardware.index("a100-80g"),
+                            key="hardware")
+    tp = side.number_input("Tensor-parallel size", 1, 64, 1, key="tp")
+    with side.expander("Scheduler limits"):
+        max_seqs = st.number_input("max_num_seqs", 1, 4096, 256, key="max_num_seqs")
+        max_tokens = st.number_input("max_num_batched_tokens", 16, 1_000_000, 8192,
+                                     key="max_num_batched_tokens")
+        util = st.number_input("gpu_memory_utilization", 0.05, 1.0, 0.9, key="gpu_util")
+    setup = Setup(trace=name, upload=upload, dataset_name=dataset, num_prompts=int(num_prompts),
+                  request_rate=float(rate), time_scale=float(scale), model=model,
+                  hardware=device, tensor_parallel_size=int(tp), max_num_seqs=int(max_seqs),
+                  max_num_batched_tokens=int(max_tokens), gpu_memory_utilization=float(util))
+    st.session_state[SETUP_STATE] = setup
+    return setup
+
+
+def _trace_file(source: str) -> tuple[str, bytes | None]:
+    """(name, bytes) of the user's trace file; stops the page until one is given."""
+    if source == UPLOAD:
+        file = st.sidebar.file_uploader("Trace file", key="trace_upload")
+        if file is None:
+            st.info("Upload an Azure or BurstGPT .csv, Mooncake .jsonl or ShareGPT .json trace "
+                    "in the sidebar.")
+            st.stop()
+        return file.name, file.getvalue()
+    text = st.sidebar.text_input("Trace file path", key="trace_path").strip()
+    if not text:
+        st.info("Type the path of a trace file in the sidebar.")
+        st.stop()
+    path = Path(text).expanduser()
+    if not path.is_file():
+        st.error(f"{path}: no such file; expected a trace file (.csv, .jsonl or .json)")
+        st.stop()
+    return path.name, path.read_bytes()
+
+
+def current_setup() -> Setup:
+    """The setup the sidebar last produced (the default one before it ran)."""
+    return st.session_state.get(SETUP_STATE, Setup())
+
+
+def policy_editor(prefix: str) -> PolicySpec:
+    """Widgets for the four policy families and their parameters; returns the spec."""
+    helps = {(e.family, e.name): e.help for e in registry.entries()}
+    cols = st.columns(4)
+    kind = cols[0].selectbox("Allocation", ["paged", "contiguous", "buddy"], key=f"{prefix}_kind",
+                             help="; ".join(f"{n}: {helps['allocation', n]}"
+                                            for n in registry.names("allocation")))
+    block_size = cols[1].selectbox("Page size (tokens)", [1, 2, 4, 8, 16, 32, 64, 128, 256],
+                                   index=4, key=f"{prefix}_block_size")
+    options: dict[str, object] = {}
+    if kind == "contiguous":
+        options["reserve"] = cols[2].selectbox("Reserve", registry.names("reserve"),
+                                               key=f"{prefix}_reserve")
+    watermark = cols[3].number_input("Watermark", 0.0, 0.99, 0.01, step=0.01,
+                                     key=f"{prefix}_watermark")
+    cols = st.columns(4)
+    for col, (family, label) in zip(cols, FAMILIES, strict=True):
+        if family == "block_sizing" and kind == "contiguous":
+            col.selectbox(label, ["fixed"], key=f"{prefix}_{family}", disabled=True,
+                          help="contiguous reservation sizes by its reserve rule")
+            continue
+        choices = registry.names(family)
+        options[family] = col.selectbox(
+            label, choices, index=choices.index(getattr(DEFAULT_POLICY, family)),
+            key=f"{prefix}_{family}",
+            help="; ".join(f"{n}: {helps[family, n]}" for n in choices))
+    with user_errors():
+        spec = PolicySpec(kind=kind, block_size=int(block_size), watermark=float(watermark),
+                          **options)  # type: ignore[arg-type]
+    st.caption(f"policy: `{spec.to_string()}`")
+    return spec
+
+
+@st.cache_data(show_spinner="Loading trace…", max_entries=16)
+def cached_trace(key: str, _setup: Setup) -> Trace:
+    """The setup's trace (cached by the setup's key)."""
+    return load_setup_trace(_setup)
+
+
+@st.cache_data(show_spinner="Simulating…", max_entries=64)
+def cached_run(key: str, policy: str, slos: tuple[tuple[str, float], ...],
+               _setup: Setup) -> RunView:
+    """A simulated run (cached by setup key, policy and SLOs)."""
+    return run_view(cached_trace(key, _setup), _setup, policy, dict(slos))
+
+
+@st.cache_data(show_spinner="Replaying to the chosen step…", max_entries=32)
+def cached_page_map(key: str, policy: str, step_id: int, start_s: float, duration_s: float,
+                    _setup: Setup) -> PageMap:
+    """The page map at one step of a run (cached)."""
+    return page_map_at(cached_trace(key, _setup), _setup.config(policy), step_id, start_s,
+                       duration_s)
+
+
+def chart(fig: go.Figure, key: str) -> None:
+    """A Plotly chart with PNG (the camera button) and interactive HTML downloads."""
+    st.plotly_chart(fig, key=key, config={"toImageButtonOptions": {"format": "png",
+                                                                   "filename": key}})
+    st.download_button("Download HTML", data=lambda: fig.to_html(include_plotlyjs=True),
+                       file_name=f"{key}.html", mime="text/html", key=f"{key}_html",
+                       on_click="ignore", type="tertiary", icon=":material/download:")
+
+
+def table(frame: pd.DataFrame, key: str, *, height: int | None = None) -> None:
+    """A data table with a CSV download."""
+    st.dataframe(frame, hide_index=True, height=height or "auto", key=key)
+    st.download_button("Download CSV", data=lambda: frame.to_csv(index=False),
+                       file_name=f"{key}.csv", mime="text/csv", key=f"{key}_csv",
+                       on_click="ignore", type="tertiary", icon=":material/download:")

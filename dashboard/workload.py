@@ -1,0 +1,112 @@
+"""The workload and machine every page simulates (`Setup`), and checked trace uploads."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from kvlab.errors import KvlabError
+from kvlab.policies import PolicySpec
+from kvlab.sim import SimConfig
+from kvlab.traces import Trace, guess_dataset_name, load_trace
+from kvlab.traces.bundled import bundled_dataset_name
+
+MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+UPLOAD_SUFFIXES = (".csv", ".jsonl", ".json")
+DEFAULT_TRACE = "azure-conv"
+
+
+@dataclass(slots=True, frozen=True)
+class Setup:
+    """One workload on one machine: trace (bundled name or upload), arrivals, presets, limits.
+
+    `upload` holds the bytes of an uploaded trace file (then `trace` is its file name);
+    `dataset_name` is `auto` to guess the format from the file. A finite `request_rate`
+    resamples arrivals as Poisson; otherwise timestamps are divided by `time_scale`.
+    """
+
+    trace: str = DEFAULT_TRACE
+    upload: bytes | None = None
+    dataset_name: str = "auto"
+    num_prompts: int | None = 1000
+    request_rate: float = math.inf
+    time_scale: float = 1.0
+    seed: int = 0
+    model: str = "llama-2-7b"
+    hardware: str = "a100-80g"
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+
+    def key(self) -> str:
+        """A short stable digest of every field (upload bytes included), for caches."""
+        fields = asdict(self)
+        upload = fields.pop("upload")
+        digest = hashlib.sha256(repr(sorted(fields.items())).encode())
+        digest.update(upload or b"")
+        return digest.hexdigest()[:16]
+
+    def config(self, policy: PolicySpec | str) -> SimConfig:
+        """The simulator config of this machine running `policy` (checked: bad values raise)."""
+        config = SimConfig(
+            model=self.model, hardware=self.hardware,
+            tensor_parallel_size=self.tensor_parallel_size, policy=policy,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed,
+        )
+        config.check()
+        return config
+
+    def with_value(self, name: str, value: Any) -> Setup:
+        """A copy with one field changed (sweeps)."""
+        return replace(self, **{name: value})
+
+
+def load_setup_trace(setup: Setup) -> Trace:
+    """The setup's trace with its arrivals applied; an upload is checked and parsed here."""
+    options: dict[str, Any] = {
+        "num_prompts": setup.num_prompts, "seed": setup.seed,
+        "request_rate": setup.request_rate, "time_scale": setup.time_scale,
+    }
+    if setup.upload is None:
+        return load_trace(bundled_dataset_name(setup.trace), setup.trace, **options)
+    check_upload(setup.trace, setup.upload)
+    with tempfile.TemporaryDirectory(prefix="kvlab-upload-") as folder:
+        path = Path(folder) / Path(setup.trace).name
+        path.write_bytes(setup.upload)
+        try:
+            dataset = (guess_dataset_name(path) if setup.dataset_name == "auto"
+                       else setup.dataset_name)
+            trace = load_trace(dataset, path, **options)
+        except KvlabError as err:  # name the upload, not the temporary copy
+            raise KvlabError(str(err).replace(str(path), Path(setup.trace).name)) from None
+    trace.source = f"upload:{Path(setup.trace).name}"
+    return trace
+
+
+def check_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
+    """Raise a KvlabError naming the problem unless `data` could be a trace file called `name`.
+
+    Checks the size limit, the extension and that the text is UTF-8; the loaders check the
+    columns, line by line.
+    """
+    suffix = Path(name).suffix.lower()
+    if suffix not in UPLOAD_SUFFIXES:
+        raise KvlabError(f"{name}: expected a trace file ending in {', '.join(UPLOAD_SUFFIXES)} "
+                         "(Azure or BurstGPT .csv, Mooncake .jsonl, ShareGPT .json)")
+    if len(data) > max_bytes:
+        raise KvlabError(f"{name} is {len(data) / 2**20:.1f} MiB; the dashboard takes trace "
+                         f"files up to {max_bytes / 2**20:.0f} MiB (cut it, or use kvlab sim)")
+    if not data.strip():
+        raise KvlabError(f"{name} is empty; expected a trace with a header and requests")
+    try:
+        data[:65536].decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < 65536 - 4:  # a multi-byte character cut by the slice is fine
+            raise KvlabError(f"{name}: byte {err.start} is not UTF-8 text; expected a "
+                             "CSV, JSON Lines or JSON trace file") from None
