@@ -1,0 +1,379 @@
+"""How far the simulator is from the real engine: one trace through both, metric by metric, and
+lockstep mode, where the simulator replays the engine's measured step durations and must make
+every memory decision the engine made.
+
+The simulated instance is built from the engine itself (`sim_config_for`): the same policy
+(host pages included), page count, model length and batch limits; under preemption=auto it is
+also given the engine's measured swap and recompute costs, so both ask the same question with
+the same numbers. The simulator's clock is a calibrated cost model, fitted on a separate
+calibration run unless one is given (see `validate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvlab.calibration import fit_cost_model
+from kvlab.errors import KvlabError
+from kvlab.metrics import RunResult, per_step_table, summarize
+from kvlab.policies.records import INT_COLUMNS
+from kvlab.sim import SimConfig, simulate
+from kvlab.sim.calibrated import CalibratedCostModel
+from kvlab.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from kvlab.engine.config import EngineConfig
+    from kvlab.engine.engine import LLMEngine
+    from kvlab.traces import Trace
+
+# (printed label, summary key), in the order of the table.
+METRICS = (
+    ("Output throughput (tok/s)", "output_throughput"),
+    ("Request throughput (req/s)", "request_throughput"),
+    ("Mean TTFT (ms)", "mean_ttft_ms"),
+    ("Median TTFT (ms)", "median_ttft_ms"),
+    ("P99 TTFT (ms)", "p99_ttft_ms"),
+    ("Mean TPOT (ms)", "mean_tpot_ms"),
+    ("Median TPOT (ms)", "median_tpot_ms"),
+    ("P99 TPOT (ms)", "p99_tpot_ms"),
+    ("Mean E2EL (ms)", "mean_e2el_ms"),
+    ("Median E2EL (ms)", "median_e2el_ms"),
+    ("P99 E2EL (ms)", "p99_e2el_ms"),
+    ("Preemptions", "num_preemptions"),
+    ("Swap-outs (requests)", "num_swaps_out"),
+    ("Swap-ins (requests)", "num_swaps_in"),
+    ("Prefix cache hit rate (%)", "prefix_cache_hit_rate"),
+    ("Mean KV cache usage (%)", "mean_kv_usage_perc"),
+    ("Peak KV cache usage (%)", "peak_kv_usage_perc"),
+)
+# Step columns lockstep compares: the clock, and every count and memory figure.
+LOCKSTEP_COLUMNS = ("start_s", "duration_s", *INT_COLUMNS)
+MIN_CALIBRATION_STEPS = 8
+
+
+class ReplayedStepTimes:
+    """A cost model that charges each simulated step the duration the engine measured for the
+    step of the same index (memory work included, so swaps and copies cost nothing extra).
+
+    Past the engine's last step it charges 0 and counts the extra steps: lockstep reports
+    them as a divergence instead of stopping the simulation.
+    """
+
+    def __init__(self, durations_s: Sequence[float], preemption_costs: Any = None) -> None:
+        self._durations_s = list(durations_s)
+        self._next = 0
+        self._costs = preemption_costs
+        self.num_extra_steps = 0
+
+    def step_time_s(self, shape: object) -> float:
+        """The engine's measured duration of the next step."""
+        index = self._next
+        self._next += 1
+        if index < len(self._durations_s):
+            return self._durations_s[index]
+        self.num_extra_steps += 1
+        return 0.0
+
+    def swap_time_s(self, num_pages: int, num_transfers: int) -> float:
+        """0 on the link (the measured duration holds it); under preemption=auto the manager
+        is given the engine's measured costs instead of this model."""
+        return 0.0
+
+    def copy_time_s(self, num_pages: int) -> float:
+        """0 (inside the measured duration)."""
+        return 0.0
+
+    def recompute_time_s(self, num_tokens: int) -> float:
+        """Only asked under preemption=auto, which gets the engine's costs; linear otherwise."""
+        return float(num_tokens)
+
+
+@dataclass(slots=True)
+class LockstepReport:
+    """Whether the simulator replaying measured durations matched the engine step for step.
+
+    `first_step` is the index of the first step whose `columns` differ (None when identical);
+    `engine_row` and `sim_row` hold those columns' values there. `request_mismatch` describes
+    the first request whose outcome differs when the steps all agree.
+    """
+
+    identical: bool
+    num_engine_steps: int
+    num_sim_steps: int
+    first_step: int | None = None
+    columns: list[str] = field(default_factory=list)
+    engine_row: dict[str, Any] = field(default_factory=dict)
+    sim_row: dict[str, Any] = field(default_factory=dict)
+    request_mismatch: str | None = None
+
+    def describe(self) -> str:
+        """One line for the report."""
+        if self.identical:
+            return f"identical ({self.num_engine_steps} steps, every request)"
+        if self.first_step is None:
+            return f"steps identical, requests differ: {self.request_mismatch}"
+        diffs = ", ".join(
+            f"{name} engine={self.engine_row.get(name)} sim={self.sim_row.get(name)}"
+            for name in self.columns
+        )
+        return (
+            f"DIVERGED at step {self.first_step} (engine {self.num_engine_steps} steps, "
+            f"sim {self.num_sim_steps}): {diffs}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class ValidationResult:
+    """A validation's outcome: per-metric sim/engine/relative error, both summaries, the cost
+    model used and how it was obtained, and the lockstep report when asked for."""
+
+    metrics: dict[str, dict[str, float | None]]
+    engine_summary: dict[str, Any]
+    sim_summary: dict[str, Any]
+    cost_model: CalibratedCostModel
+    calibration: str
+    lockstep: LockstepReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The saved document: metrics, lockstep verdict, cost model, both summaries."""
+        return {
+            "metrics": self.metrics,
+            "lockstep_identical": None if self.lockstep is None else self.lockstep.identical,
+            "lockstep": None if self.lockstep is None else self.lockstep.to_json(),
+            "calibration": self.calibration,
+            "cost_model": self.cost_model.to_json(),
+            "policy": self.engine_summary.get("policy"),
+            "engine": self.engine_summary,
+            "sim": self.sim_summary,
+        }
+
+
+def model_spec_for(engine: LLMEngine) -> ModelSpec:
+    """The engine's model as a simulator ModelSpec (its shape, length limit and size)."""
+    config = engine.model_config
+    num_params = float(sum(p.numel() for p in engine.model.parameters()))
+    dtype_bytes = engine.kv_cache.k_caches[0].element_size()
+    return ModelSpec(
+        name=str(engine.config.model),
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        max_model_len=engine.max_model_len,
+        num_params=num_params,
+        num_active_params=num_params,
+        dtype_bytes=dtype_bytes,
+    )
+
+
+def sim_config_for(engine: LLMEngine) -> SimConfig:
+    """A SimConfig that simulates exactly this engine's memory and scheduler."""
+    policy = engine.policy
+    if policy.preemption != "recompute" and policy.host_pages != engine.manager.num_host_pages:
+        policy = policy.with_options(host_pages=engine.manager.num_host_pages)
+    config = engine.config
+    return SimConfig(
+        model=model_spec_for(engine),
+        hardware="cpu",  # unused: the page count is given and the clock is calibrated
+        policy=policy,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=engine.max_model_len,
+        num_gpu_blocks_override=engine.num_pages,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        seed=config.seed,
+    )
+
+
+def run_engine(config: EngineConfig, trace: Trace) -> tuple[RunResult, LLMEngine, Trace]:
+    """A fresh engine from `config` serving `trace` on the virtual clock; returns the run, the
+    engine and the trace with the prompt ids it ran (synthesised from the config's seed)."""
+    from kvlab.engine.engine import LLMEngine
+    from kvlab.engine.replay import run_trace, synthesize_prompt_ids
+
+    engine = LLMEngine(config)
+    trace = synthesize_prompt_ids(trace, engine.model_config.vocab_size, config.seed)
+    return run_trace(engine, trace, replay="fast"), engine, trace
+
+
+def split_trace(trace: Trace, num_prompts: int) -> tuple[Trace, Trace]:
+    """The first `num_prompts` requests, and the rest with arrivals shifted to start at 0 (the
+    calibration window: the same traffic, other requests)."""
+    head, tail = trace.requests[:num_prompts], trace.requests[num_prompts:]
+    start = tail[0].arrival_s if tail else 0.0
+    shifted = [dataclasses.replace(r, arrival_s=r.arrival_s - start) for r in tail]
+    return (
+        dataclasses.replace(trace, requests=list(head)),
+        dataclasses.replace(trace, name=f"{trace.name} (calibration window)", requests=shifted),
+    )
+
+
+def calibrate_on(result: RunResult, source: str) -> CalibratedCostModel:
+    """Fit a cost model to an engine run's own step profile (its first, warm-up step left out)."""
+    profile = per_step_table(result)
+    if len(profile) < MIN_CALIBRATION_STEPS:
+        raise KvlabError(
+            f"the calibration run ({source}) took {len(profile)} steps, too few to fit a cost "
+            f"model (at least {MIN_CALIBRATION_STEPS}); give more requests, or --cost-model FILE"
+        )
+    return fit_cost_model(profile, sources=[source], skip_first_steps=1)
+
+
+def relative_error(sim: float, engine: float) -> float | None:
+    """(sim - engine) / |engine|; 0 when both are 0; None (undefined) when only engine is 0."""
+    if engine == 0:
+        return 0.0 if sim == 0 else None
+    return (sim - engine) / abs(engine)
+
+
+def compare_metrics(sim: dict[str, Any], engine: dict[str, Any]) -> dict[str, dict]:
+    """{key: {"sim", "engine", "rel_error"}} for every validated metric."""
+    table = {}
+    for _, key in METRICS:
+        s, e = float(sim[key]), float(engine[key])
+        table[key] = {"sim": s, "engine": e, "rel_error": relative_error(s, e)}
+    return table
+
+
+def lockstep(
+    engine_result: RunResult, trace: Trace, config: SimConfig, preemption_costs: Any = None
+) -> LockstepReport:
+    """Replay the engine's measured step durations through the simulator and compare every
+    step's clock, counts and memory, then every request's outcome.
+
+    `trace` must carry the prompt ids the engine ran (they decide prefix-cache hits).
+    """
+    engine_cols = engine_result.steps.columns
+    replay = ReplayedStepTimes(engine_cols["duration_s"], preemption_costs)
+    sim_result = simulate(trace, config, cost_model=replay, preemption_costs=preemption_costs)
+    sim_cols = sim_result.steps.columns
+    num_engine, num_sim = len(engine_result.steps), len(sim_result.steps)
+    report = LockstepReport(True, num_engine, num_sim)
+    for index in range(max(num_engine, num_sim)):
+        if index >= num_engine or index >= num_sim:
+            report.identical, report.first_step, report.columns = False, index, ["num_steps"]
+            report.engine_row, report.sim_row = {"num_steps": num_engine}, {"num_steps": num_sim}
+            return report
+        differing = [n for n in LOCKSTEP_COLUMNS if engine_cols[n][index] != sim_cols[n][index]]
+        if differing:
+            report.identical, report.first_step, report.columns = False, index, differing
+            report.engine_row = {n: engine_cols[n][index] for n in differing}
+            report.sim_row = {n: sim_cols[n][index] for n in differing}
+            return report
+    mismatch = _request_mismatch(engine_result, sim_result)
+    if mismatch is not None:
+        report.identical, report.request_mismatch = False, mismatch
+    return report
+
+
+def _request_mismatch(engine: RunResult, sim: RunResult) -> str | None:
+    """The first request whose status, preemptions, cache hits or token stamps differ."""
+
+    def outcome(r: Any) -> tuple:
+        return (r.status, r.num_preemptions, r.num_swaps_out, r.num_cached_tokens,
+                r.first_token_s, r.finish_s)
+
+    sims = {r.request_id: r for r in sim.requests}
+    for request in engine.requests:
+        other = sims.get(request.request_id)
+        if other is None:
+            return f"request {request.request_id} is missing from the simulation"
+        if outcome(request) != outcome(other):
+            return f"request {request.request_id}: engine {outcome(request)}, sim {outcome(other)}"
+    if not np.array_equal(engine.itls_s, sim.itls_s):
+        return "inter-token latencies differ"
+    return None
+
+
+def _summarize(result: RunResult) -> dict[str, Any]:
+    return summarize(
+        result, percentile_metrics=("ttft", "tpot", "itl", "e2el"), metric_percentiles=(50, 99)
+    )
+
+
+def validate(
+    config: EngineConfig,
+    trace: Trace,
+    *,
+    cost_model: CalibratedCostModel | None = None,
+    calibration_trace: Trace | None = None,
+    calibrate_on_same_run: bool = False,
+    with_lockstep: bool = False,
+) -> ValidationResult:
+    """Serve `trace` on the engine and simulate it with a calibrated cost model; compare.
+
+    The cost model is `cost_model` if given; else fitted on an engine run of
+    `calibration_trace` (other requests, a fresh engine); else, only with
+    `calibrate_on_same_run`, on the validated run's own profile (optimistic: the model has seen
+    the very steps it is judged on). `with_lockstep` also replays the run's measured durations.
+    """
+    calibration = "given"
+    if cost_model is None and not calibrate_on_same_run:
+        if calibration_trace is None or not len(calibration_trace):
+            raise KvlabError(
+                "no calibration: give --cost-model FILE, a calibration window with requests, "
+                "or --calibrate-on-same-run"
+            )
+        calibration_run, _, _ = run_engine(config, calibration_trace)
+        cost_model = calibrate_on(calibration_run, calibration_trace.name)
+        calibration = f"separate run: {calibration_trace.name}, {len(calibration_trace)} requests"
+    engine_result, engine, ran = run_engine(config, trace)
+    if cost_model is None:
+        cost_model = calibrate_on(engine_result, trace.name)
+        calibration = "same run (optimistic)"
+    sim_config = sim_config_for(engine)
+    costs = engine.preemption_costs
+    sim_result = simulate(ran, sim_config, cost_model=cost_model, preemption_costs=costs)
+    sim_result.metadata["hardware"] = f"sim of {engine.device_name}"
+    engine_summary, sim_summary = _summarize(engine_result), _summarize(sim_result)
+    report = lockstep(engine_result, ran, sim_config, costs) if with_lockstep else None
+    return ValidationResult(
+        metrics=compare_metrics(sim_summary, engine_summary),
+        engine_summary=engine_summary,
+        sim_summary=sim_summary,
+        cost_model=cost_model,
+        calibration=calibration,
+        lockstep=report,
+    )
+
+
+def format_validation(result: ValidationResult) -> str:
+    """The metric table (simulator, engine, relative error) and the lockstep verdict."""
+    width = 28 + 3 * 13
+    lines = [
+        " Simulator vs engine ".center(width, "="),
+        f"{'Policy:':<28}{result.engine_summary.get('policy')}",
+        f"{'Calibration:':<28}{result.calibration}",
+        f"{'Metric':<28}{'sim':>13}{'engine':>13}{'rel. error':>13}",
+        "-" * width,
+    ]
+    for label, key in METRICS:
+        row = result.metrics[key]
+        error = row["rel_error"]
+        error_text = "n/a" if error is None else f"{100.0 * error:+.1f}%"
+        lines.append(f"{label:<28}{_number(row['sim']):>13}{_number(row['engine']):>13}"
+                     f"{error_text:>13}")
+    if result.lockstep is not None:
+        lines.append("-" * width)
+        lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")
+    lines.append("=" * width)
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e9:
+        return str(int(value))
+    return f"{value:.2f}"
