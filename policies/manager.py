@@ -322,6 +322,10 @@ class KVCacheManager:
         if self._is_contiguous:
             reserved = max(total, self._reserve(seq.total_len, self.max_model_len))
             needed = -(-reserved // page_size) - len(hits)
+        elif seq.num_preemptions and not self._is_paged and self.num_used_pages == 0:
+            # Preempted before and now alone: one block for its whole length. Its own smaller
+            # blocks could fragment buddy memory so that it could never grow alone (livelock).
+            needed = -(-max(total, seq.total_len) // page_size) - len(hits)
         else:
             needed = self._block_pages(seq, total, 0, len(hits))
         reserve = self.watermark_pages if watermark and self.num_used_pages > 0 else 0

@@ -115,15 +115,19 @@ class ScheduledRequest:
 class SchedulerOutput:
     """One engine step's decisions.
 
-    `scheduled` lists the running requests in batch order (decodes and prefill chunks alike);
-    `mem_ops` is the memory work to do before the step's forward pass (swap-outs of preempted
-    requests, swap-ins, copies). `preempted` were stopped this step (recompute or swap);
-    `failed` finished with an error without running.
+    The batch is three parallel lists, in batch order (decodes and prefill chunks alike):
+    `requests`, `num_new_tokens` (tokens each computes) and `num_computed_tokens` (tokens whose
+    KV is already in memory); `scheduled` gives the same as `ScheduledRequest` objects. `mem_ops`
+    is the memory work to do before the step's forward pass (swap-outs of preempted requests,
+    copies, swap-ins). `preempted` were stopped this step (recompute or swap); `failed` finished
+    with an error without running.
     """
 
     step_id: int
-    scheduled: list[ScheduledRequest]
-    mem_ops: MemOps
+    mem_ops: MemOps = field(default_factory=MemOps)
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)
     num_prefill_tokens: int = 0
@@ -132,9 +136,19 @@ class SchedulerOutput:
     num_attention_pairs: int = 0  # (query, key) pairs of the prefill chunks, for the quadratic term
 
     @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        """The batch as objects (built on each call: the simulator never needs them)."""
+        return [
+            ScheduledRequest(request, new, done)
+            for request, new, done in zip(
+                self.requests, self.num_new_tokens, self.num_computed_tokens, strict=True
+            )
+        ]
+
+    @property
     def num_seqs(self) -> int:
         """Requests in the batch."""
-        return len(self.scheduled)
+        return len(self.requests)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -144,4 +158,4 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         """True when nothing runs and no memory work is due."""
-        return not self.scheduled and not self.mem_ops
+        return not self.requests and not self.mem_ops

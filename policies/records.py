@@ -71,7 +71,7 @@ class StepRecorder:
         c["wall_time_s"].append(wall_time_s)
         for name, value in (
             ("step_id", output.step_id),
-            ("num_seqs", len(output.scheduled)),
+            ("num_seqs", len(output.requests)),
             ("num_prefill_tokens", output.num_prefill_tokens),
             ("num_decode_tokens", output.num_decode_tokens),
             ("num_context_tokens", output.num_context_tokens),

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
-from kvlab.policies.manager import KVCacheManager
-from kvlab.policies.outputs import MemOps, ScheduledRequest, SchedulerOutput
+from kvlab.policies.manager import NO_OPS, KVCacheManager
+from kvlab.policies.outputs import MemOps, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus
 
 
@@ -97,12 +97,15 @@ class Scheduler:
         """
         finished: list[Request] = []
         itls = self.itls_s
-        for index, item in enumerate(output.scheduled):
-            request = item.request
-            if request.status is not RequestStatus.RUNNING:
+        running_status = RequestStatus.RUNNING
+        for index, (request, num_new, num_done) in enumerate(
+            zip(output.requests, output.num_new_tokens, output.num_computed_tokens, strict=True)
+        ):
+            if request.status is not running_status:
                 continue
-            request.num_computed_tokens = item.num_computed_tokens + item.num_new_tokens
-            if request.num_computed_tokens != request.num_tokens:
+            computed = num_done + num_new
+            request.num_computed_tokens = computed
+            if computed != request.prompt_len + request.num_output_tokens:
                 continue  # a prefill chunk that does not reach the end yet
             if sampled_token_ids is not None:
                 token = sampled_token_ids[index]
@@ -125,7 +128,7 @@ class Scheduler:
         if finished:
             for request in finished:
                 self.manager.free(request)
-            self.running = [r for r in self.running if not r.status.is_finished]
+            self.running = [r for r in self.running if r.status is running_status]
         return finished
 
     def abort(self, request: Request, now_s: float = 0.0) -> None:
@@ -142,15 +145,30 @@ class Scheduler:
     # ----------------------------------------------------------------------------- internals
 
     def _schedule_running(self, step: _Step) -> None:
-        running = self.running
+        # The per-token hot path of every simulation: `step.add` inlined for decodes.
+        running, allocate = self.running, self.manager.allocate
+        requests, new, computed = step.requests, step.new, step.computed
         index = 0
         while index < len(running) and step.budget > 0:
             request = running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, step.budget)
+            num_tokens = request.prompt_len + request.num_output_tokens
+            done = request.num_computed_tokens
+            num_new = num_tokens - done
+            if num_new > step.budget:
+                num_new = step.budget
             if num_new <= 0:
                 index += 1
                 continue
-            ops = self.manager.allocate(request, num_new)
+            ops = allocate(request, num_new)
+            if ops is NO_OPS and done and num_tokens - done == 1:  # a decode
+                requests.append(request)
+                new.append(1)
+                computed.append(done)
+                step.budget -= 1
+                step.num_context += done + 1
+                step.num_decode += 1
+                index += 1
+                continue
             while ops is None:
                 victim = self._pick_victim(running, self.manager.num_pages_held)
                 if running.index(victim) < index:
@@ -158,7 +176,7 @@ class Scheduler:
                 self._preempt(victim, step)
                 if victim is request:
                     break
-                ops = self.manager.allocate(request, num_new)
+                ops = allocate(request, num_new)
             if ops is None:
                 continue  # the request itself was preempted; `index` now points past it
             step.add(request, num_new, ops)
@@ -256,48 +274,70 @@ class Scheduler:
 
 
 class _Step:
-    """The step being built: scheduled requests, token budget left, memory work, preemptions."""
+    """The step being built: the batch, token budget left, memory work, preemptions, counters."""
 
-    __slots__ = ("budget", "failed", "ops", "preempted", "scheduled")
+    __slots__ = (
+        "budget",
+        "computed",
+        "failed",
+        "new",
+        "num_context",
+        "num_decode",
+        "num_pairs",
+        "num_prefill",
+        "ops",
+        "preempted",
+        "requests",
+    )
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self.scheduled: list[ScheduledRequest] = []
+        self.requests: list[Request] = []
+        self.new: list[int] = []
+        self.computed: list[int] = []
         self.ops = MemOps()
         self.preempted: list[Request] = []
         self.failed: list[Request] = []
+        self.num_prefill = self.num_decode = self.num_context = self.num_pairs = 0
 
     def add(self, request: Request, num_new: int, ops: MemOps) -> None:
-        self.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+        done = request.num_computed_tokens
+        self.requests.append(request)
+        self.new.append(num_new)
+        self.computed.append(done)
         self.budget -= num_new
-        if ops:
+        self._count(request, num_new, done, 1)
+        if ops is not NO_OPS and ops:
             self.ops.extend(ops)
 
     def unschedule(self, request: Request) -> None:
-        for index, item in enumerate(self.scheduled):
-            if item.request is request:
-                self.budget += item.num_new_tokens
-                del self.scheduled[index]
+        for index, scheduled in enumerate(self.requests):
+            if scheduled is request:
+                num_new, done = self.new[index], self.computed[index]
+                self.budget += num_new
+                self._count(request, num_new, done, -1)
+                del self.requests[index], self.new[index], self.computed[index]
                 return
 
+    def _count(self, request: Request, new: int, done: int, sign: int) -> None:
+        self.num_context += sign * (done + new)
+        if new == 1 and 0 < done == request.prompt_len + request.num_output_tokens - 1:
+            self.num_decode += sign
+        else:
+            self.num_prefill += sign * new
+            self.num_pairs += sign * (new * done + new * (new + 1) // 2)
+
     def output(self, step_id: int) -> SchedulerOutput:
-        num_prefill = num_decode = num_context = num_pairs = 0
-        for item in self.scheduled:
-            new, done = item.num_new_tokens, item.num_computed_tokens
-            num_context += done + new
-            if new == 1 and 0 < done == item.request.num_tokens - 1:
-                num_decode += 1
-            else:
-                num_prefill += new
-                num_pairs += new * done + new * (new + 1) // 2
         return SchedulerOutput(
             step_id=step_id,
-            scheduled=self.scheduled,
             mem_ops=self.ops,
+            requests=self.requests,
+            num_new_tokens=self.new,
+            num_computed_tokens=self.computed,
             preempted=self.preempted,
             failed=self.failed,
-            num_prefill_tokens=num_prefill,
-            num_decode_tokens=num_decode,
-            num_context_tokens=num_context,
-            num_attention_pairs=num_pairs,
+            num_prefill_tokens=self.num_prefill,
+            num_decode_tokens=self.num_decode,
+            num_context_tokens=self.num_context,
+            num_attention_pairs=self.num_pairs,
         )

@@ -65,7 +65,7 @@ class SimInstance:
                 yield self._wake
                 continue
             output = scheduler.schedule(now)
-            if not (output.scheduled or output.mem_ops or output.preempted or output.failed):
+            if not (output.requests or output.mem_ops or output.preempted or output.failed):
                 raise LivelockError(_livelock_message(scheduler, now))
             yield from self._execute(output, now)
 

@@ -78,7 +78,7 @@ def add_step(
     start_s = float(sum(steps.columns["duration_s"]))
     output = SchedulerOutput(
         step_id=len(steps),
-        scheduled=[],
+
         mem_ops=MemOps(swap_outs=list(swap_outs), swap_ins=list(swap_ins)),
     )
     usage = MemoryUsage(

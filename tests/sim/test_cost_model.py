@@ -143,7 +143,7 @@ def test_tensor_parallel_size_above_the_box_is_a_user_error():
 def test_scheduler_output_is_priced_like_the_same_step_shape(llama_a100):
     output = SchedulerOutput(
         step_id=0,
-        scheduled=[],
+
         mem_ops=MemOps(),
         num_prefill_tokens=100,
         num_decode_tokens=3,

@@ -34,7 +34,7 @@ class StuckScheduler:
 
     def schedule(self, now_s):
         self.step_id += 1
-        return SchedulerOutput(step_id=self.step_id - 1, scheduled=[], mem_ops=MemOps())
+        return SchedulerOutput(step_id=self.step_id - 1, mem_ops=MemOps())
 
 
 class _Usage:
