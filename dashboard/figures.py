@@ -26,6 +26,7 @@ QUEUE_SERIES = (("running", "num_running"), ("waiting", "num_waiting"),
                 ("swapped", "num_swapped"))
 EVENT_SERIES = (("preemptions", "num_preempted"), ("pages swapped out", "num_swap_out_pages"),
                 ("pages swapped in", "num_swap_in_pages"))
+_NO_PAGE = -(2**62)  # padding cells after the last page
 _REQUEST_COLOURS = ("#3949ab", "#00897b", "#8e24aa", "#6d4c41", "#c62828", "#00838f",
                     "#5e35b1", "#2e7d32", "#ad1457", "#4e342e")
 
@@ -147,7 +148,7 @@ def page_map_figure(page_map: PageMap, *, max_cells: int = 10_000) -> go.Figure:
     num_cells = len(owners)
     width = int(np.ceil(np.sqrt(num_cells * 2)))  # twice as wide as tall
     height = int(np.ceil(num_cells / width))
-    padded = np.full(width * height, FREE - 1, dtype=np.int64)  # FREE - 1: no page
+    padded = np.full(width * height, _NO_PAGE, dtype=np.int64)
     padded[:num_cells] = owners
     code = np.where(padded >= 0, 4 + padded % len(_REQUEST_COLOURS), 0)
     code = np.where(padded == FREE, 1, code)
@@ -155,7 +156,7 @@ def page_map_figure(page_map: PageMap, *, max_cells: int = 10_000) -> go.Figure:
     code = np.where(padded == SHARED, 3, code)
     labels = np.where(padded >= 0, np.char.add("request ", padded.astype(str)), "")
     for value, text in ((FREE, "free"), (CACHED, "cached prefix"), (SHARED, "shared"),
-                        (FREE - 1, "(no page)")):
+                        (_NO_PAGE, "(no page)")):
         labels = np.where(padded == value, text, labels)
     first_page = np.arange(width * height) * pages_per_cell
     colours = ("#ffffff", "#cfd8dc", "#1e88e5", "#fb8c00", *_REQUEST_COLOURS)

@@ -63,8 +63,14 @@ class Setup:
         return config
 
     def with_value(self, name: str, value: Any) -> Setup:
-        """A copy with one field changed (sweeps)."""
-        return replace(self, **{name: value})
+        """A copy with one field changed (sweeps); a request rate replaces the time scale and
+        the other way round, since arrivals take only one of them."""
+        changes: dict[str, Any] = {name: value}
+        if name == "request_rate":
+            changes["time_scale"] = 1.0
+        elif name == "time_scale":
+            changes["request_rate"] = math.inf
+        return replace(self, **changes)
 
 
 def load_setup_trace(setup: Setup) -> Trace:

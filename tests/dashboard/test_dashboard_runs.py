@@ -1,0 +1,102 @@
+"""Runs as tables, the best policy under an SLO, sweeps over a grid, validate results."""
+
+import json
+
+import pandas as pd
+import pytest
+from dashboard_cases import SMALL, small_setup
+
+from kvlab.dashboard.compare import parse_policies
+from kvlab.dashboard.runs import (
+    best_run,
+    load_validate_result,
+    parse_values,
+    run_view,
+    summary_table,
+    sweep,
+)
+from kvlab.dashboard.workload import load_setup_trace
+from kvlab.errors import KvlabError
+from kvlab.policies import PolicySpec
+
+
+def test_goodput_is_in_the_summary_when_an_slo_is_given():
+    view = run_view(load_setup_trace(SMALL), SMALL, "paged", {"ttft": 1e9})
+    assert view.summary["request_goodput"] == view.summary["request_throughput"]
+
+
+def test_the_best_run_has_the_highest_goodput():
+    table = pd.DataFrame({"label": ["a", "b", "c"], "request_goodput": [1.0, 3.0, 3.0]})
+    assert best_run(table) == "b"
+
+
+def test_no_best_run_when_no_request_met_the_slo():
+    assert best_run(pd.DataFrame({"label": ["a"], "request_goodput": [0.0]})) is None
+    assert best_run(pd.DataFrame({"label": ["a"], "request_throughput": [1.0]})) is None
+
+
+def test_summary_table_has_one_row_per_labelled_run():
+    view = run_view(load_setup_trace(SMALL), SMALL, "paged")
+    table = summary_table([view, view], ["x", "y"])
+    assert table["label"].tolist() == ["x", "y"]
+    assert "policy_json" not in table  # nested values stay out of the table
+
+
+def test_a_sweep_runs_every_grid_point_in_order_with_progress():
+    calls = []
+    setup = small_setup(num_prompts=20)
+    grid = sweep(setup, PolicySpec(), "block_size", [8, 32], "max_num_seqs", [4, 64],
+                 on_point=lambda done, total: calls.append((done, total)))
+    assert grid[["block_size", "max_num_seqs"]].values.tolist() == [[8, 4], [32, 4], [8, 64],
+                                                                    [32, 64]]
+    assert grid["page_size"].tolist() == [8, 32, 8, 32]
+    assert grid["max_num_seqs"].tolist() == [4, 4, 64, 64]
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def test_sweep_values_are_parsed_for_their_parameter():
+    assert parse_values("block_size", "8, 16,32") == [8, 16, 32]
+    assert parse_values("request_rate", "0.5,2") == [0.5, 2.0]
+
+
+@pytest.mark.parametrize(("name", "text", "problem"), [
+    ("block_size", "8,sixteen", "'sixteen' is not a whole number"),
+    ("block_size", " , ", "at least one"),
+    ("colour", "1", "cannot sweep 'colour'"),
+])
+def test_bad_sweep_values_are_named(name, text, problem):
+    with pytest.raises(KvlabError, match=problem):
+        parse_values(name, text)
+
+
+def test_compare_takes_two_to_six_policies_one_per_line():
+    assert parse_policies("paged\n\nbuddy:block_sizing=geometric\n") == [
+        "paged", "buddy:block_sizing=geometric"]
+    with pytest.raises(KvlabError, match="1 policies given"):
+        parse_policies("paged")
+    with pytest.raises(KvlabError, match="line 2 of the policies"):
+        parse_policies("paged\npaged:eviction=sometimes")
+
+
+def validate_json(**metrics) -> bytes:
+    return json.dumps({"metrics": metrics, "lockstep_identical": True}).encode()
+
+
+def test_a_validate_result_becomes_a_metrics_table():
+    data = validate_json(mean_ttft_ms={"sim": 9.0, "engine": 10.0, "rel_error": -0.1})
+    table, info = load_validate_result("v.json", data)
+    assert table.to_dict("records") == [
+        {"metric": "mean_ttft_ms", "sim": 9.0, "engine": 10.0, "rel_error": -0.1}]
+    assert info == {"lockstep_identical": True}
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    (b"{not json", "v.json is not a JSON file"),
+    (b'{"lockstep_identical": true}', "expected a kvlab validate result"),
+    (validate_json(x={"sim": "fast", "engine": 1, "rel_error": 0}), "metrics.x.sim is 'fast'"),
+    (validate_json(x=3), "metrics.x is 3"),
+    (validate_json(), "empty"),
+])
+def test_a_bad_validate_result_names_the_problem(data, problem):
+    with pytest.raises(KvlabError, match=problem):
+        load_validate_result("v.json", data)
