@@ -1,0 +1,151 @@
+"""The cost-model fit: non-negative least squares, known coefficients recovered, the model file."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.calibration import fit_cost_model, fit_quality, load_profiles, nnls
+from kvlab.errors import KvlabError
+from kvlab.policies.records import STEP_COLUMNS
+from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
+from kvlab.sim.cost_model import StepShape
+
+TRUE = CalibratedCostModel(
+    step_overhead_s=2e-3,
+    prefill_token_s=5e-5,
+    decode_token_s=3e-4,
+    context_token_s=1e-6,
+    attention_pair_s=5e-9,
+    seq_s=1e-4,
+    swap_transfer_s=2e-4,
+    swap_page_s=3e-5,
+    copy_page_s=1e-5,
+)
+
+
+def synthetic_profile(model: CalibratedCostModel, num_steps: int = 400, seed: int = 0,
+                      noise: float = 0.0) -> pd.DataFrame:
+    """Steps of random shapes timed by `model`, one in ten swapping or copying pages."""
+    rng = np.random.default_rng(seed)
+    prefill = rng.integers(0, 512, num_steps) * (rng.random(num_steps) < 0.3)
+    decode = rng.integers(1, 32, num_steps)
+    seqs = decode + (prefill > 0)
+    rows = {name: np.zeros(num_steps, dtype=np.int64) for name in STEP_COLUMNS}
+    rows.update(
+        num_prefill_tokens=prefill,
+        num_decode_tokens=decode,
+        num_seqs=seqs,
+        num_context_tokens=decode * rng.integers(16, 1024, num_steps) + prefill,
+        num_attention_pairs=prefill * (prefill + 1) // 2,
+    )
+    swapping = rng.random(num_steps) < 0.1
+    rows["num_swap_out_pages"] = swapping * rng.integers(1, 40, num_steps)
+    rows["num_swap_out_transfers"] = np.minimum(rows["num_swap_out_pages"],
+                                                swapping * rng.integers(1, 5, num_steps))
+    rows["num_copied_pages"] = swapping * rng.integers(0, 3, num_steps)
+    frame = pd.DataFrame(rows)
+    shapes = [StepShape(*(int(frame.at[i, name]) for name in (
+        "num_prefill_tokens", "num_decode_tokens", "num_context_tokens", "num_seqs",
+        "num_attention_pairs"))) for i in range(num_steps)]
+    times = np.array([
+        model.step_time_s(shape)
+        + model.swap_time_s(int(frame.at[i, "num_swap_out_pages"]),
+                            int(frame.at[i, "num_swap_out_transfers"]))
+        + model.copy_time_s(int(frame.at[i, "num_copied_pages"]))
+        for i, shape in enumerate(shapes)
+    ])
+    times *= 1.0 + noise * rng.standard_normal(num_steps)
+    frame["wall_time_s"] = times
+    frame["duration_s"] = times
+    return frame
+
+
+def test_the_fit_recovers_known_coefficients_from_an_exact_profile():
+    fitted = fit_cost_model(synthetic_profile(TRUE))
+    for name, value in TRUE.coefficients().items():
+        assert fitted.coefficients()[name] == pytest.approx(value, rel=1e-6), name
+    assert fitted.fit["r2"] == pytest.approx(1.0)
+    assert fitted.fit["mape_perc"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_fit_stays_close_under_step_time_noise():
+    fitted = fit_cost_model(synthetic_profile(TRUE, num_steps=4000, noise=0.05))
+    for name in ("step_overhead_s", "prefill_token_s", "decode_token_s", "swap_page_s"):
+        assert fitted.coefficients()[name] == pytest.approx(TRUE.coefficients()[name], rel=0.1)
+    assert abs(fitted.fit["total_error_perc"]) < 1.0
+
+
+def test_a_cost_that_only_adds_noise_is_clamped_to_zero_not_negative():
+    model = CalibratedCostModel(step_overhead_s=1e-3, decode_token_s=1e-4)
+    profile = synthetic_profile(model, num_steps=2000, noise=0.02)
+    fitted = fit_cost_model(profile)
+    assert all(value >= 0.0 for value in fitted.coefficients().values())
+    assert fitted.decode_token_s == pytest.approx(1e-4, rel=0.1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_nnls_is_non_negative_and_no_worse_than_clipping_lstsq(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((20, 5))
+    b = rng.standard_normal(20)
+    x = nnls(a, b)
+    assert (x >= 0).all()
+    clipped = np.clip(np.linalg.lstsq(a, b, rcond=None)[0], 0.0, None)
+    assert np.linalg.norm(a @ x - b) <= np.linalg.norm(a @ clipped - b) + 1e-9
+
+
+def test_nnls_solves_a_problem_with_a_non_negative_exact_solution():
+    rng = np.random.default_rng(1)
+    a = rng.random((30, 4))
+    x = np.array([0.5, 0.0, 2.0, 1.5])
+    np.testing.assert_allclose(nnls(a, a @ x), x, atol=1e-10)
+
+
+def test_the_model_file_round_trips(tmp_path):
+    fitted = fit_cost_model(synthetic_profile(TRUE), sources=["a.steps.csv"])
+    path = fitted.save(tmp_path / "cm.json")
+    loaded = load_cost_model(path)
+    assert loaded == fitted
+    assert loaded.fit["sources"] == ["a.steps.csv"]
+
+
+def test_a_file_that_is_not_a_cost_model_is_a_user_error(tmp_path):
+    path = tmp_path / "cm.json"
+    path.write_text(json.dumps({"duration": 1.0}))
+    with pytest.raises(KvlabError, match="not a calibrated cost model"):
+        load_cost_model(path)
+
+
+def test_a_negative_coefficient_in_the_file_is_a_user_error(tmp_path):
+    data = CalibratedCostModel().to_json()
+    data["coefficients"]["seq_s"] = -1.0
+    path = tmp_path / "cm.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(KvlabError, match=r"seq_s is -1\.0"):
+        load_cost_model(path)
+
+
+def test_a_profile_missing_columns_names_them(tmp_path):
+    path = tmp_path / "x.steps.csv"
+    pd.DataFrame({"wall_time_s": [0.1]}).to_csv(path, index=False)
+    with pytest.raises(KvlabError, match="num_prefill_tokens"):
+        load_profiles([path])
+
+
+def test_profiles_from_several_files_are_fitted_together(tmp_path):
+    paths = []
+    for seed in (1, 2):
+        path = tmp_path / f"r{seed}.steps.csv"
+        synthetic_profile(TRUE, num_steps=200, seed=seed).to_csv(path, index=False)
+        paths.append(path)
+    profile = load_profiles(paths)
+    fitted = fit_cost_model(profile, skip_first_steps=1)
+    assert fitted.fit["num_steps"] == 398
+    assert fit_quality(fitted, profile).r2 == pytest.approx(1.0)

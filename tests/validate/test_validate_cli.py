@@ -1,0 +1,59 @@
+"""`kvlab validate` and `kvlab calibrate` end to end, and `kvlab sim --cost-model`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from kvlab.cli import main
+from kvlab.sim import SimConfig, simulate
+from kvlab.sim.calibrated import CalibratedCostModel
+from kvlab.traces import load_trace
+from kvlab.validation import METRICS
+
+SMALL = [
+    "--dataset-name", "random", "--random-input-len", "24", "--random-output-len", "6",
+    "--num-prompts", "4", "--num-gpu-blocks-override", "16", "--block-size", "4",
+    "--max-model-len", "64", "--disable-tqdm",
+]
+
+
+def test_validate_saves_every_metric_with_finite_values(tmp_path, capsys):
+    code = main(["validate", *SMALL, "--lockstep", "--save-result",
+                 "--result-dir", str(tmp_path), "--result-filename", "v.json"])
+    assert code == 0
+    saved = json.loads((tmp_path / "v.json").read_text())
+    assert saved["lockstep_identical"] is True
+    assert sorted(saved["metrics"]) == sorted(key for _, key in METRICS)
+    for name, row in saved["metrics"].items():
+        for column in ("sim", "engine", "rel_error"):
+            assert isinstance(row[column], float) and math.isfinite(row[column]), (name, column)
+    assert saved["calibration"].startswith("separate run")
+    assert "Output throughput (tok/s)" in capsys.readouterr().out
+
+
+def test_calibrate_fits_a_run_profile_that_sim_then_uses(tmp_path, capsys):
+    assert main(["run", *SMALL, "--save-result", "--result-dir", str(tmp_path),
+                 "--result-filename", "r.json"]) == 0
+    model_path = tmp_path / "cm.json"
+    assert main(["calibrate", str(tmp_path / "r.steps.csv"), "-o", str(model_path)]) == 0
+    out = capsys.readouterr().out
+    assert "decode_token (us):" in out and "R^2:" in out
+    assert main(["sim", *SMALL[:6], "--num-prompts", "4", "--num-gpu-blocks-override", "16",
+                 "--cost-model", str(model_path), "--save-result", "--result-dir",
+                 str(tmp_path), "--result-filename", "s.json", "--disable-tqdm"]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["cost_model"] == str(model_path)
+
+
+def test_a_simulation_named_cost_model_times_steps_with_it(tmp_path):
+    model = CalibratedCostModel(step_overhead_s=0.5, decode_token_s=0.25)
+    path = model.save(tmp_path / "cm.json")
+    trace = load_trace("random", num_prompts=1, random_input_len=8, random_output_len=3)
+    result = simulate(trace, SimConfig(num_gpu_blocks_override=64, cost_model=str(path)))
+    durations = list(result.steps.columns["duration_s"])
+    assert durations[1:] == [0.75, 0.75]  # decode steps: overhead + one decode token
+
+
+def test_a_missing_cost_model_file_is_a_user_error(tmp_path, capsys):
+    assert main(["sim", "--cost-model", str(tmp_path / "none.json")]) == 2
+    assert "--cost-model" in capsys.readouterr().err
