@@ -1,0 +1,129 @@
+"""The app driven by Streamlit's AppTest, widget by widget key: no exceptions, expected series."""
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvlab.dashboard.widgets import LOCAL_PATH
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+WIDGETS = ("button", "checkbox", "multiselect", "number_input", "radio", "selectbox", "slider",
+           "text_area", "text_input", "toggle")
+
+
+def series(at: AppTest) -> list[list[str]]:
+    """The trace names of every Plotly chart on the page, chart by chart."""
+    return [[trace.get("name") for trace in json.loads(chart.proto.spec)["data"]]
+            for chart in at.get("plotly_chart")]
+
+
+def checked(at: AppTest) -> AppTest:
+    """The app after a run that raised nothing and showed no error."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+@pytest.fixture
+def app() -> AppTest:
+    """The app on a small workload (100 requests), Explore page shown."""
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["num_prompts"] = 100
+    return checked(at.run())
+
+
+def test_explore_is_the_first_page_and_draws_every_chart(app):
+    assert app.title[0].value.endswith("Explore a policy")
+    assert series(app) == [
+        ["real tokens", "internal fragmentation", "cached prefix pages", "free"],
+        ["running", "waiting", "swapped"],
+        ["preemptions", "pages swapped out", "pages swapped in"],
+        ["paged"], ["paged"],
+    ]
+    assert {m.label for m in app.metric} >= {"requests/s", "mean TTFT (ms)", "preemptions"}
+
+
+def test_run_simulates_the_edited_policy(app):
+    app.selectbox(key="explore_kind").set_value("buddy")
+    app.selectbox(key="explore_block_sizing").set_value("geometric")
+    checked(app.run())
+    assert series(app)[3] == ["paged"]  # nothing reruns the simulation before Run
+    checked(app.button(key="explore_run").click().run())
+    assert series(app)[3] == ["buddy:block_sizing=geometric"]
+
+
+def test_the_page_map_draws_the_pages(app):
+    checked(app.toggle(key="map_show").set_value(True).run())
+    assert series(app)[-1] == ["pages"]
+    assert "Re-simulated up to step" in app.caption[-1].value
+
+
+def test_a_bad_trace_file_shows_its_problem_without_a_traceback(app, tmp_path):
+    bad = tmp_path / "mine.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,many,3\n")
+    app.selectbox(key="trace").set_value(LOCAL_PATH).run()
+    app.text_input(key="trace_path").set_value(str(bad)).run()
+    app.button(key="explore_run").click().run()
+    assert not app.exception
+    assert "mine.csv" in app.error[0].value and "ContextTokens" in app.error[0].value
+
+
+def test_every_widget_has_a_key(app):
+    for page in (None, "compare.py", "sweep.py", "validate.py"):
+        if page:
+            app.switch_page(page).run()
+        for kind in WIDGETS:
+            for widget in getattr(app, kind):
+                assert widget.key, f"{kind} {widget.label!r} on {page or 'explore'} has no key"
+
+
+def test_compare_names_the_best_policy_and_overlays_the_runs(app):
+    app.switch_page("compare.py").run()
+    app.text_area(key="compare_policies").set_value("paged\npaged:block_size=64\nbuddy")
+    checked(app.button(key="compare_run").click().run())
+    assert "Best under the SLO" in app.success[0].value
+    names = ["paged", "paged:block_size=64", "buddy"]
+    assert series(app) == [names, names, names, ["request_goodput"]]
+
+
+def test_compare_shows_a_bad_policy_line_as_an_error(app):
+    app.switch_page("compare.py").run()
+    app.text_area(key="compare_policies").set_value("paged\npaged:eviction=sometimes")
+    app.run()
+    assert not app.exception
+    assert "line 2 of the policies" in app.error[0].value
+
+
+def test_sweep_draws_a_heatmap_of_the_chosen_metric(app):
+    app.number_input(key="num_prompts").set_value(30)
+    app.switch_page("sweep.py").run()
+    app.text_input(key="sweep_x_values_block_size").set_value("8,32")
+    app.selectbox(key="sweep_y").set_value("max_num_seqs").run()
+    app.text_input(key="sweep_y_values_max_num_seqs").set_value("8")
+    checked(app.button(key="sweep_run").click().run())
+    assert series(app) == [["request_throughput"]]
+    checked(app.selectbox(key="sweep_metric").set_value("mean_ttft_ms").run())
+    assert series(app) == [["mean_ttft_ms"]]
+
+
+def test_validate_overlays_simulator_and_engine(app, tmp_path):
+    result = tmp_path / "validate.json"
+    result.write_text(json.dumps({"metrics": {
+        "mean_ttft_ms": {"sim": 90.0, "engine": 100.0, "rel_error": -0.1},
+        "output_throughput": {"sim": 1000.0, "engine": 990.0, "rel_error": 0.0101},
+    }, "lockstep_identical": True}))
+    app.switch_page("validate.py").run()
+    checked(app.text_input(key="validate_path").set_value(str(result)).run())
+    assert series(app) == [["sim = engine", "metrics"], ["relative error"]]
+    assert "Lockstep" in app.success[0].value
+
+
+def test_validate_shows_a_bad_file_as_an_error(app, tmp_path):
+    result = tmp_path / "validate.json"
+    result.write_text('{"metrics": {"x": {"sim": 1}}}')
+    app.switch_page("validate.py").run()
+    app.text_input(key="validate_path").set_value(str(result)).run()
+    assert not app.exception
+    assert "metrics.x.engine is None" in app.error[0].value
