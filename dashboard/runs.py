@@ -145,6 +145,8 @@ def load_validate_result(name: str, data: bytes) -> tuple[pd.DataFrame, dict[str
         row: dict[str, Any] = {"metric": metric}
         for field in ("sim", "engine", "rel_error"):
             value = entry.get(field)
+            if field == "rel_error" and value is None:  # undefined: the engine's value is 0
+                value = math.nan
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise KvlabError(f"{name}: metrics.{metric}.{field} is {value!r}; "
                                  "expected a number")
@@ -152,7 +154,17 @@ def load_validate_result(name: str, data: bytes) -> tuple[pd.DataFrame, dict[str
         rows.append(row)
     if not rows:
         raise KvlabError(f"{name}: \"metrics\" is empty; nothing to compare")
-    table = pd.DataFrame(rows)
-    table = table[table[["sim", "engine", "rel_error"]].map(math.isfinite).all(axis=1)]
     info = {k: v for k, v in result.items() if k != "metrics"}
-    return table.reset_index(drop=True), info
+    return pd.DataFrame(rows), info
+
+
+def summaries_side_by_side(info: dict[str, Any]) -> pd.DataFrame | None:
+    """The engine's and the simulator's summaries of a validate result, key by key (numbers
+    only); None when the result carries no summaries."""
+    engine, sim = info.get("engine"), info.get("sim")
+    if not isinstance(engine, dict) or not isinstance(sim, dict):
+        return None
+    keys = [k for k, v in engine.items() if isinstance(v, (int, float))
+            and not isinstance(v, bool) and isinstance(sim.get(k), (int, float))]
+    return pd.DataFrame({"metric": keys, "engine": [engine[k] for k in keys],
+                         "sim": [sim[k] for k in keys]})

@@ -7,7 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from kvlab.dashboard import figures
-from kvlab.dashboard.runs import load_validate_result
+from kvlab.dashboard.runs import load_validate_result, summaries_side_by_side
 from kvlab.dashboard.widgets import chart, table, user_errors
 from kvlab.errors import KvlabError
 
@@ -39,8 +39,11 @@ def main() -> None:
     elif lockstep is False:
         st.error("Lockstep replay: the simulator's decisions differed from the engine's (a bug "
                  "in one of them).")
-    worst = metrics.loc[metrics["rel_error"].abs().idxmax()]
-    st.metric("Largest relative error", f"{100 * worst['rel_error']:.1f}%", help=worst["metric"])
+    errors = metrics["rel_error"].abs()
+    if errors.notna().any():
+        worst = metrics.loc[errors.idxmax()]
+        st.metric("Largest relative error", f"{100 * worst['rel_error']:+.1f}%",
+                  help=f"{worst['metric']}; an empty error is undefined (the engine's value is 0)")
     scatter, errors = figures.validate_figures(metrics)
     left, right = st.columns(2)
     with left:
@@ -48,9 +51,14 @@ def main() -> None:
     with right:
         chart(errors, "validate_errors")
     table(metrics, "validate_metrics")
-    scalars = {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}
-    if scalars:
-        st.json(scalars, expanded=False)
+    both = summaries_side_by_side(info)
+    if both is not None:
+        with st.expander("Both summaries, key by key"):
+            table(both, "validate_summaries")
+    details = {k: v for k, v in info.items() if k not in ("engine", "sim")}
+    if details:
+        with st.expander("Lockstep report, cost model and calibration"):
+            st.json(details, expanded=False)
 
 
 if __name__ == "__main__":

@@ -113,11 +113,13 @@ def test_validate_overlays_simulator_and_engine(app, tmp_path):
     result.write_text(json.dumps({"metrics": {
         "mean_ttft_ms": {"sim": 90.0, "engine": 100.0, "rel_error": -0.1},
         "output_throughput": {"sim": 1000.0, "engine": 990.0, "rel_error": 0.0101},
-    }, "lockstep_identical": True}))
+        "num_preemptions": {"sim": 1.0, "engine": 0.0, "rel_error": None},
+    }, "lockstep_identical": True, "engine": {"duration": 9.0}, "sim": {"duration": 9.5}}))
     app.switch_page("validate.py").run()
     checked(app.text_input(key="validate_path").set_value(str(result)).run())
     assert series(app) == [["sim = engine", "metrics"], ["relative error"]]
     assert "Lockstep" in app.success[0].value
+    assert app.metric[0].value == "-10.0%"
 
 
 def test_validate_shows_a_bad_file_as_an_error(app, tmp_path):

@@ -1,6 +1,7 @@
 """Runs as tables, the best policy under an SLO, sweeps over a grid, validate results."""
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -12,6 +13,7 @@ from kvlab.dashboard.runs import (
     load_validate_result,
     parse_values,
     run_view,
+    summaries_side_by_side,
     summary_table,
     sweep,
 )
@@ -88,6 +90,22 @@ def test_a_validate_result_becomes_a_metrics_table():
     assert table.to_dict("records") == [
         {"metric": "mean_ttft_ms", "sim": 9.0, "engine": 10.0, "rel_error": -0.1}]
     assert info == {"lockstep_identical": True}
+
+
+def test_an_undefined_relative_error_is_kept_as_nan():
+    data = validate_json(num_preemptions={"sim": 2, "engine": 0, "rel_error": None})
+    table, _ = load_validate_result("v.json", data)
+    assert table["sim"].tolist() == [2.0] and math.isnan(table["rel_error"][0])
+
+
+def test_both_summaries_line_up_key_by_key():
+    info = {"engine": {"duration": 2.0, "policy": "paged", "completed": 5},
+            "sim": {"duration": 2.5, "completed": 5}}
+    both = summaries_side_by_side(info)
+    assert both.to_dict("records") == [
+        {"metric": "duration", "engine": 2.0, "sim": 2.5},
+        {"metric": "completed", "engine": 5, "sim": 5}]
+    assert summaries_side_by_side({"lockstep_identical": None}) is None
 
 
 @pytest.mark.parametrize(("data", "problem"), [
