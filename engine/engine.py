@@ -172,7 +172,7 @@ class LLMEngine:
         the global RNG.
         """
         ids = list(prompt_token_ids)
-        self._check_prompt(ids)
+        self.check_prompt(ids)
         if request_id is None:
             request_id = self._next_request_id
         if request_id in self._params:
@@ -193,7 +193,8 @@ class LLMEngine:
             hash_block_size=hash_block_size,
         )
 
-    def _check_prompt(self, ids: list[int]) -> None:
+    def check_prompt(self, ids: list[int]) -> None:
+        """Raise a KvlabError unless `ids` is a non-empty list of ids in the vocabulary."""
         if not ids:
             raise KvlabError("a prompt is empty; every request needs at least one token")
         vocab_size = self.model_config.vocab_size
@@ -269,13 +270,13 @@ class LLMEngine:
         """Requests whose new token is an eos (unless ignore_eos) or one of their stop tokens."""
         stop_ids = self._stop_ids
         return {
-            item.request.request_id
-            for item, token in zip(output.scheduled, sampled, strict=True)
-            if token is not None and token in stop_ids[item.request.request_id]
+            request.request_id
+            for request, token in zip(output.requests, sampled, strict=True)
+            if token is not None and token in stop_ids[request.request_id]
         }
 
     def _check_progress(self, output: SchedulerOutput) -> None:
-        if output.scheduled or output.mem_ops or output.failed or output.preempted:
+        if output.requests or output.mem_ops or output.failed or output.preempted:
             return
         raise RuntimeError(
             f"step {output.step_id}: the scheduler ran nothing with "

@@ -100,11 +100,17 @@ class LLM:
         items = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(items))
         engine = self.engine
-        requests, texts = [], []
-        for index, (item, param) in enumerate(zip(items, params, strict=True)):
-            text, ids = self._tokenize(item, index)
-            texts.append(text)
-            requests.append(engine.make_request(ids, param))
+        tokenized = [self._tokenize(item, index) for index, item in enumerate(items)]
+        for index, (_, ids) in enumerate(tokenized):  # all checked before any request is made
+            try:
+                engine.check_prompt(ids)
+            except KvlabError as exc:
+                raise KvlabError(f"prompt {index}: {exc}") from None
+        texts = [text for text, _ in tokenized]
+        requests = [
+            engine.make_request(ids, param)
+            for (_, ids), param in zip(tokenized, params, strict=True)
+        ]
         self.last_run = engine.run(requests, replay="fast", progress=use_tqdm)
         return [
             request_output(request, text, self._detokenize(request.output_token_ids))

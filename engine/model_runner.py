@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,7 @@ from kvlab.engine.kv_cache import KVCache
 from kvlab.engine.platform import Platform
 from kvlab.engine.sampler import Sampler, SamplingParams
 from kvlab.kernels import AttentionMetadata
-from kvlab.policies.outputs import ScheduledRequest, SchedulerOutput
+from kvlab.policies.outputs import SchedulerOutput
 from kvlab.policies.request import Request
 
 
@@ -20,7 +20,7 @@ from kvlab.policies.request import Request
 class ModelInput:
     """A step's flat batch: every scheduled token in batch order, and which rows sample.
 
-    `sample_indices[i]` is the index in `SchedulerOutput.scheduled` of the request whose last row,
+    `sample_indices[i]` is the index in the step's batch of the request whose last row,
     `sample_rows[i]`, is turned into logits (only requests that reach their last known token).
     """
 
@@ -45,7 +45,7 @@ def token_slice(request: Request, start: int, end: int) -> list[int]:
 
 
 def prepare_input(
-    scheduled: Sequence[ScheduledRequest],
+    output: SchedulerOutput,
     block_table: Callable[[Request], list[int]],
     page_size: int,
     device: torch.device,
@@ -54,24 +54,22 @@ def prepare_input(
     input_ids: list[int] = []
     positions: list[int] = []
     seq_lens: list[int] = []
-    query_lens: list[int] = []
     tables: list[list[int]] = []
     sample_indices: list[int] = []
     sample_rows: list[int] = []
     num_rows = 0
-    for index, item in enumerate(scheduled):
-        request = item.request
-        start = item.num_computed_tokens
-        end = start + item.num_new_tokens
-        if item.num_new_tokens == 1:  # decodes: most of a batch, kept cheap
+    for index, (request, num_new, start) in enumerate(
+        zip(output.requests, output.num_new_tokens, output.num_computed_tokens, strict=True)
+    ):
+        end = start + num_new
+        if num_new == 1:  # decodes: most of a batch, kept cheap
             input_ids.append(token_slice(request, start, end)[0])
             positions.append(start)
         else:
             input_ids.extend(token_slice(request, start, end))
             positions.extend(range(start, end))
-        num_rows += item.num_new_tokens
+        num_rows += num_new
         seq_lens.append(end)
-        query_lens.append(item.num_new_tokens)
         tables.append(block_table(request))
         if end == request.num_tokens:
             sample_indices.append(index)
@@ -79,7 +77,7 @@ def prepare_input(
     meta = AttentionMetadata.build(
         block_tables=tables,
         seq_lens=seq_lens,
-        query_lens=query_lens,
+        query_lens=output.num_new_tokens,
         page_size=page_size,
         device=device,
     )
@@ -119,20 +117,20 @@ class ModelRunner:
     def execute(
         self, output: SchedulerOutput, params: Mapping[int, SamplingParams]
     ) -> list[int | None]:
-        """Sampled token ids aligned with `output.scheduled` (None where a row did not sample).
+        """Sampled token ids aligned with the step's batch (None where a row did not sample).
 
         `params` maps request id to its SamplingParams. Returns once the device is done.
         """
         if output.mem_ops:
             self.kv_cache.execute_mem_ops(output.mem_ops)
-        sampled: list[int | None] = [None] * len(output.scheduled)
-        if output.scheduled:
-            batch = prepare_input(output.scheduled, self.block_table, self.page_size, self.device)
+        sampled: list[int | None] = [None] * len(output.requests)
+        if output.requests:
+            batch = prepare_input(output, self.block_table, self.page_size, self.device)
             with torch.inference_mode():
                 hidden = self.model(batch.input_ids, batch.positions, self._kv_layers, batch.meta)
                 if batch.sample_indices:
                     logits = self.model.compute_logits(hidden[batch.sample_rows])
-                    requests = [output.scheduled[i].request for i in batch.sample_indices]
+                    requests = [output.requests[i] for i in batch.sample_indices]
                     tokens = self.sampler(
                         logits,
                         [params[r.request_id] for r in requests],
