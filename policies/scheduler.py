@@ -95,36 +95,45 @@ class Scheduler:
         or None altogether in the simulator); `stopped` holds request ids the engine stopped at
         eos or a stop token. Returns the requests that finished in this step.
         """
+        # Per scheduled request, every step: keep the loop to the attribute updates it must do.
+        # Samples pair with the batch by position (all None in the simulator), and the
+        # gaps between tokens go into the array in one call per step.
         finished: list[Request] = []
-        itls = self.itls_s
+        gaps: list[float] = []
+        add_gap = gaps.append
         running_status = RequestStatus.RUNNING
-        for index, (request, num_new, num_done) in enumerate(
-            zip(output.requests, output.num_new_tokens, output.num_computed_tokens, strict=True)
+        samples = sampled_token_ids
+        if samples is None:
+            samples = [None] * len(output.requests)
+        for request, num_new, num_done, token in zip(
+            output.requests, output.num_new_tokens, output.num_computed_tokens, samples, strict=True
         ):
             if request.status is not running_status:
                 continue
             computed = num_done + num_new
             request.num_computed_tokens = computed
-            if computed != request.prompt_len + request.num_output_tokens:
+            num_output = request.num_output_tokens
+            if computed != request.prompt_len + num_output:
                 continue  # a prefill chunk that does not reach the end yet
-            if sampled_token_ids is not None:
-                token = sampled_token_ids[index]
-                if token is not None:
-                    request.output_token_ids.append(token)
-            request.num_output_tokens += 1
-            if request.first_token_s is None:
+            if token is not None:
+                request.output_token_ids.append(token)
+            num_output += 1
+            request.num_output_tokens = num_output
+            last = request.last_token_s
+            if last is None:  # set only here, together with first_token_s
                 request.first_token_s = now_s
             else:
-                itls.append(now_s - request.last_token_s)  # type: ignore[operator]
+                add_gap(now_s - last)
             request.last_token_s = now_s
-            if request.num_output_tokens >= request.max_output_tokens:
+            if num_output >= request.max_output_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH
-            elif request.request_id in stopped:
+            elif stopped and request.request_id in stopped:
                 request.status = RequestStatus.FINISHED_STOPPED
             else:
                 continue
             request.finish_s = now_s
             finished.append(request)
+        self.itls_s.extend(gaps)
         if finished:
             for request in finished:
                 self.manager.free(request)
@@ -145,32 +154,38 @@ class Scheduler:
     # ----------------------------------------------------------------------------- internals
 
     def _schedule_running(self, step: _Step) -> None:
-        # The per-token hot path of every simulation: `step.add` inlined for decodes.
-        running, allocate = self.running, self.manager.allocate
+        # The per-token hot path of every simulation. Runs of plain decodes go to the manager in
+        # one call (`allocate_decodes`: the same decisions as `allocate` one by one) and join the
+        # batch with list operations; whatever stops a run (a prefill chunk, a new block, a full
+        # memory and so preemption) takes the general path below, one request at a time.
+        running, manager = self.running, self.manager
+        allocate, allocate_decodes = manager.allocate, manager.allocate_decodes
         requests, new, computed = step.requests, step.new, step.computed
         index = 0
         while index < len(running) and step.budget > 0:
+            num_decodes = allocate_decodes(running, index, step.budget)
+            if num_decodes:
+                decodes = running[index : index + num_decodes]
+                dones = [request.num_computed_tokens for request in decodes]
+                requests += decodes
+                new += [1] * num_decodes
+                computed += dones
+                step.budget -= num_decodes
+                step.num_context += sum(dones) + num_decodes
+                step.num_decode += num_decodes
+                index += num_decodes
+                if index == len(running) or not step.budget:
+                    break
             request = running[index]
-            num_tokens = request.prompt_len + request.num_output_tokens
-            done = request.num_computed_tokens
-            num_new = num_tokens - done
+            num_new = request.prompt_len + request.num_output_tokens - request.num_computed_tokens
             if num_new > step.budget:
                 num_new = step.budget
             if num_new <= 0:
                 index += 1
                 continue
             ops = allocate(request, num_new)
-            if ops is NO_OPS and done and num_tokens - done == 1:  # a decode
-                requests.append(request)
-                new.append(1)
-                computed.append(done)
-                step.budget -= 1
-                step.num_context += done + 1
-                step.num_decode += 1
-                index += 1
-                continue
             while ops is None:
-                victim = self._pick_victim(running, self.manager.num_pages_held)
+                victim = self._pick_victim(running, manager.num_pages_held)
                 if running.index(victim) < index:
                     index -= 1
                 self._preempt(victim, step)
