@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     num_calibration = num_prompts if args.num_calibration_prompts is None else (
         args.num_calibration_prompts)
     separate = cost_model is None and not args.calibrate_on_same_run
+    if separate and num_calibration < 1:
+        raise KvlabError(f"--num-calibration-prompts {num_calibration}: expected 1 or more")
     args.num_prompts = num_prompts + (num_calibration if separate else 0)
     trace, calibration_trace = split_trace(_load_trace(args), num_prompts)
     result = validate(
