@@ -1,12 +1,19 @@
-"""Lists kvlab's subpackages: each top-level folder is mapped to `kvlab.<folder>` in pyproject.toml."""
+"""Lists kvlab's subpackages: each top-level folder is the subpackage `kvlab.<folder>`."""
 
 from pathlib import Path
 
 from setuptools import setup
 
 ROOT = Path(__file__).parent
-FOLDERS = {"kvlab": "kvlab", "policies": "kvlab.policies", "sim": "kvlab.sim", "engine": "kvlab.engine",
-           "kernels": "kvlab.kernels", "traces": "kvlab.traces", "dashboard": "kvlab.dashboard"}
+FOLDERS = {
+    "kvlab": "kvlab",
+    "policies": "kvlab.policies",
+    "sim": "kvlab.sim",
+    "engine": "kvlab.engine",
+    "kernels": "kvlab.kernels",
+    "traces": "kvlab.traces",
+    "dashboard": "kvlab.dashboard",
+}
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:

@@ -2,4 +2,4 @@
 
 
 class KvlabError(Exception):
-    """A user mistake (bad flag, file, trace row, preset or policy spec) with an actionable message."""
+    """A user mistake (bad flag, file, trace row, preset, policy) with an actionable message."""

@@ -6,7 +6,7 @@ import os
 # Triton kernel module is imported; an explicit TRITON_INTERPRET=0 (a GPU machine) is respected.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, settings
 
 # `HYPOTHESIS_PROFILE=thorough pytest tests/policies` runs 20x more random cases.
 settings.register_profile(

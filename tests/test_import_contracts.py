@@ -8,16 +8,37 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"policies": "kvlab.policies", "sim": "kvlab.sim", "traces": "kvlab.traces",
-           "engine": "kvlab.engine", "kernels": "kvlab.kernels", "kvlab": "kvlab"}
+FOLDERS = {
+    "policies": "kvlab.policies",
+    "sim": "kvlab.sim",
+    "traces": "kvlab.traces",
+    "engine": "kvlab.engine",
+    "kernels": "kvlab.kernels",
+    "kvlab": "kvlab",
+}
 
 # folder -> top-level modules its code must never import (directly)
 FORBIDDEN = {
-    "policies": {"torch", "simpy", "triton", "kvlab.sim", "kvlab.engine", "kvlab.kernels",
-                 "kvlab.dashboard", "kvlab.traces"},
+    "policies": {
+        "torch",
+        "simpy",
+        "triton",
+        "kvlab.sim",
+        "kvlab.engine",
+        "kvlab.kernels",
+        "kvlab.dashboard",
+        "kvlab.traces",
+    },
     "sim": {"torch", "triton", "kvlab.engine", "kvlab.kernels", "kvlab.dashboard"},
-    "traces": {"torch", "triton", "simpy", "kvlab.sim", "kvlab.engine", "kvlab.kernels",
-               "kvlab.dashboard"},
+    "traces": {
+        "torch",
+        "triton",
+        "simpy",
+        "kvlab.sim",
+        "kvlab.engine",
+        "kvlab.kernels",
+        "kvlab.dashboard",
+    },
     "kernels": {"kvlab.engine", "kvlab.sim", "kvlab.policies", "kvlab.dashboard"},
     "engine": {"kvlab.sim", "kvlab.dashboard", "simpy"},
     "kvlab": {"kvlab.dashboard"},
@@ -55,7 +76,8 @@ def test_policies_sim_and_traces_run_without_torch():
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'triton') or name.startswith(('kvlab.engine', 'kvlab.kernels')):
+        blocked = ('torch', 'triton', 'kvlab.engine', 'kvlab.kernels')
+        if name.split('.')[0] in blocked or name.startswith(blocked):
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
 import kvlab.policies, kvlab.traces, kvlab.sim

@@ -1,4 +1,4 @@
-"""`kvlab policies`: every registered memory policy, family by family, with a one-line description."""
+"""`kvlab policies`: every registered memory policy, family by family, with its description."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def format_policies(entries: list) -> str:
     lines += [
         "",
         "other keys: block_size (tokens per page, default 16), watermark (share of pages kept "
-        "free at admission, default 0.01), host_pages (swap space in pages, default = device pages)",
+        "free at admission, default 0.01), host_pages (swap space in pages; default: as many "
+        "as device pages)",
         "defaults: " + ",".join(f"{key}={value}" for key, value in defaults.items()),
     ]
     return "\n".join(lines)
