@@ -1,9 +1,12 @@
 """Speed of the KV-cache manager: the lifetimes of every request of the Azure conv trace.
 
-Each request's prompt is allocated at once (with its prefix-cache hit), then one token per
-decode step until its output is done, in a rolling batch of 256, as in the vLLM and nano-vllm
+Each request's prompt is allocated at once (with its prefix-cache hit; the prefill samples the
+first output token), then one token per decode step until its output is done, in a rolling batch
+of 256, as in the vLLM and nano-vllm
 measurements quoted in FACTS.md (vLLM 0.27.1: 64 s, nano-vllm: 16.6 s on this machine). A share of
 the requests (30% by default) share a 512-token prompt prefix, named by trace-style hash ids.
+It runs twice on fresh state: with one `allocate()` call per decode, then with the runs of
+decodes given to `allocate_decodes()` as the scheduler does, and checks both end alike.
 
     python benchmarks/policies_bench.py [--path azure2023_conv.csv] [--page-size 16]
 """
@@ -41,37 +44,78 @@ def build_requests(path: Path, shared_fraction: float, prefix_len: int) -> list[
     return requests
 
 
-def drive(manager: KVCacheManager, requests: list[Request], batch: int) -> tuple[int, int]:
-    """Run every lifetime; returns (decode token-steps, page operations)."""
-    allocate, free, table = manager.allocate, manager.free, manager.block_table
+def admit(manager: KVCacheManager, request: Request) -> None:
+    """Allocate the prompt with its prefix-cache hit; the prefill samples the first token."""
+    request.num_computed_tokens = manager.num_computed_prefix_tokens(request)
+    if manager.allocate(request, request.prompt_len - request.num_computed_tokens) is None:
+        raise SystemExit("out of KV pages: raise --num-pages")
+    request.num_computed_tokens = request.prompt_len
+    request.num_output_tokens = 1
+
+
+def drive(
+    manager: KVCacheManager, requests: list[Request], batch: int, batched: bool
+) -> tuple[int, int]:
+    """Run every lifetime, one `allocate(request, 1)` per decode or (`batched`) runs of decodes
+    through `allocate_decodes`, as the scheduler does; returns (decode token-steps, page ops)."""
+    allocate, allocate_decodes = manager.allocate, manager.allocate_decodes
     active: list[Request] = []
     next_index = num_steps = num_page_ops = 0
+
+    def free(request: Request) -> None:
+        nonlocal num_page_ops
+        num_page_ops += 2 * manager.num_pages_held(request)  # each taken once, released once
+        manager.free(request)
+
     while next_index < len(requests) or active:
         while len(active) < batch and next_index < len(requests):
             request = requests[next_index]
             next_index += 1
-            request.num_computed_tokens = manager.num_computed_prefix_tokens(request)
-            if allocate(request, request.prompt_len - request.num_computed_tokens) is None:
-                raise SystemExit("out of KV pages: raise --num-pages")
-            request.num_computed_tokens = request.prompt_len
-            active.append(request)
+            admit(manager, request)
+            if request.num_output_tokens < request.max_output_tokens:
+                active.append(request)
+            else:
+                free(request)
+        if batched:
+            index = 0
+            while index < len(active):
+                index += allocate_decodes(active, index, len(active) - index)
+                if index < len(active):  # a run stops where a decode needs the general path
+                    allocate(active[index], 1)
+                    index += 1
+        else:
+            for request in active:
+                allocate(request, 1)
         still = []
         for request in active:
-            allocate(request, 1)
             request.num_computed_tokens += 1
             request.num_output_tokens += 1
             if request.num_output_tokens < request.max_output_tokens:
                 still.append(request)
             else:
-                num_page_ops += 2 * len(table(request))  # each page taken once, released once
                 free(request)
         num_steps += len(active)
         active = still
     return num_steps, num_page_ops
 
 
+def measure(args: argparse.Namespace, batched: bool) -> tuple[KVCacheManager, tuple, float, float]:
+    """One run on fresh requests and a fresh manager: (manager, (requests, token-steps, page
+    operations), wall s, CPU s)."""
+    requests = build_requests(args.path, args.shared_fraction, args.prefix_len)
+    spec = f"{args.policy}{',' if ':' in args.policy else ':'}block_size={args.page_size}"
+    manager = KVCacheManager(spec, args.num_pages, max_model_len=32768)
+    gc.collect()
+    gc.freeze()  # the requests live all run long: keep them out of every collection
+    start, start_cpu = time.perf_counter(), time.process_time()
+    counts = (len(requests), *drive(manager, requests, args.batch, batched))
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    gc.unfreeze()
+    return manager, counts, wall, cpu
+
+
 def main() -> None:
-    """Parse flags, run the benchmark, print the figures."""
+    """Parse flags, run the benchmark both ways, print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=Path, default=DEFAULT_TRACE, help="Azure conv trace CSV")
     parser.add_argument("--page-size", type=int, default=16)
@@ -83,23 +127,23 @@ def main() -> None:
                         help="policy spec (block_size is set by --page-size)")
     args = parser.parse_args()
 
-    requests = build_requests(args.path, args.shared_fraction, args.prefix_len)
-    spec = f"{args.policy}{',' if ':' in args.policy else ':'}block_size={args.page_size}"
-    manager = KVCacheManager(spec, args.num_pages, max_model_len=32768)
-    gc.collect()
-    gc.freeze()  # the requests live all run long: keep them out of every collection
-    start, start_cpu = time.perf_counter(), time.process_time()
-    num_steps, num_page_ops = drive(manager, requests, args.batch)
-    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    runs = {batched: measure(args, batched) for batched in (False, True)}
+    manager, (num_requests, num_steps, num_page_ops), _, _ = runs[False]
     usage = manager.usage()
+    # Both drives must make the same decisions: the same counts and memory at the end.
+    if runs[True][1] != runs[False][1] or runs[True][0].usage() != usage:
+        raise SystemExit("allocate_decodes and allocate one by one disagree")
     print(f"policy                     {manager.policy}")
-    print(f"requests                   {len(requests):,}")
+    print(f"requests                   {num_requests:,}")
     print(f"decode token-steps         {num_steps:,}")
-    print(f"wall time (s)              {wall:.2f}")
-    print(f"CPU time (s)               {cpu:.2f}   (differs from wall time on a busy machine)")
-    print(f"page operations per second {num_page_ops / wall:,.0f}")
-    print(f"ns per decode token-step   {wall / num_steps * 1e9:,.0f}")
     print(f"prefix-cache hit pages     {usage.num_prefix_hits:,} of {usage.num_prefix_queries:,}")
+    for batched, label in ((False, "allocate() per decode"), (True, "allocate_decodes() runs")):
+        _, _, wall, cpu = runs[batched]
+        print(f"--- {label}")
+        print(f"wall time (s)              {wall:.2f}")
+        print(f"CPU time (s)               {cpu:.2f}   (differs from wall time on a busy machine)")
+        print(f"page operations per second {num_page_ops / wall:,.0f}")
+        print(f"ns per decode token-step   {wall / num_steps * 1e9:,.0f}")
 
 
 if __name__ == "__main__":

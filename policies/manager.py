@@ -67,6 +67,10 @@ class KVCacheManager:
         self.allocator = registry.get("allocation", spec.kind).factory(num_pages)
         self.block_sizing = registry.get("block_sizing", spec.block_sizing).factory(self.page_size)
         self.evictor = registry.get("eviction", spec.eviction).factory()
+        # Batched forms of evictor.add and evictor.pop_victim, where the policy has them (LRU):
+        # a finished or preempted sequence hands back dozens of pages at once.
+        self._add_pages = getattr(self.evictor, "add_pages", None)
+        self._pop_victims = getattr(self.evictor, "pop_victims", None)
         self.caching: bool = self.evictor.caches
         self._reserve = registry.get("reserve", spec.reserve).factory
         self._is_paged = spec.kind == "paged"
@@ -213,16 +217,14 @@ class KVCacheManager:
         # update; one call for the run saves a Python call and the lookups per token, which is
         # most of the cost of a simulation.
         seqs, grow = self._seqs, self._grow_by_one_page if self._free_list is not None else None
-        end = min(len(requests), start + budget)
-        index = start
-        live = 0
-        while index < end:
-            request = requests[index]
+        num_claimed = live = 0
+        for request in requests[start : start + budget]:
             done = request.num_computed_tokens
             if not done or request.prompt_len + request.num_output_tokens - done != 1:
                 break
-            state = seqs.get(request.request_id)
-            if state is None:
+            try:
+                state = seqs[request.request_id]
+            except KeyError:
                 break
             if done < state.fast_limit:  # the token's slot is already held
                 if done >= state.num_tokens:
@@ -230,9 +232,9 @@ class KVCacheManager:
                     state.num_tokens = done + 1
             elif grow is None or not grow(state, done + 1):
                 break
-            index += 1
+            num_claimed += 1
         self._num_live_slots += live
-        return index - start
+        return num_claimed
 
     def free(self, seq: Request) -> None:
         """Release everything the sequence holds, on device and host."""
@@ -316,11 +318,13 @@ class KVCacheManager:
         free = self._free_list
         if total > limit + page_size or limit != len(state.pages) * page_size:
             return False
-        if not free:
-            if not len(self.evictor):
-                return False
-            self._evict(1)  # the cached page the eviction policy gives up lands in `free`
-        page = free.popleft()
+        if free:
+            page = free.popleft()
+        elif len(self.evictor):
+            # What _evict(1) would release to the empty free list and we would pop right back.
+            page = self._drop_victims(1)[0]
+        else:
+            return False
         self._ref[page] = 1
         state.pages.append(page)
         state.num_blocks += 1
@@ -455,12 +459,21 @@ class KVCacheManager:
     def _take_block(self, num_pages: int) -> list[int]:
         """Take one block, evicting cached pages as needed (the plan made sure it fits)."""
         allocator = self.allocator
-        if self._is_paged and num_pages > allocator.num_free_pages:
-            self._evict(num_pages - allocator.num_free_pages)
-        pages = allocator.allocate(num_pages)
-        while pages is None:
-            self._evict(1)
+        if self._is_paged:
+            # Paging takes the free list from its head: all of it, then the evicted pages in
+            # eviction order (what releasing them to its tail and allocating would give).
+            free = allocator.free_list
+            if num_pages > len(free):
+                pages = list(free)
+                free.clear()
+                pages += self._drop_victims(num_pages - len(pages))
+            else:
+                pages = allocator.allocate(num_pages)
+        else:
             pages = allocator.allocate(num_pages)
+            while pages is None:
+                self._evict(1)
+                pages = allocator.allocate(num_pages)
         ref = self._ref
         for page in pages:
             ref[page] = 1
@@ -468,12 +481,21 @@ class KVCacheManager:
 
     def _evict(self, num_pages: int) -> None:
         """Drop the content of `num_pages` cached pages, in eviction order, and free them."""
-        pop, cached, page_hash = self.evictor.pop_victim, self._cached, self._hash
-        pages = [pop() for _ in range(num_pages)]
+        self.allocator.release(self._drop_victims(num_pages))
+
+    def _drop_victims(self, num_pages: int) -> list[int]:
+        """Take `num_pages` cached pages from the eviction policy, in its order, and forget their
+        content; the caller frees or reuses them."""
+        if self._pop_victims is not None:
+            pages = self._pop_victims(num_pages)
+        else:
+            pop = self.evictor.pop_victim
+            pages = [pop() for _ in range(num_pages)]
+        cached, page_hash = self._cached, self._hash
         for page in pages:
             del cached[page_hash[page]]
             page_hash[page] = None
-        self.allocator.release(pages)
+        return pages
 
     def _register(self, seq: Request, state: _SeqState) -> None:
         """Put newly full prompt pages into the prefix cache."""
@@ -506,19 +528,27 @@ class KVCacheManager:
 
     def _release(self, state: _SeqState) -> None:
         """Drop one owner from each page, tail first (so LRU evicts deep prompt pages first)."""
-        ref, page_hash, depth, add = self._ref, self._hash, self._depth, self.evictor.add
-        pages = state.pages
+        ref, page_hash = self._ref, self._hash
         to_free: list[int] = []
-        for index in range(len(pages) - 1, -1, -1):
-            page = pages[index]
+        to_cache: list[int] = []
+        index = len(state.pages)
+        for page in reversed(state.pages):
+            index -= 1
             count = ref[page] - 1
             ref[page] = count
             if count > 0:
                 self._num_dup_slots -= self._fill(index, state.num_tokens)
-            elif page_hash[page] is not None:
-                add(page, depth[page])
-            else:
+            elif page_hash[page] is None:
                 to_free.append(page)
+            else:
+                to_cache.append(page)
+        # The eviction policy sees the cached pages in the same order as one `add` per page.
+        if self._add_pages is not None:
+            self._add_pages(to_cache, self._depth)
+        else:
+            add, depth = self.evictor.add, self._depth
+            for page in to_cache:
+                add(page, depth[page])
         to_free.reverse()
         self.allocator.release(to_free)
         self._num_live_slots -= state.num_tokens
