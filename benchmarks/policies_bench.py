@@ -89,8 +89,9 @@ def drive(
         still = []
         for request in active:
             request.num_computed_tokens += 1
-            request.num_output_tokens += 1
-            if request.num_output_tokens < request.max_output_tokens:
+            num_output = request.num_output_tokens + 1
+            request.num_output_tokens = num_output
+            if num_output < request.max_output_tokens:
                 still.append(request)
             else:
                 free(request)
