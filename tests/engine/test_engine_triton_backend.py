@@ -1,0 +1,56 @@
+"""The engine with the Triton attention backend (Triton's interpreter on CPU) keeps transformers'
+greedy tokens, through preemption and prefix caching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from kvlab.engine import LLM, SamplingParams
+
+pytest.importorskip("triton")
+
+PROMPTS = [[5, 9, 14, 3, 22, 7, 8, 1, 30], [5, 9, 14, 3, 22, 7, 8, 1, 44, 2, 6], [17, 4]]
+MAX_TOKENS = [5, 4, 6]
+
+
+def _transformers_greedy(folder) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    outputs = []
+    for prompt, max_tokens in zip(PROMPTS, MAX_TOKENS, strict=True):
+        ids = torch.tensor([prompt])
+        generated = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            pad_token_id=0,
+        )
+        outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs
+
+
+@pytest.mark.parametrize(
+    ("policy", "num_pages"),
+    [("paged:block_size=4,eviction=lru", 64), ("paged:block_size=4,preemption=swap", 6)],
+)
+def test_triton_backend_keeps_transformers_tokens(hf_tiny_llama, policy, num_pages):
+    expected = _transformers_greedy(hf_tiny_llama)
+    llm = LLM(
+        str(hf_tiny_llama),
+        policy=policy,
+        attention_backend="triton",
+        num_gpu_blocks_override=num_pages,
+        verbose=False,
+    )
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    assert llm.engine.model.attn_backend.name == "triton"
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [out.outputs[0].token_ids for out in outputs] == expected
+    scheduler, manager = llm.engine.scheduler, llm.engine.manager
+    if "swap" in policy:
+        assert scheduler.num_swaps_out > 0
+    else:
+        assert manager.num_prefix_hits > 0
