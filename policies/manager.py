@@ -206,12 +206,14 @@ class KVCacheManager:
 
     def allocate_decodes(self, requests: list[Request], start: int, budget: int) -> int:
         """Claim one token for each decode in `requests[start:]`, stopping at the first request
-        that is not a decode or needs more than one free page; returns how many were claimed.
+        that is not a decode or needs the planner; returns how many were claimed.
 
         Exactly `allocate(request, 1)` for each of them in order (at most `budget`): the same
         pages, evictions and counters. A decode is a request with computed tokens whose one
-        uncomputed token is the last; whatever stops the run is left for `allocate` to decide
-        (prefill chunks, copy-on-write, a full memory and so preemption).
+        uncomputed token is the last. A run goes on through a page boundary only where
+        `allocate` would take the next page straight from the free list (or evict one cached
+        page for it); whatever stops it is left to `allocate` (prefill chunks, block sizing,
+        copy-on-write, a full memory and so preemption).
         """
         # Why: a step of a large batch is hundreds of decodes, nearly all of them a counter
         # update; one call for the run saves a Python call and the lookups per token, which is
