@@ -53,6 +53,9 @@ class EngineConfig:
     the KV cache directly (the way to size it on cpu); `num_gpu_blocks_override` fixes the page
     count. `swap_space_bytes` bounds host swap pages unless the spec's `host_pages` does.
     `preemption_costs` replaces the startup measurement that `preemption=auto` otherwise runs.
+    `step_timer` is how a step's duration is measured: `wall` (perf_counter), or `cpu`: the
+    engine thread's CPU time, which ignores time other processes hold the cores. `cpu` is exact
+    only on the cpu device with one torch thread (the caller sets torch.set_num_threads(1)).
     """
 
     model: str
@@ -72,6 +75,7 @@ class EngineConfig:
     dtype: str | None = None
     seed: int = 0
     preemption_costs: Any = None
+    step_timer: str = "wall"
 
     def policy_spec(self) -> PolicySpec:
         """The policy with this config's page size and prefix-caching switch applied."""

@@ -8,7 +8,7 @@ measures how long each step took. That is what lets lockstep validation replay a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -82,6 +82,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.platform = get_platform(config.device)
+        self._timer = _step_timer(config.step_timer, self.platform.device.type)
         backend = get_backend(config.attention_backend)
         spec = config.policy_spec()
         self.policy: PolicySpec = spec
@@ -244,11 +245,11 @@ class LLMEngine:
 
     def _step(self, now_s: float, clock: VirtualClock | WallClock, steps: StepRecorder) -> int:
         """One schedule -> execute -> commit step starting at `now_s`; returns requests ended."""
-        scheduler = self.scheduler
-        started = time.perf_counter()
+        scheduler, timer = self.scheduler, self._timer
+        started = timer()
         output = scheduler.schedule(now_s)
         sampled = self.runner.execute(output, self._params)
-        measured_s = time.perf_counter() - started
+        measured_s = timer() - started
         end_s = clock.end_step(now_s, measured_s)
         self._check_progress(output)
         steps.record(
@@ -311,3 +312,20 @@ class LLMEngine:
         if spec.host_pages is not None:
             return spec.host_pages
         return min(num_pages, num_host_pages(self.model_config, cache, model_dtype(self.model)))
+
+
+STEP_TIMERS = ("wall", "cpu")
+
+
+def _step_timer(name: str, device_type: str) -> Callable[[], float]:
+    """The clock a step's duration is read from (see EngineConfig.step_timer)."""
+    if name not in STEP_TIMERS:
+        raise KvlabError(f"--step-timer {name!r}: choose from {', '.join(STEP_TIMERS)}")
+    if name == "wall":
+        return time.perf_counter
+    if device_type != "cpu":
+        raise KvlabError(
+            f"--step-timer cpu measures host CPU time; on {device_type} the work runs on the "
+            "device: use --step-timer wall"
+        )
+    return time.thread_time

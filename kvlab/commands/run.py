@@ -28,25 +28,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _workload_arguments(data: argparse._ArgumentGroup) -> None:
-    data.add_argument("--dataset-name", default="azure", choices=DATASET_NAMES,
-                      help="trace format, or random for vLLM's synthetic set (default: azure, "
-                           "the bundled Azure conversation excerpt)")
-    data.add_argument("--dataset-path", default=None,
-                      help="trace file or bundled excerpt name (azure-conv, azure-code, "
-                           "mooncake); default: the dataset's bundled excerpt")
-    data.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS,
-                      help=f"keep the first N requests (default {DEFAULT_NUM_PROMPTS})")
-    data.add_argument("--request-rate", type=float, default=math.inf,
-                      help="resample arrivals at this many requests/s (default inf: replay the "
-                           "trace's timestamps; random sends everything at 0)")
-    data.add_argument("--burstiness", type=float, default=1.0,
-                      help="gamma shape of resampled arrival gaps (1: Poisson)")
-    data.add_argument("--time-scale", type=float, default=1.0,
-                      help="divide trace timestamps by this to compress time (4: 4x the rate)")
-    data.add_argument("--seed", type=int, default=0,
-                      help="seed of resampled arrivals, synthetic lengths and prompt token ids")
-    data.add_argument("--tokenizer", default=None,
-                      help="sharegpt: local Hugging Face tokenizer folder for exact lengths")
+    data.add_argument(
+        "--dataset-name",
+        default="azure",
+        choices=DATASET_NAMES,
+        help="trace format, or random for vLLM's synthetic set (default: azure, "
+        "the bundled Azure conversation excerpt)",
+    )
+    data.add_argument(
+        "--dataset-path",
+        default=None,
+        help="trace file or bundled excerpt name (azure-conv, azure-code, "
+        "mooncake); default: the dataset's bundled excerpt",
+    )
+    data.add_argument(
+        "--num-prompts",
+        type=int,
+        default=DEFAULT_NUM_PROMPTS,
+        help=f"keep the first N requests (default {DEFAULT_NUM_PROMPTS})",
+    )
+    data.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="resample arrivals at this many requests/s (default inf: replay the "
+        "trace's timestamps; random sends everything at 0)",
+    )
+    data.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of resampled arrival gaps (1: Poisson)",
+    )
+    data.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="divide trace timestamps by this to compress time (4: 4x the rate)",
+    )
+    data.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of resampled arrivals, synthetic lengths and prompt token ids",
+    )
+    data.add_argument(
+        "--tokenizer",
+        default=None,
+        help="sharegpt: local Hugging Face tokenizer folder for exact lengths",
+    )
     for flag, kind, text in (
         ("--random-input-len", int, "random: prompt tokens (default 1024)"),
         ("--random-output-len", int, "random: output tokens (default 128)"),
@@ -55,62 +85,125 @@ def _workload_arguments(data: argparse._ArgumentGroup) -> None:
         ("--num-prefix-groups", int, "random: requests share their prefix in this many groups"),
     ):
         data.add_argument(flag, type=kind, default=None, help=text)
-    data.add_argument("--replay", default="fast", choices=("fast", "realtime"),
-                      help="fast: as fast as possible on a virtual clock of measured step "
-                           "times (default); realtime: wait for each arrival on the wall clock")
+    data.add_argument(
+        "--replay",
+        default="fast",
+        choices=("fast", "realtime"),
+        help="fast: as fast as possible on a virtual clock of measured step "
+        "times (default); realtime: wait for each arrival on the wall clock",
+    )
+    data.add_argument(
+        "--step-timer",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="how step times are measured: wall (default), or cpu: the engine "
+        "thread's CPU time with one torch thread (cpu device only; steady on "
+        "a shared machine, where other processes take the cores)",
+    )
 
 
 def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
-    machine.add_argument("--model", default="tiny-llama",
-                         help="tiny-llama, tiny-qwen2, or a local Hugging Face folder "
-                              "(config.json and *.safetensors)")
+    machine.add_argument(
+        "--model",
+        default="tiny-llama",
+        help="tiny-llama, tiny-qwen2, or a local Hugging Face folder "
+        "(config.json and *.safetensors)",
+    )
     machine.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or npu")
-    machine.add_argument("--attention-backend", default="torch",
-                         help="kernel backend: torch (reference), triton, npu")
-    machine.add_argument("--dtype", default=None,
-                         help="float32, float16 or bfloat16 (default: the checkpoint's)")
-    machine.add_argument("--kv-cache-memory", default=None, metavar="SIZE",
-                         help="KV cache size, e.g. 256MiB or 2GiB (default on cpu: "
-                              f"{DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from "
-                              "--gpu-memory-utilization)")
-    machine.add_argument("--swap-space", default="4GiB", metavar="SIZE",
-                         help="host memory bounding the swap pages (default 4GiB)")
-    machine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                         help="share of device memory for weights, activations and KV cache")
-    machine.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                         help="KV pages, whatever the memory says")
-    machine.add_argument("--max-model-len", type=int, default=None,
-                         help="longest request (prompt + output); default: the model's; "
-                              "longer requests fail")
+    machine.add_argument(
+        "--attention-backend",
+        default="torch",
+        help="kernel backend: torch (reference), triton, npu",
+    )
+    machine.add_argument(
+        "--dtype", default=None, help="float32, float16 or bfloat16 (default: the checkpoint's)"
+    )
+    machine.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        metavar="SIZE",
+        help="KV cache size, e.g. 256MiB or 2GiB (default on cpu: "
+        f"{DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from "
+        "--gpu-memory-utilization)",
+    )
+    machine.add_argument(
+        "--swap-space",
+        default="4GiB",
+        metavar="SIZE",
+        help="host memory bounding the swap pages (default 4GiB)",
+    )
+    machine.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of device memory for weights, activations and KV cache",
+    )
+    machine.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="KV pages, whatever the memory says",
+    )
+    machine.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest request (prompt + output); default: the model's; longer requests fail",
+    )
 
 
 def _policy_arguments(policy: argparse._ArgumentGroup) -> None:
-    policy.add_argument("--policy", default="paged", metavar="SPEC",
-                        help="memory policy, e.g. paged:block_size=16,eviction=lru,"
-                             "preemption=swap (see `kvlab policies`)")
-    policy.add_argument("--block-size", type=int, default=None,
-                        help="tokens per page when the spec leaves block_size at its default")
-    policy.add_argument("--enable-prefix-caching", action="store_true",
-                        help="cache prompt pages (eviction none becomes lru)")
+    policy.add_argument(
+        "--policy",
+        default="paged",
+        metavar="SPEC",
+        help="memory policy, e.g. paged:block_size=16,eviction=lru,"
+        "preemption=swap (see `kvlab policies`)",
+    )
+    policy.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per page when the spec leaves block_size at its default",
+    )
+    policy.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="cache prompt pages (eviction none becomes lru)",
+    )
     policy.add_argument("--max-num-seqs", type=int, default=256)
     policy.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    policy.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
-                        default=True)
+    policy.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+    )
 
 
 def _report_arguments(out: argparse._ArgumentGroup) -> None:
-    out.add_argument("--percentile-metrics", default="ttft,tpot,itl",
-                     help="metrics with percentiles: any of ttft,tpot,itl,e2el")
+    out.add_argument(
+        "--percentile-metrics",
+        default="ttft,tpot,itl",
+        help="metrics with percentiles: any of ttft,tpot,itl,e2el",
+    )
     out.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
-    out.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
-                     help="SLOs for request goodput, e.g. ttft:500 tpot:50")
-    out.add_argument("--save-result", action="store_true",
-                     help="write the summary JSON, the per-request table and the per-step "
-                          "profile (what `kvlab calibrate` fits)")
+    out.add_argument(
+        "--goodput",
+        nargs="+",
+        default=None,
+        metavar="KEY:MS",
+        help="SLOs for request goodput, e.g. ttft:500 tpot:50",
+    )
+    out.add_argument(
+        "--save-result",
+        action="store_true",
+        help="write the summary JSON, the per-request table and the per-step "
+        "profile (what `kvlab calibrate` fits)",
+    )
     out.add_argument("--result-dir", default=".")
-    out.add_argument("--result-filename", default=None,
-                     help="summary file name (default: vLLM's <backend>-<rate>qps-<model>-"
-                          "<date>.json)")
+    out.add_argument(
+        "--result-filename",
+        default=None,
+        help="summary file name (default: vLLM's <backend>-<rate>qps-<model>-<date>.json)",
+    )
     out.add_argument("--table-format", default="csv", choices=("csv", "parquet"))
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
@@ -132,6 +225,10 @@ def run(args: argparse.Namespace) -> int:
     goodput = parse_goodput(args.goodput) if args.goodput else None
     config = engine_config(args)
     trace = _load_trace(args)
+    if args.step_timer == "cpu":
+        import torch
+
+        torch.set_num_threads(1)  # the thread's CPU time then counts all of a step's work
     engine = LLMEngine(config)
     for line in engine.startup_lines:
         print(line)
@@ -180,6 +277,7 @@ def engine_config(args: argparse.Namespace) -> object:
         attention_backend=args.attention_backend,
         dtype=args.dtype,
         seed=args.seed,
+        step_timer=args.step_timer,
     )
 
 
@@ -202,8 +300,14 @@ def _policy(spec_text: str, block_size: int | None) -> object:
 def _load_trace(args: argparse.Namespace) -> object:
     from kvlab.traces import load_trace
 
-    names = ("tokenizer", "random_input_len", "random_output_len", "random_range_ratio",
-             "random_prefix_len", "num_prefix_groups")
+    names = (
+        "tokenizer",
+        "random_input_len",
+        "random_output_len",
+        "random_range_ratio",
+        "random_prefix_len",
+        "num_prefix_groups",
+    )
     options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     return load_trace(
         args.dataset_name,

@@ -23,23 +23,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kvlab.commands import run as run_command
 
     run_command.add_arguments(parser)
-    parser.set_defaults(num_prompts=DEFAULT_NUM_PROMPTS)
+    # CPU step times: the engine's side of the comparison must not depend on who else is running
+    parser.set_defaults(num_prompts=DEFAULT_NUM_PROMPTS, step_timer="cpu")
     group = parser.add_argument_group("validation")
-    group.add_argument("--cost-model", default=None, metavar="FILE",
-                       help="calibrated cost model from `kvlab calibrate` (default: calibrate "
-                            "on a separate run first)")
-    group.add_argument("--num-calibration-prompts", type=int, default=None, metavar="N",
-                       help="requests of the calibration run, taken after the validated ones "
-                            "(default: as many as --num-prompts)")
-    group.add_argument("--calibrate-on-same-run", action="store_true",
-                       help="fit the cost model on the validated run's own profile "
-                            "(optimistic; no calibration run)")
-    group.add_argument("--lockstep", action="store_true",
-                       help="also replay the engine's measured step times in the simulator and "
-                            "check that every step's memory and every preemption and swap match")
-    group.add_argument("--num-threads", type=int, default=1,
-                       help="torch CPU threads (default 1: steadier step times on a shared "
-                            "machine)")
+    group.add_argument(
+        "--cost-model",
+        default=None,
+        metavar="FILE",
+        help="calibrated cost model from `kvlab calibrate` (default: calibrate "
+        "on a separate run first)",
+    )
+    group.add_argument(
+        "--num-calibration-prompts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests of the calibration run, taken after the validated ones "
+        "(default: as many as --num-prompts)",
+    )
+    group.add_argument(
+        "--calibrate-on-same-run",
+        action="store_true",
+        help="fit the cost model on the validated run's own profile "
+        "(optimistic; no calibration run)",
+    )
+    group.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="also replay the engine's measured step times in the simulator and "
+        "check that every step's memory and every preemption and swap match",
+    )
+    group.add_argument(
+        "--num-threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: steadier step times on a shared machine)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
     config = engine_config(args)
     num_prompts = args.num_prompts
-    num_calibration = num_prompts if args.num_calibration_prompts is None else (
-        args.num_calibration_prompts)
+    num_calibration = (
+        num_prompts if args.num_calibration_prompts is None else (args.num_calibration_prompts)
+    )
     separate = cost_model is None and not args.calibrate_on_same_run
     if separate and num_calibration < 1:
         raise KvlabError(f"--num-calibration-prompts {num_calibration}: expected 1 or more")
@@ -79,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_validation(result))
     if args.save_result:
-        name = args.result_filename or (
-            f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+        name = args.result_filename or (f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
         path = Path(args.result_dir) / name
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
