@@ -8,7 +8,7 @@ from typing import Any
 
 from kvlab.engine.kv_cache import DEFAULT_SWAP_SPACE_BYTES
 from kvlab.errors import KvlabError
-from kvlab.policies.spec import PolicySpec
+from kvlab.policies.spec import PolicySpec, parse_policy
 
 _UNITS = {
     "": 1,
@@ -79,8 +79,6 @@ class EngineConfig:
 
     def policy_spec(self) -> PolicySpec:
         """The policy with this config's page size and prefix-caching switch applied."""
-        from kvlab.policies.spec import parse_policy
-
         spec = parse_policy(self.policy)
         if self.block_size is not None:
             if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
