@@ -1,8 +1,8 @@
 """`kvlab calibrate`: fit the simulator's cost model to the per-step profiles of `kvlab run`.
 
-    kvlab run --save-result --result-filename cal.json   # writes cal.steps.csv
-    kvlab calibrate cal.steps.csv -o costmodel.json
-    kvlab sim --cost-model costmodel.json ...
+kvlab run --save-result --result-filename cal.json   # writes cal.steps.csv
+kvlab calibrate cal.steps.csv -o costmodel.json
+kvlab sim --cost-model costmodel.json ...
 """
 
 from __future__ import annotations

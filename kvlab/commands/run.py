@@ -11,80 +11,38 @@ virtual clock advances by the measured step times and skips idle gaps between ar
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
-DATASET_NAMES = ("azure", "mooncake", "burstgpt", "sharegpt", "random")
+from kvlab.commands.common import (
+    add_report_arguments,
+    add_workload_arguments,
+    load_trace_from_args,
+)
+
 DEFAULT_NUM_PROMPTS = 32
 DEFAULT_CPU_KV_CACHE_MEMORY = "512MiB"  # vLLM's 4 GiB cpu default takes seconds to allocate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab run` (no heavy imports here)."""
-    _workload_arguments(parser.add_argument_group("workload"))
+    data = parser.add_argument_group("workload")
+    add_workload_arguments(
+        data,
+        num_prompts=DEFAULT_NUM_PROMPTS,
+        num_prompts_help=f"keep the first N requests (default {DEFAULT_NUM_PROMPTS})",
+        seed_help="seed of resampled arrivals, synthetic lengths and prompt token ids",
+    )
+    _replay_arguments(data)
     _engine_arguments(parser.add_argument_group("model, device and memory"))
     _policy_arguments(parser.add_argument_group("policy and scheduler"))
-    _report_arguments(parser.add_argument_group("report and results"))
+    add_report_arguments(
+        parser.add_argument_group("report and results"),
+        save_help="write the summary JSON, the per-request table and the per-step profile "
+        "(what `kvlab calibrate` fits)",
+    )
 
 
-def _workload_arguments(data: argparse._ArgumentGroup) -> None:
-    data.add_argument(
-        "--dataset-name",
-        default="azure",
-        choices=DATASET_NAMES,
-        help="trace format, or random for vLLM's synthetic set (default: azure, "
-        "the bundled Azure conversation excerpt)",
-    )
-    data.add_argument(
-        "--dataset-path",
-        default=None,
-        help="trace file or bundled excerpt name (azure-conv, azure-code, "
-        "mooncake); default: the dataset's bundled excerpt",
-    )
-    data.add_argument(
-        "--num-prompts",
-        type=int,
-        default=DEFAULT_NUM_PROMPTS,
-        help=f"keep the first N requests (default {DEFAULT_NUM_PROMPTS})",
-    )
-    data.add_argument(
-        "--request-rate",
-        type=float,
-        default=math.inf,
-        help="resample arrivals at this many requests/s (default inf: replay the "
-        "trace's timestamps; random sends everything at 0)",
-    )
-    data.add_argument(
-        "--burstiness",
-        type=float,
-        default=1.0,
-        help="gamma shape of resampled arrival gaps (1: Poisson)",
-    )
-    data.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        help="divide trace timestamps by this to compress time (4: 4x the rate)",
-    )
-    data.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of resampled arrivals, synthetic lengths and prompt token ids",
-    )
-    data.add_argument(
-        "--tokenizer",
-        default=None,
-        help="sharegpt: local Hugging Face tokenizer folder for exact lengths",
-    )
-    for flag, kind, text in (
-        ("--random-input-len", int, "random: prompt tokens (default 1024)"),
-        ("--random-output-len", int, "random: output tokens (default 128)"),
-        ("--random-range-ratio", float, "random: lengths vary uniformly by this share"),
-        ("--random-prefix-len", int, "random: shared prefix tokens before each prompt"),
-        ("--num-prefix-groups", int, "random: requests share their prefix in this many groups"),
-    ):
-        data.add_argument(flag, type=kind, default=None, help=text)
+def _replay_arguments(data: argparse._ArgumentGroup) -> None:
     data.add_argument(
         "--replay",
         default="fast",
@@ -178,36 +136,6 @@ def _policy_arguments(policy: argparse._ArgumentGroup) -> None:
     )
 
 
-def _report_arguments(out: argparse._ArgumentGroup) -> None:
-    out.add_argument(
-        "--percentile-metrics",
-        default="ttft,tpot,itl",
-        help="metrics with percentiles: any of ttft,tpot,itl,e2el",
-    )
-    out.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
-    out.add_argument(
-        "--goodput",
-        nargs="+",
-        default=None,
-        metavar="KEY:MS",
-        help="SLOs for request goodput, e.g. ttft:500 tpot:50",
-    )
-    out.add_argument(
-        "--save-result",
-        action="store_true",
-        help="write the summary JSON, the per-request table and the per-step "
-        "profile (what `kvlab calibrate` fits)",
-    )
-    out.add_argument("--result-dir", default=".")
-    out.add_argument(
-        "--result-filename",
-        default=None,
-        help="summary file name (default: vLLM's <backend>-<rate>qps-<model>-<date>.json)",
-    )
-    out.add_argument("--table-format", default="csv", choices=("csv", "parquet"))
-    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
-
-
 def run(args: argparse.Namespace) -> int:
     """Build the engine, replay the trace, print the report; save results when asked."""
     from kvlab.engine.engine import LLMEngine
@@ -224,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     percentiles = parse_metric_percentiles(args.metric_percentiles)
     goodput = parse_goodput(args.goodput) if args.goodput else None
     config = engine_config(args)
-    trace = _load_trace(args)
+    trace = load_trace_from_args(args)
     if args.step_timer == "cpu":
         import torch
 
@@ -295,30 +223,6 @@ def _policy(spec_text: str, block_size: int | None) -> object:
             f"block_size={spec.block_size}; give the page size once"
         )
     return spec.with_options(block_size=block_size)
-
-
-def _load_trace(args: argparse.Namespace) -> object:
-    from kvlab.traces import load_trace
-
-    names = (
-        "tokenizer",
-        "random_input_len",
-        "random_output_len",
-        "random_range_ratio",
-        "random_prefix_len",
-        "num_prefix_groups",
-    )
-    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    return load_trace(
-        args.dataset_name,
-        args.dataset_path,
-        num_prompts=args.num_prompts,
-        seed=args.seed,
-        request_rate=args.request_rate,
-        burstiness=args.burstiness,
-        time_scale=args.time_scale,
-        **options,
-    )
 
 
 def _print_failures(requests: list) -> None:

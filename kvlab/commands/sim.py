@@ -8,76 +8,30 @@ files; engine: block size, batch limits, memory sizing, prefix caching).
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 from typing import TYPE_CHECKING, Any
+
+from kvlab.commands.common import (
+    add_report_arguments,
+    add_workload_arguments,
+    load_trace_from_args,
+)
 
 if TYPE_CHECKING:
     from kvlab.metrics import RunResult
     from kvlab.policies import PolicySpec
     from kvlab.sim import SimConfig
 
-DATASET_NAMES = ("azure", "mooncake", "burstgpt", "sharegpt", "random")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab sim` (no heavy imports here)."""
-    data = parser.add_argument_group("workload")
-    data.add_argument(
-        "--dataset-name",
-        default="azure",
-        choices=DATASET_NAMES,
-        help="trace format, or random for vLLM's synthetic set (default: azure, "
-        "the bundled Azure conversation excerpt)",
+    add_workload_arguments(
+        parser.add_argument_group("workload"),
+        num_prompts=None,
+        num_prompts_help="keep the first N requests (random: generate N, default 1000)",
+        seed_help="seed of resampled arrivals and synthetic lengths",
     )
-    data.add_argument(
-        "--dataset-path",
-        default=None,
-        help="trace file or bundled excerpt name (azure-conv, azure-code, "
-        "mooncake); default: the dataset's bundled excerpt",
-    )
-    data.add_argument(
-        "--num-prompts",
-        type=int,
-        default=None,
-        help="keep the first N requests (random: generate N, default 1000)",
-    )
-    data.add_argument(
-        "--request-rate",
-        type=float,
-        default=math.inf,
-        help="resample arrivals at this many requests/s (default inf: replay the "
-        "trace's timestamps; random sends everything at 0)",
-    )
-    data.add_argument(
-        "--burstiness",
-        type=float,
-        default=1.0,
-        help="gamma shape of resampled arrival gaps (1: Poisson)",
-    )
-    data.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        help="divide trace timestamps by this to compress time (4: 4x the rate)",
-    )
-    data.add_argument(
-        "--seed", type=int, default=0, help="seed of resampled arrivals and synthetic lengths"
-    )
-    data.add_argument(
-        "--tokenizer",
-        default=None,
-        help="sharegpt: local Hugging Face tokenizer folder for exact lengths",
-    )
-    for flag, kind, text in (
-        ("--random-input-len", int, "random: prompt tokens (default 1024)"),
-        ("--random-output-len", int, "random: output tokens (default 128)"),
-        ("--random-range-ratio", float, "random: lengths vary uniformly by this share"),
-        ("--random-prefix-len", int, "random: shared prefix tokens before each prompt"),
-        ("--num-prefix-groups", int, "random: requests share their prefix in this many groups"),
-    ):
-        data.add_argument(flag, type=kind, default=None, help=text)
 
     machine = parser.add_argument_group("model, hardware and memory")
     machine.add_argument(
@@ -146,33 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
     )
 
-    out = parser.add_argument_group("report and results")
-    out.add_argument(
-        "--percentile-metrics",
-        default="ttft,tpot,itl",
-        help="metrics with percentiles: any of ttft,tpot,itl,e2el",
+    add_report_arguments(
+        parser.add_argument_group("report and results"),
+        save_help="write the summary JSON and per-request and per-step tables",
     )
-    out.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
-    out.add_argument(
-        "--goodput",
-        nargs="+",
-        default=None,
-        metavar="KEY:MS",
-        help="SLOs for request goodput, e.g. ttft:500 tpot:50",
-    )
-    out.add_argument(
-        "--save-result",
-        action="store_true",
-        help="write the summary JSON and per-request and per-step tables",
-    )
-    out.add_argument("--result-dir", default=".")
-    out.add_argument(
-        "--result-filename",
-        default=None,
-        help="summary file name (default: vLLM's <backend>-<rate>qps-<model>-<date>.json)",
-    )
-    out.add_argument("--table-format", default="csv", choices=("csv", "parquet"))
-    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -193,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     for config in configs:
         config.check()  # bad flags fail before the trace loads
     capacities = [config.kv_capacity() for config in configs]
-    trace = _load_trace(args)
+    trace = load_trace_from_args(args)
     progress = not args.disable_tqdm and sys.stderr.isatty()
     runs: list[tuple[RunResult, dict[str, Any]]] = []
     for index, (config, capacity) in enumerate(zip(configs, capacities, strict=True)):
@@ -250,33 +181,6 @@ def _policy(spec_text: str, block_size: int | None) -> PolicySpec:
             f"sets block_size={spec.block_size}; give the page size once"
         )
     return spec.with_options(block_size=block_size)
-
-
-def _load_trace(args: argparse.Namespace) -> Any:
-    from kvlab.traces import load_trace
-
-    options = {
-        name: getattr(args, name)
-        for name in (
-            "tokenizer",
-            "random_input_len",
-            "random_output_len",
-            "random_range_ratio",
-            "random_prefix_len",
-            "num_prefix_groups",
-        )
-        if getattr(args, name) is not None
-    }
-    return load_trace(
-        args.dataset_name,
-        args.dataset_path,
-        num_prompts=args.num_prompts,
-        seed=args.seed,
-        request_rate=args.request_rate,
-        burstiness=args.burstiness,
-        time_scale=args.time_scale,
-        **options,
-    )
 
 
 def _save(args: argparse.Namespace, runs: list[tuple[RunResult, dict[str, Any]]]) -> None:

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from kvlab.commands.run import _load_trace, engine_config
+    from kvlab.commands.common import load_trace_from_args
+    from kvlab.commands.run import engine_config
     from kvlab.errors import KvlabError
     from kvlab.sim.calibrated import load_cost_model
     from kvlab.validation import format_validation, split_trace, validate
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if separate and num_calibration < 1:
         raise KvlabError(f"--num-calibration-prompts {num_calibration}: expected 1 or more")
     args.num_prompts = num_prompts + (num_calibration if separate else 0)
-    trace, calibration_trace = split_trace(_load_trace(args), num_prompts)
+    trace, calibration_trace = split_trace(load_trace_from_args(args), num_prompts)
     result = validate(
         config,
         trace,
