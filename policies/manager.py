@@ -292,16 +292,17 @@ class KVCacheManager:
         return ops
 
     def can_swap_in(self, seq: Request) -> bool:
-        """Whether device memory has room to bring the sequence back."""
+        """Whether device memory has room to bring the sequence back, keeping the watermark free
+        (as vLLM v0 did): without it a swapped-in request preempts another at its next page."""
         swapped = self._swapped.get(seq.request_id)
         return (
-            swapped is not None and self._plan_new(seq, swapped[1], [], watermark=False) is not None
+            swapped is not None and self._plan_new(seq, swapped[1], [], watermark=True) is not None
         )
 
     def swap_in(self, seq: Request) -> MemOps | None:
         """Bring the sequence's pages back from host memory; None when device memory is short."""
         host_pages, num_tokens = self._swapped[seq.request_id]
-        plan = self._plan_new(seq, num_tokens, [], watermark=False)
+        plan = self._plan_new(seq, num_tokens, [], watermark=True)
         if plan is None:
             return None
         del self._swapped[seq.request_id]
