@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.sim.cost_model import StepShape, StepShapeLike
+from kvlab.sim.cost_model import StepShapeLike, prefill_shape
 
 FORMAT = "kvlab-calibrated-cost-model"
 FORMAT_VERSION = 1
@@ -69,15 +69,7 @@ class CalibratedCostModel:
 
     def recompute_time_s(self, num_tokens: int) -> float:
         """One sequence's prefill of num_tokens tokens from scratch, causal attention."""
-        if num_tokens <= 0:
-            return 0.0
-        shape = StepShape(
-            num_prefill_tokens=num_tokens,
-            num_context_tokens=num_tokens,
-            num_seqs=1,
-            num_attention_pairs=num_tokens * (num_tokens + 1) // 2,
-        )
-        return self.step_time_s(shape)
+        return self.step_time_s(prefill_shape(num_tokens)) if num_tokens > 0 else 0.0
 
     def coefficients(self) -> dict[str, float]:
         """The coefficients by name, in seconds (everything but `fit`)."""
@@ -147,4 +139,3 @@ def load_cost_model(path: str | Path) -> CalibratedCostModel:
             f"({exc.msg})"
         ) from exc
     return CalibratedCostModel.from_json(data, where=f"--cost-model {path}")
-

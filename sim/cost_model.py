@@ -167,12 +167,15 @@ class RooflineCostModel:
 
     def recompute_time_s(self, num_tokens: int) -> float:
         """The step time of one sequence's prefill of num_tokens tokens, causal attention."""
-        if num_tokens <= 0:
-            return 0.0
-        shape = StepShape(
-            num_prefill_tokens=num_tokens,
-            num_context_tokens=num_tokens,
-            num_seqs=1,
-            num_attention_pairs=num_tokens * (num_tokens + 1) // 2,
-        )
-        return self.step_time_s(shape)
+        return self.step_time_s(prefill_shape(num_tokens)) if num_tokens > 0 else 0.0
+
+
+def prefill_shape(num_tokens: int) -> StepShape:
+    """The step of one sequence's prefill of num_tokens tokens from scratch (causal attention):
+    what recomputing a preempted sequence costs, in any cost model."""
+    return StepShape(
+        num_prefill_tokens=num_tokens,
+        num_context_tokens=num_tokens,
+        num_seqs=1,
+        num_attention_pairs=num_tokens * (num_tokens + 1) // 2,
+    )

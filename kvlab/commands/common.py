@@ -113,3 +113,19 @@ def load_trace_from_args(args: argparse.Namespace) -> Any:
         time_scale=args.time_scale,
         **options,
     )
+
+
+def policy_with_block_size(spec_text: str, block_size: int | None) -> Any:
+    """The policy spec, with --block-size applied unless the spec sets another page size."""
+    from kvlab.errors import KvlabError
+    from kvlab.policies import PolicySpec, parse_policy
+
+    spec = parse_policy(spec_text)
+    if block_size is None:
+        return spec
+    if spec.block_size not in (PolicySpec().block_size, block_size):
+        raise KvlabError(
+            f"--block-size {block_size} contradicts policy {spec_text!r}, which "
+            f"sets block_size={spec.block_size}; give the page size once"
+        )
+    return spec.with_options(block_size=block_size)

@@ -17,6 +17,7 @@ from kvlab.commands.common import (
     add_report_arguments,
     add_workload_arguments,
     load_trace_from_args,
+    policy_with_block_size,
 )
 
 DEFAULT_NUM_PROMPTS = 32
@@ -192,7 +193,7 @@ def engine_config(args: argparse.Namespace) -> object:
     return EngineConfig(
         model=args.model,
         device=args.device,
-        policy=_policy(args.policy, args.block_size),
+        policy=policy_with_block_size(args.policy, args.block_size),
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         kv_cache_memory_bytes=None if kv_memory is None else parse_memory_size(kv_memory),
@@ -207,22 +208,6 @@ def engine_config(args: argparse.Namespace) -> object:
         seed=args.seed,
         step_timer=args.step_timer,
     )
-
-
-def _policy(spec_text: str, block_size: int | None) -> object:
-    """The spec with --block-size applied unless the spec sets another page size (as sim)."""
-    from kvlab.errors import KvlabError
-    from kvlab.policies import PolicySpec, parse_policy
-
-    spec = parse_policy(spec_text)
-    if block_size is None:
-        return spec
-    if spec.block_size not in (PolicySpec().block_size, block_size):
-        raise KvlabError(
-            f"--block-size {block_size} contradicts policy {spec_text!r}, which sets "
-            f"block_size={spec.block_size}; give the page size once"
-        )
-    return spec.with_options(block_size=block_size)
 
 
 def _print_failures(requests: list) -> None:

@@ -16,11 +16,11 @@ from kvlab.commands.common import (
     add_report_arguments,
     add_workload_arguments,
     load_trace_from_args,
+    policy_with_block_size,
 )
 
 if TYPE_CHECKING:
     from kvlab.metrics import RunResult
-    from kvlab.policies import PolicySpec
     from kvlab.sim import SimConfig
 
 
@@ -153,7 +153,7 @@ def _config(args: argparse.Namespace, spec_text: str) -> SimConfig:
         model=args.model,
         hardware=args.hardware,
         tensor_parallel_size=args.tensor_parallel_size,
-        policy=_policy(spec_text, args.block_size),
+        policy=policy_with_block_size(spec_text, args.block_size),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
@@ -164,23 +164,6 @@ def _config(args: argparse.Namespace, spec_text: str) -> SimConfig:
         cost_model=args.cost_model,
         seed=args.seed,
     )
-
-
-def _policy(spec_text: str, block_size: int | None) -> PolicySpec:
-    """The spec, with --block-size applied unless the spec sets another page size itself."""
-    from kvlab.errors import KvlabError
-    from kvlab.policies import PolicySpec, parse_policy
-
-    spec = parse_policy(spec_text)
-    if block_size is None:
-        return spec
-    default = PolicySpec().block_size
-    if spec.block_size not in (default, block_size):
-        raise KvlabError(
-            f"--block-size {block_size} contradicts policy {spec_text!r}, which "
-            f"sets block_size={spec.block_size}; give the page size once"
-        )
-    return spec.with_options(block_size=block_size)
 
 
 def _save(args: argparse.Namespace, runs: list[tuple[RunResult, dict[str, Any]]]) -> None:
