@@ -26,6 +26,11 @@ class _SeqState:
     fast_limit: int  # allocate() up to this many tokens is a counter update (O(1))
     num_blocks: int  # blocks taken so far (block-sizing policies grow with it)
     num_hashed: int  # leading pages registered in the prefix cache (or known to be there)
+    hashes: list  # the prompt's page hashes (empty without prefix caching)
+    # True while exactly pages[:num_hashed] are registered, each under its own page hash (no
+    # fork, no page whose content was already cached elsewhere): releasing then needs no
+    # lookup per page.
+    regular: bool = True
 
 
 @dataclass(slots=True)
@@ -44,6 +49,37 @@ class KVCacheManager:
     by `request_id`; the scheduler owns `num_computed_tokens`, and `allocate(seq, n)` makes room
     for tokens `[seq.num_computed_tokens, seq.num_computed_tokens + n)`.
     """
+
+    # Slotted: every decode step reads and writes a few of these.
+    __slots__ = (
+        "_add_pages",
+        "_cached",
+        "_free_list",
+        "_host_free",
+        "_is_contiguous",
+        "_is_paged",
+        "_last_lookup",
+        "_num_dup_slots",
+        "_num_live_slots",
+        "_owners",
+        "_pop_victims",
+        "_reserve",
+        "_seqs",
+        "_swapped",
+        "allocator",
+        "block_sizing",
+        "caching",
+        "costs",
+        "evictor",
+        "max_model_len",
+        "num_host_pages",
+        "num_prefix_hits",
+        "num_prefix_queries",
+        "num_total_pages",
+        "page_size",
+        "policy",
+        "watermark_pages",
+    )
 
     def __init__(
         self,
@@ -79,10 +115,13 @@ class KVCacheManager:
         simple = self._is_paged and spec.block_sizing == "fixed"
         self._free_list: deque[int] | None = self.allocator.free_list if simple else None
         self.watermark_pages = int(spec.watermark * num_pages)
-        self._ref = [0] * num_pages
-        self._hash: list = [None] * num_pages
-        self._depth = [0] * num_pages
-        self._cached: dict = {}  # prefix hash -> page holding it
+        # Owners are counted only for pages shared by two or more sequences: a page in one
+        # block table is the common case, and leaving it out of every count keeps taking and
+        # releasing runs of pages free of Python work per page.
+        self._owners: dict[int, int] = {}  # page -> number of block tables holding it (>= 2)
+        # prefix hash -> the page holding it. A page at index i of a block table is registered
+        # exactly when this maps the table's i-th page hash to it.
+        self._cached: dict = {}
         self._seqs: dict[int, _SeqState] = {}
         self._swapped: dict[int, tuple[list[int], int]] = {}  # request -> (host pages, tokens)
         host = num_pages if spec.host_pages is None else spec.host_pages
@@ -120,6 +159,14 @@ class KVCacheManager:
         """Pages in the sequence's block table."""
         state = self._seqs.get(seq.request_id)
         return len(state.pages) if state is not None else 0
+
+    def num_owners(self, page: int) -> int:
+        """How many block tables hold `page` (0: free or cached-free). A debugging aid: O(pages
+        held) for a page not shared, which the manager does not count."""
+        count = self._owners.get(page)
+        if count is not None:
+            return count
+        return int(any(page in state.pages for state in self._seqs.values()))
 
     def is_swapped(self, seq: Request) -> bool:
         """True while the sequence's KV lives in host memory."""
@@ -186,8 +233,11 @@ class KVCacheManager:
         A new sequence first takes its prefix-cache hit (`seq.num_computed_tokens` must equal
         `num_computed_prefix_tokens(seq)`); new full prompt pages are registered in the cache.
         """
-        state = self._seqs.get(seq.request_id)
-        if state is not None:
+        try:
+            state: _SeqState | None = self._seqs[seq.request_id]
+        except KeyError:
+            state = None
+        else:
             total = seq.num_computed_tokens + num_new_tokens
             if total <= state.fast_limit:  # the common decode step: no page boundary crossed
                 if total > state.num_tokens:
@@ -219,23 +269,28 @@ class KVCacheManager:
         # update; one call for the run saves a Python call and the lookups per token, which is
         # most of the cost of a simulation.
         seqs, grow = self._seqs, self._grow_by_one_page if self._free_list is not None else None
-        num_claimed = live = 0
-        for request in requests[start : start + budget]:
+        batch = requests[start : start + budget] if start or budget < len(requests) else requests
+        num_claimed = adjust = 0  # live slots gained: one per claim, plus adjust
+        for request in batch:
             done = request.num_computed_tokens
-            if not done or request.prompt_len + request.num_output_tokens - done != 1:
+            if request.prompt_len + request.num_output_tokens != done + 1 or not done:
                 break
             try:
                 state = seqs[request.request_id]
             except KeyError:
                 break
-            if done < state.fast_limit:  # the token's slot is already held
-                if done >= state.num_tokens:
-                    live += done + 1 - state.num_tokens
-                    state.num_tokens = done + 1
-            elif grow is None or not grow(state, done + 1):
+            if state.num_tokens == done < state.fast_limit:  # the slot is held: a counter update
+                state.num_tokens = done + 1
+            elif done < state.fast_limit:  # the token was claimed before (or more than it)
+                claimed = max(done + 1, state.num_tokens)
+                adjust += claimed - state.num_tokens - 1
+                state.num_tokens = claimed
+            elif grow is not None and grow(state, done + 1):
+                adjust -= 1  # grow counted its token
+            else:
                 break
             num_claimed += 1
-        self._num_live_slots += live
+        self._num_live_slots += num_claimed + adjust
         return num_claimed
 
     def free(self, seq: Request) -> None:
@@ -253,13 +308,16 @@ class KVCacheManager:
         src = self._seqs[parent.request_id]
         num_filled = -(-src.num_tokens // self.page_size)
         pages = src.pages[:num_filled]
+        owners = self._owners
         for index, page in enumerate(pages):
-            self._ref[page] += 1
+            owners[page] = owners.get(page, 1) + 1
             self._num_dup_slots += self._fill(index, src.num_tokens)
         # Both sides must take the slow path before writing into the shared last page.
         src.fast_limit = min(src.fast_limit, src.num_tokens)
+        src.regular = False  # the child may register pages the parent holds, and vice versa
         self._seqs[child.request_id] = _SeqState(
-            list(pages), src.num_tokens, src.num_tokens, src.num_blocks, src.num_hashed
+            list(pages), src.num_tokens, src.num_tokens, src.num_blocks, src.num_hashed,
+            src.hashes, False,
         )
         self._num_live_slots += src.num_tokens
 
@@ -325,10 +383,10 @@ class KVCacheManager:
             page = free.popleft()
         elif len(self.evictor):
             # What _evict(1) would release to the empty free list and we would pop right back.
-            page = self._drop_victims(1)[0]
+            page, key = self.evictor.pop_victim()
+            del self._cached[key]
         else:
             return False
-        self._ref[page] = 1
         state.pages.append(page)
         state.num_blocks += 1
         state.fast_limit = limit + page_size
@@ -379,7 +437,7 @@ class KVCacheManager:
         cow = bool(
             state.num_tokens % page_size
             and total > state.num_tokens
-            and self._ref[state.pages[state.num_tokens // page_size]] > 1
+            and state.pages[state.num_tokens // page_size] in self._owners
         )
         if self._is_contiguous:  # a region can only grow by another region elsewhere
             needed = max(0, -(-total // page_size) - len(state.pages))
@@ -407,9 +465,10 @@ class KVCacheManager:
         if num_pages <= 0:
             return True
         evictor = self.evictor
-        num_hits_cached = sum(1 for page in hits if self._ref[page] == 0)
         take = self.allocator.pages_for(num_pages)
-        available = self.allocator.num_free_pages + len(evictor) - num_hits_cached
+        available = self.allocator.num_free_pages + len(evictor)
+        if hits and take + reserve > available - len(hits):  # only then can the hits matter
+            available -= sum(1 for page in hits if page in evictor)  # they stop being cached
         if take + reserve > available:
             return False
         if self._is_paged or self.allocator.can_allocate(num_pages):
@@ -430,7 +489,7 @@ class KVCacheManager:
                 index = state.num_tokens // self.page_size
                 old = state.pages[index]
                 ops = MemOps(copies=[(old, block[0])])
-                self._ref[old] -= 1
+                self._drop_owner(old)
                 self._num_dup_slots -= self._fill(index, state.num_tokens)
                 state.pages[index] = block[0]
                 block = block[1:]
@@ -444,16 +503,23 @@ class KVCacheManager:
         return ops
 
     def _take_hits(self, seq: Request, hits: list[int]) -> _SeqState:
-        ref, evictor = self._ref, self.evictor
+        owners, evictor = self._owners, self.evictor
+        num_shared = 0  # hits on pages other sequences hold
         for page in hits:
-            if ref[page] == 0:
+            count = owners.get(page)
+            if count is not None:
+                owners[page] = count + 1
+                num_shared += 1
+            elif page in evictor:
                 evictor.remove(page)
             else:
-                self._num_dup_slots += self.page_size
-            ref[page] += 1
+                owners[page] = 2
+                num_shared += 1
             evictor.on_hit(page)
+        self._num_dup_slots += num_shared * self.page_size
         self._last_lookup = None
-        state = _SeqState(list(hits), 0, 0, 0, len(hits))
+        hashes = seq.page_hashes(self.page_size) if self.caching else []
+        state = _SeqState(list(hits), 0, 0, 0, len(hits), hashes)
         self._seqs[seq.request_id] = state
         self._num_live_slots += len(hits) * self.page_size
         state.num_tokens = len(hits) * self.page_size
@@ -477,9 +543,6 @@ class KVCacheManager:
             while pages is None:
                 self._evict(1)
                 pages = allocator.allocate(num_pages)
-        ref = self._ref
-        for page in pages:
-            ref[page] = 1
         return pages
 
     def _evict(self, num_pages: int) -> None:
@@ -490,71 +553,118 @@ class KVCacheManager:
         """Take `num_pages` cached pages from the eviction policy, in its order, and forget their
         content; the caller frees or reuses them."""
         if self._pop_victims is not None:
-            pages = self._pop_victims(num_pages)
+            pages, keys = self._pop_victims(num_pages)
         else:
             pop = self.evictor.pop_victim
-            pages = [pop() for _ in range(num_pages)]
-        cached, page_hash = self._cached, self._hash
-        for page in pages:
-            del cached[page_hash[page]]
-            page_hash[page] = None
+            pages, keys = [], []
+            for _ in range(num_pages):
+                page, key = pop()
+                pages.append(page)
+                keys.append(key)
+        cached = self._cached
+        for key in keys:
+            del cached[key]
         return pages
 
     def _register(self, seq: Request, state: _SeqState) -> None:
         """Put newly full prompt pages into the prefix cache."""
-        if not self.caching:
-            return
-        hashes = seq.page_hashes(self.page_size)
+        start, hashes = state.num_hashed, state.hashes
         num_full = min(len(hashes), state.num_tokens // self.page_size)
-        cached, page_hash, depth, pages = self._cached, self._hash, self._depth, state.pages
-        for index in range(state.num_hashed, num_full):
-            key = hashes[index]
-            if key not in cached:  # else the same content is already cached in another page
-                page = pages[index]
-                cached[key] = page
-                page_hash[page] = key
-                depth[page] = index
-        if num_full > state.num_hashed:
-            state.num_hashed = num_full
+        if num_full <= start:
+            return
+        cached = self._cached
+        keys, pages = hashes[start:num_full], state.pages[start:num_full]
+        if cached.keys().isdisjoint(keys):  # the common case, in C
+            cached.update(zip(keys, pages, strict=True))
+        else:  # some content is already cached in another page: keep that page
+            state.regular = False
+            for key, page in zip(keys, pages, strict=True):
+                cached.setdefault(key, page)
+        state.num_hashed = num_full
 
     def _fast_limit(self, seq: Request, state: _SeqState) -> int:
         page_size = self.page_size
         limit = len(state.pages) * page_size
         if state.num_tokens % page_size:
             tail = state.pages[state.num_tokens // page_size]
-            if self._ref[tail] > 1:  # shared partial page: the next write copies it
+            if tail in self._owners:  # shared partial page: the next write copies it
                 return state.num_tokens
-        if self.caching and state.num_hashed < len(seq.page_hashes(page_size)):
+        if state.num_hashed < len(state.hashes):
             # stop at the next prompt page boundary so it gets registered
             limit = min(limit, (state.num_hashed + 1) * page_size)
         return limit
 
     def _release(self, state: _SeqState) -> None:
-        """Drop one owner from each page, tail first (so LRU evicts deep prompt pages first)."""
-        ref, page_hash = self._ref, self._hash
-        to_free: list[int] = []
-        to_cache: list[int] = []
-        index = len(state.pages)
-        for page in reversed(state.pages):
-            index -= 1
-            count = ref[page] - 1
-            ref[page] = count
-            if count > 0:
-                self._num_dup_slots -= self._fill(index, state.num_tokens)
-            elif page_hash[page] is None:
-                to_free.append(page)
-            else:
-                to_cache.append(page)
-        # The eviction policy sees the cached pages in the same order as one `add` per page.
-        if self._add_pages is not None:
-            self._add_pages(to_cache, self._depth)
+        """Drop one owner from each page. Pages left with none are cached if registered, tail
+        first (so LRU evicts deep prompt pages before the roots they hang from), else freed in
+        table order."""
+        pages, first = state.pages, 0
+        still_held: set[int] = set()
+        owners = self._owners
+        if owners and not owners.keys().isdisjoint(pages):
+            still_held = self._unshare(state)
+            first = len(still_held)
+            if not still_held.issuperset(pages[:first]):  # not just the leading prefix hits
+                first = 0
+        if state.regular and not (still_held and first == 0):
+            end = state.num_hashed
+            to_cache = pages[first:end][::-1]
+            keys = state.hashes[first:end][::-1]
+            depths: range | list[int] = range(end - 1, first - 1, -1)
+            to_free = pages[max(first, end) :]
         else:
-            add, depth = self.evictor.add, self._depth
-            for page in to_cache:
-                add(page, depth[page])
-        to_free.reverse()
+            to_cache, keys, depths, to_free = self._sort_released(state, still_held)
+        if self._add_pages is not None:
+            self._add_pages(to_cache, keys)
+        else:
+            add = self.evictor.add
+            for page, depth, key in zip(to_cache, depths, keys, strict=True):
+                add(page, depth, key)
         self.allocator.release(to_free)
         self._num_live_slots -= state.num_tokens
+
+    def _sort_released(
+        self, state: _SeqState, still_held: set[int]
+    ) -> tuple[list[int], list, list[int], list[int]]:
+        """The general case of `_release`: (registered pages tail first, their hashes, their
+        depths, the other pages in table order), leaving out the pages still held."""
+        cached, hashes = self._cached, state.hashes
+        to_cache, keys, depths, to_free = [], [], [], []
+        for index, page in enumerate(state.pages):
+            if page in still_held:
+                continue
+            if index < len(hashes) and cached.get(hashes[index]) == page:
+                to_cache.append(page)
+                keys.append(hashes[index])
+                depths.append(index)
+            else:
+                to_free.append(page)
+        return to_cache[::-1], keys[::-1], depths[::-1], to_free
+
+    def _unshare(self, state: _SeqState) -> set[int]:
+        """Drop this sequence from the owners of its shared pages; returns those pages."""
+        pages = state.pages
+        shared = self._owners.keys() & pages
+        num_shared = len(shared)
+        if shared.issuperset(pages[:num_shared]):  # a leading run (prefix hits): full pages
+            self._num_dup_slots -= min(state.num_tokens, num_shared * self.page_size)
+        else:
+            self._num_dup_slots -= sum(
+                self._fill(index, state.num_tokens)
+                for index, page in enumerate(pages)
+                if page in shared
+            )
+        for page in shared:
+            self._drop_owner(page)
+        return shared
+
+    def _drop_owner(self, page: int) -> None:
+        """One of the owners of a shared page lets it go (the page stays held)."""
+        count = self._owners[page]
+        if count > 2:
+            self._owners[page] = count - 1
+        else:
+            del self._owners[page]
 
     def _fill(self, index: int, num_tokens: int) -> int:
         """Tokens held in page `index` of a sequence of `num_tokens` tokens."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 _ID_MASK = (1 << 43) - 1
+_MAX_HASH_BLOCK = 1 << 20  # the offset in a block takes the key's low 20 bits
 
 
 class RequestStatus(enum.Enum):
@@ -68,6 +69,14 @@ class Request:
                 f"request {self.request_id}: prompt_len {self.prompt_len} but "
                 f"{len(self.prompt_token_ids)} prompt token ids"
             )
+        if self.hash_ids is not None:
+            if not 0 < self.hash_block_size < _MAX_HASH_BLOCK:
+                raise ValueError(
+                    f"request {self.request_id}: hash_block_size {self.hash_block_size}: "
+                    f"expected 1 to {_MAX_HASH_BLOCK - 1} tokens"
+                )
+            if len(set(self.hash_ids)) != len(self.hash_ids):  # each names a distinct prefix
+                raise ValueError(f"request {self.request_id}: hash_ids repeat an id")
 
     @property
     def num_tokens(self) -> int:
@@ -95,7 +104,7 @@ class Request:
         With token ids: hash(parent hash, the page's ids). With trace hash ids: the key of the
         prefix ending at the page's last token, made of the id of the block holding that token and
         the offset in the block, which is equal for two requests exactly when their prefixes are
-        (block sizes up to 2^20 tokens, ids up to 2^43). Output tokens are
+        (block sizes below 2^20 tokens, ids up to 2^43). Output tokens are
         never hashed, so the simulator and the engine cache the same pages.
         """
         cached = self._page_hashes
@@ -113,12 +122,18 @@ class Request:
         elif self.hash_ids is not None:
             # Key of the prefix ending at token `end`: (block id, offset in block) packed in one
             # negative int, so millions of cached keys stay out of the GC's way and never equal
-            # a token-id hash.
+            # a token-id hash. Within one block the keys of successive pages are an arithmetic
+            # progression, built as a range (one C call per block, not per page).
             block, ids = self.hash_block_size, self.hash_ids
-            num_full_pages = min(num_full_pages, len(ids) * block // page_size)
-            hashes = [
-                -(((ids[(end - 1) // block] & _ID_MASK) << 20) | ((end - 1) % block + 1)) - 1
-                for end in range(page_size, (num_full_pages + 1) * page_size, page_size)
-            ]
+            last_end = min(num_full_pages, len(ids) * block // page_size) * page_size
+            for index, block_id in enumerate(ids):
+                start = index * block
+                if start >= last_end:
+                    break
+                first_end = (start // page_size + 1) * page_size
+                stop = min(start + block, last_end)
+                # key(end) = -((id << 20) | (end - start)) - 1 = top - end
+                top = start - 1 - ((block_id & _ID_MASK) << 20)
+                hashes.extend(range(top - first_end, top - stop - 1, -page_size))
         self._page_hashes = (page_size, hashes)
         return hashes

@@ -75,6 +75,11 @@ def _parse_row(path: Path, line_no: int, line: str) -> tuple[float, int, int, tu
     ids = row["hash_ids"]
     if not isinstance(ids, list) or not all(type(i) is int for i in ids):
         raise KvlabError(f"{where}, field hash_ids: {_short(ids)} is not a list of whole numbers")
+    if len(set(ids)) != len(ids):
+        raise KvlabError(
+            f"{where}, field hash_ids: an id repeats; each names a distinct prefix (the block and "
+            "everything before it)"
+        )
     expected = num_hash_blocks(input_len, HASH_BLOCK_SIZE)
     if len(ids) != expected:
         raise KvlabError(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from kvlab.policies.eviction.heap import PageHeap
 from kvlab.policies.registry import register
 
@@ -31,12 +33,15 @@ class CostAwareEviction:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, page_id: int, depth: int) -> None:
-        """The page became unreferenced."""
+    def __contains__(self, page_id: int) -> bool:
+        return page_id in self._heap
+
+    def add(self, page_id: int, depth: int, key: Hashable) -> None:
+        """The page, holding the prefix `key` at `depth`, became unreferenced."""
         self._clock += 1
         self._depth[page_id] = depth
         saved = (depth + 1) * (self._hits.get(page_id, 0) + 1)
-        self._heap.push(page_id, (saved, self._clock))
+        self._heap.push(page_id, (saved, self._clock), key)
 
     def remove(self, page_id: int) -> None:
         """A prefix hit took the page back."""
@@ -46,12 +51,13 @@ class CostAwareEviction:
         """Count one more reuse of the page's content."""
         self._hits[page_id] = self._hits.get(page_id, 0) + 1
 
-    def pop_victim(self) -> int:
-        """The page with the least recompute value. Raises LookupError when none is cached."""
-        page_id = self._heap.pop()
+    def pop_victim(self) -> tuple[int, Hashable]:
+        """The page with the least recompute value, and its key. Raises LookupError when none
+        is cached."""
+        page_id, key = self._heap.pop()
         self._hits.pop(page_id, None)
         self._depth.pop(page_id, None)
-        return page_id
+        return page_id, key
 
     def pages(self) -> list[int]:
         """Cached-free pages."""

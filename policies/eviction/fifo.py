@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from kvlab.policies.eviction.heap import PageHeap
 from kvlab.policies.registry import register
 
@@ -21,12 +23,16 @@ class FIFOEviction:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, page_id: int, depth: int) -> None:
-        """The page became unreferenced; its place is its first-cached time."""
+    def __contains__(self, page_id: int) -> bool:
+        return page_id in self._heap
+
+    def add(self, page_id: int, depth: int, key: Hashable) -> None:
+        """The page, holding the prefix `key`, became unreferenced; its place is its
+        first-cached time."""
         if page_id not in self._registered:
             self._registered[page_id] = self._next
             self._next += 1
-        self._heap.push(page_id, (self._registered[page_id],))
+        self._heap.push(page_id, (self._registered[page_id],), key)
 
     def remove(self, page_id: int) -> None:
         """A prefix hit took the page back."""
@@ -35,11 +41,11 @@ class FIFOEviction:
     def on_hit(self, page_id: int) -> None:
         """Hits do not change FIFO order."""
 
-    def pop_victim(self) -> int:
-        """The earliest-cached page. Raises LookupError when none is cached."""
-        page_id = self._heap.pop()
+    def pop_victim(self) -> tuple[int, Hashable]:
+        """The earliest-cached page and its key. Raises LookupError when none is cached."""
+        page_id, key = self._heap.pop()
         self._registered.pop(page_id, None)
-        return page_id
+        return page_id, key
 
     def pages(self) -> list[int]:
         """Cached-free pages."""

@@ -15,7 +15,10 @@ class NoEviction:
     def __len__(self) -> int:
         return 0
 
-    def add(self, page_id: int, depth: int) -> None:
+    def __contains__(self, page_id: int) -> bool:
+        return False
+
+    def add(self, page_id: int, depth: int, key: object) -> None:
         """Never called: nothing is cached."""
         raise AssertionError("no prefix caching")
 
@@ -26,7 +29,7 @@ class NoEviction:
     def on_hit(self, page_id: int) -> None:
         """Never called: nothing is cached."""
 
-    def pop_victim(self) -> int:
+    def pop_victim(self) -> tuple[int, object]:
         """Nothing to evict."""
         raise LookupError("no cached page to evict")
 

@@ -160,17 +160,31 @@ class Harness:
             assert m.block_table(seq) == []
             assert m.is_swapped(seq)
         # no page is owned without a reference, and refs count exactly the owners
-        for page in range(m.num_total_pages):
-            assert m._ref[page] == owners.get(page, 0), f"page {page} ref {m._ref[page]}"
+        # (the manager counts owners only of pages held by two or more)
+        assert m._owners == {page: n for page, n in owners.items() if n > 1}
+        for page in owners:
+            assert m.num_owners(page) == owners[page], f"page {page}"
+        assert not set(m.evictor.pages()) & owners.keys(), "an owned page is cached-free"
         assert usage.num_used_pages == len(owners)
         assert usage.num_live_token_slots == sum(live_slots.values())
         assert usage.num_internal_frag_slots == len(owners) * ps - sum(live_slots.values())
-        cached_free = [
-            p for p in range(m.num_total_pages) if not owners.get(p) and m._hash[p] is not None
-        ]
+        # the prefix cache: one page per key; its pages are owned or cached-free, and the
+        # cached-free ones are exactly the eviction policy's
+        cached_pages = set(m._cached.values())
+        assert len(cached_pages) == len(m._cached), "two keys point at one page"
+        cached_free = sorted(cached_pages - owners.keys())
         assert usage.num_cached_free_pages == len(cached_free)
-        # a prefix-cache entry points at a page that holds exactly that content
-        for key, page in m._cached.items():
-            assert m._hash[page] == key
+        assert sorted(m.evictor.pages()) == cached_free
+        assert all(page in m.evictor for page in cached_free)
+        # a registered page holds exactly its key's content: it sits at that key's index in
+        # the table of every live sequence holding it
+        key_of = {page: key for key, page in m._cached.items()}
+        for seq in self.live.values():
+            hashes = seq.page_hashes(ps) if m.caching else []
+            for index, page in enumerate(m.block_table(seq)):
+                if page in key_of:
+                    assert index < len(hashes) and hashes[index] == key_of[page], (
+                        f"seq {seq.request_id} page {page} at {index} holds another prefix"
+                    )
         host_used = sum(-(-s.num_computed_tokens // ps) for s in self.swapped.values())
         assert usage.num_host_used_pages == host_used

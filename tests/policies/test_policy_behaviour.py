@@ -71,37 +71,37 @@ def test_bad_eviction_lists_every_registered_choice():
 def test_lru_evicts_the_page_released_longest_ago():
     lru = LRUEviction()
     for page in (3, 1, 2):
-        lru.add(page, depth=0)
+        lru.add(page, depth=0, key=-page)
     lru.remove(1)
-    lru.add(1, depth=0)  # reused and released again: now the most recent
-    assert [lru.pop_victim() for _ in range(3)] == [3, 2, 1]
+    lru.add(1, depth=0, key=-1)  # reused and released again: now the most recent
+    assert [lru.pop_victim() for _ in range(3)] == [(3, -3), (2, -2), (1, -1)]
 
 
 def test_fifo_ignores_reuse():
     fifo = FIFOEviction()
     for page in (3, 1, 2):
-        fifo.add(page, depth=0)
+        fifo.add(page, depth=0, key=-page)
     fifo.remove(3)
-    fifo.add(3, depth=0)
-    assert [fifo.pop_victim() for _ in range(3)] == [3, 1, 2]
+    fifo.add(3, depth=0, key=-3)
+    assert [fifo.pop_victim() for _ in range(3)] == [(3, -3), (1, -1), (2, -2)]
 
 
 def test_lfu_keeps_the_hot_page():
     lfu = LFUEviction()
     for page in (1, 2, 3):
-        lfu.add(page, depth=0)
+        lfu.add(page, depth=0, key=-page)
     lfu.remove(1)
     lfu.on_hit(1)
-    lfu.add(1, depth=0)
-    assert [lfu.pop_victim() for _ in range(3)] == [2, 3, 1]
+    lfu.add(1, depth=0, key=-1)
+    assert [lfu.pop_victim() for _ in range(3)] == [(2, -2), (3, -3), (1, -1)]
 
 
 def test_cost_eviction_drops_shallow_cold_pages_first():
     cost = CostAwareEviction()
-    cost.add(10, depth=5)
-    cost.add(11, depth=0)
-    cost.add(12, depth=2)
-    assert [cost.pop_victim() for _ in range(3)] == [11, 12, 10]
+    cost.add(10, depth=5, key=-10)
+    cost.add(11, depth=0, key=-11)
+    cost.add(12, depth=2, key=-12)
+    assert [cost.pop_victim() for _ in range(3)] == [(11, -11), (12, -12), (10, -10)]
 
 
 def test_lru_manager_releases_a_prompt_tail_first():
@@ -136,10 +136,17 @@ def test_shared_prefix_pages_are_reference_counted():
     _admit(manager, b)
     shared = manager.block_table(a)[:2]
     assert manager.block_table(b)[:2] == shared
-    assert [manager._ref[p] for p in shared] == [2, 2]
+    assert [manager.num_owners(p) for p in shared] == [2, 2]
     manager.free(a)
-    assert [manager._ref[p] for p in shared] == [1, 1]
+    assert [manager.num_owners(p) for p in shared] == [1, 1]
     assert manager.usage().num_live_token_slots == 9
+
+
+def test_repeated_or_oversized_hash_ids_are_refused():
+    with pytest.raises(ValueError, match="repeat"):
+        Request(0, 1024, 1, hash_ids=(7, 7))
+    with pytest.raises(ValueError, match="hash_block_size"):
+        Request(0, 1024, 1, hash_ids=(7,), hash_block_size=1 << 20)
 
 
 def test_trace_hash_ids_share_pages_of_any_size():

@@ -43,7 +43,7 @@ def test_every_request_ends_and_every_page_comes_back(
 ):
     arrivals = [sum(gaps[: i + 1]) for i in range(len(lengths))]
     # Half the examples share their first 32 prompt tokens, for the prefix cache.
-    hash_ids = [(1, 2, *range(100 * i, 100 * i + 30)) for i in range(len(lengths))]
+    hash_ids = [(1, 2, *range(100 * i + 3, 100 * i + 33)) for i in range(len(lengths))]
     trace = make_trace(lengths, arrivals, hash_ids=hash_ids if shared_prefix else None)
     simulation, result = _run(trace, policy, num_pages, max_num_batched_tokens=256)
 

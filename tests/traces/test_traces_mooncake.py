@@ -54,6 +54,12 @@ def test_wrong_number_of_hash_ids_names_the_line(tmp_path):
                               "expected ceil(1025/512) = 3")
 
 
+def test_a_repeated_hash_id_names_the_line(tmp_path):
+    path = write(tmp_path, row(0, 10), row(5, 1025, 1, [7, 8, 7]))
+    with pytest.raises(KvlabError, match=r"line 2, field hash_ids: an id repeats"):
+        load_mooncake(path)
+
+
 def test_non_number_length_is_an_error(tmp_path):
     path = write(tmp_path, row(0, 10), row(5, "ten", 1, [1]))
     with pytest.raises(KvlabError) as err:
