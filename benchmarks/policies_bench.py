@@ -60,7 +60,8 @@ def drive(
     through `allocate_decodes`, as the scheduler does; returns (decode token-steps, page ops)."""
     allocate, allocate_decodes = manager.allocate, manager.allocate_decodes
     active: list[Request] = []
-    next_index = num_steps = num_page_ops = 0
+    finishing: dict[int, list[Request]] = {}  # step -> requests whose last decode it is
+    next_index = step = num_steps = num_page_ops = 0
 
     def free(request: Request) -> None:
         nonlocal num_page_ops
@@ -72,8 +73,10 @@ def drive(
             request = requests[next_index]
             next_index += 1
             admit(manager, request)
-            if request.num_output_tokens < request.max_output_tokens:
+            num_decodes = request.max_output_tokens - request.num_output_tokens
+            if num_decodes:
                 active.append(request)
+                finishing.setdefault(step + num_decodes, []).append(request)
             else:
                 free(request)
         if batched:
@@ -86,17 +89,14 @@ def drive(
         else:
             for request in active:
                 allocate(request, 1)
-        still = []
-        for request in active:
+        for request in active:  # the forward pass computed one token and sampled the next
             request.num_computed_tokens += 1
-            num_output = request.num_output_tokens + 1
-            request.num_output_tokens = num_output
-            if num_output < request.max_output_tokens:
-                still.append(request)
-            else:
-                free(request)
+            request.num_output_tokens += 1
         num_steps += len(active)
-        active = still
+        step += 1
+        for request in finishing.pop(step, ()):  # in batch order, as a scheduler frees them
+            active.remove(request)
+            free(request)
     return num_steps, num_page_ops
 
 
