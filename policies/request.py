@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-_ID_MASK = (1 << 43) - 1
-_MAX_HASH_BLOCK = 1 << 20  # the offset in a block takes the key's low 20 bits
+# A trace block id's multiplier in a page key: odd and larger than any block, so (id, offset)
+# maps to id * _ID_SPREAD + offset one to one, and blocks with neighbouring ids land far apart in
+# a dict's table (a plain shift, id << 20, left every key with one offset in one slot).
+_ID_SPREAD = 0x9E3779B1
+_MAX_HASH_BLOCK = 1 << 20
 
 
 class RequestStatus(enum.Enum):
@@ -104,8 +107,8 @@ class Request:
         With token ids: hash(parent hash, the page's ids). With trace hash ids: the key of the
         prefix ending at the page's last token, made of the id of the block holding that token and
         the offset in the block, which is equal for two requests exactly when their prefixes are
-        (block sizes below 2^20 tokens, ids up to 2^43). Output tokens are
-        never hashed, so the simulator and the engine cache the same pages.
+        (block sizes below 2^20 tokens). Output tokens are never hashed, so the simulator and the
+        engine cache the same pages.
         """
         cached = self._page_hashes
         if cached is not None and cached[0] == page_size:
@@ -121,9 +124,9 @@ class Request:
                 hashes.append(parent)
         elif self.hash_ids is not None:
             # Key of the prefix ending at token `end`: (block id, offset in block) packed in one
-            # negative int, so millions of cached keys stay out of the GC's way and never equal
-            # a token-id hash. Within one block the keys of successive pages are an arithmetic
-            # progression, built as a range (one C call per block, not per page).
+            # int, negative for ids >= 0, so millions of cached keys stay out of the GC's way and
+            # never equal a token-id hash (xxh3, >= 0). Within one block the keys of successive
+            # pages are an arithmetic progression, built as a range (one C call per block).
             block, ids = self.hash_block_size, self.hash_ids
             last_end = min(num_full_pages, len(ids) * block // page_size) * page_size
             for index, block_id in enumerate(ids):
@@ -132,8 +135,8 @@ class Request:
                     break
                 first_end = (start // page_size + 1) * page_size
                 stop = min(start + block, last_end)
-                # key(end) = -((id << 20) | (end - start)) - 1 = top - end
-                top = start - 1 - ((block_id & _ID_MASK) << 20)
+                # key(end) = -(id * _ID_SPREAD + (end - start)) - 1 = top - end
+                top = start - 1 - block_id * _ID_SPREAD
                 hashes.extend(range(top - first_end, top - stop - 1, -page_size))
         self._page_hashes = (page_size, hashes)
         return hashes
