@@ -86,12 +86,16 @@ def drive(
                 if index < len(active):  # a run stops where a decode needs the general path
                     allocate(active[index], 1)
                     index += 1
+            for request in active:  # the forward pass computed one token and sampled the next
+                request.num_computed_tokens += 1
+                request.num_output_tokens += 1
         else:
+            # One pass: a request's allocation reads only its own counters, so advancing each
+            # right after its call decides exactly what allocating all of them first would.
             for request in active:
                 allocate(request, 1)
-        for request in active:  # the forward pass computed one token and sampled the next
-            request.num_computed_tokens += 1
-            request.num_output_tokens += 1
+                request.num_computed_tokens += 1
+                request.num_output_tokens += 1
         num_steps += len(active)
         step += 1
         for request in finishing.pop(step, ()):  # in batch order, as a scheduler frees them
