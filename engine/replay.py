@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvlab.engine.engine import LLMEngine
+from kvlab.engine.engine import EngineRun, LLMEngine
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.metrics import RunResult
+from kvlab.policies import Request
 
 if TYPE_CHECKING:  # traces are duck-typed here: the engine does not depend on kvlab.traces
     from kvlab.traces import Trace, TraceRequest
@@ -86,6 +87,12 @@ def run_trace(
     requests keep their trace ids. `replay` is `fast` (virtual clock: measured step durations,
     idle gaps skipped) or `realtime` (wall clock, arrivals waited for).
     """
+    run = engine.run(trace_requests(engine, trace), replay=replay, progress=progress)
+    return trace_result(engine, trace, run, replay)
+
+
+def trace_requests(engine: LLMEngine, trace: Trace) -> list[Request]:
+    """The engine's requests for a trace with prompt ids (run_trace's first half)."""
     requests = []
     for item in trace.requests:
         if item.prompt_token_ids is None:
@@ -101,7 +108,11 @@ def run_trace(
                 request_id=item.request_id,
             )
         )
-    run = engine.run(requests, replay=replay, progress=progress)
+    return requests
+
+
+def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -> RunResult:
+    """The RunResult of an engine run of `trace` (run_trace's second half)."""
     metadata = {**engine_metadata(engine), **trace_metadata(trace), "replay": replay}
     return RunResult(
         requests=run.requests,

@@ -1,0 +1,71 @@
+"""What keeps measured step times steady: the start-up heap stays out of the cyclic GC during a
+run, and `iter_run` is `run` one step at a time (so validation can step two engines in turn)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from kvlab.engine.config import EngineConfig
+from kvlab.engine.engine import LLMEngine, frozen_heap
+from kvlab.engine.sampler import SamplingParams
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    return LLMEngine(EngineConfig(model="tiny-llama", block_size=4, num_gpu_blocks_override=64))
+
+
+def _requests(engine: LLMEngine, num: int = 3):
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    return [engine.make_request([7 + i] * (5 + i), params) for i in range(num)]
+
+
+def test_a_run_steps_with_the_startup_heap_frozen_and_unfreezes_it_after(engine, monkeypatch):
+    frozen_during_steps = []
+    execute = engine.runner.execute
+
+    def spy(output, params):
+        frozen_during_steps.append(gc.get_freeze_count())
+        return execute(output, params)
+
+    monkeypatch.setattr(engine.runner, "execute", spy)
+    engine.run(_requests(engine))
+    assert frozen_during_steps and min(frozen_during_steps) > 0
+    assert gc.get_freeze_count() == 0
+
+
+def test_frozen_heap_unfreezes_when_the_run_fails():
+    with pytest.raises(RuntimeError), frozen_heap():
+        assert gc.get_freeze_count() > 0
+        raise RuntimeError("a step failed")
+    assert gc.get_freeze_count() == 0
+
+
+def test_iter_run_yields_once_per_step_and_returns_the_same_run_as_run(engine):
+    first = _requests(engine)
+    steps = engine.iter_run(first)
+    num_yields = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            stepped = stop.value
+            break
+        num_yields += 1
+    run = engine.run(_requests(engine))
+    assert num_yields == len(stepped.steps)
+    assert stepped.steps.columns["num_seqs"] == run.steps.columns["num_seqs"]
+    assert [r.output_token_ids for r in stepped.requests] == [
+        r.output_token_ids for r in run.requests
+    ]
