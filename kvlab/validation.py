@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -201,12 +202,53 @@ def sim_config_for(engine: LLMEngine) -> SimConfig:
 def run_engine(config: EngineConfig, trace: Trace) -> tuple[RunResult, LLMEngine, Trace]:
     """A fresh engine from `config` serving `trace` on the virtual clock; returns the run, the
     engine and the trace with the prompt ids it ran (synthesised from the config's seed)."""
-    from kvlab.engine.engine import LLMEngine
-    from kvlab.engine.replay import run_trace, synthesize_prompt_ids
+    return run_engines(config, [trace])[0]
 
-    engine = LLMEngine(config)
-    trace = synthesize_prompt_ids(trace, engine.model_config.vocab_size, config.seed)
-    return run_trace(engine, trace, replay="fast"), engine, trace
+
+def run_engines(
+    config: EngineConfig, traces: Sequence[Trace]
+) -> list[tuple[RunResult, LLMEngine, Trace]]:
+    """One fresh engine per trace, all built from `config`, stepped in turn on their virtual
+    clocks: next is the engine that has spent the least time per request of its trace so far,
+    so that runs of different sizes start and end together.
+
+    Their steps interleave over the same stretch of real time, so every run meets the same
+    machine: on a shared or virtual CPU the speed of a core can change by tens of percent from
+    one second to the next (other tenants, other processes), and two runs taken one after the
+    other can each meet a different machine. Each engine measures only its own steps. All the
+    engines are alive at once: on an accelerator their KV caches must fit together.
+    """
+    from kvlab.engine.engine import LLMEngine, frozen_heap
+    from kvlab.engine.replay import synthesize_prompt_ids, trace_requests, trace_result
+
+    engines = [LLMEngine(config) for _ in traces]
+    ran = [
+        synthesize_prompt_ids(trace, engine.model_config.vocab_size, config.seed)
+        for trace, engine in zip(traces, engines, strict=True)
+    ]
+    runs = [
+        engine.iter_run(trace_requests(engine, trace), replay="fast")
+        for engine, trace in zip(engines, ran, strict=True)
+    ]
+    spent_s = [0.0] * len(runs)
+    shares = [max(len(trace), 1) for trace in ran]
+    done: dict[int, Any] = {}
+    with frozen_heap():
+        while len(done) < len(runs):
+            index = min(
+                (i for i in range(len(runs)) if i not in done),
+                key=lambda i: spent_s[i] / shares[i],
+            )
+            started = time.thread_time()
+            try:
+                next(runs[index])
+            except StopIteration as stop:
+                done[index] = stop.value
+            spent_s[index] += time.thread_time() - started
+    return [
+        (trace_result(engine, trace, done[i], "fast"), engine, trace)
+        for i, (engine, trace) in enumerate(zip(engines, ran, strict=True))
+    ]
 
 
 def split_trace(trace: Trace, num_prompts: int) -> tuple[Trace, Trace]:
@@ -312,13 +354,16 @@ def validate(
     calibration_trace: Trace | None = None,
     calibrate_on_same_run: bool = False,
     with_lockstep: bool = False,
+    interleave_calibration: bool = True,
 ) -> ValidationResult:
     """Serve `trace` on the engine and simulate it with a calibrated cost model; compare.
 
     The cost model is `cost_model` if given; else fitted on an engine run of
-    `calibration_trace` (other requests, a fresh engine); else, only with
-    `calibrate_on_same_run`, on the validated run's own profile (optimistic: the model has seen
-    the very steps it is judged on). `with_lockstep` also replays the run's measured durations.
+    `calibration_trace` (other requests, a fresh engine), stepped in turn with the validated
+    run (`run_engines`) unless `interleave_calibration` is False (then it runs first); else,
+    only with `calibrate_on_same_run`, on the validated run's own profile (optimistic: the model
+    has seen the very steps it is judged on). `with_lockstep` also replays the run's measured
+    durations.
     """
     calibration = "given"
     if cost_model is None and not calibrate_on_same_run:
@@ -327,10 +372,20 @@ def validate(
                 "no calibration: give --cost-model FILE, a calibration window with requests, "
                 "or --calibrate-on-same-run"
             )
-        calibration_run, _, _ = run_engine(config, calibration_trace)
+        if interleave_calibration:
+            (calibration_run, _, _), (engine_result, engine, ran) = run_engines(
+                config, [calibration_trace, trace]
+            )
+        else:
+            calibration_run, _, _ = run_engine(config, calibration_trace)
+            engine_result, engine, ran = run_engine(config, trace)
         cost_model = calibrate_on(calibration_run, calibration_trace.name)
-        calibration = f"separate run: {calibration_trace.name}, {len(calibration_trace)} requests"
-    engine_result, engine, ran = run_engine(config, trace)
+        calibration = (
+            f"separate run{', interleaved' if interleave_calibration else ', before'}: "
+            f"{calibration_trace.name}, {len(calibration_trace)} requests"
+        )
+    else:
+        engine_result, engine, ran = run_engine(config, trace)
     if cost_model is None:
         cost_model = calibrate_on(engine_result, trace.name)
         calibration = "same run (optimistic)"

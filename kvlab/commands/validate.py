@@ -3,9 +3,9 @@
 metric, and with `--lockstep` a step-by-step check that every memory decision matched.
 
 The flags are `kvlab run`'s. Calibration: with `--cost-model FILE` the simulator uses that
-model; otherwise a separate engine run calibrates it first, on the next `--num-calibration-prompts`
-requests of the same trace (the same traffic, other requests, arrivals shifted to start at 0);
-`--calibrate-on-same-run` fits the validated run's own profile instead (optimistic: the model
+model; otherwise a separate engine run calibrates it, on the next `--num-calibration-prompts`
+requests of the same trace (the same traffic, other requests, arrivals shifted to start at 0),
+stepped in turn with the validated run on cpu (`--calibration-run`); `--calibrate-on-same-run` fits the validated run's own profile instead (optimistic: the model
 has seen the very steps it is judged on). Defaults make a CPU demo of about a minute: 8 requests
 of the bundled Azure conversation excerpt on tiny-llama, calibrated on the next 8, one thread.
 """
@@ -48,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(optimistic; no calibration run)",
     )
     group.add_argument(
+        "--calibration-run",
+        choices=("interleaved", "before"),
+        default=None,
+        help="step the calibration run's engine in turn with the validated one, so that both "
+        "meet the same machine, or run it to the end first (default: interleaved on cpu, "
+        "where both engines fit in memory; before on an accelerator)",
+    )
+    group.add_argument(
         "--lockstep",
         action="store_true",
         help="also replay the engine's measured step times in the simulator and "
@@ -59,6 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="torch CPU threads (default 1: steadier step times on a shared machine)",
     )
+
+
+def default_calibration_run(device: str) -> str:
+    """Interleaved on cpu; before elsewhere, where a second engine's KV cache may not fit."""
+    return "interleaved" if device == "cpu" else "before"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     separate = cost_model is None and not args.calibrate_on_same_run
     if separate and num_calibration < 1:
         raise KvlabError(f"--num-calibration-prompts {num_calibration}: expected 1 or more")
+    calibration_run = args.calibration_run or default_calibration_run(args.device)
     args.num_prompts = num_prompts + (num_calibration if separate else 0)
     trace, calibration_trace = split_trace(load_trace_from_args(args), num_prompts)
     result = validate(
@@ -97,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         calibration_trace=calibration_trace if separate else None,
         calibrate_on_same_run=args.calibrate_on_same_run,
         with_lockstep=args.lockstep,
+        interleave_calibration=calibration_run == "interleaved",
     )
     print(format_validation(result))
     if args.save_result:
