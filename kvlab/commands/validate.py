@@ -5,7 +5,8 @@ metric, and with `--lockstep` a step-by-step check that every memory decision ma
 The flags are `kvlab run`'s. Calibration: with `--cost-model FILE` the simulator uses that
 model; otherwise a separate engine run calibrates it, on the next `--num-calibration-prompts`
 requests of the same trace (the same traffic, other requests, arrivals shifted to start at 0),
-stepped in turn with the validated run on cpu (`--calibration-run`); `--calibrate-on-same-run` fits the validated run's own profile instead (optimistic: the model
+stepped in turn with the validated run on cpu (`--calibration-run`);
+`--calibrate-on-same-run` fits the validated run's own profile instead (optimistic: the model
 has seen the very steps it is judged on). Defaults make a CPU demo of about a minute: 8 requests
 of the bundled Azure conversation excerpt on tiny-llama, calibrated on the next 8, one thread.
 """
