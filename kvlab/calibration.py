@@ -5,7 +5,8 @@ physics, and would make the simulator's clock run backwards on some shapes):
 
 1. the forward pass, on the steps with no memory work: measured `wall_time_s` against a constant
    (the fixed per-step overhead), prefill tokens, decode tokens, context tokens read by attention,
-   the prefill chunks' (query, key) pairs and the batch size;
+   the prefill chunks' (query, key) pairs, the batch size, and the decode context padded to the
+   longest decode (what the torch backend's batched decode attention reads);
 2. the memory work, on the steps that swapped or copied pages: what fit 1 does not explain of
    their measured time, against swap transfers, swapped pages and copied pages.
 
@@ -32,6 +33,7 @@ STEP_FEATURES = (
     "num_context_tokens",
     "num_attention_pairs",
     "num_seqs",
+    "num_padded_context_tokens",
 )
 STEP_COEFFICIENTS = (
     "step_overhead_s",
@@ -40,6 +42,7 @@ STEP_COEFFICIENTS = (
     "context_token_s",
     "attention_pair_s",
     "seq_s",
+    "padded_context_token_s",
 )
 MEMORY_COEFFICIENTS = ("swap_transfer_s", "swap_page_s", "copy_page_s")
 MEMORY_COLUMNS = (
@@ -238,7 +241,8 @@ def _check_columns(frame: pd.DataFrame, where: str) -> None:
     if missing:
         raise KvlabError(
             f"{where}: missing column(s) {', '.join(missing)}; expected a per-step profile "
-            "as `kvlab run --save-result` writes (<stem>.steps.csv)"
+            "as `kvlab run --save-result` writes (<stem>.steps.csv; a profile from an older "
+            "kvlab lacks num_padded_context_tokens: run it again)"
         )
     bad = [name for name in REQUIRED_COLUMNS if not pd.api.types.is_numeric_dtype(frame[name])]
     if bad:

@@ -134,6 +134,8 @@ class SchedulerOutput:
     num_decode_tokens: int = 0
     num_context_tokens: int = 0  # KV tokens attention reads this step, summed over requests
     num_attention_pairs: int = 0  # (query, key) pairs of the prefill chunks, for the quadratic term
+    # decodes x the longest decode context: what attention reads padding decodes to the longest
+    num_padded_context_tokens: int = 0
 
     @property
     def scheduled(self) -> list[ScheduledRequest]:

@@ -173,6 +173,9 @@ class Scheduler:
                 step.budget -= num_decodes
                 step.num_context += sum(dones) + num_decodes
                 step.num_decode += num_decodes
+                longest = max(dones) + 1
+                if longest > step.longest_decode:
+                    step.longest_decode = longest
                 index += num_decodes
                 if index == len(running) or not step.budget:
                     break
@@ -295,6 +298,7 @@ class _Step:
         "budget",
         "computed",
         "failed",
+        "longest_decode",
         "new",
         "num_context",
         "num_decode",
@@ -314,6 +318,7 @@ class _Step:
         self.preempted: list[Request] = []
         self.failed: list[Request] = []
         self.num_prefill = self.num_decode = self.num_context = self.num_pairs = 0
+        self.longest_decode = 0  # context of the longest decode in the batch, this token included
 
     def add(self, request: Request, num_new: int, ops: MemOps) -> None:
         done = request.num_computed_tokens
@@ -332,12 +337,23 @@ class _Step:
                 self.budget += num_new
                 self._count(request, num_new, done, -1)
                 del self.requests[index], self.new[index], self.computed[index]
+                if done + 1 == self.longest_decode:
+                    self.longest_decode = max(
+                        (
+                            c + 1
+                            for r, n, c in zip(self.requests, self.new, self.computed, strict=True)
+                            if n == 1 and 0 < c == r.prompt_len + r.num_output_tokens - 1
+                        ),
+                        default=0,
+                    )
                 return
 
     def _count(self, request: Request, new: int, done: int, sign: int) -> None:
         self.num_context += sign * (done + new)
         if new == 1 and 0 < done == request.prompt_len + request.num_output_tokens - 1:
             self.num_decode += sign
+            if sign > 0 and done + 1 > self.longest_decode:
+                self.longest_decode = done + 1
         else:
             self.num_prefill += sign * new
             self.num_pairs += sign * (new * done + new * (new + 1) // 2)
@@ -355,4 +371,5 @@ class _Step:
             num_decode_tokens=self.num_decode,
             num_context_tokens=self.num_context,
             num_attention_pairs=self.num_pairs,
+            num_padded_context_tokens=self.num_decode * self.longest_decode,
         )

@@ -5,7 +5,10 @@ A step costs a fixed overhead plus a linear term in each of the step's counts:
 
     step_s = overhead + prefill_token x num_prefill_tokens + decode_token x num_decode_tokens
              + context_token x num_context_tokens + attention_pair x num_attention_pairs
-             + seq x num_seqs
+             + seq x num_seqs + padded_context_token x num_padded_context_tokens
+
+(`num_padded_context_tokens`: the decodes times the longest decode context, what a backend that
+pads its decode batch reads; the fit gives it 0 where attention does not pad.)
 
 and its memory work (executed before the forward pass, on the same stream) costs
 `swap_transfer_s` per separate copy plus `swap_page_s` per page moved either way, and
@@ -25,7 +28,8 @@ from kvlab.errors import KvlabError
 from kvlab.sim.cost_model import StepShapeLike, prefill_shape
 
 FORMAT = "kvlab-calibrated-cost-model"
-FORMAT_VERSION = 1
+# 2: padded_context_token_s (a version-1 file lacks it: refit from the profile, see from_json)
+FORMAT_VERSION = 2
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,6 +46,7 @@ class CalibratedCostModel:
     context_token_s: float = 0.0
     attention_pair_s: float = 0.0
     seq_s: float = 0.0
+    padded_context_token_s: float = 0.0
     swap_transfer_s: float = 0.0
     swap_page_s: float = 0.0
     copy_page_s: float = 0.0
@@ -57,6 +62,7 @@ class CalibratedCostModel:
             + self.context_token_s * shape.num_context_tokens
             + self.attention_pair_s * shape.num_attention_pairs
             + self.seq_s * shape.num_seqs
+            + self.padded_context_token_s * shape.num_padded_context_tokens
         )
 
     def swap_time_s(self, num_pages: int, num_transfers: int) -> float:
@@ -91,6 +97,13 @@ class CalibratedCostModel:
             raise KvlabError(
                 f"{where}: not a calibrated cost model (expected a JSON object with "
                 f'"format": "{FORMAT}", as `kvlab calibrate -o FILE` writes)'
+            )
+        version = data.get("version")
+        if version != FORMAT_VERSION:
+            raise KvlabError(
+                f"{where}: cost-model format version {version!r}, this kvlab reads version "
+                f"{FORMAT_VERSION} (its step model has other terms); fit it again from the "
+                "step profile: kvlab calibrate PROFILE.steps.csv -o FILE"
             )
         coefficients = data.get("coefficients")
         names = {f.name for f in fields(cls)} - {"fit"}

@@ -32,7 +32,7 @@ FLOPS_EFFICIENCY = 0.6
 
 
 class StepShapeLike(Protocol):
-    """Anything with a step's five cost-relevant counts (StepShape, or the scheduler's output)."""
+    """Anything with a step's cost-relevant counts (StepShape, or the scheduler's output)."""
 
     @property
     def num_prefill_tokens(self) -> int: ...
@@ -44,6 +44,8 @@ class StepShapeLike(Protocol):
     def num_seqs(self) -> int: ...
     @property
     def num_attention_pairs(self) -> int: ...
+    @property
+    def num_padded_context_tokens(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -51,7 +53,9 @@ class StepShape:
     """What one engine step's cost depends on (for tests and for fitting from profiles).
 
     `num_context_tokens` sums the KV tokens attention reads over the batch's requests;
-    `num_attention_pairs` counts the (query, key) pairs of the prefill chunks, the quadratic term.
+    `num_attention_pairs` counts the (query, key) pairs of the prefill chunks, the quadratic term;
+    `num_padded_context_tokens` is the decodes times the longest decode context: what attention
+    reads when it pads the decode batch to its longest sequence (the torch reference backend).
     """
 
     num_prefill_tokens: int = 0
@@ -59,6 +63,7 @@ class StepShape:
     num_context_tokens: int = 0
     num_seqs: int = 0
     num_attention_pairs: int = 0
+    num_padded_context_tokens: int = 0
 
 
 class CostModel(Protocol):

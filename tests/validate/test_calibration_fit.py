@@ -23,6 +23,7 @@ TRUE = CalibratedCostModel(
     context_token_s=1e-6,
     attention_pair_s=5e-9,
     seq_s=1e-4,
+    padded_context_token_s=1e-7,
     swap_transfer_s=2e-4,
     swap_page_s=3e-5,
     copy_page_s=1e-5,
@@ -37,12 +38,17 @@ def synthetic_profile(model: CalibratedCostModel, num_steps: int = 400, seed: in
     decode = rng.integers(1, 32, num_steps)
     seqs = decode + (prefill > 0)
     rows = {name: np.zeros(num_steps, dtype=np.int64) for name in STEP_COLUMNS}
+    mean_context = rng.integers(16, 1024, num_steps)
+    # its own stream, so that the other columns are drawn as before it existed
+    spread = np.random.default_rng([seed, 1]).integers(0, 1024, num_steps)
+    longest_context = mean_context + spread * (decode > 1)
     rows.update(
         num_prefill_tokens=prefill,
         num_decode_tokens=decode,
         num_seqs=seqs,
-        num_context_tokens=decode * rng.integers(16, 1024, num_steps) + prefill,
+        num_context_tokens=decode * mean_context + prefill,
         num_attention_pairs=prefill * (prefill + 1) // 2,
+        num_padded_context_tokens=decode * longest_context,
     )
     swapping = rng.random(num_steps) < 0.1
     rows["num_swap_out_pages"] = swapping * rng.integers(1, 40, num_steps)
@@ -52,7 +58,7 @@ def synthetic_profile(model: CalibratedCostModel, num_steps: int = 400, seed: in
     frame = pd.DataFrame(rows)
     shapes = [StepShape(*(int(frame.at[i, name]) for name in (
         "num_prefill_tokens", "num_decode_tokens", "num_context_tokens", "num_seqs",
-        "num_attention_pairs"))) for i in range(num_steps)]
+        "num_attention_pairs", "num_padded_context_tokens"))) for i in range(num_steps)]
     times = np.array([
         model.step_time_s(shape)
         + model.swap_time_s(int(frame.at[i, "num_swap_out_pages"]),
@@ -76,8 +82,13 @@ def test_the_fit_recovers_known_coefficients_from_an_exact_profile():
 
 def test_the_fit_stays_close_under_step_time_noise():
     fitted = fit_cost_model(synthetic_profile(TRUE, num_steps=4000, noise=0.05))
-    for name in ("step_overhead_s", "prefill_token_s", "decode_token_s", "swap_page_s"):
+    for name in ("step_overhead_s", "prefill_token_s", "context_token_s",
+                 "padded_context_token_s", "swap_page_s"):
         assert fitted.coefficients()[name] == pytest.approx(TRUE.coefficients()[name], rel=0.1)
+    # A decode is one token of one sequence: only the sum of the two costs is identifiable.
+    assert fitted.decode_token_s + fitted.seq_s == pytest.approx(
+        TRUE.decode_token_s + TRUE.seq_s, rel=0.1
+    )
     assert abs(fitted.fit["total_error_perc"]) < 1.0
 
 
@@ -120,6 +131,16 @@ def test_a_file_that_is_not_a_cost_model_is_a_user_error(tmp_path):
     path = tmp_path / "cm.json"
     path.write_text(json.dumps({"duration": 1.0}))
     with pytest.raises(KvlabError, match="not a calibrated cost model"):
+        load_cost_model(path)
+
+
+def test_a_cost_model_file_of_another_format_version_is_refused_with_the_fix(tmp_path):
+    data = CalibratedCostModel().to_json()
+    data["version"] = 1
+    del data["coefficients"]["padded_context_token_s"]
+    path = tmp_path / "cm.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(KvlabError, match=r"version 1.*kvlab calibrate"):
         load_cost_model(path)
 
 
