@@ -56,6 +56,9 @@ class EngineConfig:
     `step_timer` is how a step's duration is measured: `wall` (perf_counter), or `cpu`: the
     engine thread's CPU time, which ignores time other processes hold the cores. `cpu` is exact
     only on the cpu device with one torch thread (the caller sets torch.set_num_threads(1)).
+    `warmup` runs the largest prefill a step can hold and a batch of up to 8 decodes once at
+    start-up (ModelRunner.warm_up), so that the first steps measured are not slowed by one-off
+    costs; it changes no output and no decision.
     """
 
     model: str
@@ -76,6 +79,7 @@ class EngineConfig:
     seed: int = 0
     preemption_costs: Any = None
     step_timer: str = "wall"
+    warmup: bool = True
 
     def policy_spec(self) -> PolicySpec:
         """The policy with this config's page size and prefix-caching switch applied."""

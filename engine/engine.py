@@ -119,6 +119,12 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model, self.kv_cache, self.platform, lambda r: self.manager.block_table(r)
         )
+        if config.warmup:
+            # Decodes only warm dispatch: a few are enough (and cheap in Triton's interpreter).
+            self.runner.warm_up(
+                min(config.max_num_batched_tokens, self.max_model_len),
+                min(config.max_num_seqs, config.max_num_batched_tokens, 8),
+            )
         costs = config.preemption_costs
         if spec.preemption == "auto" and costs is None:
             costs = measure_preemption_costs(self.runner, self.max_model_len)

@@ -141,6 +141,39 @@ class ModelRunner:
         self.platform.synchronize()
         return sampled
 
+    def warm_up(self, num_tokens: int, num_decodes: int) -> None:
+        """Run one prefill of `num_tokens` (the largest a step can hold) and one batch of
+        `num_decodes` decodes, so that the first real steps do not pay one-off costs (allocator
+        growth and first-touch page faults of the largest temporaries, reference-backend
+        workspaces, op dispatch set-up), as vLLM's start-up profile run does. Nothing is
+        recorded.
+
+        Uses the cache's own pages as scratch, before any request holds them: a request writes
+        every slot it later reads, so what the warm-up leaves there is never seen.
+        """
+        cache = self.kv_cache
+        page_size = self.page_size
+        num_tokens = min(num_tokens, cache.num_pages * page_size)
+        if num_tokens > 0:
+            self.forward_tokens([0] * num_tokens, list(range(-(-num_tokens // page_size))))
+        if num_decodes > 0:
+            # Two tokens each (one in the cache, one new) in a page of their own, as far as
+            # there are pages; the slots they write are scratch too.
+            seq_len = min(2, page_size)
+            meta = AttentionMetadata.build(
+                block_tables=[[i % cache.num_pages] for i in range(num_decodes)],
+                seq_lens=[seq_len] * num_decodes,
+                query_lens=[1] * num_decodes,
+                page_size=page_size,
+                device=self.device,
+            )
+            ids = torch.zeros(num_decodes, dtype=torch.long, device=self.device)
+            positions = torch.full((num_decodes,), seq_len - 1, device=self.device)
+            with torch.inference_mode():
+                hidden = self.model(ids, positions, self._kv_layers, meta)
+                self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        self.platform.synchronize()
+
     def forward_tokens(self, token_ids: list[int], block_table: list[int]) -> None:
         """One prefill of `token_ids` into the pages of `block_table` (to time a recomputation)."""
         num_tokens = len(token_ids)

@@ -59,6 +59,13 @@ def _replay_arguments(data: argparse._ArgumentGroup) -> None:
         "thread's CPU time with one torch thread (cpu device only; steady on "
         "a shared machine, where other processes take the cores)",
     )
+    data.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="skip the start-up warm-up (the largest prefill a step can hold and a few "
+        "decodes, run once so that the first measured steps pay no one-off costs)",
+    )
 
 
 def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
@@ -207,6 +214,7 @@ def engine_config(args: argparse.Namespace) -> object:
         dtype=args.dtype,
         seed=args.seed,
         step_timer=args.step_timer,
+        warmup=args.warmup,
     )
 
 

@@ -1,5 +1,6 @@
-"""What keeps measured step times steady: the start-up heap stays out of the cyclic GC during a
-run, and `iter_run` is `run` one step at a time (so validation can step two engines in turn)."""
+"""What keeps measured step times steady without changing what the engine does (a start-up
+warm-up; the start-up heap kept out of the cyclic GC during a run), and `iter_run`: `run` one
+step at a time, so that validation can step two engines in turn."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine, frozen_heap
 from kvlab.engine.sampler import SamplingParams
+from kvlab.policies.records import INT_COLUMNS
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -69,3 +71,30 @@ def test_iter_run_yields_once_per_step_and_returns_the_same_run_as_run(engine):
     assert [r.output_token_ids for r in stepped.requests] == [
         r.output_token_ids for r in run.requests
     ]
+
+
+def test_the_start_up_warm_up_changes_no_token_and_no_step_record():
+    runs = []
+    for warmup in (True, False):
+        config = EngineConfig(
+            model="tiny-llama", block_size=4, num_gpu_blocks_override=24, warmup=warmup
+        )
+        engine = LLMEngine(config)
+        runs.append(engine.run(_requests(engine, num=6)))
+    with_warmup, without = runs
+    assert [r.output_token_ids for r in with_warmup.requests] == [
+        r.output_token_ids for r in without.requests
+    ]
+    for name in INT_COLUMNS:
+        assert with_warmup.steps.columns[name] == without.steps.columns[name], name
+
+
+def test_no_warmup_flag_turns_the_warm_up_off():
+    import argparse
+
+    from kvlab.commands import run as run_command
+
+    parser = argparse.ArgumentParser()
+    run_command.add_arguments(parser)
+    assert run_command.engine_config(parser.parse_args([])).warmup is True
+    assert run_command.engine_config(parser.parse_args(["--no-warmup"])).warmup is False
