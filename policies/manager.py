@@ -273,7 +273,7 @@ class KVCacheManager:
         num_claimed = adjust = 0  # live slots gained: one per claim, plus adjust
         for request in batch:
             done = request.num_computed_tokens
-            if request.prompt_len + request.num_output_tokens != done + 1 or not done:
+            if request.prompt_len + request.num_output_tokens - done != 1 or not done:
                 break
             try:
                 state = seqs[request.request_id]
