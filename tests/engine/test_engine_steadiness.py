@@ -7,20 +7,13 @@ from __future__ import annotations
 import gc
 
 import pytest
-import torch
 
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine, frozen_heap
 from kvlab.engine.sampler import SamplingParams
 from kvlab.policies.records import INT_COLUMNS
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 from kvlab.cli import main
 from kvlab.policies.records import STEP_COLUMNS
@@ -16,13 +15,7 @@ from kvlab.policies.records import STEP_COLUMNS
 SMALL = ["--num-prompts", "4", "--max-model-len", "512", "--kv-cache-memory", "8MiB"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine: a second thread only waits on the first."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_run_saves_the_summary_the_requests_and_the_step_profile(tmp_path, capsys):

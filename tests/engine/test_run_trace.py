@@ -4,7 +4,6 @@ the RunResult the simulator's tools read."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
@@ -14,14 +13,7 @@ from kvlab.metrics import summarize
 from kvlab.policies import RequestStatus
 from kvlab.traces import Trace, TraceRequest
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine: a second thread only waits on the first."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _trace(*requests: TraceRequest) -> Trace:
