@@ -499,7 +499,7 @@ class KVCacheManager:
             self._num_live_slots += total - state.num_tokens
             state.num_tokens = total
         self._register(seq, state)
-        state.fast_limit = self._fast_limit(seq, state)
+        state.fast_limit = self._fast_limit(state)
         return ops
 
     def _take_hits(self, seq: Request, hits: list[int]) -> _SeqState:
@@ -582,7 +582,7 @@ class KVCacheManager:
                 cached.setdefault(key, page)
         state.num_hashed = num_full
 
-    def _fast_limit(self, seq: Request, state: _SeqState) -> int:
+    def _fast_limit(self, state: _SeqState) -> int:
         page_size = self.page_size
         limit = len(state.pages) * page_size
         if state.num_tokens % page_size:
@@ -602,10 +602,11 @@ class KVCacheManager:
         still_held: set[int] = set()
         owners = self._owners
         if owners and not owners.keys().isdisjoint(pages):
-            still_held = self._unshare(state)
+            still_held = owners.keys() & pages
             first = len(still_held)
             if not still_held.issuperset(pages[:first]):  # not just the leading prefix hits
                 first = 0
+            self._unshare(state, still_held, leading=first > 0)
         if state.regular and not (still_held and first == 0):
             end = state.num_hashed
             to_cache = pages[first:end][::-1]
@@ -641,22 +642,19 @@ class KVCacheManager:
                 to_free.append(page)
         return to_cache[::-1], keys[::-1], depths[::-1], to_free
 
-    def _unshare(self, state: _SeqState) -> set[int]:
-        """Drop this sequence from the owners of its shared pages; returns those pages."""
-        pages = state.pages
-        shared = self._owners.keys() & pages
-        num_shared = len(shared)
-        if shared.issuperset(pages[:num_shared]):  # a leading run (prefix hits): full pages
-            self._num_dup_slots -= min(state.num_tokens, num_shared * self.page_size)
+    def _unshare(self, state: _SeqState, shared: set[int], *, leading: bool) -> None:
+        """Drop this sequence from the owners of its `shared` pages (`leading`: they are the
+        first pages of its table, the prefix hits)."""
+        if leading:  # full pages
+            self._num_dup_slots -= min(state.num_tokens, len(shared) * self.page_size)
         else:
             self._num_dup_slots -= sum(
                 self._fill(index, state.num_tokens)
-                for index, page in enumerate(pages)
+                for index, page in enumerate(state.pages)
                 if page in shared
             )
         for page in shared:
             self._drop_owner(page)
-        return shared
 
     def _drop_owner(self, page: int) -> None:
         """One of the owners of a shared page lets it go (the page stays held)."""
