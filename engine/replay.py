@@ -4,7 +4,6 @@ replayed on a virtual or wall clock, and the same `RunResult` the simulator prod
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -113,7 +112,7 @@ def trace_requests(engine: LLMEngine, trace: Trace) -> list[Request]:
 
 def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -> RunResult:
     """The RunResult of an engine run of `trace` (run_trace's second half)."""
-    metadata = {**engine_metadata(engine), **trace_metadata(trace), "replay": replay}
+    metadata = {**engine_metadata(engine), **trace.result_metadata(), "replay": replay}
     return RunResult(
         requests=run.requests,
         steps=run.steps,
@@ -150,18 +149,4 @@ def engine_metadata(engine: LLMEngine) -> dict[str, Any]:
         "enable_prefix_caching": policy.prefix_caching,
         "preemption_costs": costs.to_json() if hasattr(costs, "to_json") else None,
         "seed": config.seed,
-    }
-
-
-def trace_metadata(trace: Trace) -> dict[str, Any]:
-    """The workload's description as saved with a result (the simulator's keys)."""
-    meta = trace.metadata
-    return {
-        "dataset": trace.name,
-        "dataset_name": trace.dataset_name,
-        "dataset_source": trace.source,
-        "num_prompts": len(trace),
-        "request_rate": float(meta.get("request_rate", math.inf)),
-        "burstiness": float(meta.get("burstiness", 1.0)),
-        "time_scale": float(meta.get("time_scale", 1.0)),
     }

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -112,7 +111,7 @@ class Simulation:
             num_total_pages=capacity.num_pages,
             kv_cache_size_tokens=capacity.num_tokens,
             num_host_pages=self.manager.num_host_pages,
-            metadata={**self.config.metadata(), **_trace_metadata(self.trace), "backend": "sim"},
+            metadata={**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim"},
         )
 
 
@@ -158,17 +157,3 @@ def _check_conservation(requests: Sequence[Request], manager: KVCacheManager) ->
     assert usage.num_used_pages == 0, f"{usage.num_used_pages} pages still in use at the end"
     assert usage.num_host_used_pages == 0, f"{usage.num_host_used_pages} host pages still in use"
     assert usage.num_live_token_slots == 0, "live token slots left at the end"
-
-
-def _trace_metadata(trace: Trace) -> dict[str, Any]:
-    """The workload's description as saved with a result."""
-    meta = trace.metadata
-    return {
-        "dataset": trace.name,
-        "dataset_name": trace.dataset_name,
-        "dataset_source": trace.source,
-        "num_prompts": len(trace),
-        "request_rate": float(meta.get("request_rate", math.inf)),
-        "burstiness": float(meta.get("burstiness", 1.0)),
-        "time_scale": float(meta.get("time_scale", 1.0)),
-    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,3 +53,17 @@ class Trace:
         from kvlab.traces.stats import trace_info
 
         return trace_info(self)
+
+    def result_metadata(self) -> dict[str, Any]:
+        """The workload's description as saved with a result (the same keys for the simulator
+        and the engine)."""
+        meta = self.metadata
+        return {
+            "dataset": self.name,
+            "dataset_name": self.dataset_name,
+            "dataset_source": self.source,
+            "num_prompts": len(self),
+            "request_rate": float(meta.get("request_rate", math.inf)),
+            "burstiness": float(meta.get("burstiness", 1.0)),
+            "time_scale": float(meta.get("time_scale", 1.0)),
+        }
