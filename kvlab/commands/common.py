@@ -96,6 +96,18 @@ def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str) -> Non
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
+def summary_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`kvlab.metrics.summarize`'s keyword arguments from the report flags, parsed now so a bad
+    flag fails before the run."""
+    from kvlab.metrics import parse_goodput, parse_metric_percentiles, parse_percentile_metrics
+
+    return {
+        "percentile_metrics": parse_percentile_metrics(args.percentile_metrics),
+        "metric_percentiles": parse_metric_percentiles(args.metric_percentiles),
+        "goodput_slos": parse_goodput(args.goodput) if args.goodput else None,
+    }
+
+
 def load_trace_from_args(args: argparse.Namespace) -> Any:
     """The trace the workload flags describe (kvlab.traces.load_trace)."""
     from kvlab.traces import load_trace

@@ -18,6 +18,7 @@ from kvlab.commands.common import (
     add_workload_arguments,
     load_trace_from_args,
     policy_with_block_size,
+    summary_options,
 )
 
 DEFAULT_NUM_PROMPTS = 32
@@ -148,17 +149,10 @@ def run(args: argparse.Namespace) -> int:
     """Build the engine, replay the trace, print the report; save results when asked."""
     from kvlab.engine.engine import LLMEngine
     from kvlab.engine.replay import run_trace, synthesize_prompt_ids
-    from kvlab.metrics import (
-        parse_goodput,
-        parse_metric_percentiles,
-        parse_percentile_metrics,
-        summarize,
-    )
+    from kvlab.metrics import summarize
     from kvlab.report import format_report
 
-    metrics = parse_percentile_metrics(args.percentile_metrics)
-    percentiles = parse_metric_percentiles(args.metric_percentiles)
-    goodput = parse_goodput(args.goodput) if args.goodput else None
+    options = summary_options(args)
     config = engine_config(args)
     trace = load_trace_from_args(args)
     if args.step_timer == "cpu":
@@ -171,9 +165,7 @@ def run(args: argparse.Namespace) -> int:
     trace = synthesize_prompt_ids(trace, engine.model_config.vocab_size, args.seed)
     progress = not args.disable_tqdm and sys.stderr.isatty()
     result = run_trace(engine, trace, replay=args.replay, progress=progress)
-    summary = summarize(
-        result, percentile_metrics=metrics, metric_percentiles=percentiles, goodput_slos=goodput
-    )
+    summary = summarize(result, **options)
     _print_failures(result.requests)
     print(format_report(summary))
     if args.save_result:

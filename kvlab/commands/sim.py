@@ -17,6 +17,7 @@ from kvlab.commands.common import (
     add_workload_arguments,
     load_trace_from_args,
     policy_with_block_size,
+    summary_options,
 )
 
 if TYPE_CHECKING:
@@ -108,18 +109,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the start-up lines and the report; save results when asked."""
-    from kvlab.metrics import (
-        parse_goodput,
-        parse_metric_percentiles,
-        parse_percentile_metrics,
-        summarize,
-    )
+    from kvlab.metrics import summarize
     from kvlab.report import format_comparison, format_report
     from kvlab.sim import simulate
 
-    metrics = parse_percentile_metrics(args.percentile_metrics)
-    percentiles = parse_metric_percentiles(args.metric_percentiles)
-    goodput = parse_goodput(args.goodput) if args.goodput else None
+    options = summary_options(args)
     configs = [_config(args, spec) for spec in (args.compare or [args.policy])]
     for config in configs:
         config.check()  # bad flags fail before the trace loads
@@ -132,9 +126,7 @@ def run(args: argparse.Namespace) -> int:
         for line in capacity.startup_lines(config.effective_max_model_len()):
             print(prefix + line)
         result = simulate(trace, config, progress=progress)
-        summary = summarize(
-            result, percentile_metrics=metrics, metric_percentiles=percentiles, goodput_slos=goodput
-        )
+        summary = summarize(result, **options)
         runs.append((result, summary))
     summaries = [summary for _, summary in runs]
     if args.compare:
