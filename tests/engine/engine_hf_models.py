@@ -101,3 +101,26 @@ def tiny_qwen2_config(**overrides):
     )
     fields.update(overrides)
     return Qwen2Config(**fields)
+
+
+def transformers_greedy(
+    folder: Path, prompts: list[list[int]], max_tokens: list[int]
+) -> list[list[int]]:
+    """Reference outputs: transformers' greedy `generate` of each prompt, with no EOS stop (as
+    `ignore_eos`: always its max_tokens tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    outputs = []
+    for prompt, num_tokens in zip(prompts, max_tokens, strict=True):
+        ids = torch.tensor([prompt])
+        generated = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=num_tokens,
+            pad_token_id=0,
+        )
+        outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs

@@ -4,8 +4,7 @@ greedy tokens, through preemption and prefix caching."""
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
+from engine_hf_models import transformers_greedy
 
 from kvlab.engine import LLM, SamplingParams
 
@@ -15,29 +14,12 @@ PROMPTS = [[5, 9, 14, 3, 22, 7, 8, 1, 30], [5, 9, 14, 3, 22, 7, 8, 1, 44, 2, 6],
 MAX_TOKENS = [5, 4, 6]
 
 
-def _transformers_greedy(folder) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    outputs = []
-    for prompt, max_tokens in zip(PROMPTS, MAX_TOKENS, strict=True):
-        ids = torch.tensor([prompt])
-        generated = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            pad_token_id=0,
-        )
-        outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
-
-
 @pytest.mark.parametrize(
     ("policy", "num_pages"),
     [("paged:block_size=4,eviction=lru", 64), ("paged:block_size=4,preemption=swap", 6)],
 )
 def test_triton_backend_keeps_transformers_tokens(hf_tiny_llama, policy, num_pages):
-    expected = _transformers_greedy(hf_tiny_llama)
+    expected = transformers_greedy(hf_tiny_llama, PROMPTS, MAX_TOKENS)
     llm = LLM(
         str(hf_tiny_llama),
         policy=policy,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from engine_hf_models import transformers_greedy
 
 from kvlab.engine import LLM, SamplingParams
 from kvlab.engine.costs import MeasuredPreemptionCosts
@@ -47,27 +47,13 @@ def _params() -> list[SamplingParams]:
     return [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
 
 
-def _transformers_greedy(folder) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos: always max_tokens tokens
-    outputs = []
-    for prompt, max_tokens in zip(PROMPTS, MAX_TOKENS, strict=True):
-        ids = torch.tensor([prompt])
-        generated = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            pad_token_id=0,
-        )
-        outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
-
-
 @pytest.fixture(scope="module")
 def reference(hf_tiny_llama, hf_tiny_qwen2):
     folders = {"llama": hf_tiny_llama, "qwen2": hf_tiny_qwen2}
-    return {family: (folder, _transformers_greedy(folder)) for family, folder in folders.items()}
+    return {
+        family: (folder, transformers_greedy(folder, PROMPTS, MAX_TOKENS))
+        for family, folder in folders.items()
+    }
 
 
 def _generate(folder, policy: str, **kwargs) -> tuple[LLM, list[list[int]]]:
