@@ -48,7 +48,9 @@ def workloads(draw):
     return spec, num_pages, config, requests
 
 
-def _run(spec, num_pages, config, requests, max_steps=20_000):
+def run_workload(spec, num_pages, config, requests, max_steps=20_000, check_step=None):
+    """Serve the requests to the end, checking the limits every step (and `check_step(output)`
+    when given); returns the manager and the scheduler."""
     manager = KVCacheManager(
         spec, num_pages, max_model_len=config.max_model_len, costs=ShadowCost()
     )
@@ -61,6 +63,8 @@ def _run(spec, num_pages, config, requests, max_steps=20_000):
             now = arrivals.next_arrival_s()
             continue
         output = scheduler.schedule(now)
+        if check_step is not None:
+            check_step(output)
         assert output.num_batched_tokens <= config.max_num_batched_tokens
         assert len(output.scheduled) <= config.max_num_seqs
         assert len(scheduler.running) <= config.max_num_seqs
@@ -83,7 +87,7 @@ def _run(spec, num_pages, config, requests, max_steps=20_000):
 @given(workload=workloads())
 def test_limits_hold_and_every_request_that_fits_alone_finishes(workload):
     spec, num_pages, config, requests = workload
-    manager, _ = _run(spec, num_pages, config, requests)
+    manager, _ = run_workload(spec, num_pages, config, requests)
     for request in requests:
         fits = (
             request.total_len <= config.max_model_len
@@ -115,7 +119,7 @@ def test_same_workload_same_schedule(workload):
             )
             for r in requests
         ]
-        _manager, scheduler = _run(spec, num_pages, config, fresh)
+        _manager, scheduler = run_workload(spec, num_pages, config, fresh)
         return [(r.first_token_s, r.finish_s, r.num_preemptions) for r in fresh], list(
             scheduler.itls_s
         )
