@@ -381,12 +381,13 @@ class KVCacheManager:
             return False
         if free:
             page = free.popleft()
-        elif len(self.evictor):
-            # What _evict(1) would release to the empty free list and we would pop right back.
-            page, key = self.evictor.pop_victim()
-            del self._cached[key]
         else:
-            return False
+            # What _evict(1) would release to the empty free list and we would pop right back.
+            try:
+                page, key = self.evictor.pop_victim()
+            except LookupError:  # nothing cached either
+                return False
+            del self._cached[key]
         state.pages.append(page)
         state.num_blocks += 1
         state.fast_limit = limit + page_size
@@ -601,7 +602,17 @@ class KVCacheManager:
         pages, first = state.pages, 0
         still_held: set[int] = set()
         owners = self._owners
-        if owners and not owners.keys().isdisjoint(pages):
+        if not owners:
+            pass
+        elif state.regular:
+            # Another table can hold a regular table's page only through a prefix hit (or a
+            # hit on a hitter), which takes a leading run: the shared pages are pages[:first].
+            while first < len(pages) and pages[first] in owners:
+                first += 1
+            if first:
+                still_held = set(pages[:first])
+                self._unshare(state, still_held, leading=True)
+        elif not owners.keys().isdisjoint(pages):
             still_held = owners.keys() & pages
             first = len(still_held)
             if not still_held.issuperset(pages[:first]):  # not just the leading prefix hits
