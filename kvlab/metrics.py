@@ -7,6 +7,7 @@ Both the simulator (`kvlab sim`) and the real engine (`kvlab run`) end with a `R
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -51,6 +52,32 @@ class RunResult:
     kv_cache_size_tokens: int
     num_host_pages: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def merge_runs(results: Sequence[RunResult]) -> RunResult:
+    """Several runs as one: their requests, steps and inter-token gaps together, durations
+    added (each run's clock starts anew; nothing is counted between them). Summarizing the
+    merge pools the runs' requests: a mean is over every request, a throughput is all tokens
+    over all the time served. The runs must share their memory shape and have distinct
+    request ids."""
+    if not results:
+        raise ValueError("merge_runs needs at least one run")
+    first = results[0]
+    if len(results) == 1:
+        return first
+    steps = StepRecorder()
+    for result in results:
+        for name, column in result.steps.columns.items():
+            steps.columns[name].extend(column)
+    requests = [request for result in results for request in result.requests]
+    return dataclasses.replace(
+        first,
+        requests=requests,
+        steps=steps,
+        itls_s=np.concatenate([result.itls_s for result in results]),
+        duration_s=sum(result.duration_s for result in results),
+        metadata={**first.metadata, "num_prompts": len(requests)},
+    )
 
 
 def percentile_label(p: float) -> str:

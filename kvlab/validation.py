@@ -22,7 +22,7 @@ import numpy as np
 
 from kvlab.calibration import fit_cost_model
 from kvlab.errors import KvlabError
-from kvlab.metrics import RunResult, per_step_table, summarize
+from kvlab.metrics import RunResult, merge_runs, per_step_table, summarize
 from kvlab.policies.records import INT_COLUMNS
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim.calibrated import CalibratedCostModel
@@ -53,6 +53,8 @@ METRICS = (
     ("Mean KV cache usage (%)", "mean_kv_usage_perc"),
     ("Peak KV cache usage (%)", "peak_kv_usage_perc"),
 )
+# The targets' metrics, shown for each window when there are several.
+WINDOW_METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")
 # Step columns lockstep compares: the clock, and every count and memory figure.
 LOCKSTEP_COLUMNS = ("start_s", "duration_s", *INT_COLUMNS)
 MIN_CALIBRATION_STEPS = 8
@@ -112,19 +114,21 @@ class LockstepReport:
     engine_row: dict[str, Any] = field(default_factory=dict)
     sim_row: dict[str, Any] = field(default_factory=dict)
     request_mismatch: str | None = None
+    window: int | None = None  # of several validated windows: the one that diverged (from 1)
 
     def describe(self) -> str:
         """One line for the report."""
         if self.identical:
             return f"identical ({self.num_engine_steps} steps, every request)"
+        where = "" if self.window is None else f"window {self.window}: "
         if self.first_step is None:
-            return f"steps identical, requests differ: {self.request_mismatch}"
+            return f"{where}steps identical, requests differ: {self.request_mismatch}"
         diffs = ", ".join(
             f"{name} engine={self.engine_row.get(name)} sim={self.sim_row.get(name)}"
             for name in self.columns
         )
         return (
-            f"DIVERGED at step {self.first_step} (engine {self.num_engine_steps} steps, "
+            f"{where}DIVERGED at step {self.first_step} (engine {self.num_engine_steps} steps, "
             f"sim {self.num_sim_steps}): {diffs}"
         )
 
@@ -144,10 +148,14 @@ class ValidationResult:
     cost_model: CalibratedCostModel
     calibration: str
     lockstep: LockstepReport | None = None
+    # With several windows: each one's metrics, calibration and cost model (the fields above
+    # then pool the windows' requests; cost_model is the first window's).
+    windows: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """The saved document: metrics, lockstep verdict, cost model, both summaries."""
-        return {
+        """The saved document: metrics, lockstep verdict, cost model, both summaries, and the
+        windows when there were several."""
+        document = {
             "metrics": self.metrics,
             "lockstep_identical": None if self.lockstep is None else self.lockstep.identical,
             "lockstep": None if self.lockstep is None else self.lockstep.to_json(),
@@ -157,6 +165,21 @@ class ValidationResult:
             "engine": self.engine_summary,
             "sim": self.sim_summary,
         }
+        if self.windows:
+            document["windows"] = self.windows
+        return document
+
+
+@dataclass(slots=True)
+class WindowRun:
+    """One validated window: the engine's and the simulator's runs of the same requests, the
+    cost model the simulator used and how it was obtained, and the lockstep report."""
+
+    engine: RunResult
+    sim: RunResult
+    cost_model: CalibratedCostModel
+    calibration: str
+    lockstep: LockstepReport | None
 
 
 def model_spec_for(engine: LLMEngine) -> ModelSpec:
@@ -251,16 +274,38 @@ def run_engines(
     ]
 
 
-def split_trace(trace: Trace, num_prompts: int) -> tuple[Trace, Trace]:
-    """The first `num_prompts` requests, and the rest with arrivals shifted to start at 0 (the
-    calibration window: the same traffic, other requests)."""
-    head, tail = trace.requests[:num_prompts], trace.requests[num_prompts:]
-    start = tail[0].arrival_s if tail else 0.0
-    shifted = [dataclasses.replace(r, arrival_s=r.arrival_s - start) for r in tail]
-    return (
-        dataclasses.replace(trace, requests=list(head)),
-        dataclasses.replace(trace, name=f"{trace.name} (calibration window)", requests=shifted),
-    )
+def split_windows(
+    trace: Trace, num_prompts: int, num_calibration: int, num_windows: int
+) -> list[tuple[Trace, Trace]]:
+    """`num_windows` consecutive (validated, calibration) pairs: window k validates
+    `num_prompts` requests and calibrates on the `num_calibration` after them; the next window
+    starts after those. Each excerpt's arrivals are shifted to start where the trace starts."""
+    stride = num_prompts + num_calibration
+    needed = stride * num_windows
+    if len(trace) < needed:
+        raise KvlabError(
+            f"{trace.name} has {len(trace)} requests; {num_windows} window(s) of "
+            f"{num_prompts} validated and {num_calibration} calibration requests need {needed}"
+        )
+    origin = trace.requests[0].arrival_s if len(trace) else 0.0
+    pairs = []
+    for index in range(num_windows):
+        start = index * stride
+        head = trace.requests[start : start + num_prompts]
+        tail = trace.requests[start + num_prompts : start + stride]
+        number = f" {index + 1}" if num_windows > 1 else ""
+        validated = _excerpt(trace, head, f"{trace.name} (window{number})" if number else
+                             trace.name, origin)
+        calibration = _excerpt(trace, tail, f"{trace.name} (calibration window{number})")
+        pairs.append((validated, calibration))
+    return pairs
+
+
+def _excerpt(trace: Trace, requests: Sequence[Any], name: str, origin: float = 0.0) -> Trace:
+    """`requests` as a trace of their own, arrivals shifted so the first is at `origin`."""
+    shift = (requests[0].arrival_s - origin) if requests else 0.0
+    moved = [dataclasses.replace(r, arrival_s=r.arrival_s - shift) for r in requests]
+    return dataclasses.replace(trace, name=name, requests=moved)
 
 
 def calibrate_on(result: RunResult, source: str) -> CalibratedCostModel:
@@ -365,6 +410,73 @@ def validate(
     has seen the very steps it is judged on). `with_lockstep` also replays the run's measured
     durations.
     """
+    return validate_windows(
+        config,
+        [(trace, calibration_trace)],
+        cost_model=cost_model,
+        calibrate_on_same_run=calibrate_on_same_run,
+        with_lockstep=with_lockstep,
+        interleave_calibration=interleave_calibration,
+    )
+
+
+def validate_windows(
+    config: EngineConfig,
+    windows: Sequence[tuple[Trace, Trace | None]],
+    *,
+    cost_model: CalibratedCostModel | None = None,
+    calibrate_on_same_run: bool = False,
+    with_lockstep: bool = False,
+    interleave_calibration: bool = True,
+) -> ValidationResult:
+    """`validate` each (trace, calibration trace) window on its own, then compare the pooled
+    requests of all windows (`merge_runs`): means over every request, throughputs over all the
+    time served. Each window keeps its own metrics in `ValidationResult.windows`.
+
+    Why windows: a short window's mean TTFT turns on a few queueing events (one preemption
+    more or less moves it by tens of percent), and one longer window at the same rate only
+    builds a longer queue; independent windows, each calibrated on the requests after it,
+    average those events out the way more requests would.
+    """
+    runs = [
+        run_window(
+            config,
+            trace,
+            cost_model=cost_model,
+            calibration_trace=calibration_trace,
+            calibrate_on_same_run=calibrate_on_same_run,
+            with_lockstep=with_lockstep,
+            interleave_calibration=interleave_calibration,
+        )
+        for trace, calibration_trace in windows
+    ]
+    engine_summary = _summarize(_pooled([run.engine for run in runs]))
+    sim_summary = _summarize(_pooled([run.sim for run in runs]))
+    result = ValidationResult(
+        metrics=compare_metrics(sim_summary, engine_summary),
+        engine_summary=engine_summary,
+        sim_summary=sim_summary,
+        cost_model=runs[0].cost_model,
+        calibration=runs[0].calibration,
+        lockstep=None if not with_lockstep else _combined_lockstep(runs),
+    )
+    if len(runs) > 1:
+        result.calibration = f"each window its own; window 1: {runs[0].calibration}"
+        result.windows = [_window_json(run) for run in runs]
+    return result
+
+
+def run_window(
+    config: EngineConfig,
+    trace: Trace,
+    *,
+    cost_model: CalibratedCostModel | None = None,
+    calibration_trace: Trace | None = None,
+    calibrate_on_same_run: bool = False,
+    with_lockstep: bool = False,
+    interleave_calibration: bool = True,
+) -> WindowRun:
+    """One window of `validate` (same arguments): the engine's and the simulator's runs."""
     calibration = "given"
     if cost_model is None and not calibrate_on_same_run:
         if calibration_trace is None or not len(calibration_trace):
@@ -393,16 +505,44 @@ def validate(
     costs = engine.preemption_costs
     sim_result = simulate(ran, sim_config, cost_model=cost_model, preemption_costs=costs)
     sim_result.metadata["hardware"] = f"sim of {engine.device_name}"
-    engine_summary, sim_summary = _summarize(engine_result), _summarize(sim_result)
     report = lockstep(engine_result, ran, sim_config, costs) if with_lockstep else None
-    return ValidationResult(
-        metrics=compare_metrics(sim_summary, engine_summary),
-        engine_summary=engine_summary,
-        sim_summary=sim_summary,
-        cost_model=cost_model,
-        calibration=calibration,
-        lockstep=report,
+    return WindowRun(engine_result, sim_result, cost_model, calibration, report)
+
+
+def _pooled(results: Sequence[RunResult]) -> RunResult:
+    """The windows' runs merged, described as the first window and how many more."""
+    merged = merge_runs(results)
+    if len(results) > 1:
+        first = results[0].metadata.get("dataset")
+        merged.metadata["dataset"] = f"{first} and {len(results) - 1} more windows"
+    return merged
+
+
+def _combined_lockstep(runs: Sequence[WindowRun]) -> LockstepReport:
+    """Identical when every window was (steps added up); else the first window that was not."""
+    for number, run in enumerate(runs, start=1):
+        assert run.lockstep is not None
+        if not run.lockstep.identical:
+            if len(runs) > 1:
+                return dataclasses.replace(run.lockstep, window=number)
+            return run.lockstep
+    return LockstepReport(
+        True,
+        sum(run.lockstep.num_engine_steps for run in runs if run.lockstep is not None),
+        sum(run.lockstep.num_sim_steps for run in runs if run.lockstep is not None),
     )
+
+
+def _window_json(run: WindowRun) -> dict[str, Any]:
+    """One window's part of the saved document."""
+    return {
+        "dataset": run.engine.metadata.get("dataset"),
+        "num_prompts": len(run.engine.requests),
+        "calibration": run.calibration,
+        "cost_model": run.cost_model.to_json(),
+        "metrics": compare_metrics(_summarize(run.sim), _summarize(run.engine)),
+        "lockstep_identical": None if run.lockstep is None else run.lockstep.identical,
+    }
 
 
 def format_validation(result: ValidationResult) -> str:
@@ -417,15 +557,25 @@ def format_validation(result: ValidationResult) -> str:
     ]
     for label, key in METRICS:
         row = result.metrics[key]
-        error = row["rel_error"]
-        error_text = "n/a" if error is None else f"{100.0 * error:+.1f}%"
         lines.append(f"{label:<28}{_number(row['sim']):>13}{_number(row['engine']):>13}"
-                     f"{error_text:>13}")
+                     f"{_percent(row['rel_error']):>13}")
+    if result.windows:
+        lines.append("-" * width)
+        lines.append("Each window's error (output throughput, mean TTFT, mean TPOT):")
+        for number, window in enumerate(result.windows, start=1):
+            errors = ", ".join(
+                _percent(window["metrics"][key]["rel_error"]) for key in WINDOW_METRICS
+            )
+            lines.append(f"  window {number} ({window['num_prompts']} requests): {errors}")
     if result.lockstep is not None:
         lines.append("-" * width)
         lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+def _percent(error: float | None) -> str:
+    return "n/a" if error is None else f"{100.0 * error:+.1f}%"
 
 
 def _number(value: float) -> str:

@@ -7,8 +7,10 @@ model; otherwise a separate engine run calibrates it, on the next `--num-calibra
 requests of the same trace (the same traffic, other requests, arrivals shifted to start at 0),
 stepped in turn with the validated run on cpu (`--calibration-run`);
 `--calibrate-on-same-run` fits the validated run's own profile instead (optimistic: the model
-has seen the very steps it is judged on). Defaults make a CPU demo of about 20 s: 8 requests of
-the bundled Azure conversation excerpt on tiny-llama, calibrated on the next 24, one thread.
+has seen the very steps it is judged on). `--num-windows K` validates K consecutive excerpts,
+each with its own calibration run, and compares their pooled requests. Defaults make a CPU
+demo of about 20 s: 8 requests of the bundled Azure conversation excerpt on tiny-llama,
+calibrated on the next 24, one thread.
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "where both engines fit in memory; before on an accelerator)",
     )
     group.add_argument(
+        "--num-windows",
+        type=int,
+        default=1,
+        metavar="K",
+        help="validate K consecutive excerpts of --num-prompts requests, each calibrated on the "
+        "requests after it, and compare their pooled requests (default 1); steadier means than "
+        "one window of K times the requests, whose queue only grows",
+    )
+    group.add_argument(
         "--lockstep",
         action="store_true",
         help="also replay the engine's measured step times in the simulator and "
@@ -89,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.commands.run import engine_config
     from kvlab.errors import KvlabError
     from kvlab.sim.calibrated import load_cost_model
-    from kvlab.validation import format_validation, split_trace, validate
+    from kvlab.validation import format_validation, split_windows, validate_windows
 
     if args.num_threads < 1:
         raise KvlabError(f"--num-threads {args.num_threads}: expected 1 or more")
@@ -107,14 +118,19 @@ def run(args: argparse.Namespace) -> int:
     separate = cost_model is None and not args.calibrate_on_same_run
     if separate and num_calibration < 1:
         raise KvlabError(f"--num-calibration-prompts {num_calibration}: expected 1 or more")
+    if args.num_windows < 1:
+        raise KvlabError(f"--num-windows {args.num_windows}: expected 1 or more")
     calibration_run = args.calibration_run or default_calibration_run(args.device)
-    args.num_prompts = num_prompts + (num_calibration if separate else 0)
-    trace, calibration_trace = split_trace(load_trace_from_args(args), num_prompts)
-    result = validate(
+    if not separate:
+        num_calibration = 0
+    args.num_prompts = (num_prompts + num_calibration) * args.num_windows
+    windows = split_windows(
+        load_trace_from_args(args), num_prompts, num_calibration, args.num_windows
+    )
+    result = validate_windows(
         config,
-        trace,
+        windows,
         cost_model=cost_model,
-        calibration_trace=calibration_trace if separate else None,
         calibrate_on_same_run=args.calibrate_on_same_run,
         with_lockstep=args.lockstep,
         interleave_calibration=calibration_run == "interleaved",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from kvlab.cli import main
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim.calibrated import CalibratedCostModel
@@ -57,3 +59,31 @@ def test_a_simulation_named_cost_model_times_steps_with_it(tmp_path):
 def test_a_missing_cost_model_file_is_a_user_error(tmp_path, capsys):
     assert main(["sim", "--cost-model", str(tmp_path / "none.json")]) == 2
     assert "--cost-model" in capsys.readouterr().err
+
+
+def test_windows_are_validated_one_by_one_and_pooled(tmp_path, capsys):
+    code = main(["validate", *SMALL, "--num-prompts", "3", "--num-windows", "2",
+                 "--num-calibration-prompts", "4", "--lockstep", "--save-result",
+                 "--result-dir", str(tmp_path), "--result-filename", "w.json"])
+    assert code == 0
+    saved = json.loads((tmp_path / "w.json").read_text())
+    assert saved["lockstep_identical"] is True
+    assert saved["engine"]["completed"] == 6
+    windows = saved["windows"]
+    assert [w["num_prompts"] for w in windows] == [3, 3]
+    assert all(w["lockstep_identical"] and "calibration window" in w["calibration"]
+               for w in windows)
+    # The pooled engine throughput lies between the windows' own.
+    rates = [w["metrics"]["output_throughput"]["engine"] for w in windows]
+    assert min(rates) <= saved["metrics"]["output_throughput"]["engine"] <= max(rates)
+    out = capsys.readouterr().out
+    assert "window 1 (3 requests)" in out and "window 2 (3 requests)" in out
+
+
+@pytest.mark.filterwarnings("ignore:.*holds only 600 requests")
+def test_too_short_a_trace_for_the_windows_is_a_user_error(capsys):
+    code = main(["validate", "--dataset-name", "mooncake", "--num-prompts", "200",
+                 "--num-windows", "2", "--disable-tqdm"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "600 requests" in err and "1600" in err
