@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-# A trace block id's multiplier in a page key: odd and larger than any block, so (id, offset)
-# maps to id * _ID_SPREAD + offset one to one, and blocks with neighbouring ids land far apart in
-# a dict's table (a plain shift, id << 20, left every key with one offset in one slot).
+# A trace block id's multiplier in a page key: odd and larger than any prompt, so (id, end
+# token) maps to id * _ID_SPREAD + end one to one, and blocks with neighbouring ids land far apart
+# in a dict's table (a plain shift, id << 20, left every key with one offset in one slot).
 _ID_SPREAD = 0x9E3779B1
-_MAX_HASH_BLOCK = 1 << 20
 
 
 class RequestStatus(enum.Enum):
@@ -73,10 +72,15 @@ class Request:
                 f"{len(self.prompt_token_ids)} prompt token ids"
             )
         if self.hash_ids is not None:
-            if not 0 < self.hash_block_size < _MAX_HASH_BLOCK:
+            if self.hash_block_size < 1:
                 raise ValueError(
                     f"request {self.request_id}: hash_block_size {self.hash_block_size}: "
-                    f"expected 1 to {_MAX_HASH_BLOCK - 1} tokens"
+                    "expected 1 or more tokens"
+                )
+            if self.prompt_len >= _ID_SPREAD:
+                raise ValueError(
+                    f"request {self.request_id}: prompt_len {self.prompt_len}: expected below "
+                    f"{_ID_SPREAD} tokens with hash_ids"
                 )
             if len(set(self.hash_ids)) != len(self.hash_ids):  # each names a distinct prefix
                 raise ValueError(f"request {self.request_id}: hash_ids repeat an id")
@@ -106,9 +110,10 @@ class Request:
 
         With token ids: hash(parent hash, the page's ids). With trace hash ids: the key of the
         prefix ending at the page's last token, made of the id of the block holding that token and
-        the offset in the block, which is equal for two requests exactly when their prefixes are
-        (block sizes below 2^20 tokens). Output tokens are never hashed, so the simulator and the
-        engine cache the same pages.
+        the token's position, which is equal for two requests exactly when their prefixes are. So
+        a prefix key names one page index in every block table (the manager relies on it), even
+        where a trace gives one id at two positions: KV computed at another position differs.
+        Output tokens are never hashed, so the simulator and the engine cache the same pages.
         """
         cached = self._page_hashes
         if cached is not None and cached[0] == page_size:
@@ -123,8 +128,8 @@ class Request:
                 parent = xxhash.xxh3_64_intdigest(chunk, seed=parent)
                 hashes.append(parent)
         elif self.hash_ids is not None:
-            # Key of the prefix ending at token `end`: (block id, offset in block) packed in one
-            # int, negative for ids >= 0, so millions of cached keys stay out of the GC's way and
+            # Key of the prefix ending at token `end`: (block id, end) packed in one int,
+            # negative for ids >= 0, so millions of cached keys stay out of the GC's way and
             # never equal a token-id hash (xxh3, >= 0). Within one block the keys of successive
             # pages are an arithmetic progression, built as a range (one C call per block).
             block, ids = self.hash_block_size, self.hash_ids
@@ -135,8 +140,8 @@ class Request:
                     break
                 first_end = (start // page_size + 1) * page_size
                 stop = min(start + block, last_end)
-                # key(end) = -(id * _ID_SPREAD + (end - start)) - 1 = top - end
-                top = start - 1 - block_id * _ID_SPREAD
+                # key(end) = -(id * _ID_SPREAD + end) - 1 = top - end
+                top = -1 - block_id * _ID_SPREAD
                 hashes.extend(range(top - first_end, top - stop - 1, -page_size))
         self._page_hashes = (page_size, hashes)
         return hashes

@@ -38,6 +38,10 @@ class Harness:
     def content(self, seq: Request, index: int) -> object:
         if seq.prompt_token_ids is not None and index < seq.prompt_len:
             return seq.prompt_token_ids[index]
+        if seq.hash_ids is not None and index < seq.prompt_len:
+            block = index // seq.hash_block_size
+            if block < len(seq.hash_ids):  # a trace block id names its tokens at their places
+                return ("block", seq.hash_ids[block], index)
         return (seq.request_id, index)
 
     def add(self, seq: Request) -> bool:

@@ -46,8 +46,16 @@ def _new_request(draw, request_id: int) -> Request:
     family = draw(st.integers(0, 2))
     prompt_len = draw(st.integers(1, 48))
     max_output = draw(st.integers(1, MAX_MODEL_LEN - prompt_len))
-    with_ids = draw(st.booleans())
-    ids = [(family * 7 + i) % 11 for i in range(prompt_len)] if with_ids else None
+    content = draw(st.sampled_from(["token_ids", "hash_ids", "unknown"]))
+    if content == "hash_ids":
+        # Trace-style block ids. Family 2 is family 0's ids one block later: the same id at
+        # another position, which must share nothing.
+        block = 8 if family == 1 else 4
+        first = {0: 0, 1: 100, 2: 1}[family]
+        hash_ids = tuple(range(first, first + -(-prompt_len // block)))
+        return Request(request_id, prompt_len, max_output, arrival_s=request_id,
+                       hash_ids=hash_ids, hash_block_size=block)
+    ids = [(family * 7 + i) % 11 for i in range(prompt_len)] if content == "token_ids" else None
     return Request(request_id, prompt_len, max_output, arrival_s=request_id, prompt_token_ids=ids)
 
 
@@ -79,6 +87,8 @@ def _run(data, spec: str, num_pages: int, host_pages, num_ops: int) -> Harness:
                 parent.max_output_tokens,
                 arrival_s=next_id,
                 prompt_token_ids=parent.prompt_token_ids,
+                hash_ids=parent.hash_ids,
+                hash_block_size=parent.hash_block_size,
             )
             next_id += 1
             child_content = {i: h.content(parent, i) for i in range(parent.num_computed_tokens)}

@@ -142,11 +142,21 @@ def test_shared_prefix_pages_are_reference_counted():
     assert manager.usage().num_live_token_slots == 9
 
 
-def test_repeated_or_oversized_hash_ids_are_refused():
+def test_repeated_hash_ids_and_empty_blocks_are_refused():
     with pytest.raises(ValueError, match="repeat"):
         Request(0, 1024, 1, hash_ids=(7, 7))
     with pytest.raises(ValueError, match="hash_block_size"):
-        Request(0, 1024, 1, hash_ids=(7,), hash_block_size=1 << 20)
+        Request(0, 1024, 1, hash_ids=(7,), hash_block_size=0)
+
+
+def test_one_hash_id_at_two_positions_shares_nothing():
+    # KV depends on the position: block 8 second in one prompt, first in the other
+    manager = KVCacheManager("paged:block_size=16,eviction=lru", 64, max_model_len=2048)
+    a = Request(0, 256, 1, hash_ids=(7, 8), hash_block_size=128)
+    b = Request(1, 200, 1, hash_ids=(8,), hash_block_size=128)
+    _admit(manager, a)
+    assert set(a.page_hashes(16)).isdisjoint(b.page_hashes(16))
+    assert manager.num_computed_prefix_tokens(b) == 0
 
 
 def test_trace_hash_ids_share_pages_of_any_size():
