@@ -4,8 +4,10 @@ the validated run): each run is the run it would have been alone, and they reall
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
+from kvlab import validation
 from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
@@ -42,7 +44,8 @@ def test_interleaved_runs_make_the_decisions_and_tokens_of_runs_alone():
         assert outcome(result) == outcome(alone)
 
 
-def test_interleaved_runs_alternate_from_the_first_step(monkeypatch):
+def _step_order(monkeypatch, turn_s: float) -> list[int]:
+    """Which of two engines ran each step (0 or 1), with turns of `turn_s` CPU seconds."""
     order = []
     step = LLMEngine._step
 
@@ -51,12 +54,24 @@ def test_interleaved_runs_alternate_from_the_first_step(monkeypatch):
         return step(self, now_s, clock, steps)
 
     monkeypatch.setattr(LLMEngine, "_step", spy)
-    (_, first, _), (_, second, _) = run_engines(CONFIG, [burst(0, 3), burst(100, 3)])
-    assert order[:2] == [id(first), id(second)]
+    monkeypatch.setattr(validation, "TURN_S", turn_s)
+    (_, first, _), _ = run_engines(CONFIG, [burst(0, 3), burst(100, 3)])
+    return [0 if engine == id(first) else 1 for engine in order]
+
+
+def test_interleaved_runs_alternate_from_the_first_step(monkeypatch):
+    order = _step_order(monkeypatch, turn_s=0.0)  # a step per turn
+    assert order[:2] == [0, 1]
     # Neither ran to its end before the other got past its first step.
-    last_first = max(i for i, engine in enumerate(order) if engine == id(first))
-    last_second = max(i for i, engine in enumerate(order) if engine == id(second))
-    assert order.index(id(second), 2) < last_first and order.index(id(first), 2) < last_second
+    last_first = max(i for i, engine in enumerate(order) if engine == 0)
+    last_second = max(i for i, engine in enumerate(order) if engine == 1)
+    assert order.index(1, 2) < last_first and order.index(0, 2) < last_second
+
+
+def test_an_engine_keeps_its_turn_for_turn_s_of_cpu_time(monkeypatch):
+    order = _step_order(monkeypatch, turn_s=1e9)  # longer than either run
+    switches = sum(a != b for a, b in itertools.pairwise(order))
+    assert order[0] == 0 and switches == 1
 
 
 def test_an_interleaved_run_is_identical_in_lockstep():
