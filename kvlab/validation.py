@@ -403,35 +403,6 @@ def _summarize(result: RunResult) -> dict[str, Any]:
 
 def validate(
     config: EngineConfig,
-    trace: Trace,
-    *,
-    cost_model: CalibratedCostModel | None = None,
-    calibration_trace: Trace | None = None,
-    calibrate_on_same_run: bool = False,
-    with_lockstep: bool = False,
-    interleave_calibration: bool = True,
-) -> ValidationResult:
-    """Serve `trace` on the engine and simulate it with a calibrated cost model; compare.
-
-    The cost model is `cost_model` if given; else fitted on an engine run of
-    `calibration_trace` (other requests, a fresh engine), stepped in turn with the validated
-    run (`run_engines`) unless `interleave_calibration` is False (then it runs first); else,
-    only with `calibrate_on_same_run`, on the validated run's own profile (optimistic: the model
-    has seen the very steps it is judged on). `with_lockstep` also replays the run's measured
-    durations.
-    """
-    return validate_windows(
-        config,
-        [(trace, calibration_trace)],
-        cost_model=cost_model,
-        calibrate_on_same_run=calibrate_on_same_run,
-        with_lockstep=with_lockstep,
-        interleave_calibration=interleave_calibration,
-    )
-
-
-def validate_windows(
-    config: EngineConfig,
     windows: Sequence[tuple[Trace, Trace | None]],
     *,
     cost_model: CalibratedCostModel | None = None,
@@ -439,9 +410,10 @@ def validate_windows(
     with_lockstep: bool = False,
     interleave_calibration: bool = True,
 ) -> ValidationResult:
-    """`validate` each (trace, calibration trace) window on its own, then compare the pooled
-    requests of all windows (`merge_runs`): means over every request, throughputs over all the
-    time served. Each window keeps its own metrics in `ValidationResult.windows`.
+    """Serve each window's trace on the engine and simulate it with a calibrated cost model
+    (`run_window`), then compare the pooled requests of all windows (`merge_runs`): means over
+    every request, throughputs over all the time served. With several windows each keeps its
+    own metrics in `ValidationResult.windows`; `split_windows` cuts a trace into windows.
 
     Why windows: a short window's mean TTFT turns on a few queueing events (one preemption
     more or less moves it by tens of percent), and one longer window at the same rate only
@@ -486,7 +458,15 @@ def run_window(
     with_lockstep: bool = False,
     interleave_calibration: bool = True,
 ) -> WindowRun:
-    """One window of `validate` (same arguments): the engine's and the simulator's runs."""
+    """The engine's and the simulator's runs of `trace`.
+
+    The cost model is `cost_model` if given; else fitted on an engine run of
+    `calibration_trace` (other requests, a fresh engine), stepped in turn with the validated
+    run (`run_engines`) unless `interleave_calibration` is False (then it runs first); else,
+    only with `calibrate_on_same_run`, on the validated run's own profile (optimistic: the model
+    has seen the very steps it is judged on). `with_lockstep` also replays the run's measured
+    durations.
+    """
     calibration = "given"
     if cost_model is None and not calibrate_on_same_run:
         if calibration_trace is None or not len(calibration_trace):

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.commands.run import engine_config
     from kvlab.errors import KvlabError
     from kvlab.sim.calibrated import load_cost_model
-    from kvlab.validation import format_validation, split_windows, validate_windows
+    from kvlab.validation import format_validation, split_windows, validate
 
     if args.num_threads < 1:
         raise KvlabError(f"--num-threads {args.num_threads}: expected 1 or more")
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     windows = split_windows(
         load_trace_from_args(args), num_prompts, num_calibration, args.num_windows
     )
-    result = validate_windows(
+    result = validate(
         config,
         windows,
         cost_model=cost_model,
