@@ -289,7 +289,8 @@ def split_windows(
 ) -> list[tuple[Trace, Trace]]:
     """`num_windows` consecutive (validated, calibration) pairs: window k validates
     `num_prompts` requests and calibrates on the `num_calibration` after them; the next window
-    starts after those. Each excerpt's arrivals are shifted to start where the trace starts."""
+    starts after those. Arrivals are shifted as a whole: a validated excerpt's to start where
+    the trace starts, a calibration excerpt's to start at 0."""
     stride = num_prompts + num_calibration
     needed = stride * num_windows
     if len(trace) < needed:
