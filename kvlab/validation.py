@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from tqdm import tqdm
 
 from kvlab.calibration import fit_cost_model
 from kvlab.errors import KvlabError
@@ -228,14 +229,19 @@ def sim_config_for(engine: LLMEngine) -> SimConfig:
     )
 
 
-def run_engine(config: EngineConfig, trace: Trace) -> tuple[RunResult, LLMEngine, Trace]:
+def run_engine(
+    config: EngineConfig, trace: Trace, on_step: Callable[[int], object] | None = None
+) -> tuple[RunResult, LLMEngine, Trace]:
     """A fresh engine from `config` serving `trace` on the virtual clock; returns the run, the
-    engine and the trace with the prompt ids it ran (synthesised from the config's seed)."""
-    return run_engines(config, [trace])[0]
+    engine and the trace with the prompt ids it ran (synthesised from the config's seed).
+    `on_step` is told after every step how many requests it ended (a progress bar's update)."""
+    return run_engines(config, [trace], on_step)[0]
 
 
 def run_engines(
-    config: EngineConfig, traces: Sequence[Trace]
+    config: EngineConfig,
+    traces: Sequence[Trace],
+    on_step: Callable[[int], object] | None = None,
 ) -> list[tuple[RunResult, LLMEngine, Trace]]:
     """One fresh engine per trace, all built from `config`, stepped in turns (`TURN_S` of CPU
     time) on their virtual clocks: next is the engine that has spent the least time per request
@@ -245,7 +251,8 @@ def run_engines(
     machine: on a shared or virtual CPU the speed of a core can change by tens of percent from
     one second to the next (other tenants, other processes), and two runs taken one after the
     other can each meet a different machine. Each engine measures only its own steps. All the
-    engines are alive at once: on an accelerator their KV caches must fit together.
+    engines are alive at once: on an accelerator their KV caches must fit together. `on_step`
+    is told after every step of any engine how many requests it ended.
     """
     from kvlab.engine.engine import LLMEngine, frozen_heap
     from kvlab.engine.replay import synthesize_prompt_ids, trace_requests, trace_result
@@ -272,10 +279,12 @@ def run_engines(
             while index not in done:  # at least one step, then until the turn is used
                 started = time.thread_time()
                 try:
-                    next(runs[index])
+                    num_ended = next(runs[index])
                 except StopIteration as stop:
-                    done[index] = stop.value
+                    done[index], num_ended = stop.value, 0
                 spent_s[index] += time.thread_time() - started
+                if on_step is not None:
+                    on_step(num_ended)
                 if spent_s[index] >= turn_end_s:
                     break
     return [
@@ -410,6 +419,7 @@ def validate(
     calibrate_on_same_run: bool = False,
     with_lockstep: bool = False,
     interleave_calibration: bool = True,
+    progress: bool = False,
 ) -> ValidationResult:
     """Serve each window's trace on the engine and simulate it with a calibrated cost model
     (`run_window`), then compare the pooled requests of all windows (`merge_runs`): means over
@@ -419,20 +429,26 @@ def validate(
     Why windows: a short window's mean TTFT turns on a few queueing events (one preemption
     more or less moves it by tens of percent), and one longer window at the same rate only
     builds a longer queue; independent windows, each calibrated on the requests after it,
-    average those events out the way more requests would.
+    average those events out the way more requests would. `progress` shows a bar of the
+    requests the engine runs have served (validated and calibration) on stderr.
     """
-    runs = [
-        run_window(
-            config,
-            trace,
-            cost_model=cost_model,
-            calibration_trace=calibration_trace,
-            calibrate_on_same_run=calibrate_on_same_run,
-            with_lockstep=with_lockstep,
-            interleave_calibration=interleave_calibration,
-        )
-        for trace, calibration_trace in windows
-    ]
+    separate = cost_model is None and not calibrate_on_same_run
+    total = sum(len(trace) + (len(cal or ()) if separate else 0) for trace, cal in windows)
+    bar = tqdm(total=total, unit="req", desc="engine runs", leave=False, disable=not progress)
+    with bar:
+        runs = [
+            run_window(
+                config,
+                trace,
+                cost_model=cost_model,
+                calibration_trace=calibration_trace,
+                calibrate_on_same_run=calibrate_on_same_run,
+                with_lockstep=with_lockstep,
+                interleave_calibration=interleave_calibration,
+                on_step=bar.update,
+            )
+            for trace, calibration_trace in windows
+        ]
     engine_summary = _summarize(_pooled([run.engine for run in runs]))
     sim_summary = _summarize(_pooled([run.sim for run in runs]))
     result = ValidationResult(
@@ -458,6 +474,7 @@ def run_window(
     calibrate_on_same_run: bool = False,
     with_lockstep: bool = False,
     interleave_calibration: bool = True,
+    on_step: Callable[[int], object] | None = None,
 ) -> WindowRun:
     """The engine's and the simulator's runs of `trace`.
 
@@ -466,7 +483,7 @@ def run_window(
     run (`run_engines`) unless `interleave_calibration` is False (then it runs first); else,
     only with `calibrate_on_same_run`, on the validated run's own profile (optimistic: the model
     has seen the very steps it is judged on). `with_lockstep` also replays the run's measured
-    durations.
+    durations. `on_step` is passed to the engine runs (`run_engines`).
     """
     calibration = "given"
     if cost_model is None and not calibrate_on_same_run:
@@ -477,18 +494,18 @@ def run_window(
             )
         if interleave_calibration:
             (calibration_run, _, _), (engine_result, engine, ran) = run_engines(
-                config, [calibration_trace, trace]
+                config, [calibration_trace, trace], on_step
             )
         else:
-            calibration_run, _, _ = run_engine(config, calibration_trace)
-            engine_result, engine, ran = run_engine(config, trace)
+            calibration_run, _, _ = run_engine(config, calibration_trace, on_step)
+            engine_result, engine, ran = run_engine(config, trace, on_step)
         cost_model = calibrate_on(calibration_run, calibration_trace.name)
         calibration = (
             f"separate run{', interleaved' if interleave_calibration else ', before'}: "
             f"{calibration_trace.name}, {len(calibration_trace)} requests"
         )
     else:
-        engine_result, engine, ran = run_engine(config, trace)
+        engine_result, engine, ran = run_engine(config, trace, on_step)
     if cost_model is None:
         cost_model = calibrate_on(engine_result, trace.name)
         calibration = "same run (optimistic)"

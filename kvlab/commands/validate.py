@@ -92,6 +92,7 @@ def default_calibration_run(device: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Calibrate (unless given a model), run engine and simulator, print and save the table."""
     import json
+    import sys
     from pathlib import Path
 
     import torch
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_on_same_run=args.calibrate_on_same_run,
         with_lockstep=args.lockstep,
         interleave_calibration=calibration_run == "interleaved",
+        progress=not args.disable_tqdm and sys.stderr.isatty(),
     )
     print(format_validation(result))
     if args.save_result:

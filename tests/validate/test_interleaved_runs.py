@@ -98,3 +98,9 @@ def test_validate_interleaves_its_calibration_run_on_cpu_unless_told_before(tmp_
         args = [*SMALL, "--result-dir", str(tmp_path), "--result-filename", name, *flags]
         assert main(["validate", *args]) == 0
         assert json.loads((tmp_path / name).read_text())["calibration"].startswith(expected)
+
+
+def test_on_step_hears_every_request_of_every_run_end():
+    ended = []
+    run_engines(CONFIG, [burst(0, 3), burst(100, 4)], on_step=ended.append)
+    assert sum(ended) == 7 and len(ended) > 2
