@@ -65,6 +65,10 @@ def merge_runs(results: Sequence[RunResult]) -> RunResult:
     first = results[0]
     if len(results) == 1:
         return first
+    shape = (first.page_size, first.num_total_pages, first.num_host_pages)
+    for result in results[1:]:
+        if (result.page_size, result.num_total_pages, result.num_host_pages) != shape:
+            raise ValueError("merge_runs: the runs' KV memory differs (page size or page counts)")
     steps = StepRecorder()
     for result in results:
         for name, column in result.steps.columns.items():

@@ -35,3 +35,10 @@ def test_one_run_merges_to_itself_and_none_is_an_error(make_result):
     assert merge_runs([run]) is run
     with pytest.raises(ValueError):
         merge_runs([])
+
+
+def test_runs_over_different_memories_do_not_merge(make_result):
+    other = make_result()
+    other.page_size = 32
+    with pytest.raises(ValueError, match="KV memory"):
+        merge_runs([make_result(), other])
