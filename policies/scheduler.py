@@ -342,7 +342,7 @@ class _Step:
                         (
                             c + 1
                             for r, n, c in zip(self.requests, self.new, self.computed, strict=True)
-                            if n == 1 and 0 < c == r.prompt_len + r.num_output_tokens - 1
+                            if _is_decode(r, n, c)
                         ),
                         default=0,
                     )
@@ -350,7 +350,7 @@ class _Step:
 
     def _count(self, request: Request, new: int, done: int, sign: int) -> None:
         self.num_context += sign * (done + new)
-        if new == 1 and 0 < done == request.prompt_len + request.num_output_tokens - 1:
+        if _is_decode(request, new, done):
             self.num_decode += sign
             if sign > 0 and done + 1 > self.longest_decode:
                 self.longest_decode = done + 1
@@ -373,3 +373,9 @@ class _Step:
             num_attention_pairs=self.num_pairs,
             num_padded_context_tokens=self.num_decode * self.longest_decode,
         )
+
+
+def _is_decode(request: Request, num_new: int, done: int) -> bool:
+    """Whether scheduling `num_new` tokens after `done` computed ones is a decode: the one token
+    left, after at least one computed."""
+    return num_new == 1 and 0 < done == request.prompt_len + request.num_output_tokens - 1
