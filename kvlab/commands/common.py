@@ -96,6 +96,13 @@ def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str) -> Non
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw progress bars: unless --disable-tqdm, and only on a terminal."""
+    import sys
+
+    return not args.disable_tqdm and sys.stderr.isatty()
+
+
 def summary_options(args: argparse.Namespace) -> dict[str, Any]:
     """`kvlab.metrics.summarize`'s keyword arguments from the report flags, parsed now so a bad
     flag fails before the run."""

@@ -18,6 +18,7 @@ from kvlab.commands.common import (
     add_workload_arguments,
     load_trace_from_args,
     policy_with_block_size,
+    show_progress,
     summary_options,
 )
 
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     for line in engine.startup_lines:
         print(line)
     trace = synthesize_prompt_ids(trace, engine.model_config.vocab_size, args.seed)
-    progress = not args.disable_tqdm and sys.stderr.isatty()
+    progress = show_progress(args)
     result = run_trace(engine, trace, replay=args.replay, progress=progress)
     summary = summarize(result, **options)
     _print_failures(result.requests)

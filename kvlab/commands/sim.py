@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
@@ -17,6 +16,7 @@ from kvlab.commands.common import (
     add_workload_arguments,
     load_trace_from_args,
     policy_with_block_size,
+    show_progress,
     summary_options,
 )
 
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         config.check()  # bad flags fail before the trace loads
     capacities = [config.kv_capacity() for config in configs]
     trace = load_trace_from_args(args)
-    progress = not args.disable_tqdm and sys.stderr.isatty()
+    progress = show_progress(args)
     runs: list[tuple[RunResult, dict[str, Any]]] = []
     for index, (config, capacity) in enumerate(zip(configs, capacities, strict=True)):
         prefix = f"[{index + 1}] " if args.compare else ""

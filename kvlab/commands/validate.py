@@ -92,12 +92,11 @@ def default_calibration_run(device: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Calibrate (unless given a model), run engine and simulator, print and save the table."""
     import json
-    import sys
     from pathlib import Path
 
     import torch
 
-    from kvlab.commands.common import load_trace_from_args
+    from kvlab.commands.common import load_trace_from_args, show_progress
     from kvlab.commands.run import engine_config
     from kvlab.errors import KvlabError
     from kvlab.sim.calibrated import load_cost_model
@@ -135,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_on_same_run=args.calibrate_on_same_run,
         with_lockstep=args.lockstep,
         interleave_calibration=calibration_run == "interleaved",
-        progress=not args.disable_tqdm and sys.stderr.isatty(),
+        progress=show_progress(args),
     )
     print(format_validation(result))
     if args.save_result:
