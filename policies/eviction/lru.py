@@ -6,7 +6,6 @@ from collections.abc import Hashable
 
 from kvlab.policies.registry import register
 
-_GONE = -1  # a queue entry whose page a prefix hit took back
 _MIN_COMPACT = 4096  # queue entries popped before the queue's consumed head is dropped
 
 
@@ -18,35 +17,34 @@ class LRUEviction:
     evicted before the shared roots they hang from, as in vLLM. `add_pages` and `pop_victims` are
     the batched forms the manager uses when an eviction policy offers them.
 
-    Why not an OrderedDict: this is the hot path of every prefix-caching simulation (each cached
-    page is added once and evicted once), and an OrderedDict costs about 270 ns per insertion
-    here. Instead a list holds the pages in release order (and a parallel list their prefix
-    hashes), with a head index; a page's position is remembered in a dict, so a prefix hit blanks
-    its entry in O(1), and adding or evicting a run of pages is a slice, a list extend and a dict
-    update: C loops, no Python per page.
+    Why this shape: it is the hot path of every prefix-caching simulation (each cached page is
+    added once and evicted once), and on this kind of machine a random access to a structure the
+    size of the page pool costs hundreds of nanoseconds. So a list holds the pages in release
+    order (and a parallel list their prefix hashes), with a head index, and a one-byte flag per
+    page says which are cached-free. A prefix hit that takes a page back clears its flag and
+    counts its queue entry as stale; the entry is skipped when it reaches the head. Stale entries
+    of a page always come before its live one (a page has one live entry, its latest), so a
+    count per page is enough. Adding or evicting a run of pages is a slice and a list extend,
+    plus one flag per page in a table a few hundred kilobytes long.
     """
 
-    __slots__ = ("_base", "_head", "_keys", "_num_gone", "_num_pages", "_position", "_queue")
+    __slots__ = ("_flags", "_head", "_keys", "_num_pages", "_queue", "_stale")
     caches = True
 
     def __init__(self) -> None:
-        self._queue: list[int] = []  # pages in release order; _GONE where a hit took one back
+        self._queue: list[int] = []  # pages in release order, some entries stale
         self._keys: list = []  # the prefix hash of each queue entry
         self._head = 0  # index of the oldest entry not yet evicted
-        self._base = 0  # entries dropped from the queue's front (positions are absolute)
-        self._position: dict[int, int] = {}  # page -> absolute position of its latest entry
-        self._num_gone = 0  # _GONE entries at or after the head
+        self._flags = bytearray()  # page -> 1 while it is cached-free (grown on demand)
+        # page -> how many of its entries in queue[head:] a hit made stale (only pages with some)
+        self._stale: dict[int, int] = {}
         self._num_pages = 0
 
     def __len__(self) -> int:
         return self._num_pages
 
     def __contains__(self, page_id: int) -> bool:
-        position = self._position.get(page_id)
-        if position is None:
-            return False
-        index = position - self._base
-        return index >= self._head and self._queue[index] == page_id
+        return page_id < len(self._flags) and self._flags[page_id] == 1
 
     def add(self, page_id: int, depth: int, key: Hashable) -> None:
         """The page, holding the prefix `key`, became unreferenced: now the most recently used."""
@@ -54,19 +52,23 @@ class LRUEviction:
 
     def add_pages(self, page_ids: list[int], keys: list) -> None:
         """`add` of each page with its key, in order (a freed sequence's, in one call)."""
-        end = self._base + len(self._queue)
-        self._position.update(zip(page_ids, range(end, end + len(page_ids)), strict=True))
+        if not page_ids:
+            return
+        flags = self._flags
+        if max(page_ids) >= len(flags):
+            flags.extend(bytes(max(page_ids) + 1 - len(flags)))
+        for page in page_ids:
+            flags[page] = 1
         self._queue.extend(page_ids)
         self._keys.extend(keys)
         self._num_pages += len(page_ids)
 
     def remove(self, page_id: int) -> None:
         """A prefix hit took the page back. Raises KeyError when the page is not cached."""
-        index = self._position[page_id] - self._base
-        if index < self._head or self._queue[index] != page_id:
+        if page_id not in self:
             raise KeyError(page_id)
-        self._queue[index] = _GONE
-        self._num_gone += 1
+        self._flags[page_id] = 0
+        self._stale[page_id] = self._stale.get(page_id, 0) + 1
         self._num_pages -= 1
 
     def on_hit(self, page_id: int) -> None:
@@ -77,15 +79,18 @@ class LRUEviction:
         cached."""
         if not self._num_pages:
             raise LookupError("no cached page to evict")
-        queue, head = self._queue, self._head
-        while queue[head] == _GONE:
+        queue, head, stale = self._queue, self._head, self._stale
+        page = queue[head]
+        while stale and page in stale:
+            self._skip_stale(page)
             head += 1
-            self._num_gone -= 1
-        page, key = queue[head], self._keys[head]
+            page = queue[head]
+        key = self._keys[head]
+        self._flags[page] = 0
         self._head = head + 1
         self._num_pages -= 1
-        if head >= _MIN_COMPACT:  # the test _compact starts with, saving a call per page
-            self._compact()
+        if head >= _MIN_COMPACT and head * 2 >= len(queue):  # _compact's test, inlined: it
+            self._compact()  # saves a call per evicted page
         return page, key
 
     def pop_victims(self, num_pages: int) -> tuple[list[int], list]:
@@ -93,25 +98,44 @@ class LRUEviction:
         are cached."""
         if num_pages > self._num_pages:
             raise LookupError(f"{num_pages} pages to evict but {self._num_pages} cached")
-        queue, head = self._queue, self._head
+        queue, head, stale = self._queue, self._head, self._stale
         end = head + num_pages
         victims = queue[head:end]
-        if self._num_gone:
-            num_gone = victims.count(_GONE)
-            while num_gone:  # step over blanked entries until num_pages live ones are taken
-                self._num_gone -= num_gone
-                more = queue[end : end + num_gone]
-                end += num_gone
-                num_gone = more.count(_GONE)
-                victims += more
         keys = self._keys[head:end]
-        if len(victims) > num_pages:
-            keys = [key for page, key in zip(victims, keys, strict=True) if page != _GONE]
-            victims = [page for page in victims if page != _GONE]
+        if stale and not stale.keys().isdisjoint(victims):
+            victims, keys, end = self._live_entries(num_pages)
+        flags = self._flags
+        for page in victims:
+            flags[page] = 0
         self._head = end
         self._num_pages -= num_pages
         self._compact()
         return victims, keys
+
+    def _live_entries(self, num_pages: int) -> tuple[list[int], list, int]:
+        """The first `num_pages` live entries from the head, skipping (and uncounting) stale
+        ones: (pages, keys, index after the last)."""
+        queue, keys, index = self._queue, self._keys, self._head
+        stale = self._stale
+        pages: list[int] = []
+        live_keys: list = []
+        while len(pages) < num_pages:
+            page = queue[index]
+            if page in stale:
+                self._skip_stale(page)
+            else:
+                pages.append(page)
+                live_keys.append(keys[index])
+            index += 1
+        return pages, live_keys, index
+
+    def _skip_stale(self, page: int) -> None:
+        """One stale entry of `page` leaves the queue."""
+        count = self._stale[page]
+        if count > 1:
+            self._stale[page] = count - 1
+        else:
+            del self._stale[page]
 
     def _compact(self) -> None:
         """Drop the evicted front of the queue once it is most of it (amortised O(1))."""
@@ -119,10 +143,16 @@ class LRUEviction:
         if head >= _MIN_COMPACT and head * 2 >= len(self._queue):
             del self._queue[:head]
             del self._keys[:head]
-            self._base += head
             self._head = 0
 
     def pages(self) -> list[int]:
         """Cached-free pages, least recently used first."""
-        return [page for page in self._queue[self._head :] if page != _GONE]
-
+        stale = dict(self._stale)
+        pages = []
+        for page in self._queue[self._head :]:
+            count = stale.get(page)
+            if count:
+                stale[page] = count - 1
+            else:
+                pages.append(page)
+        return pages
