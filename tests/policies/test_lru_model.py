@@ -1,0 +1,73 @@
+"""LRU eviction against a plain model (an OrderedDict of cached-free pages), over random
+operations: stale queue entries left by prefix hits must never surface as victims."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from unittest import mock
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from kvlab.policies.eviction import lru as lru_module
+from kvlab.policies.eviction.lru import LRUEviction
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many"]), st.integers(0, 2)),
+    max_size=80,
+)
+
+
+@given(ops=_OPS, compact_early=st.booleans())
+# A page taken back twice leaves two stale entries ahead of its live one.
+@example(
+    ops=[("add", 0), ("remove", 0), ("add", 0), ("remove", 0), ("add", 1), ("add", 0)]
+    + [("pop", 0)] * 2,
+    compact_early=False,
+)
+def test_lru_matches_an_ordered_dict(ops, compact_early):
+    # compact_early: drop the queue's consumed head after 2 entries, not thousands
+    with mock.patch.object(lru_module, "_MIN_COMPACT", 2 if compact_early else 4096):
+        _check_against_model(ops)
+
+
+def _check_against_model(ops) -> None:
+    lru, model = LRUEviction(), OrderedDict()  # model: page -> key, least recent first
+    held = set(range(3))  # pages some sequence holds: they may be released (added)
+    for step, (op, page) in enumerate(ops):
+        if op == "add" and page in held:
+            held.discard(page)
+            lru.add_pages([page], [-step])  # a key per release: a stale entry's key differs
+            model[page] = -step
+        elif op == "remove" and page in model:  # a prefix hit takes it back
+            lru.remove(page)
+            del model[page]
+            held.add(page)
+        elif op == "pop" and model:
+            victim = lru.pop_victim()
+            assert victim == model.popitem(last=False)
+            held.add(victim[0])  # reused by a sequence
+        elif op == "pop_many" and model:
+            count = page % len(model) + 1
+            expected = [model.popitem(last=False) for _ in range(count)]
+            pages, keys = lru.pop_victims(count)
+            assert list(zip(pages, keys, strict=True)) == expected
+            held.update(pages)
+        assert len(lru) == len(model)
+        assert lru.pages() == list(model)
+        assert all((p in lru) == (p in model) for p in range(4))
+
+
+def test_lru_refuses_what_it_does_not_hold():
+    lru = LRUEviction()
+    lru.add(2, depth=0, key=-3)
+    with pytest.raises(KeyError):
+        lru.remove(5)
+    lru.remove(2)
+    with pytest.raises(KeyError):
+        lru.remove(2)
+    with pytest.raises(LookupError):
+        lru.pop_victim()
+    with pytest.raises(LookupError):
+        lru.pop_victims(1)
