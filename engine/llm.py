@@ -129,8 +129,9 @@ class LLM:
             if "prompt_token_ids" not in item:
                 raise KvlabError(f"prompt {index}: a dict prompt needs 'prompt_token_ids'")
             item = item["prompt_token_ids"]
-        ids = list(item)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        values = list(item)
+        ids = [t for t in values if isinstance(t, int) and not isinstance(t, bool)]
+        if len(ids) != len(values):
             raise KvlabError(f"prompt {index}: token ids must be whole numbers")
         return None, ids
 
@@ -145,9 +146,15 @@ def _as_prompt_list(prompts: PromptLike | Sequence[PromptLike]) -> list[PromptLi
     if isinstance(prompts, (str, Mapping)):
         return [prompts]
     items = list(prompts)
-    if items and all(isinstance(t, int) for t in items):
-        return [items]  # one prompt given as a flat list of token ids
-    return items
+    ids = [t for t in items if isinstance(t, int)]
+    if items and len(ids) == len(items):
+        return [ids]  # one prompt given as a flat list of token ids
+    if ids:
+        raise KvlabError(
+            "prompts: a list mixes token ids with other prompts; pass one prompt as a list of "
+            "ids, or many prompts as a list of strings, id lists or dicts"
+        )
+    return [t for t in items if not isinstance(t, int)]
 
 
 def _as_params_list(

@@ -87,6 +87,19 @@ def test_an_empty_prompt_is_refused():
         _llm().generate([[]], GREEDY, use_tqdm=False)
 
 
+@pytest.mark.parametrize(
+    ("prompts", "message"),
+    [
+        ([[1, 2.5]], "prompt 0: token ids must be whole numbers"),
+        ([[1, 2], [3, True]], "prompt 1: token ids must be whole numbers"),
+        ([1, [2, 3]], "mixes token ids with other prompts"),
+    ],
+)
+def test_bad_token_prompts_are_refused(prompts, message):
+    with pytest.raises(KvlabError, match=message):
+        _llm().generate(prompts, GREEDY, use_tqdm=False)
+
+
 def test_sampling_params_must_match_the_prompts():
     with pytest.raises(KvlabError, match="2 SamplingParams for 3 prompts"):
         _llm().generate([[1], [2], [3]], [GREEDY, GREEDY], use_tqdm=False)
