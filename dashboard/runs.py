@@ -94,7 +94,7 @@ def parse_values(name: str, text: str) -> list[Any]:
 
 def sweep(setup: Setup, policy: PolicySpec, x: str, x_values: Sequence[Any], y: str | None,
           y_values: Sequence[Any], *, goodput_slos: dict[str, float] | None = None,
-          on_point: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+          on_point: Callable[[int, int], object] | None = None) -> pd.DataFrame:
     """Simulate every point of the grid x_values (x y_values) and return one summary row each.
 
     `on_point(done, total)` is called after each point (progress bars).

@@ -586,7 +586,9 @@ def _percent(error: float | None) -> str:
     return "n/a" if error is None else f"{100.0 * error:+.1f}%"
 
 
-def _number(value: float) -> str:
+def _number(value: float | None) -> str:
+    if value is None:
+        return "n/a"
     if math.isfinite(value) and value == int(value) and abs(value) < 1e9:
         return str(int(value))
     return f"{value:.2f}"

@@ -233,8 +233,9 @@ class KVCacheManager:
         A new sequence first takes its prefix-cache hit (`seq.num_computed_tokens` must equal
         `num_computed_prefix_tokens(seq)`); new full prompt pages are registered in the cache.
         """
+        state: _SeqState | None
         try:
-            state: _SeqState | None = self._seqs[seq.request_id]
+            state = self._seqs[seq.request_id]
         except KeyError:
             state = None
         else:

@@ -135,9 +135,9 @@ class Request:
             # block). Why successive: a dict places them in neighbouring slots of its table, so
             # registering, looking up and evicting a block's pages touches a few cache lines,
             # not one per page; with keys 16 apart that cost 2-3x more on a 400k-page cache.
-            block, ids = self.hash_block_size, self.hash_ids
-            last_end = min(num_full_pages, len(ids) * block // page_size) * page_size
-            for index, block_id in enumerate(ids):
+            block, block_ids = self.hash_block_size, self.hash_ids
+            last_end = min(num_full_pages, len(block_ids) * block // page_size) * page_size
+            for index, block_id in enumerate(block_ids):
                 start = index * block
                 if start >= last_end:
                     break

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from kvlab.commands.common import (
     add_report_arguments,
@@ -21,6 +22,9 @@ from kvlab.commands.common import (
     show_progress,
     summary_options,
 )
+
+if TYPE_CHECKING:  # the engine imports torch: only when a command runs it
+    from kvlab.engine.config import EngineConfig
 
 DEFAULT_NUM_PROMPTS = 32
 DEFAULT_CPU_KV_CACHE_MEMORY = "512MiB"  # vLLM's 4 GiB cpu default takes seconds to allocate
@@ -183,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def engine_config(args: argparse.Namespace) -> object:
+def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the flags describe (sizes parsed, page size applied as `kvlab sim`)."""
     from kvlab.engine.config import EngineConfig, parse_memory_size
 
