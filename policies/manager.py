@@ -603,9 +603,7 @@ class KVCacheManager:
         pages, first = state.pages, 0
         still_held: set[int] = set()
         owners = self._owners
-        if not owners:
-            pass
-        elif state.regular:
+        if owners and state.regular:
             # Another table can hold a regular table's page only through a prefix hit (or a
             # hit on a hitter), which takes a leading run: the shared pages are pages[:first].
             while first < len(pages) and pages[first] in owners:
@@ -613,7 +611,7 @@ class KVCacheManager:
             if first:
                 still_held = set(pages[:first])
                 self._unshare(state, still_held, leading=True)
-        elif not owners.keys().isdisjoint(pages):
+        elif owners and not owners.keys().isdisjoint(pages):
             still_held = owners.keys() & pages
             first = len(still_held)
             if not still_held.issuperset(pages[:first]):  # not just the leading prefix hits
