@@ -54,9 +54,9 @@ class LRUEviction:
         """`add` of each page with its key, in order (a freed sequence's, in one call)."""
         if not page_ids:
             return
-        flags = self._flags
-        if max(page_ids) >= len(flags):
-            flags.extend(bytes(max(page_ids) + 1 - len(flags)))
+        flags, top = self._flags, max(page_ids)
+        if top >= len(flags):
+            flags.extend(bytes(top + 1 - len(flags)))
         for page in page_ids:
             flags[page] = 1
         self._queue.extend(page_ids)
