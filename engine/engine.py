@@ -200,6 +200,7 @@ class LLMEngine:
             prompt_token_ids=ids,
             hash_ids=hash_ids,
             hash_block_size=hash_block_size,
+            output_ids_known=True,  # sampled before their KV is computed: decode pages cache
         )
 
     def check_prompt(self, ids: list[int]) -> None:

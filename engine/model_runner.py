@@ -31,19 +31,6 @@ class ModelInput:
     sample_rows: torch.Tensor
 
 
-def token_slice(request: Request, start: int, end: int) -> list[int]:
-    """Token ids `[start, end)` of prompt-then-output, without building the whole list."""
-    prompt = request.prompt_token_ids
-    assert prompt is not None, "the engine's requests carry prompt token ids"
-    num_prompt = len(prompt)
-    if end <= num_prompt:
-        return prompt[start:end]
-    outputs = request.output_token_ids
-    if start >= num_prompt:
-        return outputs[start - num_prompt : end - num_prompt]
-    return prompt[start:] + outputs[: end - num_prompt]
-
-
 def prepare_input(
     output: SchedulerOutput,
     block_table: Callable[[Request], list[int]],
@@ -63,10 +50,10 @@ def prepare_input(
     ):
         end = start + num_new
         if num_new == 1:  # decodes: most of a batch, kept cheap
-            input_ids.append(token_slice(request, start, end)[0])
+            input_ids.append(request.token_slice(start, end)[0])
             positions.append(start)
         else:
-            input_ids.extend(token_slice(request, start, end))
+            input_ids.extend(request.token_slice(start, end))
             positions.extend(range(start, end))
         num_rows += num_new
         seq_lens.append(end)

@@ -31,6 +31,10 @@ class _SeqState:
     # fork, no page whose content was already cached elsewhere): releasing then needs no
     # lookup per page.
     regular: bool = True
+    num_hit_pages: int = 0  # leading pages taken as prefix-cache hits at admission
+    # True when output pages get hashes as they fill (token ids known, prefix caching on): the
+    # fast path then stops where each page fills, so it is registered in the step that fills it.
+    hash_outputs: bool = False
 
 
 @dataclass(slots=True)
@@ -40,6 +44,9 @@ class _Plan:
     hit_pages: list[int]
     num_block_pages: int  # pages asked of the allocator as one block (0: none)
     cow: bool  # the block's first page replaces the shared, partly filled last page
+    # The pages as power-of-two runs, largest first, instead of one block: a request alone in
+    # memory whose own blocks would not fit (see `_plan_new`).
+    as_runs: bool = False
 
 
 class KVCacheManager:
@@ -53,6 +60,7 @@ class KVCacheManager:
     # Slotted: every decode step reads and writes a few of these.
     __slots__ = (
         "_add_pages",
+        "_cache_epoch",
         "_cached",
         "_free_list",
         "_host_free",
@@ -131,7 +139,10 @@ class KVCacheManager:
         self._num_dup_slots = 0  # ...minus this: tokens counted twice because a page is shared
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
-        self._last_lookup: tuple[int, list[int]] | None = None
+        # The last lookup: (request, cache epoch, hit pages). The epoch counts keys that left
+        # the cache; a lookup from another epoch may name a page that holds other content now.
+        self._last_lookup: tuple[int, int, list[int]] | None = None
+        self._cache_epoch = 0
 
     # ----------------------------------------------------------------------------- queries
 
@@ -173,7 +184,9 @@ class KVCacheManager:
         return seq.request_id in self._swapped
 
     def num_computed_prefix_tokens(self, seq: Request) -> int:
-        """Prompt tokens whose KV is cached, in whole pages, capped at the token count - 1."""
+        """Leading tokens whose KV is cached, in whole pages, capped at the token count - 1 (as
+        vLLM: the last token is always computed). A request recomputed after preemption can hit
+        its output pages too where their ids are known (`Request.output_ids_known`)."""
         if not self.caching:
             return 0
         hashes = seq.page_hashes(self.page_size)
@@ -185,19 +198,34 @@ class KVCacheManager:
             if page is None:
                 break
             pages.append(page)
-        self._last_lookup = (seq.request_id, pages)
+        self._last_lookup = (seq.request_id, self._cache_epoch, pages)
         return len(pages) * self.page_size
 
     def _num_lookup_pages(self, seq: Request) -> int:
-        """Prompt pages a lookup may hit: full, hashed, and leaving the last token to compute."""
+        """Pages a lookup may hit: full, hashed, and leaving the last token to compute."""
         return min(len(seq.page_hashes(self.page_size)), (seq.num_tokens - 1) // self.page_size)
 
     def pages_needed_alone(self, seq: Request) -> int:
-        """Pages the request needs at its largest, with memory to itself (an upper bound)."""
-        total = seq.total_len
+        """Pages the request holds at its largest with memory to itself: a request runs to its
+        end whenever these fit in the cache (paging and buddy runs take exactly its length;
+        a contiguous region takes what its reservation rule reserves)."""
+        return -(-self._tokens_needed_alone(seq) // self.page_size)
+
+    def explain_pages_needed(self, seq: Request) -> str:
+        """Which rule sets `pages_needed_alone(seq)`, in words (for an error message)."""
+        length = f"{seq.total_len} tokens: {seq.prompt_len} prompt + {seq.max_output_tokens} output"
+        tokens = self._tokens_needed_alone(seq)
+        if tokens > seq.total_len:
+            return (
+                f"contiguous allocation with reserve={self.policy.reserve} reserves {tokens} "
+                f"tokens for this request of {length}"
+            )
+        return f"{length}, in pages of {self.page_size} tokens"
+
+    def _tokens_needed_alone(self, seq: Request) -> int:
         if self._is_contiguous:
-            total = max(total, self._reserve(seq.total_len, self.max_model_len))
-        return self.allocator.pages_for(-(-total // self.page_size))
+            return max(seq.total_len, self._reserve(seq.total_len, self.max_model_len))
+        return seq.total_len
 
     def usage(self) -> MemoryUsage:
         """A snapshot of device and host memory (O(1) for paged allocation)."""
@@ -298,13 +326,16 @@ class KVCacheManager:
         """Release everything the sequence holds, on device and host."""
         state = self._seqs.pop(seq.request_id, None)
         if state is not None:
-            self._release(state)
+            self._release(seq, state)
         swapped = self._swapped.pop(seq.request_id, None)
         if swapped is not None:
             self._host_free.extend(swapped[0])
 
     def fork(self, parent: Request, child: Request) -> None:
-        """Share the parent's filled pages with `child` (copy-on-write: a write copies first)."""
+        """Share the parent's filled pages with `child` (copy-on-write: a write copies first).
+
+        The child carries the parent's tokens so far (the same prompt, and the same output ids
+        where they are known)."""
         assert child.request_id not in self._seqs, "child already holds memory"
         src = self._seqs[parent.request_id]
         num_filled = -(-src.num_tokens // self.page_size)
@@ -316,9 +347,10 @@ class KVCacheManager:
         # Both sides must take the slow path before writing into the shared last page.
         src.fast_limit = min(src.fast_limit, src.num_tokens)
         src.regular = False  # the child may register pages the parent holds, and vice versa
+        hashes = child.page_hashes(self.page_size) if self.caching else []
         self._seqs[child.request_id] = _SeqState(
-            list(pages), src.num_tokens, src.num_tokens, src.num_blocks, src.num_hashed,
-            src.hashes, False,
+            list(pages), src.num_tokens, src.num_tokens, src.num_blocks,
+            min(src.num_hashed, len(hashes)), hashes, False, 0, self._hashes_outputs(child),
         )
         self._num_live_slots += src.num_tokens
 
@@ -346,7 +378,7 @@ class KVCacheManager:
         assert num_filled <= len(self._host_free), "call can_swap_out first"
         host_pages = [self._host_free.popleft() for _ in range(num_filled)]
         ops = MemOps(swap_outs=list(zip(state.pages[:num_filled], host_pages, strict=True)))
-        self._release(state)
+        self._release(seq, state)
         self._swapped[seq.request_id] = (host_pages, num_tokens)
         return ops
 
@@ -389,9 +421,12 @@ class KVCacheManager:
             except LookupError:  # nothing cached either
                 return False
             del self._cached[key]
+            self._cache_epoch += 1
         state.pages.append(page)
         state.num_blocks += 1
-        state.fast_limit = limit + page_size
+        # Every held page is registered here (else the limit would be below the table's end):
+        # a state hashing outputs stops again where the new page fills (see `_fast_limit`).
+        state.fast_limit = limit + page_size - state.hash_outputs
         self._num_live_slots += total - state.num_tokens
         state.num_tokens = total
         return True
@@ -403,36 +438,51 @@ class KVCacheManager:
         return self._plan_growth(seq, total, state)
 
     def _hit_pages(self, seq: Request) -> list[int]:
-        if not seq.num_computed_tokens:
+        """The cached pages a new sequence starts from: its `num_computed_tokens`, looked up
+        again unless the last lookup was this sequence's and no key has left the cache since."""
+        num_computed = seq.num_computed_tokens
+        if not num_computed:
             return []
         last = self._last_lookup
-        if last is None or last[0] != seq.request_id:
+        if last is None or last[0] != seq.request_id or last[1] != self._cache_epoch:
             self.num_computed_prefix_tokens(seq)
             last = self._last_lookup
-        assert last is not None
-        pages = last[1]
-        assert len(pages) * self.page_size == seq.num_computed_tokens, (
-            "num_computed_tokens of a new sequence must be its prefix-cache hit"
-        )
-        return pages
+            assert last is not None
+        pages = last[2]
+        num_pages, partial = divmod(num_computed, self.page_size)
+        if partial or num_pages > len(pages):
+            # Raised, not asserted: under `python -O` the pages would be shared with a
+            # sequence whose content differs.
+            raise ValueError(
+                f"request {seq.request_id}: num_computed_tokens is {num_computed}, but the "
+                f"prefix cache holds {len(pages) * self.page_size} of its tokens now (whole "
+                "pages); set it from num_computed_prefix_tokens() (or to 0) just before allocate"
+            )
+        return pages[:num_pages]
 
     def _plan_new(
         self, seq: Request, total: int, hits: list[int], *, watermark: bool
     ) -> _Plan | None:
         page_size = self.page_size
+        alone = self.num_used_pages == 0
         if self._is_contiguous:
             reserved = max(total, self._reserve(seq.total_len, self.max_model_len))
             needed = -(-reserved // page_size) - len(hits)
-        elif seq.num_preemptions and not self._is_paged and self.num_used_pages == 0:
-            # Preempted before and now alone: one block for its whole length. Its own smaller
-            # blocks could fragment buddy memory so that it could never grow alone (livelock).
-            needed = -(-max(total, seq.total_len) // page_size) - len(hits)
         else:
             needed = self._block_pages(seq, total, 0, len(hits))
-        reserve = self.watermark_pages if watermark and self.num_used_pages > 0 else 0
-        if not self._fits(needed, hits, reserve):
-            return None
-        return _Plan(hits, needed, False)
+        fits = self._fits(needed, hits, self.watermark_pages if watermark and not alone else 0)
+        # Alone in buddy memory, a request takes its whole length as power-of-two runs when its
+        # own block would not fit (a prompt block rounded up past the memory), or when it was
+        # preempted before: its own smaller blocks could fragment memory so that it could
+        # never grow alone (a livelock). So whatever fits alone runs to its end.
+        if alone and not self._is_paged and not self._is_contiguous and (
+            seq.num_preemptions or not fits
+        ):
+            whole = -(-max(total, seq.total_len) // page_size) - len(hits)
+            return _Plan(hits, whole, False, as_runs=True) if self._fits_as_runs(
+                whole, hits
+            ) else None
+        return _Plan(hits, needed, False) if fits else None
 
     def _plan_growth(self, seq: Request, total: int, state: _SeqState) -> _Plan | None:
         page_size = self.page_size
@@ -462,6 +512,13 @@ class KVCacheManager:
         ceiling = -(-max(total, seq.total_len) // page_size) - num_held
         return max(needed, min(wanted, ceiling))
 
+    def _fits_as_runs(self, num_pages: int, hits: list[int]) -> bool:
+        """Whether `num_pages` pages in runs of any power-of-two size can be taken: any free
+        or evictable page will do, but the hits stop being evictable."""
+        evictor = self.evictor
+        num_hits_cached = sum(1 for page in hits if page in evictor)
+        return num_pages <= self.allocator.num_free_pages + len(evictor) - num_hits_cached
+
     def _fits(self, num_pages: int, hits: list[int], reserve: int) -> bool:
         """Whether `num_pages` (as one block) can be taken, evicting cached pages if needed."""
         if num_pages <= 0:
@@ -485,7 +542,10 @@ class KVCacheManager:
         ops = NO_OPS
         if state is None:
             state = self._take_hits(seq, plan.hit_pages)
-        if plan.num_block_pages:
+        if plan.as_runs:
+            state.pages += self._take_runs(plan.num_block_pages)
+            state.num_blocks += 1
+        elif plan.num_block_pages:
             block = self._take_block(plan.num_block_pages)
             if plan.cow:  # copy the shared, partly filled last page into the block's first page
                 index = state.num_tokens // self.page_size
@@ -500,7 +560,7 @@ class KVCacheManager:
         if total > state.num_tokens:
             self._num_live_slots += total - state.num_tokens
             state.num_tokens = total
-        self._register(seq, state)
+        self._register(seq, state, state.num_tokens)
         state.fast_limit = self._fast_limit(state)
         return ops
 
@@ -521,7 +581,8 @@ class KVCacheManager:
         self._num_dup_slots += num_shared * self.page_size
         self._last_lookup = None
         hashes = seq.page_hashes(self.page_size) if self.caching else []
-        state = _SeqState(list(hits), 0, 0, 0, len(hits), hashes)
+        state = _SeqState(list(hits), 0, 0, 0, len(hits), hashes, True, len(hits))
+        state.hash_outputs = self._hashes_outputs(seq)
         self._seqs[seq.request_id] = state
         self._num_live_slots += len(hits) * self.page_size
         state.num_tokens = len(hits) * self.page_size
@@ -547,6 +608,25 @@ class KVCacheManager:
                 pages = allocator.allocate(num_pages)
         return pages
 
+    def _take_runs(self, num_pages: int) -> list[int]:
+        """`num_pages` pages as power-of-two runs, largest first (the binary digits of the
+        count), evicting cached pages as needed; a run no free block holds, with nothing left
+        to evict, is taken as two halves (the plan made sure the pages exist)."""
+        allocator, pages = self.allocator, []
+        sizes = [1 << bit for bit in range(num_pages.bit_length()) if num_pages >> bit & 1]
+        while sizes:
+            size = sizes.pop()  # the largest left; halves pushed below stay in order
+            run = allocator.allocate(size)
+            while run is None and len(self.evictor):
+                self._evict(1)
+                run = allocator.allocate(size)
+            if run is None:
+                assert size > 1, "the plan counted more free pages than there are"
+                sizes += [size >> 1, size >> 1]
+            else:
+                pages += run
+        return pages
+
     def _evict(self, num_pages: int) -> None:
         """Drop the content of `num_pages` cached pages, in eviction order, and free them."""
         self.allocator.release(self._drop_victims(num_pages))
@@ -566,12 +646,19 @@ class KVCacheManager:
         # A C loop: about 1.3M evictions in a trace-long run, 55 ns each less than `del` in a
         # Python loop here.
         deque(map(self._cached.pop, keys), maxlen=0)
+        self._cache_epoch += 1
         return pages
 
-    def _register(self, seq: Request, state: _SeqState) -> None:
-        """Put newly full prompt pages into the prefix cache."""
+    def _hashes_outputs(self, seq: Request) -> bool:
+        return self.caching and seq.output_ids_known and seq.prompt_token_ids is not None
+
+    def _register(self, seq: Request, state: _SeqState, num_tokens: int) -> None:
+        """Put the pages that the first `num_tokens` tokens fill into the prefix cache (prompt
+        pages, and output pages of a state hashing outputs)."""
+        if state.hash_outputs:
+            state.hashes = seq.page_hashes(self.page_size)  # hashes the outputs known so far
         start, hashes = state.num_hashed, state.hashes
-        num_full = min(len(hashes), state.num_tokens // self.page_size)
+        num_full = min(len(hashes), num_tokens // self.page_size)
         if num_full <= start:
             return
         cached = self._cached
@@ -591,39 +678,53 @@ class KVCacheManager:
             tail = state.pages[state.num_tokens // page_size]
             if tail in self._owners:  # shared partial page: the next write copies it
                 return state.num_tokens
-        if state.num_hashed < len(state.hashes):
-            # stop at the next prompt page boundary so it gets registered
-            limit = min(limit, (state.num_hashed + 1) * page_size)
+        if state.hash_outputs or state.num_hashed < len(state.hashes):
+            # Stop where the next page to register fills: the allocation that fills it takes
+            # the slow path and registers it, in the step that computes its last token (vLLM).
+            limit = min(limit, (state.num_hashed + 1) * page_size - 1)
         return limit
 
-    def _release(self, state: _SeqState) -> None:
+    def _unregister_unwritten(self, state: _SeqState, num_written: int) -> None:
+        """Take out of the prefix cache the registered pages past the first `num_written`
+        tokens: a sequence preempted in the step that registered them never computes them."""
+        num_full, cached = num_written // self.page_size, self._cached
+        for index in range(num_full, state.num_hashed):
+            key = state.hashes[index]
+            if cached.get(key) == state.pages[index]:
+                del cached[key]
+        state.num_hashed = num_full
+        self._cache_epoch += 1
+
+    def _release(self, seq: Request, state: _SeqState) -> None:
         """Drop one owner from each page. Pages left with none are cached if registered, tail
         first (so LRU evicts deep prompt pages before the roots they hang from), else freed in
-        table order."""
-        pages, first = state.pages, 0
-        still_held: set[int] = set()
-        owners = self._owners
-        if owners and state.regular:
-            # Another table can hold a regular table's page only through a prefix hit (or a
-            # hit on a hitter), which takes a leading run: the shared pages are pages[:first].
-            while first < len(pages) and pages[first] in owners:
-                first += 1
-            if first:
-                still_held = set(pages[:first])
-                self._unshare(state, still_held, leading=True)
-        elif owners and not owners.keys().isdisjoint(pages):
-            still_held = owners.keys() & pages
-            first = len(still_held)
-            if not still_held.issuperset(pages[:first]):  # not just the leading prefix hits
-                first = 0
-            self._unshare(state, still_held, leading=first > 0)
-        if state.regular and not (still_held and first == 0):
-            end = state.num_hashed
-            to_cache = pages[first:end][::-1]
-            keys = state.hashes[first:end][::-1]
-            depths: range | list[int] = range(end - 1, first - 1, -1)
-            to_free = pages[max(first, end) :]
+        table order. Only the KV of `seq.num_computed_tokens` tokens was written: pages
+        registered past them are taken out of the cache, and pages they fill are put in."""
+        num_written = seq.num_computed_tokens
+        if state.hash_outputs:
+            self._register(seq, state, min(num_written, state.num_tokens))
+        if state.num_hashed * self.page_size > num_written:
+            self._unregister_unwritten(state, num_written)
+        pages, end, owners = state.pages, state.num_hashed, self._owners
+        if state.regular:
+            first, still_held = self._shared_pages_of_regular(state) if owners else (0, None)
+            if first is not None:  # the shared pages are pages[:first]
+                if first:
+                    self._unshare(state, set(pages[:first]), full=True)
+                to_cache, keys = pages[first:end][::-1], state.hashes[first:end][::-1]
+                depths: range | list[int] = range(end - 1, first - 1, -1)
+            else:
+                assert still_held is not None
+                self._unshare(state, still_held, full=True)
+                kept = [index for index in range(end) if pages[index] not in still_held]
+                to_cache = [pages[index] for index in reversed(kept)]
+                keys = [state.hashes[index] for index in reversed(kept)]
+                depths = kept[::-1]
+            to_free = pages[max(first or 0, end) :]
         else:
+            still_held = owners.keys() & pages if owners else set()
+            if still_held:
+                self._unshare(state, still_held, full=False)
             to_cache, keys, depths, to_free = self._sort_released(state, still_held)
         if self._add_pages is not None:
             self._add_pages(to_cache, keys)
@@ -633,6 +734,23 @@ class KVCacheManager:
                 add(page, depth, key)
         self.allocator.release(to_free)
         self._num_live_slots -= state.num_tokens
+
+    def _shared_pages_of_regular(self, state: _SeqState) -> tuple[int | None, set[int] | None]:
+        """The pages of a regular table that other tables hold: (k, None) when they are its
+        first k pages (the common case), else (None, the set of them).
+
+        Only registered pages can be in another table, and they are full. They are any of its
+        own prefix hits (a hit may take pages from several tables, whose other owners leave
+        one by one), and the run after them that later requests hit: a hit on page j of this
+        table takes every page before it too."""
+        pages, owners, num_hits = state.pages, self._owners, state.num_hit_pages
+        shared = [page for page in pages[:num_hits] if page in owners] if num_hits else []
+        run, end = num_hits, state.num_hashed
+        while run < end and pages[run] in owners:
+            run += 1
+        if len(shared) == num_hits:
+            return run, None
+        return None, set(shared) | set(pages[num_hits:run])
 
     def _sort_released(
         self, state: _SeqState, still_held: set[int]
@@ -652,11 +770,11 @@ class KVCacheManager:
                 to_free.append(page)
         return to_cache[::-1], keys[::-1], depths[::-1], to_free
 
-    def _unshare(self, state: _SeqState, shared: set[int], *, leading: bool) -> None:
-        """Drop this sequence from the owners of its `shared` pages (`leading`: they are the
-        first pages of its table, the prefix hits)."""
-        if leading:  # full pages
-            self._num_dup_slots -= min(state.num_tokens, len(shared) * self.page_size)
+    def _unshare(self, state: _SeqState, shared: set[int], *, full: bool) -> None:
+        """Drop this sequence from the owners of its `shared` pages (`full`: every one of them
+        is a full page of its table)."""
+        if full:
+            self._num_dup_slots -= len(shared) * self.page_size
         else:
             self._num_dup_slots -= sum(
                 self._fill(index, state.num_tokens)

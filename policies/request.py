@@ -49,8 +49,13 @@ class Request:
     prompt_token_ids: list[int] | None = None
     hash_ids: tuple[int, ...] | None = None
     hash_block_size: int = 512
-    # Filled in by the engine as it samples; the simulator only counts.
+    # Appended by the engine as it samples. The simulator only counts, but a replayed run may
+    # carry its recorded outputs here from the start (see `output_ids_known`).
     output_token_ids: list[int] = field(default_factory=list)
+    # True when the id of every output token is in `output_token_ids` by the time its KV is
+    # computed (the engine; a replay of recorded outputs): full output pages then get prefix
+    # hashes too, so the manager caches pages filled during decode as vLLM does.
+    output_ids_known: bool = False
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
@@ -105,36 +110,65 @@ class Request:
         assert self.prompt_token_ids is not None
         return self.prompt_token_ids + self.output_token_ids
 
-    def page_hashes(self, page_size: int) -> list:
-        """Chained prefix hashes of the full pages of the prompt, in order.
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Token ids `[start, end)` of prompt-then-output, without building the whole list."""
+        prompt = self.prompt_token_ids
+        assert prompt is not None, "only requests with prompt token ids have token content"
+        num_prompt = len(prompt)
+        if end <= num_prompt:
+            return prompt[start:end]
+        outputs = self.output_token_ids
+        if start >= num_prompt:
+            return outputs[start - num_prompt : end - num_prompt]
+        return prompt[start:] + outputs[: end - num_prompt]
 
-        With token ids: hash(parent hash, the page's ids). With trace hash ids: the key of the
-        prefix ending at the page's last token, made of the id of the block holding that token and
-        the page's index, which is equal for two requests exactly when their prefixes are. So a
+    def page_hashes(self, page_size: int) -> list:
+        """Chained prefix hashes of the full pages of the known content, in order.
+
+        With token ids: hash(parent hash, the page's ids), over the prompt and, where
+        `output_ids_known`, the output tokens produced so far (the list grows in place as they
+        are, so a holder of it sees new pages). With trace hash ids: the key of the prefix
+        ending at the page's last token, made of the id of the block holding that token and the
+        page's index, which is equal for two requests exactly when their prefixes are (ids are
+        compared as names of prefixes of one block size: requests sharing ids share their
+        `hash_block_size`, as every trace's requests do). So a
         prefix key names one page index in every block table (the manager relies on it), even
         where a trace gives one id at two positions: KV computed at another position differs.
-        Output tokens are never hashed, so the simulator and the engine cache the same pages.
+        Trace outputs have no content and are never hashed.
         """
         cached = self._page_hashes
-        if cached is not None and cached[0] == page_size:
-            return cached[1]
+        if cached is None or cached[0] != page_size:
+            cached = self._page_hashes = (page_size, self._prompt_page_hashes(page_size))
+        hashes = cached[1]
+        if self.output_ids_known and self.prompt_token_ids is not None:
+            num_known = self.prompt_len + min(len(self.output_token_ids), self.num_output_tokens)
+            if len(hashes) < num_known // page_size:
+                self._hash_pages(page_size, hashes, num_known // page_size)
+        return hashes
+
+    def _hash_pages(self, page_size: int, hashes: list, num_pages: int) -> None:
+        """Append the token-id hashes of pages `len(hashes)` to `num_pages - 1`."""
+        parent = hashes[-1] if hashes else 0
+        for page in range(len(hashes), num_pages):
+            chunk = array("q", self.token_slice(page * page_size, (page + 1) * page_size))
+            parent = xxhash.xxh3_64_intdigest(chunk.tobytes(), seed=parent)
+            hashes.append(parent)
+
+    def _prompt_page_hashes(self, page_size: int) -> list:
+        """The prompt's full-page hashes (token ids or trace block ids; empty with neither)."""
         num_full_pages = self.prompt_len // page_size
         hashes: list = []
         if self.prompt_token_ids is not None:
-            ids = array("q", self.prompt_token_ids)
-            parent = 0
-            for page in range(num_full_pages):
-                chunk = ids[page * page_size : (page + 1) * page_size].tobytes()
-                parent = xxhash.xxh3_64_intdigest(chunk, seed=parent)
-                hashes.append(parent)
+            self._hash_pages(page_size, hashes, num_full_pages)
         elif self.hash_ids is not None:
             # Key of page `index` (tokens up to (index + 1) * page_size): (block id, index)
-            # packed in one int, negative for ids >= 0, so millions of cached keys stay out of
-            # the GC's way and never equal a token-id hash (xxh3, >= 0). Within one block the
-            # keys of successive pages are successive ints, built as a range (one C call per
-            # block). Why successive: a dict places them in neighbouring slots of its table, so
-            # registering, looking up and evicting a block's pages touches a few cache lines,
-            # not one per page; with keys 16 apart that cost 2-3x more on a 400k-page cache.
+            # packed in one int, negative for ids >= 0, so millions of cached keys stay out
+            # of the GC's way and never equal a token-id hash (xxh3, >= 0).
+            # Within one block the keys of successive pages are successive ints, built as a
+            # range (one C call per block). Why successive: a dict places them in neighbouring
+            # slots of its table, so registering, looking up and evicting a block's pages
+            # touches a few cache lines, not one per page; with keys 16 apart that cost 2-3x
+            # more on a 400k-page cache.
             block, block_ids = self.hash_block_size, self.hash_ids
             last_end = min(num_full_pages, len(block_ids) * block // page_size) * page_size
             for index, block_id in enumerate(block_ids):
@@ -146,5 +180,4 @@ class Request:
                 # key(index) = -(id * _ID_SPREAD + index) - 1 = top - index
                 top = -1 - block_id * _ID_SPREAD
                 hashes.extend(range(top - first, top - stop, -1))
-        self._page_hashes = (page_size, hashes)
         return hashes

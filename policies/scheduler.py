@@ -286,7 +286,7 @@ class Scheduler:
         if pages > self.manager.num_total_pages:
             return (
                 f"request {request.request_id} needs {pages} KV pages but the cache has only "
-                f"{self.manager.num_total_pages}"
+                f"{self.manager.num_total_pages} ({self.manager.explain_pages_needed(request)})"
             )
         return None
 
