@@ -66,6 +66,17 @@ def synthesize_prompt_ids(trace: Trace, vocab_size: int, seed: int = 0) -> Trace
     return dataclasses.replace(trace, requests=requests, metadata=metadata)
 
 
+def with_outputs(trace: Trace, requests: list[Request]) -> Trace:
+    """The trace with the output ids that the engine sampled for each request (by request
+    id): the simulator then caches the output pages that the engine cached."""
+    outputs = {request.request_id: tuple(request.output_token_ids) for request in requests}
+    recorded = [
+        dataclasses.replace(item, output_token_ids=outputs.get(item.request_id))
+        for item in trace.requests
+    ]
+    return dataclasses.replace(trace, requests=recorded)
+
+
 def _check_vocab(request: TraceRequest, vocab_size: int) -> None:
     ids = request.prompt_token_ids or ()
     bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -233,7 +233,8 @@ def run_engine(
     config: EngineConfig, trace: Trace, on_step: Callable[[int], object] | None = None
 ) -> tuple[RunResult, LLMEngine, Trace]:
     """A fresh engine from `config` serving `trace` on the virtual clock; returns the run, the
-    engine and the trace with the prompt ids it ran (synthesised from the config's seed).
+    engine and the trace with the prompt ids it ran (synthesised from the config's seed) and
+    the output ids it sampled.
     `on_step` is told after every step how many requests it ended (a progress bar's update)."""
     return run_engines(config, [trace], on_step)[0]
 
@@ -255,7 +256,12 @@ def run_engines(
     is told after every step of any engine how many requests it ended.
     """
     from kvlab.engine.engine import LLMEngine, frozen_heap
-    from kvlab.engine.replay import synthesize_prompt_ids, trace_requests, trace_result
+    from kvlab.engine.replay import (
+        synthesize_prompt_ids,
+        trace_requests,
+        trace_result,
+        with_outputs,
+    )
 
     engines = [LLMEngine(config) for _ in traces]
     ran = [
@@ -288,7 +294,8 @@ def run_engines(
                 if spent_s[index] >= turn_end_s:
                     break
     return [
-        (trace_result(engine, trace, done[i], "fast"), engine, trace)
+        (trace_result(engine, trace, done[i], "fast"), engine,
+         with_outputs(trace, done[i].requests))
         for i, (engine, trace) in enumerate(zip(engines, ran, strict=True))
     ]
 
@@ -361,7 +368,8 @@ def lockstep(
     """Replay the engine's measured step durations through the simulator and compare every
     step's clock, counts and memory, then every request's outcome.
 
-    `trace` must carry the prompt ids the engine ran (they decide prefix-cache hits).
+    `trace` must carry the prompt ids the engine ran and the outputs it sampled (they decide
+    prefix-cache hits), as `run_engine` returns it.
     """
     engine_cols = engine_result.steps.columns
     replay = ReplayedStepTimes(engine_cols["duration_s"], preemption_costs)

@@ -10,7 +10,8 @@ def to_requests(trace: Trace) -> list[Request]:
     """One new `Request` per trace request: its lengths, arrival and prompt identity.
 
     The trace's output length becomes the output budget, which the simulator always reaches
-    (it samples no end-of-sequence token).
+    (it samples no end-of-sequence token). Recorded output ids (a served run's) are the
+    request's outputs from the start, so its output pages are cached as the engine cached them.
     """
     return [
         Request(
@@ -21,6 +22,8 @@ def to_requests(trace: Trace) -> list[Request]:
             prompt_token_ids=None if r.prompt_token_ids is None else list(r.prompt_token_ids),
             hash_ids=r.hash_ids,
             hash_block_size=r.hash_block_size,
+            output_token_ids=[] if r.output_token_ids is None else list(r.output_token_ids),
+            output_ids_known=r.output_token_ids is not None and r.prompt_token_ids is not None,
         )
         for r in trace.requests
     ]

@@ -17,7 +17,9 @@ class TraceRequest:
     `hash_ids[i]` names prompt block i (tokens [i*B, (i+1)*B) with B = `hash_block_size`)
     together with everything before it, as in the Mooncake traces: two requests share their
     first k*B prompt tokens exactly when their first k ids are equal. `prompt_token_ids` is set
-    only when a tokenizer produced the prompt's tokens.
+    only when a tokenizer produced the prompt's tokens. `output_token_ids` is set only for a
+    served run's record (the outputs the engine sampled): replayed through the simulator, they
+    give its prefix cache the output pages the engine cached.
     """
 
     request_id: int  # 0..n-1 in arrival order
@@ -27,6 +29,7 @@ class TraceRequest:
     hash_ids: tuple[int, ...] | None = None
     hash_block_size: int = 512
     prompt_token_ids: tuple[int, ...] | None = None
+    output_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
