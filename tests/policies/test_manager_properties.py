@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,52 +36,68 @@ MAX_MODEL_LEN = 96
 @st.composite
 def spec_and_memory(draw):
     spec = draw(st.sampled_from(COMBOS))
-    block_size = draw(st.sampled_from([1, 2, 4, 8]))
-    num_pages = draw(st.integers(MAX_MODEL_LEN // block_size, 4 * MAX_MODEL_LEN // block_size))
+    block_size = draw(st.sampled_from([1, 2, 2, 4, 8]))
+    # From half a maximal request (pressure: evictions, refusals) to four of them.
+    num_pages = draw(st.integers(MAX_MODEL_LEN // block_size // 2, 4 * MAX_MODEL_LEN // block_size))
     host_pages = draw(st.sampled_from([None, 0, 8, 64]))
     return spec.replace(":", f":block_size={block_size},", 1), num_pages, host_pages
 
 
-def _new_request(draw, request_id: int) -> Request:
-    # Few distinct prompt families, so prompts share prefixes and the prefix cache gets hits.
-    family = draw(st.integers(0, 2))
-    prompt_len = draw(st.integers(1, 48))
-    max_output = draw(st.integers(1, MAX_MODEL_LEN - prompt_len))
-    content = draw(st.sampled_from(["token_ids", "hash_ids", "unknown"]))
+def new_request(rng: random.Random, request_id: int) -> Request:
+    """A request whose prompt shares prefixes with others: token ids from three families
+    (prefixes of three strings), trace block ids, or no content at all."""
+    family = rng.randrange(3)
+    prompt_len = rng.randint(1, 48)
+    max_output = rng.randint(1, MAX_MODEL_LEN - prompt_len)
+    content = rng.choice(["token_ids", "token_ids", "token_ids", "hash_ids", "unknown"])
     if content == "hash_ids":
-        # Trace-style block ids. Family 2 is family 0's ids one block later: the same id at
-        # another position, which must share nothing.
+        # Trace-style block ids, one block size per id space (as in any trace). Family 2 is
+        # family 0's ids one block later: the same id at another position, which must share
+        # nothing.
         block = 8 if family == 1 else 4
         first = {0: 0, 1: 100, 2: 1}[family]
         hash_ids = tuple(range(first, first + -(-prompt_len // block)))
         return Request(request_id, prompt_len, max_output, arrival_s=request_id,
                        hash_ids=hash_ids, hash_block_size=block)
     ids = [(family * 7 + i) % 11 for i in range(prompt_len)] if content == "token_ids" else None
-    return Request(request_id, prompt_len, max_output, arrival_s=request_id, prompt_token_ids=ids)
+    # Outputs with known ids are hashed as their pages fill (the engine's case).
+    known = ids is not None and rng.random() < 0.5
+    return Request(request_id, prompt_len, max_output, arrival_s=request_id, prompt_token_ids=ids,
+                   output_ids_known=known)
 
 
-def _run(data, spec: str, num_pages: int, host_pages, num_ops: int) -> Harness:
+OPS = ["add", "add_chunk", "add_chunk", "lookup", "grow", "grow", "grow", "free", "free",
+       "fork", "swap_out", "swap_in"]
+
+
+def run_walk(spec: str, num_pages: int, host_pages, seed: int, num_ops: int) -> Harness:
+    """A random walk of `num_ops` operations through one manager, checked after each."""
+    rng = random.Random(seed)
     h = Harness(spec, num_pages, MAX_MODEL_LEN, host_pages)
     next_id = 0
     for _ in range(num_ops):
-        op = data.draw(
-            st.sampled_from(
-                ["add", "add", "grow", "grow", "grow", "free", "fork", "swap_out", "swap_in"]
-            )
-        )
+        op = rng.choice(OPS)
         live, swapped = list(h.live.values()), list(h.swapped.values())
-        if op == "add":
-            h.add(_new_request(data.draw, next_id))
+        if op in ("add", "add_chunk", "lookup"):
+            seq = new_request(rng, next_id)
             next_id += 1
+            hit = h.lookup(seq)
+            if op == "lookup":
+                # Admit with this hit later, after operations that changed the cache (growth
+                # may evict the very pages it found) and with no lookup in between.
+                for other in rng.sample(live, min(len(live), 3)):
+                    _grow(rng, h, other)
+                _admit_looked_up(h, seq, hit)
+            else:  # chunked prefill: a first chunk only, often short of a page
+                rest = seq.num_tokens - hit
+                chunk = rng.randint(1, min(rest, rng.choice([2, rest])))
+                h.add(seq, chunk if op == "add_chunk" else None, hit)
         elif op == "grow" and live:
-            seq = data.draw(st.sampled_from(live))
-            room = seq.total_len - seq.num_tokens
-            if room > 0:
-                h.grow(seq, data.draw(st.integers(1, min(room, 20))))
+            _grow(rng, h, rng.choice(live))
         elif op == "free" and (live or swapped):
-            h.free(data.draw(st.sampled_from(live + swapped)))
+            h.free(rng.choice(live + swapped))
         elif op == "fork" and live:
-            parent = data.draw(st.sampled_from(live))
+            parent = rng.choice(live)
             child = Request(
                 next_id,
                 parent.prompt_len,
@@ -89,31 +106,41 @@ def _run(data, spec: str, num_pages: int, host_pages, num_ops: int) -> Harness:
                 prompt_token_ids=parent.prompt_token_ids,
                 hash_ids=parent.hash_ids,
                 hash_block_size=parent.hash_block_size,
+                output_ids_known=parent.output_ids_known,
             )
             next_id += 1
-            child_content = {i: h.content(parent, i) for i in range(parent.num_computed_tokens)}
             h.fork(parent, child)
-            # the child's logical tokens are the parent's up to the fork
-            h_content = h.content
-
-            def content(seq, index, _child=child, _copied=child_content, _orig=h_content):
-                if seq is _child and index in _copied:
-                    return _copied[index]
-                return _orig(seq, index)
-
-            h.content = content
         elif op == "swap_out" and live:
-            h.swap_out(data.draw(st.sampled_from(live)))
+            h.swap_out(rng.choice(live))
         elif op == "swap_in" and swapped:
-            h.swap_in(data.draw(st.sampled_from(swapped)))
+            h.swap_in(rng.choice(swapped))
         h.check()
     return h
 
 
-@given(memory=spec_and_memory(), data=st.data())
-def test_invariants_hold_after_every_operation(memory, data):
+def _grow(rng: random.Random, h: Harness, seq: Request) -> None:
+    room = seq.total_len - seq.num_tokens
+    if room > 0:
+        h.grow(seq, rng.randint(1, min(room, rng.choice([1, 20]))))
+
+
+def _admit_looked_up(h: Harness, seq: Request, earlier_hit: int) -> None:
+    """Admit with an earlier lookup's hit: allocate must take pages that hold the request's
+    tokens (the shadow checks them), or refuse a hit that is no longer cached; it must never
+    hand out pages that hold other content now."""
+    try:
+        h.add(seq, hit=earlier_hit)
+    except ValueError as error:
+        assert "prefix cache holds" in str(error)
+        assert h.manager.block_table(seq) == []
+        seq.num_computed_tokens = 0
+        assert h.manager.num_computed_prefix_tokens(seq) < earlier_hit, "refused a valid hit"
+
+
+@given(memory=spec_and_memory(), seed=st.integers(0, 2**32 - 1))
+def test_invariants_hold_after_every_operation(memory, seed):
     spec, num_pages, host_pages = memory
-    h = _run(data, spec, num_pages, host_pages, num_ops=40)
+    h = run_walk(spec, num_pages, host_pages, seed, num_ops=150)
     for seq in list(h.live.values()) + list(h.swapped.values()):
         h.free(seq)
         h.check()
