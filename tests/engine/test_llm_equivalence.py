@@ -139,3 +139,39 @@ def test_auto_preemption_swaps_when_the_cost_model_says_so(reference):
     )
     assert tokens == expected
     assert llm.engine.scheduler.num_swaps_out > 0
+
+
+# One case per member of each policy family, each with a budget small enough to preempt:
+# (policy, KV pages). Prefix caching meets preemption in most of them, so a recomputed
+# request hits its own prompt and output pages. With 14 pages buddy memory cannot hold the
+# 40-token prompt's 16-page block beside anything: alone, it takes its length as runs.
+# Policies that reserve a request's whole length up front never grow, so never preempt:
+# there memory limits how many requests run at once.
+PREEMPTING_FAMILIES = [
+    ("paged:block_sizing=fixed,eviction=lru", 16),
+    ("paged:block_sizing=geometric,eviction=fifo,preemption=swap", 16),
+    ("paged:block_sizing=predicted,eviction=lfu,victim=longest", 16),
+    ("buddy:block_sizing=fixed,eviction=lru", 14),
+    ("buddy:block_sizing=geometric,eviction=cost,preemption=swap", 18),
+    ("buddy:block_sizing=predicted,victim=fewest-pages", 14),
+    ("contiguous:reserve=pow2,eviction=lru", 16),
+    ("contiguous:reserve=oracle,preemption=swap", 16),
+]
+
+
+@pytest.mark.parametrize(("policy", "num_pages"), PREEMPTING_FAMILIES)
+def test_every_policy_family_under_memory_pressure_keeps_transformers_tokens(
+    reference, policy, num_pages
+):
+    folder, expected = reference["llama"]
+    kind, options = policy.split(":")
+    llm, tokens = _generate(
+        folder, f"{kind}:block_size={PAGE},{options}", num_gpu_blocks_override=num_pages,
+        max_model_len=64,
+    )
+    assert tokens == expected
+    if "predicted" in policy or kind == "contiguous":
+        assert max(llm.last_run.steps.columns["num_seqs"]) <= 2
+    else:
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.manager.usage().num_used_pages == 0
