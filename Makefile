@@ -23,14 +23,16 @@ $(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py
 run: $(VENV)/.installed
 	$(BIN)/kvlab sim
 
-# mypy finds modules by name, and the editable install's folder mapping (policies/ is
-# kvlab.policies) hides them from it: it checks a plain install of the package in build/typecheck,
-# keeping its cache in .mypy_cache (a first run takes a minute or two, later ones seconds).
+# mypy and import-linter find modules by name, and the editable install's folder mapping
+# (policies/ is kvlab.policies) hides them from them: they check a plain install of the package in
+# build/typecheck, mypy keeping its cache in .mypy_cache (a first run takes a minute or two, later
+# ones seconds); import-linter checks the layer contracts of pyproject.toml.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	rm -rf build/lib build/typecheck
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target build/typecheck .
 	cd build/typecheck && ../../$(BIN)/mypy --cache-dir ../../.mypy_cache -p kvlab
+	cd build/typecheck && ../../$(BIN)/lint-imports ../../pyproject.toml
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -12,6 +12,9 @@ FOLDERS = {
     "engine": "kvlab.engine",
     "kernels": "kvlab.kernels",
     "traces": "kvlab.traces",
+    "metrics": "kvlab.metrics",
+    "specs": "kvlab.specs",
+    "fidelity": "kvlab.fidelity",
     "dashboard": "kvlab.dashboard",
 }
 

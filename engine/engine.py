@@ -34,15 +34,15 @@ from kvlab.engine.platform import Platform, get_platform
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.kernels import get_backend
+from kvlab.metrics import StepRecorder
 from kvlab.policies import (
-    ArrivalQueue,
     KVCacheManager,
     PolicySpec,
     Request,
     Scheduler,
     SchedulerConfig,
     SchedulerOutput,
-    StepRecorder,
+    StepLoop,
 )
 
 _SEED_MASK = (1 << 63) - 1
@@ -245,44 +245,37 @@ class LLMEngine:
         and returns the EngineRun. Lets a caller step two engines in turn (`kvlab validate`
         measures its calibration run alongside the validated one this way)."""
         clock = make_clock(replay)
-        arrivals = ArrivalQueue(requests)
-        scheduler = self.scheduler
-        steps = StepRecorder()
-        first_itl = len(scheduler.itls_s)
-        while len(arrivals) or scheduler.has_unfinished():
+        loop = StepLoop(self.scheduler, requests)
+        first_itl = len(self.scheduler.itls_s)
+        while loop.has_work():
             now_s = clock.now()
-            arrivals.admit_until(now_s, scheduler)
-            if not scheduler.has_unfinished():
-                next_s = arrivals.next_arrival_s()
+            if not loop.admit(now_s):
+                next_s = loop.next_arrival_s()
                 assert next_s is not None
                 clock.wait_until(next_s)
                 continue
-            yield self._step(now_s, clock, steps)
-        itls = np.frombuffer(scheduler.itls_s, dtype=np.float64)[first_itl:].copy()
+            yield self._step(loop, now_s, clock)
+        itls = np.frombuffer(self.scheduler.itls_s, dtype=np.float64)[first_itl:].copy()
         start = min((r.arrival_s for r in requests), default=0.0)
         end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
-        return EngineRun(list(requests), steps, itls, start, end)
+        return EngineRun(list(requests), loop.steps, itls, start, end)
 
-    def _step(self, now_s: float, clock: VirtualClock | WallClock, steps: StepRecorder) -> int:
-        """One schedule -> execute -> commit step starting at `now_s`; returns requests ended."""
-        scheduler, timer = self.scheduler, self._timer
+    def _step(self, loop: StepLoop, now_s: float, clock: VirtualClock | WallClock) -> int:
+        """One step of the loop starting at `now_s`, run on the model; returns requests ended."""
+        timer = self._timer
         started = timer()
-        output = scheduler.schedule(now_s)
+        output = loop.schedule(now_s)
         sampled = self.runner.execute(output, self._params)
         measured_s = timer() - started
         end_s = clock.end_step(now_s, measured_s)
-        self._check_progress(output)
-        steps.record(
+        finished = loop.commit(
             output,
-            self.manager.usage(),
             start_s=now_s,
-            duration_s=end_s - now_s,
+            end_s=end_s,
             wall_time_s=measured_s,
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting),
-            num_swapped=len(scheduler.swapped),
+            sampled_token_ids=sampled,
+            stopped=self._stopped(output, sampled),
         )
-        finished = scheduler.update(output, sampled, end_s, self._stopped(output, sampled))
         for request in (*output.failed, *finished):
             self._forget(request.request_id)
         return len(output.failed) + len(finished)
@@ -295,15 +288,6 @@ class LLMEngine:
             for request, token in zip(output.requests, sampled, strict=True)
             if token is not None and token in stop_ids[request.request_id]
         }
-
-    def _check_progress(self, output: SchedulerOutput) -> None:
-        if output.requests or output.mem_ops or output.failed or output.preempted:
-            return
-        raise RuntimeError(
-            f"step {output.step_id}: the scheduler ran nothing with "
-            f"{len(self.scheduler.waiting)} waiting and {len(self.scheduler.swapped)} swapped "
-            "requests and nothing running (a scheduler bug)"
-        )
 
     def _forget(self, request_id: int) -> None:
         self._params.pop(request_id, None)

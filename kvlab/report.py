@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvlab.metrics import LATENCY_KEY, PERCENTILE_METRICS
+
+if TYPE_CHECKING:
+    from kvlab.fidelity import ValidationResult
 
 WIDTH = 50  # vLLM's report width
 LABEL_WIDTH = 40
@@ -161,3 +165,45 @@ def format_comparison(summaries: Sequence[dict], labels: Sequence[str]) -> str:
     if abbreviate:
         lines.extend(f"[{i}] {label}" for i, label in enumerate(labels, start=1))
     return "\n".join(lines)
+
+
+def format_validation(result: ValidationResult) -> str:
+    """The metric table (simulator, engine, relative error) and the lockstep verdict."""
+    from kvlab.fidelity.validation import METRICS, WINDOW_METRICS
+    width = 28 + 3 * 13
+    lines = [
+        " Simulator vs engine ".center(width, "="),
+        f"{'Policy:':<28}{result.engine_summary.get('policy')}",
+        f"{'Calibration:':<28}{result.calibration}",
+        f"{'Metric':<28}{'sim':>13}{'engine':>13}{'rel. error':>13}",
+        "-" * width,
+    ]
+    for label, key in METRICS:
+        row = result.metrics[key]
+        lines.append(f"{label:<28}{_number(row['sim']):>13}{_number(row['engine']):>13}"
+                     f"{_percent(row['rel_error']):>13}")
+    if result.windows:
+        lines.append("-" * width)
+        lines.append("Each window's error (output throughput, mean TTFT, mean TPOT):")
+        for number, window in enumerate(result.windows, start=1):
+            errors = ", ".join(
+                _percent(window["metrics"][key]["rel_error"]) for key in WINDOW_METRICS
+            )
+            lines.append(f"  window {number} ({window['num_prompts']} requests): {errors}")
+    if result.lockstep is not None:
+        lines.append("-" * width)
+        lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")
+    lines.append("=" * width)
+    return "\n".join(lines)
+
+
+def _percent(error: float | None) -> str:
+    return "n/a" if error is None else f"{100.0 * error:+.1f}%"
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e9:
+        return str(int(value))
+    return f"{value:.2f}"

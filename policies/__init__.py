@@ -6,14 +6,15 @@ Torch-free and simpy-free: the simulator and the real engine both drive these sa
 from kvlab.policies.arrivals import ArrivalQueue
 from kvlab.policies.manager import KVCacheManager
 from kvlab.policies.outputs import MemOps, MemoryUsage, ScheduledRequest, SchedulerOutput
-from kvlab.policies.records import StepRecorder
 from kvlab.policies.request import Request, RequestStatus
 from kvlab.policies.scheduler import Scheduler, SchedulerConfig
 from kvlab.policies.spec import PolicySpec, parse_policy
+from kvlab.policies.step_loop import LivelockError, StepLoop
 
 __all__ = [
     "ArrivalQueue",
     "KVCacheManager",
+    "LivelockError",
     "MemOps",
     "MemoryUsage",
     "PolicySpec",
@@ -23,6 +24,6 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerOutput",
-    "StepRecorder",
+    "StepLoop",
     "parse_policy",
 ]

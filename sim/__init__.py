@@ -7,15 +7,16 @@ default) and swaps on a host-link resource, and returns a `kvlab.metrics.RunResu
 
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel, RooflineCostModel, StepShape
-from kvlab.sim.instance import LivelockError, SimInstance
+from kvlab.sim.instance import SimInstance
 from kvlab.sim.link import HostLink
+from kvlab.sim.replayed import ReplayedStepTimes
 from kvlab.sim.requests import to_requests
 from kvlab.sim.simulator import Simulation, compare, simulate
 
 __all__ = [
     "CostModel",
     "HostLink",
-    "LivelockError",
+    "ReplayedStepTimes",
     "RooflineCostModel",
     "SimConfig",
     "SimInstance",

@@ -10,7 +10,7 @@ import numpy as np
 import simpy
 
 from kvlab.metrics import RunResult
-from kvlab.policies import ArrivalQueue, KVCacheManager, PolicySpec, Request, Scheduler
+from kvlab.policies import KVCacheManager, PolicySpec, Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.calibrated import load_cost_model
@@ -83,9 +83,8 @@ class Simulation:
         self.requests = to_requests(trace)
         self.env = simpy.Environment()
         self.link = HostLink(self.env, cost_model)
-        self.instance = SimInstance(
-            self.env, self.scheduler, ArrivalQueue(self.requests), cost_model, self.link
-        )
+        self.loop = StepLoop(self.scheduler, self.requests)
+        self.instance = SimInstance(self.env, self.loop, cost_model, self.link)
 
     def run(self, *, progress: bool = False) -> RunResult:
         """Simulate until every request has finished; check conservation; return the records."""
@@ -104,7 +103,7 @@ class Simulation:
         capacity = self.capacity
         return RunResult(
             requests=self.requests,
-            steps=instance.steps,
+            steps=self.loop.steps,
             itls_s=np.frombuffer(self.scheduler.itls_s, dtype=np.float64).copy(),
             duration_s=_duration_s(self.requests),
             page_size=capacity.page_size,

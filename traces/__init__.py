@@ -16,6 +16,7 @@ from kvlab.traces.sharegpt import load_sharegpt
 from kvlab.traces.stats import LengthStats, TraceInfo, format_info
 from kvlab.traces.synthetic import RandomOptions, load_random
 from kvlab.traces.types import Trace, TraceRequest
+from kvlab.traces.windows import split_windows
 
 __all__ = [
     "DATASET_NAMES",
@@ -37,4 +38,5 @@ __all__ = [
     "load_trace",
     "resample_arrivals",
     "resolve_trace_path",
+    "split_windows",
 ]

@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the profiles, fit, print the coefficients and fit quality, write the model."""
-    from kvlab.calibration import fit_cost_model, format_fit, load_profiles
     from kvlab.errors import KvlabError
+    from kvlab.fidelity import fit_cost_model, format_fit, load_profiles
 
     if args.skip_first_steps < 0:
         raise KvlabError(f"--skip-first-steps {args.skip_first_steps}: expected 0 or more")

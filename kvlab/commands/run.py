@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
     add_report_arguments,
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     _print_failures(result.requests)
     print(format_report(summary))
     if args.save_result:
-        from kvlab.results import save_results
+        from kvlab.metrics import save_results
 
         paths = save_results(
             summary,
@@ -215,7 +216,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def _print_failures(requests: list) -> None:
+def _print_failures(requests: Sequence[Any]) -> None:
     failed = [r for r in requests if r.error is not None]
     if failed:
         print(f"{len(failed)} request(s) failed; first: {failed[0].error}", file=sys.stderr)

@@ -160,7 +160,7 @@ def _config(args: argparse.Namespace, spec_text: str) -> SimConfig:
 
 def _save(args: argparse.Namespace, runs: list[tuple[RunResult, dict[str, Any]]]) -> None:
     """One summary JSON and two tables per policy; compared policies get numbered names."""
-    from kvlab.results import default_result_filename, save_results
+    from kvlab.metrics import default_result_filename, save_results
 
     base = args.result_filename or default_result_filename(runs[0][1])
     stem = base[: -len(".json")] if base.endswith(".json") else base

@@ -99,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.commands.common import load_trace_from_args, show_progress
     from kvlab.commands.run import engine_config
     from kvlab.errors import KvlabError
+    from kvlab.fidelity import validate
+    from kvlab.report import format_validation
     from kvlab.sim.calibrated import load_cost_model
-    from kvlab.validation import format_validation, split_windows, validate
+    from kvlab.traces import split_windows
 
     if args.num_threads < 1:
         raise KvlabError(f"--num-threads {args.num_threads}: expected 1 or more")

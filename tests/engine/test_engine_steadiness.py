@@ -11,7 +11,7 @@ import pytest
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine, frozen_heap
 from kvlab.engine.sampler import SamplingParams
-from kvlab.policies.records import INT_COLUMNS
+from kvlab.metrics import INT_COLUMNS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from kvlab.cli import main
-from kvlab.policies.records import STEP_COLUMNS
+from kvlab.metrics import STEP_COLUMNS
 
 # The first four requests of the bundled Azure conversation excerpt need 418, 505, 934 and 107
 # tokens: with --max-model-len 512 the third fails and the others run.

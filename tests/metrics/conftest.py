@@ -7,9 +7,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from kvlab.metrics import RunResult
-from kvlab.policies.outputs import MemOps, MemoryUsage, SchedulerOutput
-from kvlab.policies.records import StepRecorder
+from kvlab.metrics import INT_COLUMNS, RunResult, StepRecorder
+from kvlab.policies.outputs import count_runs
 from kvlab.policies.request import Request, RequestStatus
 
 PAGE_SIZE = 16
@@ -74,37 +73,22 @@ def add_step(
     swap_outs: Sequence[tuple[int, int]] = (),
     swap_ins: Sequence[tuple[int, int]] = (),
 ) -> None:
-    """Record one step with the given memory state through StepRecorder.record."""
+    """Append one step with the given memory state (every other column 0)."""
     start_s = float(sum(steps.columns["duration_s"]))
-    output = SchedulerOutput(
+    row = dict.fromkeys(INT_COLUMNS, 0)
+    row.update(
         step_id=len(steps),
-
-        mem_ops=MemOps(swap_outs=list(swap_outs), swap_ins=list(swap_ins)),
-    )
-    usage = MemoryUsage(
-        page_size=PAGE_SIZE,
-        num_total_pages=NUM_TOTAL_PAGES,
+        num_swap_out_pages=len(swap_outs),
+        num_swap_in_pages=len(swap_ins),
+        num_swap_out_transfers=count_runs(list(swap_outs)),
+        num_swap_in_transfers=count_runs(list(swap_ins)),
         num_used_pages=used,
-        num_cached_free_pages=0,
         num_free_pages=NUM_TOTAL_PAGES - used,
         num_live_token_slots=live,
         num_internal_frag_slots=internal,
         num_external_frag_pages=external,
-        num_host_total_pages=0,
-        num_host_used_pages=0,
-        num_prefix_queries=0,
-        num_prefix_hits=0,
     )
-    steps.record(
-        output,
-        usage,
-        start_s=start_s,
-        duration_s=duration_s,
-        wall_time_s=duration_s,
-        num_running=0,
-        num_waiting=0,
-        num_swapped=0,
-    )
+    steps.append(start_s, duration_s, duration_s, [row[name] for name in INT_COLUMNS])
 
 
 def build_result(

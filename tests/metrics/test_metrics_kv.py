@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from kvlab.metrics import per_request_table, per_step_table, summarize
-from kvlab.policies.records import STEP_COLUMNS, StepRecorder
+from kvlab.metrics import STEP_COLUMNS, StepRecorder, per_request_table, per_step_table, summarize
 from kvlab.policies.request import RequestStatus
 
 # conftest's pool: 100 pages of 16 slots

@@ -2,8 +2,7 @@
 
 import pytest
 
-from kvlab.metrics import merge_runs, summarize
-from kvlab.policies.records import StepRecorder
+from kvlab.metrics import StepRecorder, merge_runs, summarize
 
 
 def test_merged_runs_pool_requests_time_and_steps(make_request, make_result, record_step):

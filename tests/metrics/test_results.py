@@ -7,11 +7,15 @@ from datetime import datetime
 import pandas as pd
 import pytest
 
-from kvlab import results
 from kvlab.errors import KvlabError
-from kvlab.metrics import summarize
-from kvlab.policies.records import STEP_COLUMNS, StepRecorder
-from kvlab.results import default_result_filename, save_results
+from kvlab.metrics import (
+    STEP_COLUMNS,
+    StepRecorder,
+    default_result_filename,
+    results,
+    save_results,
+    summarize,
+)
 
 METADATA = {
     "policy": "paged:block=16,evict=lru",

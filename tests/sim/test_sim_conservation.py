@@ -48,7 +48,7 @@ def test_every_request_ends_and_every_page_comes_back(
     simulation, result = _run(trace, policy, num_pages, max_num_batched_tokens=256)
 
     for request in result.requests:
-        if request.status in COMPLETED_STATUSES:
+        if request.status.value in COMPLETED_STATUSES:
             assert request.num_output_tokens == request.max_output_tokens
             assert request.arrival_s <= request.first_token_s <= request.finish_s
         else:
@@ -66,7 +66,7 @@ def test_a_request_longer_than_the_model_fails_with_a_reason_and_others_complete
     statuses = [r.status for r in result.requests]
     assert statuses[1] is RequestStatus.FINISHED_ERROR
     assert "max_model_len 4096" in result.requests[1].error
-    assert statuses[0] in COMPLETED_STATUSES and statuses[2] in COMPLETED_STATUSES
+    assert {statuses[0].value, statuses[2].value} <= COMPLETED_STATUSES
 
 
 def test_a_request_larger_than_the_whole_cache_fails_with_a_reason():

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.calibration import fit_cost_model, fit_quality, load_profiles, nnls
 from kvlab.errors import KvlabError
-from kvlab.policies.records import STEP_COLUMNS
+from kvlab.fidelity.calibration import fit_cost_model, fit_quality, load_profiles, nnls
+from kvlab.metrics import STEP_COLUMNS
 from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
 from kvlab.sim.cost_model import StepShape
 

@@ -7,12 +7,13 @@ import dataclasses
 import itertools
 import json
 
-from kvlab import validation
 from kvlab.cli import main
+from kvlab.engine import interleave
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
+from kvlab.engine.interleave import run_engine, run_engines
+from kvlab.fidelity import lockstep, sim_config_for
 from kvlab.traces import Trace, TraceRequest
-from kvlab.validation import lockstep, run_engine, run_engines, sim_config_for
 
 
 def burst(first_id: int, num: int) -> Trace:
@@ -54,7 +55,7 @@ def _step_order(monkeypatch, turn_s: float) -> list[int]:
         return step(self, now_s, clock, steps)
 
     monkeypatch.setattr(LLMEngine, "_step", spy)
-    monkeypatch.setattr(validation, "TURN_S", turn_s)
+    monkeypatch.setattr(interleave, "TURN_S", turn_s)
     (_, first, _), _ = run_engines(CONFIG, [burst(0, 3), burst(100, 3)])
     return [0 if engine == id(first) else 1 for engine in order]
 

@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from kvlab.engine.config import EngineConfig
+from kvlab.engine.interleave import run_engine
+from kvlab.fidelity import lockstep, sim_config_for
 from kvlab.traces import Trace, TraceRequest
-from kvlab.validation import lockstep, run_engine, sim_config_for
 
 SHARED = (101, 102, 103)
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab.errors import KvlabError
-from kvlab.traces import load_trace
-from kvlab.validation import split_windows
+from kvlab.traces import load_trace, split_windows
 
 
 def test_windows_take_consecutive_requests_and_start_where_the_trace_does():

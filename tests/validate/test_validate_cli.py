@@ -8,10 +8,10 @@ import math
 import pytest
 
 from kvlab.cli import main
+from kvlab.fidelity import METRICS
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim.calibrated import CalibratedCostModel
 from kvlab.traces import load_trace
-from kvlab.validation import METRICS
 
 SMALL = [
     "--dataset-name", "random", "--random-input-len", "24", "--random-output-len", "6",

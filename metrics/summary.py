@@ -2,86 +2,28 @@
 
 Both the simulator (`kvlab sim`) and the real engine (`kvlab run`) end with a `RunResult`;
 `summarize` turns it into the flat, JSON-ready dict that `kvlab.report` prints and
-`kvlab.results` saves. Torch-free: numpy and pandas only.
+`kvlab.metrics.results` saves. Torch-free: numpy and pandas only.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvlab.errors import KvlabError
-from kvlab.policies.records import STEP_COLUMNS, StepRecorder
-from kvlab.policies.request import Request, RequestStatus
+from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
+from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult
 
-# A request is completed when it produced its output normally; every other one counts as failed
-# (FINISHED_ERROR: could never run; FINISHED_ABORTED: cut off; a non-terminal status: the run
-# ended first), as vLLM counts every unsuccessful request as failed.
-COMPLETED_STATUSES = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH})
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 METADATA_KEYS = ("policy", "model", "hardware", "dataset", "seed", "backend")
 LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
-
-
-@dataclass(slots=True)
-class RunResult:
-    """Everything a finished run (simulated or real) leaves behind, on one clock in seconds.
-
-    `requests` are all arrived requests with terminal status; `itls_s` holds every gap between
-    consecutive output tokens of the completed requests, concatenated (the producer collects
-    them, since a request keeps no per-token stamps). `duration_s` runs from the first arrival to
-    the last finish. `metadata` holds the run's description: policy (spec string), policy_json,
-    model, hardware, dataset, seed, backend ("sim" or "engine:<device>"), num_prompts,
-    request_rate and whatever else the producer wants saved with the summary.
-    """
-
-    requests: list[Request]
-    steps: StepRecorder
-    itls_s: np.ndarray
-    duration_s: float
-    page_size: int
-    num_total_pages: int
-    kv_cache_size_tokens: int
-    num_host_pages: int = 0
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-def merge_runs(results: Sequence[RunResult]) -> RunResult:
-    """Several runs as one: their requests, steps and inter-token gaps together, durations
-    added (each run's clock starts anew; nothing is counted between them). Summarizing the
-    merge pools the runs' requests: a mean is over every request, a throughput is all tokens
-    over all the time served. The runs must share their memory shape and have distinct
-    request ids."""
-    if not results:
-        raise ValueError("merge_runs needs at least one run")
-    first = results[0]
-    if len(results) == 1:
-        return first
-    shape = (first.page_size, first.num_total_pages, first.num_host_pages)
-    for result in results[1:]:
-        if (result.page_size, result.num_total_pages, result.num_host_pages) != shape:
-            raise ValueError("merge_runs: the runs' KV memory differs (page size or page counts)")
-    steps = StepRecorder()
-    for result in results:
-        for name, column in result.steps.columns.items():
-            steps.columns[name].extend(column)
-    requests = [request for result in results for request in result.requests]
-    return dataclasses.replace(
-        first,
-        requests=requests,
-        steps=steps,
-        itls_s=np.concatenate([result.itls_s for result in results]),
-        duration_s=sum(result.duration_s for result in results),
-        metadata={**first.metadata, "num_prompts": len(requests)},
-    )
 
 
 def percentile_label(p: float) -> str:
@@ -186,7 +128,7 @@ class _RequestArrays:
         return np.where(self.output_len > 1, tpot, np.nan)
 
 
-def _request_arrays(requests: Sequence[Request]) -> _RequestArrays:
+def _request_arrays(requests: Sequence[RequestRecord]) -> _RequestArrays:
     def floats(name: str) -> np.ndarray:
         # None -> NaN: numpy converts None when the dtype is float.
         return np.array([getattr(r, name) for r in requests], dtype=np.float64)
@@ -194,7 +136,7 @@ def _request_arrays(requests: Sequence[Request]) -> _RequestArrays:
     def ints(name: str) -> np.ndarray:
         return np.array([getattr(r, name) for r in requests], dtype=np.int64)
 
-    completed = np.array([r.status in COMPLETED_STATUSES for r in requests], dtype=bool)
+    completed = np.array([r.status.value in COMPLETED_STATUSES for r in requests], dtype=bool)
     arrays = _RequestArrays(
         request_id=ints("request_id"),
         arrival_s=floats("arrival_s"),

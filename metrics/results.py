@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import KvlabError
-from kvlab.metrics import RunResult, per_request_table, per_step_table
+from kvlab.metrics.run import RunResult
+from kvlab.metrics.summary import per_request_table, per_step_table
 
 TABLE_FORMATS = ("csv", "parquet")
 

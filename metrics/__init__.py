@@ -1,0 +1,49 @@
+"""kvlab.metrics: the record both worlds produce (`RunResult`, per-step and per-request
+tables), its summaries in vLLM's bench keys plus KV-cache metrics, and its result files.
+
+Layer 1: imports only `kvlab.errors`, numpy and pandas (never torch, never the policies).
+"""
+
+from kvlab.metrics.records import FLOAT_COLUMNS, INT_COLUMNS, STEP_COLUMNS, StepRecorder
+from kvlab.metrics.results import TABLE_FORMATS, default_result_filename, save_results
+from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult, merge_runs
+from kvlab.metrics.summary import (
+    GOODPUT_METRICS,
+    LATENCY_KEY,
+    METADATA_KEYS,
+    PERCENTILE_METRICS,
+    parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
+    per_request_table,
+    per_step_table,
+    percentile_label,
+    step_columns,
+    summarize,
+)
+
+__all__ = [
+    "COMPLETED_STATUSES",
+    "FLOAT_COLUMNS",
+    "GOODPUT_METRICS",
+    "INT_COLUMNS",
+    "LATENCY_KEY",
+    "METADATA_KEYS",
+    "PERCENTILE_METRICS",
+    "STEP_COLUMNS",
+    "TABLE_FORMATS",
+    "RequestRecord",
+    "RunResult",
+    "StepRecorder",
+    "default_result_filename",
+    "merge_runs",
+    "parse_goodput",
+    "parse_metric_percentiles",
+    "parse_percentile_metrics",
+    "per_request_table",
+    "per_step_table",
+    "percentile_label",
+    "save_results",
+    "step_columns",
+    "summarize",
+]

@@ -1,0 +1,100 @@
+"""The record of a finished run, simulated or real: `RunResult`, and `merge_runs`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvlab.metrics.records import StepRecorder
+
+# A request is completed when it produced its output normally; every other one counts as failed
+# (finished_error: could never run; finished_aborted: cut off; a non-terminal status: the run
+# ended first), as vLLM counts every unsuccessful request as failed. By status value: the names
+# the request tables save.
+COMPLETED_STATUSES = frozenset({"finished_stopped", "finished_length"})
+
+
+class Status(Protocol):
+    """A request's status: its `value` is the name the tables save (e.g. "finished_length")."""
+
+    @property
+    def value(self) -> str:
+        """The status name."""
+        ...
+
+
+class RequestRecord(Protocol):
+    """What a run's record reads of each request (the scheduler's `Request` is one)."""
+
+    request_id: int
+    arrival_s: float
+    prompt_len: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    num_swaps_out: int
+    first_scheduled_s: float | None
+    first_token_s: float | None
+    finish_s: float | None
+    error: str | None
+
+    @property
+    def status(self) -> Status:
+        """Where the request ended."""
+        ...
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything a finished run (simulated or real) leaves behind, on one clock in seconds.
+
+    `requests` are all arrived requests with terminal status; `itls_s` holds every gap between
+    consecutive output tokens of the completed requests, concatenated (the producer collects
+    them, since a request keeps no per-token stamps). `duration_s` runs from the first arrival to
+    the last finish. `metadata` holds the run's description: policy (spec string), policy_json,
+    model, hardware, dataset, seed, backend ("sim" or "engine:<device>"), num_prompts,
+    request_rate and whatever else the producer wants saved with the summary.
+    """
+
+    requests: Sequence[Any]  # RequestRecord each (Any: a list of Request is accepted as is)
+    steps: StepRecorder
+    itls_s: np.ndarray
+    duration_s: float
+    page_size: int
+    num_total_pages: int
+    kv_cache_size_tokens: int
+    num_host_pages: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def merge_runs(results: Sequence[RunResult]) -> RunResult:
+    """Several runs as one: their requests, steps and inter-token gaps together, durations
+    added (each run's clock starts anew; nothing is counted between them). Summarizing the
+    merge pools the runs' requests: a mean is over every request, a throughput is all tokens
+    over all the time served. The runs must share their memory shape and have distinct
+    request ids."""
+    if not results:
+        raise ValueError("merge_runs needs at least one run")
+    first = results[0]
+    if len(results) == 1:
+        return first
+    shape = (first.page_size, first.num_total_pages, first.num_host_pages)
+    for result in results[1:]:
+        if (result.page_size, result.num_total_pages, result.num_host_pages) != shape:
+            raise ValueError("merge_runs: the runs' KV memory differs (page size or page counts)")
+    steps = StepRecorder()
+    for result in results:
+        steps.extend(result.steps)
+    requests = [request for result in results for request in result.requests]
+    return dataclasses.replace(
+        first,
+        requests=requests,
+        steps=steps,
+        itls_s=np.concatenate([result.itls_s for result in results]),
+        duration_s=sum(result.duration_s for result in results),
+        metadata={**first.metadata, "num_prompts": len(requests)},
+    )

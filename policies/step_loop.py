@@ -1,0 +1,124 @@
+"""The step loop both worlds run: admit -> schedule -> progress check -> record -> update.
+
+The simulator's SimPy process and the engine (offline, replay, server) drive one `StepLoop`
+each and only carry out the step in between: the simulator charges its time, the engine runs
+the model. So the two make the same decisions in the same order by construction (DESIGN "The
+serving core"), and a step that decides nothing is caught here, once, for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvlab.metrics import StepRecorder
+from kvlab.policies.arrivals import ArrivalQueue
+from kvlab.policies.outputs import MemoryUsage, SchedulerOutput
+from kvlab.policies.request import Request
+from kvlab.policies.scheduler import Scheduler
+
+
+class LivelockError(RuntimeError):
+    """A step that decided nothing while requests were left: a scheduler or policy bug."""
+
+
+class StepLoop:
+    """One instance's requests yet to arrive, its scheduler and its per-step records.
+
+    Time follows DESIGN's rule: a step starting at clock time t first admits every request
+    with arrival <= t (`admit`); with nothing to run, the clock jumps to `next_arrival_s()`.
+    `schedule(t)` decides the step; the executor carries it out and calls `commit` with the
+    step's end time, which records the step and commits its tokens.
+    """
+
+    __slots__ = ("_usage", "arrivals", "scheduler", "steps")
+
+    def __init__(self, scheduler: Scheduler, requests: Iterable[Request]) -> None:
+        self.scheduler = scheduler
+        self.arrivals = ArrivalQueue(requests)
+        self.steps = StepRecorder()
+        self._usage: MemoryUsage | None = None  # memory after the last step's decisions
+
+    def has_work(self) -> bool:
+        """True while a request is yet to arrive, or waiting, running or swapped out."""
+        return bool(len(self.arrivals)) or self.scheduler.has_unfinished()
+
+    def admit(self, now_s: float) -> bool:
+        """Hand the scheduler every request arrived by `now_s`; True when a step can run."""
+        self.arrivals.admit_until(now_s, self.scheduler)
+        return self.scheduler.has_unfinished()
+
+    def next_arrival_s(self) -> float | None:
+        """When the next request arrives (None when all have)."""
+        return self.arrivals.next_arrival_s()
+
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        """Decide the step starting at `now_s`; raises LivelockError when it decides nothing."""
+        scheduler = self.scheduler
+        output = scheduler.schedule(now_s)
+        if not (output.requests or output.mem_ops or output.preempted or output.failed):
+            raise LivelockError(_livelock_message(scheduler, now_s))
+        self._usage = scheduler.manager.usage()
+        return output
+
+    def commit(
+        self,
+        output: SchedulerOutput,
+        *,
+        start_s: float,
+        end_s: float,
+        wall_time_s: float,
+        sampled_token_ids: Sequence[int | None] | None = None,
+        stopped: set[int] | frozenset[int] = frozenset(),
+    ) -> list[Request]:
+        """Record the step that ran from `start_s` to `end_s` (measured: `wall_time_s`), then
+        commit its tokens (stamped `end_s`); returns the requests it finished."""
+        scheduler = self.scheduler
+        usage, ops = self._usage, output.mem_ops
+        assert usage is not None, "commit a step that schedule() decided"
+        self.steps.append(
+            start_s,
+            end_s - start_s,
+            wall_time_s,
+            (
+                output.step_id,
+                len(output.requests),
+                output.num_prefill_tokens,
+                output.num_decode_tokens,
+                output.num_context_tokens,
+                output.num_attention_pairs,
+                output.num_padded_context_tokens,
+                len(scheduler.running),
+                len(scheduler.waiting),
+                len(scheduler.swapped),
+                len(output.preempted),
+                len(ops.swap_outs),
+                len(ops.swap_ins),
+                ops.num_swap_out_transfers,
+                ops.num_swap_in_transfers,
+                len(ops.copies),
+                usage.num_used_pages,
+                usage.num_cached_free_pages,
+                usage.num_free_pages,
+                usage.num_live_token_slots,
+                usage.num_internal_frag_slots,
+                usage.num_external_frag_pages,
+                usage.num_host_used_pages,
+            ),
+        )
+        return scheduler.update(output, sampled_token_ids, end_s, stopped)
+
+
+def _livelock_message(scheduler: Scheduler, now_s: float) -> str:
+    def head(queue: Sequence[Request]) -> str:
+        if not queue:
+            return "none"
+        return f"request {queue[0].request_id} ({queue[0].num_tokens} tokens)"
+
+    usage = scheduler.manager.usage()
+    return (
+        f"livelock at t={now_s:.6f}s, step {scheduler.step_id - 1}: nothing scheduled, preempted "
+        f"or failed with {len(scheduler.running)} running, {len(scheduler.waiting)} waiting "
+        f"(head: {head(scheduler.waiting)}), {len(scheduler.swapped)} swapped "
+        f"(head: {head(scheduler.swapped)}); {usage.num_free_pages} free, "
+        f"{usage.num_cached_free_pages} cached-free of {usage.num_total_pages} pages"
+    )
