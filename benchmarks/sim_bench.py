@@ -34,7 +34,7 @@ def measure(path: str, fraction: float) -> dict[str, float]:
     trace.requests = trace.requests[:num_prompts]
     loaded = time.perf_counter()
     cpu = time.process_time()
-    result = simulate(trace, SimConfig(model="llama-2-7b", hardware="a100-80g", policy="paged"))
+    result = simulate(trace, SimConfig(model="llama-2-7b", hardware="a100-80g"))
     cpu_s = time.process_time() - cpu
     simulated = time.perf_counter()
     summary = summarize(result)

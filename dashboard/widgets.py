@@ -17,6 +17,7 @@ from kvlab.dashboard.runs import RunView, run_view
 from kvlab.dashboard.workload import DEFAULT_TRACE, Setup, load_setup_trace
 from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec, registry
+from kvlab.policies.serving import ServingConfig
 from kvlab.specs import list_hardware, list_models
 from kvlab.traces import DATASET_NAMES, Trace, bundled_traces
 
@@ -64,15 +65,20 @@ def sidebar_setup() -> Setup:
     device = side.selectbox("Hardware", hardware, index=hardware.index("a100-80g"),
                             key="hardware")
     tp = side.number_input("Tensor-parallel size", 1, 64, 1, key="tp")
+    defaults = ServingConfig()
     with side.expander("Scheduler limits"):
-        max_seqs = st.number_input("max_num_seqs", 1, 4096, 256, key="max_num_seqs")
-        max_tokens = st.number_input("max_num_batched_tokens", 16, 1_000_000, 8192,
+        max_seqs = st.number_input("max_num_seqs", 1, 4096, defaults.max_num_seqs,
+                                   key="max_num_seqs")
+        max_tokens = st.number_input("max_num_batched_tokens", 16, 1_000_000,
+                                     defaults.max_num_batched_tokens,
                                      key="max_num_batched_tokens")
-        util = st.number_input("gpu_memory_utilization", 0.05, 1.0, 0.9, key="gpu_util")
+        util = st.number_input("gpu_memory_utilization", 0.05, 1.0,
+                               defaults.gpu_memory_utilization, key="gpu_util")
+    serving = ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
+                            gpu_memory_utilization=float(util))
     setup = Setup(trace=name, upload=upload, dataset_name=dataset, num_prompts=int(num_prompts),
                   request_rate=float(rate), time_scale=float(scale), model=model,
-                  hardware=device, tensor_parallel_size=int(tp), max_num_seqs=int(max_seqs),
-                  max_num_batched_tokens=int(max_tokens), gpu_memory_utilization=float(util))
+                  hardware=device, tensor_parallel_size=int(tp), serving=serving)
     st.session_state[SETUP_STATE] = setup
     return setup
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import math
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec
+from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig
 from kvlab.traces import Trace, guess_dataset_name, load_trace
 from kvlab.traces.bundled import bundled_dataset_name
@@ -22,7 +23,8 @@ DEFAULT_TRACE = "azure-conv"
 
 @dataclass(slots=True, frozen=True)
 class Setup:
-    """One workload on one machine: trace (bundled name or upload), arrivals, presets, limits.
+    """One workload on one machine: trace (bundled name or upload), arrivals, presets, and the
+    serving config's limits and memory sizing (its policy is each page's own).
 
     `upload` holds the bytes of an uploaded trace file (then `trace` is its file name);
     `dataset_name` is `auto` to guess the format from the file. A finite `request_rate`
@@ -39,9 +41,7 @@ class Setup:
     model: str = "llama-2-7b"
     hardware: str = "a100-80g"
     tensor_parallel_size: int = 1
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    gpu_memory_utilization: float = 0.9
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
     def key(self) -> str:
         """A short stable digest of every field (upload bytes included), for caches."""
@@ -53,24 +53,25 @@ class Setup:
 
     def config(self, policy: PolicySpec | str) -> SimConfig:
         """The simulator config of this machine running `policy` (checked: bad values raise)."""
-        config = SimConfig(
-            model=self.model, hardware=self.hardware,
-            tensor_parallel_size=self.tensor_parallel_size, policy=policy,
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            gpu_memory_utilization=self.gpu_memory_utilization, seed=self.seed,
-        )
-        config.check()
-        return config
+        serving = replace(self.serving, seed=self.seed).with_policy(policy)
+        return SimConfig(model=self.model, hardware=self.hardware, serving=serving,
+                         tensor_parallel_size=self.tensor_parallel_size)
 
     def with_value(self, name: str, value: Any) -> Setup:
-        """A copy with one field changed (sweeps); a request rate replaces the time scale and
-        the other way round, since arrivals take only one of them."""
+        """A copy with one field changed (sweeps), of the setup or of its serving config; a
+        request rate replaces the time scale and the other way round, since arrivals take only
+        one of them."""
+        if name in _SERVING_FIELDS:
+            return replace(self, serving=replace(self.serving, **{name: value}))
         changes: dict[str, Any] = {name: value}
         if name == "request_rate":
             changes["time_scale"] = 1.0
         elif name == "time_scale":
             changes["request_rate"] = math.inf
         return replace(self, **changes)
+
+
+_SERVING_FIELDS = frozenset(f.name for f in fields(ServingConfig)) - {"policy", "seed"}
 
 
 def load_setup_trace(setup: Setup) -> Trace:

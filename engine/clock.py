@@ -64,4 +64,7 @@ def make_clock(replay: str) -> VirtualClock | WallClock:
         return VirtualClock()
     if replay == "realtime":
         return WallClock()
-    raise KvlabError(f"--replay {replay!r}: expected one of {', '.join(REPLAY_MODES)}")
+    raise KvlabError(
+        f"replay {replay!r}: expected one of {', '.join(REPLAY_MODES)}",
+        parameters=("replay",),
+    )

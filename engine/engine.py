@@ -21,11 +21,10 @@ from kvlab.engine.clock import VirtualClock, WallClock, make_clock
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.costs import measure_preemption_costs
 from kvlab.engine.kv_cache import (
-    CacheConfig,
     KVCache,
     determine_num_pages,
     model_dtype,
-    num_host_pages,
+    num_swap_pages,
     startup_lines,
 )
 from kvlab.engine.loader import load_model
@@ -40,7 +39,6 @@ from kvlab.policies import (
     PolicySpec,
     Request,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
     StepLoop,
 )
@@ -86,33 +84,24 @@ class LLMEngine:
         self.platform = get_platform(config.device)
         self._timer = _step_timer(config.step_timer, self.platform.device.type)
         backend = get_backend(config.attention_backend)
-        spec = config.policy_spec()
+        serving = config.serving
+        spec = serving.policy
         self.policy: PolicySpec = spec
         self.model, self.model_config, self.tokenizer = load_model(
             config.model, dtype=config.dtype, device=self.platform.device, attn_backend=backend
         )
-        self.max_model_len = self._max_model_len()
-        cache_config = CacheConfig(
-            page_size=spec.block_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            num_gpu_blocks_override=config.num_gpu_blocks_override,
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
-            swap_space_bytes=config.swap_space_bytes,
+        self.max_model_len = serving.resolve_max_model_len(
+            self.model_config.max_model_len, str(config.model)
         )
-        num_pages = determine_num_pages(
-            self.model,
-            self.platform,
-            cache_config,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=self.max_model_len,
-        )
+        num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len)
+        dtype = model_dtype(self.model)
+        swap_pages = num_swap_pages(self.model_config, serving, dtype)
         self.kv_cache = KVCache.for_model(
             self.model_config,
             num_pages=num_pages,
-            num_host_pages=self._num_host_pages(spec, num_pages, cache_config),
+            num_host_pages=serving.num_host_pages(num_pages, swap_pages),
             page_size=spec.block_size,
-            dtype=model_dtype(self.model),
+            dtype=dtype,
             platform=self.platform,
             backend=backend,
         )
@@ -122,8 +111,8 @@ class LLMEngine:
         if config.warmup:
             # Decodes only warm dispatch: a few are enough (and cheap in Triton's interpreter).
             self.runner.warm_up(
-                min(config.max_num_batched_tokens, self.max_model_len),
-                min(config.max_num_seqs, config.max_num_batched_tokens, 8),
+                min(serving.max_num_batched_tokens, self.max_model_len),
+                min(serving.max_num_seqs, serving.max_num_batched_tokens, 8),
             )
         costs = config.preemption_costs
         if spec.preemption == "auto" and costs is None:
@@ -136,15 +125,7 @@ class LLMEngine:
             num_host_pages=self.kv_cache.num_host_pages,
             costs=costs,
         )
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=self.max_model_len,
-                enable_chunked_prefill=config.enable_chunked_prefill,
-            ),
-            self.manager,
-        )
+        self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)
         self.startup_lines = startup_lines(num_pages, spec.block_size, self.max_model_len)
         self.device_name = describe_device(self.platform)
         self._params: dict[int, SamplingParams] = {}
@@ -188,7 +169,8 @@ class LLMEngine:
             raise KvlabError(f"request id {request_id} is already in use by an unfinished request")
         self._next_request_id = max(self._next_request_id, request_id + 1)
         if params.seed is None and not params.is_greedy:
-            params = replace(params, seed=(self.config.seed * 1_000_003 + request_id) & _SEED_MASK)
+            seed = self.config.serving.seed
+            params = replace(params, seed=(seed * 1_000_003 + request_id) & _SEED_MASK)
         eos = () if params.ignore_eos else self.model_config.eos_token_ids
         self._params[request_id] = params
         self._stop_ids[request_id] = frozenset((*eos, *params.stop_token_ids))
@@ -294,30 +276,6 @@ class LLMEngine:
         self._stop_ids.pop(request_id, None)
         self.runner.sampler.free(request_id)
 
-    # ----------------------------------------------------------------------------- sizing
-
-    def _max_model_len(self) -> int:
-        limit = self.model_config.max_model_len
-        wanted = self.config.max_model_len
-        if wanted is None:
-            return limit
-        if wanted > limit:
-            raise KvlabError(
-                f"--max-model-len {wanted} is more than the model's limit of {limit} "
-                "(max_position_embeddings, or the sliding window)"
-            )
-        return wanted
-
-    def _num_host_pages(self, spec: PolicySpec, num_pages: int, cache: CacheConfig) -> int:
-        """Host swap pages: none when the policy never swaps; else the spec's `host_pages`, or
-        as many as the device has (the simulator's default) within the swap space."""
-        if spec.preemption == "recompute":
-            return 0
-        if spec.host_pages is not None:
-            return spec.host_pages
-        return min(num_pages, num_host_pages(self.model_config, cache, model_dtype(self.model)))
-
-
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
     """Keep every object alive on entry out of the cyclic GC until exit (gc.freeze, as vLLM does
@@ -342,12 +300,16 @@ STEP_TIMERS = ("wall", "cpu")
 def _step_timer(name: str, device_type: str) -> Callable[[], float]:
     """The clock a step's duration is read from (see EngineConfig.step_timer)."""
     if name not in STEP_TIMERS:
-        raise KvlabError(f"--step-timer {name!r}: choose from {', '.join(STEP_TIMERS)}")
+        raise KvlabError(
+            f"step_timer {name!r}: choose from {', '.join(STEP_TIMERS)}",
+            parameters=("step_timer",),
+        )
     if name == "wall":
         return time.perf_counter
     if device_type != "cpu":
         raise KvlabError(
-            f"--step-timer cpu measures host CPU time; on {device_type} the work runs on the "
-            "device: use --step-timer wall"
+            f"step_timer cpu measures host CPU time; on {device_type} the work runs on the "
+            "device: use step_timer wall",
+            parameters=("step_timer",),
         )
     return time.thread_time

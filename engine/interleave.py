@@ -51,7 +51,7 @@ def run_engines(
     """
     engines = [LLMEngine(config) for _ in traces]
     ran = [
-        synthesize_prompt_ids(trace, engine.model_config.vocab_size, config.seed)
+        synthesize_prompt_ids(trace, engine.model_config.vocab_size, config.serving.seed)
         for trace, engine in zip(traces, engines, strict=True)
     ]
     runs = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,47 +11,10 @@ from kvlab.engine.models.config import ModelConfig
 from kvlab.engine.platform import Platform
 from kvlab.errors import KvlabError
 from kvlab.policies.outputs import MemOps
+from kvlab.policies.serving import GiB, ServingConfig
 
-GiB = 1 << 30
-# vLLM's CPU backend reserves 4 GiB for KV when VLLM_CPU_KVCACHE_SPACE is unset; v0's swap_space
-# default is 4 GiB of host memory as well.
+# vLLM's CPU backend reserves 4 GiB for KV when VLLM_CPU_KVCACHE_SPACE is unset.
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB
-DEFAULT_SWAP_SPACE_BYTES = 4 * GiB
-
-
-@dataclass(slots=True)
-class CacheConfig:
-    """How big the KV cache and its host swap space are; flag names follow vLLM.
-
-    Precedence: `num_gpu_blocks_override` (pages), then `kv_cache_memory_bytes`, then on cuda/npu
-    `gpu_memory_utilization` of the device minus weights and the profiled activation peak, on
-    cpu DEFAULT_CPU_KV_CACHE_BYTES. `kv_cache_dtype` None means the model's dtype.
-    """
-
-    page_size: int = 16
-    gpu_memory_utilization: float = 0.92
-    num_gpu_blocks_override: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
-    kv_cache_dtype: torch.dtype | None = None
-
-    def __post_init__(self) -> None:
-        if self.page_size < 1:
-            raise KvlabError(f"--block-size must be >= 1, got {self.page_size}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise KvlabError(
-                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            raise KvlabError(
-                f"--num-gpu-blocks-override must be >= 1, got {self.num_gpu_blocks_override}"
-            )
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 0:
-            raise KvlabError(
-                f"--kv-cache-memory-bytes must be >= 0, got {self.kv_cache_memory_bytes}"
-            )
-        if self.swap_space_bytes < 0:
-            raise KvlabError(f"--swap-space must be >= 0 bytes, got {self.swap_space_bytes}")
 
 
 def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
@@ -60,19 +22,23 @@ def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtyp
     return page_size * config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
 
 
-def num_pages_for_budget(budget_bytes: int, page_bytes: int, why: str) -> int:
-    """Pages that fit in a budget; a KvlabError (with `why`: flag and figures) below one page."""
+def num_pages_for_budget(
+    budget_bytes: int, page_bytes: int, why: str, parameters: tuple[str, ...]
+) -> int:
+    """Pages that fit in a budget; below one page a KvlabError with `why` (the settings and
+    figures that made the budget, about `parameters`)."""
     num_pages = budget_bytes // page_bytes if budget_bytes > 0 else 0
     if num_pages < 1:
-        raise KvlabError(f"not enough memory for one KV page of {page_bytes:,} bytes: {why}")
+        raise KvlabError(
+            f"not enough memory for one KV page of {page_bytes:,} bytes: {why}",
+            parameters=parameters,
+        )
     return num_pages
 
 
-def num_host_pages(config: ModelConfig, cache_config: CacheConfig, dtype: torch.dtype) -> int:
-    """Host swap pages that fit in `swap_space_bytes` (0 turns swapping off)."""
-    return cache_config.swap_space_bytes // page_bytes_all_layers(
-        config, cache_config.page_size, dtype
-    )
+def num_swap_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:
+    """Host pages that fit in the serving config's `swap_space_bytes`."""
+    return serving.swap_space_bytes // page_bytes_all_layers(config, serving.page_size, dtype)
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -86,47 +52,48 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 
 def determine_num_pages(
-    model: Any,
-    platform: Platform,
-    cache_config: CacheConfig,
-    *,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    max_model_len: int,
+    model: Any, platform: Platform, serving: ServingConfig, max_model_len: int
 ) -> int:
-    """The number of device KV pages, sized like vLLM (see CacheConfig for the precedence)."""
-    if cache_config.num_gpu_blocks_override is not None:
-        return cache_config.num_gpu_blocks_override
-    dtype = cache_config.kv_cache_dtype or model_dtype(model)
-    page_bytes = page_bytes_all_layers(model.config, cache_config.page_size, dtype)
-    if cache_config.kv_cache_memory_bytes is not None:
-        budget = cache_config.kv_cache_memory_bytes
-        return num_pages_for_budget(budget, page_bytes, f"--kv-cache-memory-bytes is {budget:,}")
+    """The number of device KV pages, sized like vLLM: `num_gpu_blocks_override` pages, else
+    `kv_cache_memory_bytes`, else on cuda/npu `gpu_memory_utilization` of the device minus
+    weights and the profiled activation peak (at the step limits), on cpu
+    DEFAULT_CPU_KV_CACHE_BYTES; the KV cache takes the model's dtype."""
+    if serving.num_gpu_blocks_override is not None:
+        return serving.num_gpu_blocks_override
+    page_size = serving.page_size
+    page_bytes = page_bytes_all_layers(model.config, page_size, model_dtype(model))
+    if serving.kv_cache_memory_bytes is not None:
+        budget = serving.kv_cache_memory_bytes
+        why = f"kv_cache_memory_bytes is {budget:,}"
+        return num_pages_for_budget(budget, page_bytes, why, ("kv_cache_memory_bytes",))
     if platform.name == "cpu":
         budget = DEFAULT_CPU_KV_CACHE_BYTES
-        return num_pages_for_budget(budget, page_bytes, "the cpu default budget")
+        return num_pages_for_budget(budget, page_bytes, "the cpu default budget", ())
     peak = profile_peak_activation_bytes(
         model,
         platform,
-        page_size=cache_config.page_size,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
+        page_size=page_size,
+        max_num_batched_tokens=serving.max_num_batched_tokens,
+        max_num_seqs=serving.max_num_seqs,
         max_model_len=max_model_len,
     )
     total = platform.total_memory_bytes()
     weights = weights_bytes(model)
-    budget = int(total * cache_config.gpu_memory_utilization) - weights - peak
+    utilization = serving.gpu_memory_utilization
+    budget = int(total * utilization) - weights - peak
     why = (
-        f"--gpu-memory-utilization {cache_config.gpu_memory_utilization} of {total:,} bytes "
-        f"minus weights {weights:,} and activation peak {peak:,} (profiled at "
-        f"--max-num-batched-tokens {max_num_batched_tokens}) leaves {budget:,}"
+        f"gpu_memory_utilization {utilization} of {total:,} bytes minus weights {weights:,} "
+        f"and activation peak {peak:,} (profiled at max_num_batched_tokens "
+        f"{serving.max_num_batched_tokens}) leaves {budget:,}"
     )
-    num_pages = num_pages_for_budget(budget, page_bytes, why)
+    parameters = ("gpu_memory_utilization", "max_num_batched_tokens")
+    num_pages = num_pages_for_budget(budget, page_bytes, why, parameters)
     free = platform.free_memory_bytes()
     if num_pages * page_bytes > free:
         raise KvlabError(
             f"the KV cache would take {num_pages * page_bytes:,} bytes but only {free:,} are free "
-            f"on {platform.device} (other processes?): lower --gpu-memory-utilization"
+            f"on {platform.device} (other processes?): lower gpu_memory_utilization",
+            parameters=("gpu_memory_utilization",),
         )
     return num_pages
 

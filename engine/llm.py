@@ -6,12 +6,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvlab.engine.config import EngineConfig, parse_memory_size
+from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import EngineRun, LLMEngine
-from kvlab.engine.kv_cache import DEFAULT_SWAP_SPACE_BYTES
 from kvlab.engine.outputs import RequestOutput, request_output
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
+from kvlab.policies.serving import DEFAULT_SWAP_SPACE_BYTES, ServingConfig, parse_memory_size
 
 PromptLike = str | Sequence[int] | Mapping[str, Any]
 
@@ -49,25 +49,28 @@ class LLM:
         preemption_costs: Any = None,
         verbose: bool = True,
     ) -> None:
-        config = EngineConfig(
-            model=str(model),
-            device=device,
-            policy=policy,
+        serving = ServingConfig.create(
+            policy,
             block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
             gpu_memory_utilization=gpu_memory_utilization,
             num_gpu_blocks_override=num_gpu_blocks_override,
-            kv_cache_memory_bytes=(
-                None if kv_cache_memory is None else parse_memory_size(kv_cache_memory)
-            ),
+            kv_cache_memory_bytes=None
+            if kv_cache_memory is None
+            else parse_memory_size(kv_cache_memory, "kv_cache_memory"),
             swap_space_bytes=parse_memory_size(swap_space, "swap_space"),
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_chunked_prefill=enable_chunked_prefill,
-            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+        )
+        config = EngineConfig(
+            model=str(model),
+            device=device,
+            serving=serving,
             attention_backend=attention_backend,
             dtype=dtype,
-            seed=seed,
             preemption_costs=preemption_costs,
         )
         self.engine = LLMEngine(config)

@@ -202,7 +202,8 @@ def _import_torch_npu() -> Any:
         raise KvlabError(
             "device 'npu' needs torch_npu and the Ascend CANN toolkit, which are not installed "
             f"here ({exc}); install the torch_npu build matching torch {torch.__version__} on an "
-            "Ascend machine, or choose --device cpu or cuda"
+            "Ascend machine, or choose device cpu or cuda",
+            parameters=("device",),
         ) from exc
     # torch.npu exists only once torch_npu is imported
     npu = torch.npu  # type: ignore[attr-defined]
@@ -229,7 +230,8 @@ def get_platform(device: str | torch.device) -> Platform:
         raise KvlabError(
             f"device {text!r}: no CUDA GPU is visible (torch {torch.__version__} "
             f"{'has no CUDA support' if torch.version.cuda is None else 'found no device'}); "
-            "choose --device cpu"
+            "choose device cpu",
+            parameters=("device",),
         )
     ordinal = int(index or 0)
     if ordinal >= torch.cuda.device_count():

@@ -3,6 +3,7 @@ SimConfig, so that a simulation runs exactly the engine's instance."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from kvlab.sim import SimConfig
@@ -38,15 +39,11 @@ def sim_config_for(engine: LLMEngine) -> SimConfig:
     policy = engine.policy
     if policy.preemption != "recompute" and policy.host_pages != engine.manager.num_host_pages:
         policy = policy.with_options(host_pages=engine.manager.num_host_pages)
-    config = engine.config
-    return SimConfig(
-        model=model_spec_for(engine),
-        hardware="cpu",  # unused: the page count is given and the clock is calibrated
+    serving = dataclasses.replace(
+        engine.config.serving,
         policy=policy,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=engine.max_model_len,
         num_gpu_blocks_override=engine.num_pages,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        seed=config.seed,
     )
+    # hardware: unused, since the page count is given and the clock is calibrated
+    return SimConfig(model=model_spec_for(engine), hardware="cpu", serving=serving)

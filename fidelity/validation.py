@@ -105,7 +105,8 @@ def calibrate_on(result: RunResult, source: str) -> CalibratedCostModel:
     if len(profile) < MIN_CALIBRATION_STEPS:
         raise KvlabError(
             f"the calibration run ({source}) took {len(profile)} steps, too few to fit a cost "
-            f"model (at least {MIN_CALIBRATION_STEPS}); give more requests, or --cost-model FILE"
+            f"model (at least {MIN_CALIBRATION_STEPS}); give more requests, or cost_model FILE",
+            parameters=("cost_model",),
         )
     return fit_cost_model(profile, sources=[source], skip_first_steps=1)
 
@@ -212,8 +213,9 @@ def run_window(
     if cost_model is None and not calibrate_on_same_run:
         if calibration_trace is None or not len(calibration_trace):
             raise KvlabError(
-                "no calibration: give --cost-model FILE, a calibration window with requests, "
-                "or --calibrate-on-same-run"
+                "no calibration: give cost_model FILE, a calibration window with requests, "
+                "or calibrate_on_same_run",
+                parameters=("cost_model", "calibrate_on_same_run"),
             )
         if interleave_calibration:
             (calibration_run, _, _), (engine_result, engine, ran) = run_engines(

@@ -195,7 +195,8 @@ def _import_torch_npu() -> Any:
     except (ImportError, OSError, RuntimeError) as err:
         raise KvlabError(
             "the npu attention backend needs torch_npu and the CANN toolkit on an Ascend "
-            f"machine (import torch_npu failed: {err}); use --attention-backend torch or triton "
-            "elsewhere"
+            f"machine (import torch_npu failed: {err}); use attention_backend torch or triton "
+            "elsewhere",
+            parameters=("attention_backend",),
         ) from err
     return torch_npu

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import re
 import sys
 
 from kvlab import __version__
@@ -68,11 +69,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except KvlabError as err:
-        print(f"kvlab {name}: error: {err}", file=sys.stderr)
+        print(f"kvlab {name}: error: {in_flags(err, parser)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"kvlab {name}: interrupted", file=sys.stderr)
         return 130
+
+
+def in_flags(err: KvlabError, parser: argparse.ArgumentParser) -> str:
+    """The error's message with each setting it names written as the flag that set it
+    (`max_num_seqs` -> `--max-num-seqs`), where the command has such a flag; quoted text (a
+    policy spec, a file name) is left as it is."""
+    flags = {action.dest: action.option_strings[-1] for action in parser._actions
+             if action.option_strings}
+    names = [name for name in err.parameters if name in flags]
+    if not names:
+        return str(err)
+    pattern = re.compile(
+        r"('[^']*')|(?<![\w-])(" + "|".join(map(re.escape, names)) + r")(?![\w-])"
+    )
+    return pattern.sub(lambda m: m.group(1) or flags[m.group(2)], str(err))
 
 
 if __name__ == "__main__":

@@ -7,13 +7,16 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kvlab.errors import KvlabError
 from kvlab.metrics.run import RunResult
 from kvlab.metrics.summary import per_request_table, per_step_table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLE_FORMATS = ("csv", "parquet")
 

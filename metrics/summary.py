@@ -11,14 +11,16 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from kvlab.errors import KvlabError
 from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
 from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult
+
+if TYPE_CHECKING:  # pandas is imported by the table functions only: the step loop needs none
+    import pandas as pd
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
@@ -46,8 +48,9 @@ def parse_metric_percentiles(text: str) -> tuple[float, ...]:
             values.append(float(item))
         except ValueError:
             raise KvlabError(
-                f"--metric-percentiles: {item.strip()!r} is not a number; "
-                "expected comma-separated percentiles such as 50,90,99"
+                f"metric_percentiles: {item.strip()!r} is not a number; "
+                "expected comma-separated percentiles such as 50,90,99",
+                parameters=("metric_percentiles",),
             ) from None
     _check_percentiles(values)
     return tuple(values)
@@ -62,8 +65,9 @@ def parse_goodput(items: Iterable[str]) -> dict[str, float]:
             slos[name.strip()] = float(value)
         except ValueError:
             raise KvlabError(
-                f"--goodput {item!r}: expected KEY:MILLISECONDS with KEY one of "
-                f"{', '.join(GOODPUT_METRICS)}, e.g. ttft:500"
+                f"goodput {item!r}: expected KEY:MILLISECONDS with KEY one of "
+                f"{', '.join(GOODPUT_METRICS)}, e.g. ttft:500",
+                parameters=("goodput",),
             ) from None
     _check_goodput(slos)
     return slos
@@ -73,25 +77,33 @@ def _check_percentile_metrics(names: Sequence[str]) -> None:
     for name in names:
         if name not in PERCENTILE_METRICS:
             raise KvlabError(
-                f"--percentile-metrics: unknown metric {name!r}; "
-                f"choose from {', '.join(PERCENTILE_METRICS)}"
+                f"percentile_metrics: unknown metric {name!r}; "
+                f"choose from {', '.join(PERCENTILE_METRICS)}",
+                parameters=("percentile_metrics",),
             )
 
 
 def _check_percentiles(values: Sequence[float]) -> None:
     for p in values:
         if not 0.0 <= p <= 100.0:
-            raise KvlabError(f"--metric-percentiles: {p:g} is outside 0..100")
+            raise KvlabError(
+                f"metric_percentiles: {p:g} is outside 0..100",
+                parameters=("metric_percentiles",),
+            )
 
 
 def _check_goodput(slos: dict[str, float]) -> None:
     for name, value in slos.items():
         if name not in GOODPUT_METRICS:
             raise KvlabError(
-                f"--goodput: unknown SLO {name!r}; choose from {', '.join(GOODPUT_METRICS)}"
+                f"goodput: unknown SLO {name!r}; choose from {', '.join(GOODPUT_METRICS)}",
+                parameters=("goodput",),
             )
         if not (math.isfinite(value) and value >= 0.0):
-            raise KvlabError(f"--goodput {name}:{value:g}: expected milliseconds >= 0")
+            raise KvlabError(
+                f"goodput {name}:{value:g}: expected milliseconds >= 0",
+                parameters=("goodput",),
+            )
 
 
 @dataclass(slots=True)
@@ -331,6 +343,8 @@ def summarize(
 
 def per_request_table(result: RunResult) -> pd.DataFrame:
     """One row per request: lengths, status, latencies in ms (NaN where undefined), counters."""
+    import pandas as pd
+
     arrays = _request_arrays(result.requests)
     ms = 1000.0
     return pd.DataFrame(
@@ -355,4 +369,6 @@ def per_request_table(result: RunResult) -> pd.DataFrame:
 
 def per_step_table(result: RunResult) -> pd.DataFrame:
     """One row per engine step: the StepRecorder's columns."""
+    import pandas as pd
+
     return pd.DataFrame(step_columns(result.steps))

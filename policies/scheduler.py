@@ -13,30 +13,37 @@ from kvlab.policies.manager import NO_OPS, KVCacheManager
 from kvlab.policies.outputs import MemOps, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus
 
+# The defaults of every world's config (ServingConfig composes these limits).
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
 
 @dataclass(slots=True, frozen=True)
 class SchedulerConfig:
     """Batch limits: requests per step, tokens per step, model length, chunked prefill."""
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
-        for flag, value in (
-            ("--max-num-seqs", self.max_num_seqs),
-            ("--max-num-batched-tokens", self.max_num_batched_tokens),
-            ("--max-model-len", self.max_model_len),
-        ):
-            if value < 1:
-                raise KvlabError(f"{flag} is {value}; it must be at least 1")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            check_whole_number(name, getattr(self, name), 1)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise KvlabError(
-                f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than "
-                f"--max-model-len ({self.max_model_len}) with chunked prefill off: long prompts "
-                "could never be scheduled; raise it or enable chunked prefill"
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with enable_chunked_prefill off: long "
+                "prompts could never be scheduled; raise it or enable chunked prefill",
+                parameters=("max_num_batched_tokens", "max_model_len", "enable_chunked_prefill"),
             )
+
+
+def check_whole_number(name: str, value: object, low: int) -> None:
+    """Raise a KvlabError naming `name` unless `value` is a whole number >= `low`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise KvlabError(f"{name} is {value!r}; expected a whole number >= {low}",
+                         parameters=(name,))
 
 
 class Scheduler:

@@ -143,12 +143,16 @@ def load_cost_model(path: str | Path) -> CalibratedCostModel:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise KvlabError(f"--cost-model {path}: cannot read it ({exc.strerror or exc})") from exc
+        raise KvlabError(
+            f"cost_model {path}: cannot read it ({exc.strerror or exc})",
+            parameters=("cost_model",),
+        ) from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise KvlabError(
-            f"--cost-model {path}: line {exc.lineno}, column {exc.colno}: not valid JSON "
-            f"({exc.msg})"
+            f"cost_model {path}: line {exc.lineno}, column {exc.colno}: not valid JSON "
+            f"({exc.msg})",
+            parameters=("cost_model",),
         ) from exc
-    return CalibratedCostModel.from_json(data, where=f"--cost-model {path}")
+    return CalibratedCostModel.from_json(data, where=f"cost model {path}")

@@ -13,7 +13,6 @@ from kvlab.metrics import RunResult
 from kvlab.policies import KVCacheManager, PolicySpec, Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.sim.arrivals import arrival_process
-from kvlab.sim.calibrated import load_cost_model
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel, RooflineCostModel
 from kvlab.sim.instance import SimInstance
@@ -33,7 +32,7 @@ def simulate(
     """Run every request of `trace` to completion (or failure) and collect the run's records.
 
     `cost_model` times every step and memory transfer; it defaults to the calibrated model the
-    config names (`SimConfig.cost_model`), else the roofline of the config's model and hardware.
+    config loaded (`SimConfig.calibrated`), else the roofline of the config's model and hardware.
     `preemption_costs` answers the manager's swap-versus-recompute question under
     preemption=auto (default: `cost_model`; a replay of measured step durations passes the
     engine's measured costs here). `progress` shows a tqdm bar of finished requests on stderr.
@@ -59,14 +58,14 @@ class Simulation:
     ) -> None:
         self.trace = trace
         self.config = config
-        self.policy = config.effective_policy()
-        self.capacity = config.kv_capacity()
-        if cost_model is None and config.cost_model is not None:
-            cost_model = load_cost_model(config.cost_model)
+        self.policy = config.policy
+        self.capacity = config.capacity
+        if cost_model is None:
+            cost_model = config.calibrated
         if cost_model is None:
             cost_model = RooflineCostModel(
-                config.model_spec(),
-                config.hardware_spec(),
+                config.model_spec,
+                config.hardware_spec,
                 page_size=self.policy.block_size,
                 tensor_parallel_size=config.tensor_parallel_size,
             )
@@ -76,7 +75,7 @@ class Simulation:
             self.policy,
             self.capacity.num_pages,
             max_model_len=scheduler_config.max_model_len,
-            num_host_pages=_num_host_pages(self.policy, self.capacity.num_pages),
+            num_host_pages=config.serving.num_host_pages(self.capacity.num_pages),
             costs=cost_model if preemption_costs is None else preemption_costs,
         )
         self.scheduler = Scheduler(scheduler_config, self.manager)
@@ -119,14 +118,6 @@ def compare(
 ) -> list[RunResult]:
     """`simulate` the same trace and config once per policy, in the order given."""
     return [simulate(trace, config.with_policy(policy)) for policy in policies]
-
-
-def _num_host_pages(policy: PolicySpec, num_pages: int) -> int:
-    """Host swap pages, as the engine sizes them: none for a policy that never swaps, else the
-    spec's `host_pages`, else as many as the device has."""
-    if policy.preemption == "recompute":
-        return 0
-    return num_pages if policy.host_pages is None else policy.host_pages
 
 
 def _progress_bar(total: int, *, enabled: bool) -> Any:

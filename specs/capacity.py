@@ -93,11 +93,15 @@ def kv_cache_capacity_tokens(
     elif num_pages < 1:
         raise KvlabError(
             f"model {model.name!r} does not fit on hardware {hardware.name!r} with room for one "
-            f"KV page: {requested / 1e9:.1f} GB usable per device (--gpu-memory-utilization "
+            f"KV page: {requested / 1e9:.1f} GB usable per device (gpu_memory_utilization "
             f"{gpu_memory_utilization}) minus {weight_bytes / 1e9:.1f} GB weights and "
             f"{activation_bytes / 1e9:.1f} GB activations leaves {available / 1e9:.1f} GB, "
-            f"one page needs {page_bytes / 1024:.0f} KiB; raise --gpu-memory-utilization or "
-            "--tensor-parallel-size, lower --block-size, or set --num-gpu-blocks-override"
+            f"one page needs {page_bytes / 1024:.0f} KiB; raise gpu_memory_utilization or "
+            "tensor_parallel_size, lower block_size, or set num_gpu_blocks_override",
+            parameters=(
+                "gpu_memory_utilization", "tensor_parallel_size", "block_size",
+                "num_gpu_blocks_override",
+            ),
         )
     return KVCapacity(
         num_pages=num_pages,
@@ -113,12 +117,17 @@ def _check_flags(
     page_size: int, gpu_memory_utilization: float, num_gpu_blocks_override: int | None
 ) -> None:
     if page_size < 1:
-        raise KvlabError(f"--block-size is {page_size}, expected a whole number >= 1")
+        raise KvlabError(
+            f"block_size is {page_size}, expected a whole number >= 1",
+            parameters=("block_size",),
+        )
     if not 0 < gpu_memory_utilization <= 1:
         raise KvlabError(
-            f"--gpu-memory-utilization is {gpu_memory_utilization}, expected a fraction in (0, 1]"
+            f"gpu_memory_utilization is {gpu_memory_utilization}, expected a fraction in (0, 1]",
+            parameters=("gpu_memory_utilization",),
         )
     if num_gpu_blocks_override is not None and num_gpu_blocks_override < 1:
         raise KvlabError(
-            f"--num-gpu-blocks-override is {num_gpu_blocks_override}, expected a whole number >= 1"
+            f"num_gpu_blocks_override is {num_gpu_blocks_override}, expected a whole number >= 1",
+            parameters=("num_gpu_blocks_override",),
         )

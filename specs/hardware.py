@@ -50,12 +50,14 @@ def check_tensor_parallel(
     check_positive_tp(tensor_parallel_size)
     if tensor_parallel_size > hardware.num_devices:
         raise KvlabError(
-            f"--tensor-parallel-size {tensor_parallel_size} exceeds the {hardware.num_devices} "
+            f"tensor_parallel_size {tensor_parallel_size} exceeds the {hardware.num_devices} "
             f"device(s) of hardware {hardware.name!r}; use at most {hardware.num_devices} or a "
-            "multi-device preset (e.g. atlas-800t-a2 for 8 Ascend 910B)"
+            "multi-device preset (e.g. atlas-800t-a2 for 8 Ascend 910B)",
+            parameters=("tensor_parallel_size",),
         )
     if model.num_heads % tensor_parallel_size:
         raise KvlabError(
-            f"--tensor-parallel-size {tensor_parallel_size} does not divide the {model.num_heads} "
-            f"attention heads of model {model.name!r}; choose a divisor of {model.num_heads}"
+            f"tensor_parallel_size {tensor_parallel_size} does not divide the {model.num_heads} "
+            f"attention heads of model {model.name!r}; choose a divisor of {model.num_heads}",
+            parameters=("tensor_parallel_size",),
         )

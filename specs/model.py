@@ -81,5 +81,6 @@ def check_positive_tp(tensor_parallel_size: int) -> None:
     """Reject a tensor-parallel size below one (a user flag)."""
     if tensor_parallel_size < 1:
         raise KvlabError(
-            f"--tensor-parallel-size is {tensor_parallel_size}, expected a whole number >= 1"
+            f"tensor_parallel_size is {tensor_parallel_size}, expected a whole number >= 1",
+            parameters=("tensor_parallel_size",),
         )

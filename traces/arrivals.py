@@ -23,18 +23,22 @@ _ARRIVAL_STREAM = 1
 def check_arrival_options(request_rate: float, burstiness: float, time_scale: float) -> None:
     """Raise a KvlabError naming the flag of the first bad arrival option."""
     if not _is_real(request_rate) or math.isnan(request_rate) or request_rate <= 0:
-        raise KvlabError(f"--request-rate {request_rate!r}: expected requests per second > 0 "
-                         "(inf sends every request at time 0)")
+        raise KvlabError(f"request_rate {request_rate!r}: expected requests per second > 0 "
+                         "(inf sends every request at time 0)",
+                         parameters=("request_rate",))
     if not _is_real(burstiness) or not math.isfinite(burstiness) or burstiness <= 0:
-        raise KvlabError(f"--burstiness {burstiness!r}: expected a finite number > 0 "
-                         "(1 is a Poisson process)")
+        raise KvlabError(f"burstiness {burstiness!r}: expected a finite number > 0 "
+                         "(1 is a Poisson process)",
+                         parameters=("burstiness",))
     if not _is_real(time_scale) or not math.isfinite(time_scale) or time_scale <= 0:
-        raise KvlabError(f"--time-scale {time_scale!r}: expected a finite number > 0 "
-                         "(2 replays the trace twice as fast)")
+        raise KvlabError(f"time_scale {time_scale!r}: expected a finite number > 0 "
+                         "(2 replays the trace twice as fast)",
+                         parameters=("time_scale",))
     if math.isfinite(request_rate) and time_scale != 1.0:
-        raise KvlabError(f"--time-scale {time_scale!r} with --request-rate {request_rate!r}: "
+        raise KvlabError(f"time_scale {time_scale!r} with request_rate {request_rate!r}: "
                          "the time scale applies to trace timestamps, which a request rate "
-                         "replaces; give only one of them")
+                         "replaces; give only one of them",
+                         parameters=("time_scale", "request_rate"))
 
 
 def resample_arrivals(

@@ -21,7 +21,10 @@ def check_num_prompts(num_prompts: int | None) -> None:
         return
     if isinstance(num_prompts, bool) or not isinstance(num_prompts, (int, np.integer)) \
             or num_prompts < 1:
-        raise KvlabError(f"--num-prompts {num_prompts!r}: expected a whole number >= 1")
+        raise KvlabError(
+            f"num_prompts {num_prompts!r}: expected a whole number >= 1",
+            parameters=("num_prompts",),
+        )
 
 
 def trace_labels(path: Path) -> tuple[str, str]:
@@ -54,7 +57,7 @@ def build_trace(
     metadata = dict(metadata or {})
     if num_prompts is not None:
         if num_prompts > len(order):
-            warnings.warn(f"{path}: --num-prompts {num_prompts} but the trace holds only "
+            warnings.warn(f"{path}: num_prompts {num_prompts} but the trace holds only "
                           f"{len(order)} requests; using all of them", stacklevel=3)
         order = order[:num_prompts]
     name, source = trace_labels(path)

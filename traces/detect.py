@@ -28,5 +28,6 @@ def guess_dataset_name(path: str | Path) -> str:
     raise KvlabError(
         f"{path} line 1: cannot tell the dataset from the header {','.join(header)!r}; expected "
         "an Azure (TIMESTAMP,ContextTokens,GeneratedTokens) or BurstGPT (Timestamp,Model,"
-        "Request tokens,Response tokens,...) header, or give --dataset-name"
+        "Request tokens,Response tokens,...) header, or give dataset_name",
+        parameters=("dataset_name",),
     )

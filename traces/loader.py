@@ -55,15 +55,17 @@ def load_trace(
     `num_prefix_groups` for random. Every user mistake is a KvlabError naming the flag.
     """
     if dataset_name not in DATASET_NAMES:
-        raise KvlabError(f"--dataset-name {dataset_name!r}: expected one of "
-                         f"{', '.join(DATASET_NAMES)}")
+        raise KvlabError(f"dataset_name {dataset_name!r}: expected one of "
+                         f"{', '.join(DATASET_NAMES)}",
+                         parameters=("dataset_name",))
     _check_options(dataset_name, options)
     check_num_prompts(num_prompts)
     check_arrival_options(request_rate, burstiness, time_scale)
     if dataset_name == "random":
         if path is not None:
-            raise KvlabError(f"--dataset-path {path}: --dataset-name random generates its "
-                             "requests and reads no file")
+            raise KvlabError(f"dataset_path {path}: dataset_name random generates its "
+                             "requests and reads no file",
+                             parameters=("dataset_path", "dataset_name"))
         trace = load_random(num_prompts=num_prompts, seed=seed, **options)
     else:
         file = _trace_file(dataset_name, path)
@@ -76,8 +78,9 @@ def _trace_file(dataset_name: str, path: str | Path | None) -> Path:
     if path is not None:
         return resolve_trace_path(path)
     if dataset_name not in DEFAULT_EXCERPT:
-        raise KvlabError(f"--dataset-name {dataset_name} needs a --dataset-path: no "
-                         f"{dataset_name} excerpt is bundled")
+        raise KvlabError(f"dataset_name {dataset_name} needs a dataset_path: no "
+                         f"{dataset_name} excerpt is bundled",
+                         parameters=("dataset_name", "dataset_path"))
     return bundled_trace_path(DEFAULT_EXCERPT[dataset_name])
 
 
@@ -86,5 +89,6 @@ def _check_options(dataset_name: str, options: dict[str, Any]) -> None:
     unknown = [name for name in options if name not in allowed]
     if unknown:
         expected = f"expected one of {', '.join(allowed)}" if allowed else "it takes none"
-        raise KvlabError(f"option {unknown[0]!r} does not apply to --dataset-name "
-                         f"{dataset_name}; {expected}")
+        raise KvlabError(f"option {unknown[0]!r} does not apply to dataset_name "
+                         f"{dataset_name}; {expected}",
+                         parameters=("dataset_name",))

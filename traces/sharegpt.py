@@ -143,15 +143,18 @@ def load_tokenizer(path: str | Path) -> Any:
     """A Hugging Face tokenizer from a local folder (transformers imported only here)."""
     folder = Path(path)
     if not folder.is_dir():
-        raise KvlabError(f"--tokenizer {path}: no such folder; expected a local Hugging Face "
-                         "tokenizer folder (tokenizer.json or tokenizer_config.json)")
+        raise KvlabError(f"tokenizer {path}: no such folder; expected a local Hugging Face "
+                         "tokenizer folder (tokenizer.json or tokenizer_config.json)",
+                         parameters=("tokenizer",))
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise KvlabError(f"--tokenizer {path}: needs the transformers package "
-                         "(pip install transformers)") from None
+        raise KvlabError(f"tokenizer {path}: needs the transformers package "
+                         "(pip install transformers)",
+                         parameters=("tokenizer",)) from None
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as err:
-        raise KvlabError(f"--tokenizer {path}: not a loadable tokenizer folder "
-                         f"({str(err).splitlines()[0]})") from None
+        raise KvlabError(f"tokenizer {path}: not a loadable tokenizer folder "
+                         f"({str(err).splitlines()[0]})",
+                         parameters=("tokenizer",)) from None

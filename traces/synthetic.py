@@ -36,21 +36,26 @@ class RandomOptions:
 
     def check(self) -> None:
         """Raise a KvlabError naming the flag of the first bad value."""
-        _check_int("--random-input-len", self.random_input_len, 0)
-        _check_int("--random-output-len", self.random_output_len, 1)
-        _check_int("--random-prefix-len", self.random_prefix_len, 0)
+        _check_int("random_input_len", self.random_input_len, 0)
+        _check_int("random_output_len", self.random_output_len, 1)
+        _check_int("random_prefix_len", self.random_prefix_len, 0)
         ratio = self.random_range_ratio
         if not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
-            raise KvlabError(f"--random-range-ratio {ratio!r}: expected a number in [0, 1)")
+            raise KvlabError(
+                f"random_range_ratio {ratio!r}: expected a number in [0, 1)",
+                parameters=("random_range_ratio",),
+            )
         if self.num_prefix_groups is not None:
-            _check_int("--num-prefix-groups", self.num_prefix_groups, 1)
+            _check_int("num_prefix_groups", self.num_prefix_groups, 1)
             if self.random_prefix_len == 0:
-                raise KvlabError(f"--num-prefix-groups {self.num_prefix_groups}: prefix groups "
-                                 "need --random-prefix-len > 0")
+                raise KvlabError(f"num_prefix_groups {self.num_prefix_groups}: prefix groups "
+                                 "need random_prefix_len > 0",
+                                 parameters=("num_prefix_groups", "random_prefix_len"))
         low, _ = self.input_bounds()
         if self.random_prefix_len + low < 1:
-            raise KvlabError(f"--random-input-len {self.random_input_len}: the shortest prompt "
-                             f"would have {self.random_prefix_len + low} tokens; expected >= 1")
+            raise KvlabError(f"random_input_len {self.random_input_len}: the shortest prompt "
+                             f"would have {self.random_prefix_len + low} tokens; expected >= 1",
+                             parameters=("random_input_len",))
 
     def input_bounds(self) -> tuple[int, int]:
         """Inclusive bounds of the non-prefix prompt length."""
@@ -108,6 +113,7 @@ def _name(opts: RandomOptions) -> str:
     return name
 
 
-def _check_int(flag: str, value: object, min_value: int) -> None:
+def _check_int(name: str, value: object, min_value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < min_value:
-        raise KvlabError(f"{flag} {value!r}: expected a whole number >= {min_value}")
+        raise KvlabError(f"{name} {value!r}: expected a whole number >= {min_value}",
+                         parameters=(name,))

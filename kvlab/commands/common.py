@@ -1,4 +1,5 @@
-"""Flags and helpers shared by the commands that replay a trace (`sim`, `run`, `validate`)."""
+"""Flags and helpers shared by the commands that replay a trace (`sim`, `run`, `validate`):
+the workload, the serving config and the report."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import argparse
 import math
 from typing import Any
 
-DATASET_NAMES = ("azure", "mooncake", "burstgpt", "sharegpt", "random")
+# The engine commands' KV cache on cpu when neither a size nor a page count is given: vLLM's
+# 4 GiB cpu default takes seconds to allocate.
+DEFAULT_CPU_KV_CACHE_MEMORY = "512MiB"
 _SYNTHETIC_OPTIONS = (
     "tokenizer",
     "random_input_len",
@@ -21,6 +24,8 @@ def add_workload_arguments(
     data: argparse._ArgumentGroup, *, num_prompts: int | None, num_prompts_help: str, seed_help: str
 ) -> None:
     """vLLM's benchmark workload flags, plus --time-scale and the `random` dataset options."""
+    from kvlab.traces import DATASET_NAMES  # the loaders' registry: no list of names here
+
     data.add_argument(
         "--dataset-name",
         default="azure",
@@ -134,17 +139,94 @@ def load_trace_from_args(args: argparse.Namespace) -> Any:
     )
 
 
-def policy_with_block_size(spec_text: str, block_size: int | None) -> Any:
-    """The policy spec, with --block-size applied unless the spec sets another page size."""
-    from kvlab.errors import KvlabError
-    from kvlab.policies import PolicySpec, parse_policy
+def add_serving_arguments(
+    policy: argparse._ArgumentGroup,
+    memory: argparse._ArgumentGroup,
+    *,
+    compare: bool = False,
+    engine: bool = False,
+) -> None:
+    """The serving config's flags (vLLM's names), one group for every command that runs an
+    instance: `--policy` (or, with `compare`, `--compare SPEC ...` instead), page size, prefix
+    caching, batch limits, model length and KV memory sizing; `engine` adds the memory flags
+    that only a real engine uses (`--kv-cache-memory`, `--swap-space`). Defaults are
+    `ServingConfig`'s. The dests are ServingConfig's field names, so that the CLI can name the
+    flag of a setting a library error speaks of."""
+    from kvlab.policies.serving import ServingConfig
 
-    spec = parse_policy(spec_text)
-    if block_size is None:
-        return spec
-    if spec.block_size not in (PolicySpec().block_size, block_size):
-        raise KvlabError(
-            f"--block-size {block_size} contradicts policy {spec_text!r}, which "
-            f"sets block_size={spec.block_size}; give the page size once"
+    defaults = ServingConfig()
+    spec_help = ("memory policy, e.g. paged:block_size=16,eviction=lru,preemption=swap "
+                 "(see `kvlab policies`)")
+    if compare:
+        which = policy.add_mutually_exclusive_group()
+        which.add_argument("--policy", default="paged", metavar="SPEC", help=spec_help)
+        which.add_argument(
+            "--compare", nargs="+", default=None, metavar="SPEC",
+            help="simulate each policy on the same trace; print them side by side",
         )
-    return spec.with_options(block_size=block_size)
+    else:
+        policy.add_argument("--policy", default="paged", metavar="SPEC", help=spec_help)
+    policy.add_argument(
+        "--block-size", type=int, default=None,
+        help=f"tokens per page for every policy whose spec leaves block_size at its default "
+        f"({defaults.page_size})",
+    )
+    policy.add_argument(
+        "--enable-prefix-caching", action="store_true",
+        help="cache full KV pages for prefix hits (eviction none becomes lru)",
+    )
+    policy.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
+                        help="requests per step")
+    policy.add_argument("--max-num-batched-tokens", type=int,
+                        default=defaults.max_num_batched_tokens, help="tokens per step")
+    policy.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+        default=defaults.enable_chunked_prefill,
+    )
+    memory.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="longest request (prompt + output); default: the model's; longer requests fail",
+    )
+    memory.add_argument(
+        "--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization,
+        help="share of device memory for weights, activations and KV cache",
+    )
+    memory.add_argument(
+        "--num-gpu-blocks-override", type=int, default=None,
+        help="KV pages per device, whatever the memory says",
+    )
+    if engine:
+        memory.add_argument(
+            "--kv-cache-memory", dest="kv_cache_memory_bytes", default=None, metavar="SIZE",
+            help=f"KV cache size, e.g. 256MiB or 2GiB (default on cpu: "
+            f"{DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from --gpu-memory-utilization)",
+        )
+        memory.add_argument(
+            "--swap-space", dest="swap_space_bytes", default="4GiB", metavar="SIZE",
+            help="host memory bounding the swap pages (default 4GiB)",
+        )
+
+
+def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
+    """The ServingConfig the flags of `add_serving_arguments` describe (`policy` instead of
+    --policy: one of --compare's), resolved and checked once."""
+    from kvlab.policies.serving import ServingConfig, parse_memory_size
+
+    memory: dict[str, Any] = {}
+    if hasattr(args, "swap_space_bytes"):
+        memory["swap_space_bytes"] = parse_memory_size(args.swap_space_bytes, "swap_space_bytes")
+        if args.kv_cache_memory_bytes is not None:
+            memory["kv_cache_memory_bytes"] = parse_memory_size(args.kv_cache_memory_bytes)
+    return ServingConfig.create(
+        args.policy if policy is None else policy,
+        block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        seed=args.seed,
+        **memory,
+    )

@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
+    DEFAULT_CPU_KV_CACHE_MEMORY,
     add_report_arguments,
+    add_serving_arguments,
     add_workload_arguments,
     load_trace_from_args,
-    policy_with_block_size,
+    serving_config,
     show_progress,
     summary_options,
 )
@@ -28,7 +30,6 @@ if TYPE_CHECKING:  # the engine imports torch: only when a command runs it
     from kvlab.engine.config import EngineConfig
 
 DEFAULT_NUM_PROMPTS = 32
-DEFAULT_CPU_KV_CACHE_MEMORY = "512MiB"  # vLLM's 4 GiB cpu default takes seconds to allocate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         seed_help="seed of resampled arrivals, synthetic lengths and prompt token ids",
     )
     _replay_arguments(data)
-    _engine_arguments(parser.add_argument_group("model, device and memory"))
-    _policy_arguments(parser.add_argument_group("policy and scheduler"))
+    machine = parser.add_argument_group("model, device and memory")
+    _engine_arguments(machine)
+    add_serving_arguments(parser.add_argument_group("policy and scheduler"), machine, engine=True)
     add_report_arguments(
         parser.add_argument_group("report and results"),
         save_help="write the summary JSON, the per-request table and the per-step profile "
@@ -91,64 +93,6 @@ def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
     machine.add_argument(
         "--dtype", default=None, help="float32, float16 or bfloat16 (default: the checkpoint's)"
     )
-    machine.add_argument(
-        "--kv-cache-memory",
-        default=None,
-        metavar="SIZE",
-        help="KV cache size, e.g. 256MiB or 2GiB (default on cpu: "
-        f"{DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from "
-        "--gpu-memory-utilization)",
-    )
-    machine.add_argument(
-        "--swap-space",
-        default="4GiB",
-        metavar="SIZE",
-        help="host memory bounding the swap pages (default 4GiB)",
-    )
-    machine.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="share of device memory for weights, activations and KV cache",
-    )
-    machine.add_argument(
-        "--num-gpu-blocks-override",
-        type=int,
-        default=None,
-        help="KV pages, whatever the memory says",
-    )
-    machine.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="longest request (prompt + output); default: the model's; longer requests fail",
-    )
-
-
-def _policy_arguments(policy: argparse._ArgumentGroup) -> None:
-    policy.add_argument(
-        "--policy",
-        default="paged",
-        metavar="SPEC",
-        help="memory policy, e.g. paged:block_size=16,eviction=lru,"
-        "preemption=swap (see `kvlab policies`)",
-    )
-    policy.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="tokens per page when the spec leaves block_size at its default",
-    )
-    policy.add_argument(
-        "--enable-prefix-caching",
-        action="store_true",
-        help="cache prompt pages (eviction none becomes lru)",
-    )
-    policy.add_argument("--max-num-seqs", type=int, default=256)
-    policy.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    policy.add_argument(
-        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
-    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,28 +133,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The EngineConfig the flags describe (sizes parsed, page size applied as `kvlab sim`)."""
-    from kvlab.engine.config import EngineConfig, parse_memory_size
+    """The EngineConfig the flags describe (on cpu the KV cache is DEFAULT_CPU_KV_CACHE_MEMORY
+    unless a size or a page count is given)."""
+    from kvlab.engine.config import EngineConfig
 
-    kv_memory = args.kv_cache_memory
-    if kv_memory is None and args.device == "cpu" and args.num_gpu_blocks_override is None:
-        kv_memory = DEFAULT_CPU_KV_CACHE_MEMORY
+    if args.kv_cache_memory_bytes is None and args.device == "cpu" and (
+        args.num_gpu_blocks_override is None
+    ):
+        args.kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_MEMORY
     return EngineConfig(
         model=args.model,
         device=args.device,
-        policy=policy_with_block_size(args.policy, args.block_size),
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
-        kv_cache_memory_bytes=None if kv_memory is None else parse_memory_size(kv_memory),
-        swap_space_bytes=parse_memory_size(args.swap_space, "--swap-space"),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
+        serving=serving_config(args),
         attention_backend=args.attention_backend,
         dtype=args.dtype,
-        seed=args.seed,
         step_timer=args.step_timer,
         warmup=args.warmup,
     )

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
     add_report_arguments,
+    add_serving_arguments,
     add_workload_arguments,
     load_trace_from_args,
-    policy_with_block_size,
+    serving_config,
     show_progress,
     summary_options,
 )
@@ -43,62 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     machine.add_argument("--tensor-parallel-size", type=int, default=1)
     machine.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="share of HBM for weights, activations and KV cache",
-    )
-    machine.add_argument(
-        "--num-gpu-blocks-override",
-        type=int,
-        default=None,
-        help="KV pages per device, whatever the memory says",
-    )
-    machine.add_argument(
         "--cost-model",
         default=None,
         metavar="FILE",
         help="calibrated cost model from `kvlab calibrate` (default: the roofline of "
         "--model and --hardware)",
     )
-    machine.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="longest request (prompt + output); default: the model's",
-    )
-
-    policy = parser.add_argument_group("policy and scheduler")
-    which = policy.add_mutually_exclusive_group()
-    which.add_argument(
-        "--policy",
-        default="paged",
-        metavar="SPEC",
-        help="memory policy, e.g. paged:block_size=16,eviction=lru,"
-        "preemption=swap (see `kvlab policies`)",
-    )
-    which.add_argument(
-        "--compare",
-        nargs="+",
-        default=None,
-        metavar="SPEC",
-        help="simulate each policy on the same trace; print them side by side",
-    )
-    policy.add_argument(
-        "--block-size",
-        type=int,
-        default=None,
-        help="tokens per page for every policy whose spec leaves block_size at its default (16)",
-    )
-    policy.add_argument(
-        "--enable-prefix-caching",
-        action="store_true",
-        help="cache prompt pages (eviction none becomes lru)",
-    )
-    policy.add_argument("--max-num-seqs", type=int, default=256)
-    policy.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    policy.add_argument(
-        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+    add_serving_arguments(
+        parser.add_argument_group("policy and scheduler"), machine, compare=True
     )
 
     add_report_arguments(
@@ -114,16 +67,13 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.sim import simulate
 
     options = summary_options(args)
-    configs = [_config(args, spec) for spec in (args.compare or [args.policy])]
-    for config in configs:
-        config.check()  # bad flags fail before the trace loads
-    capacities = [config.kv_capacity() for config in configs]
+    configs = _configs(args)  # bad flags fail before the trace loads
     trace = load_trace_from_args(args)
     progress = show_progress(args)
     runs: list[tuple[RunResult, dict[str, Any]]] = []
-    for index, (config, capacity) in enumerate(zip(configs, capacities, strict=True)):
+    for index, config in enumerate(configs):
         prefix = f"[{index + 1}] " if args.compare else ""
-        for line in capacity.startup_lines(config.effective_max_model_len()):
+        for line in config.capacity.startup_lines(config.max_model_len):
             print(prefix + line)
         result = simulate(trace, config, progress=progress)
         summary = summarize(result, **options)
@@ -138,24 +88,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config(args: argparse.Namespace, spec_text: str) -> SimConfig:
+def _configs(args: argparse.Namespace) -> list[SimConfig]:
+    """One SimConfig per policy (--policy, or each of --compare): presets and cost model read
+    once, for the first; the others only change the policy."""
     from kvlab.sim import SimConfig
 
-    return SimConfig(
+    specs = args.compare or [args.policy]
+    first = SimConfig(
         model=args.model,
         hardware=args.hardware,
+        serving=serving_config(args, specs[0]),
         tensor_parallel_size=args.tensor_parallel_size,
-        policy=policy_with_block_size(spec_text, args.block_size),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
         cost_model=args.cost_model,
-        seed=args.seed,
     )
+    return [first] + [first.with_policy(serving_config(args, spec).policy) for spec in specs[1:]]
 
 
 def _save(args: argparse.Namespace, runs: list[tuple[RunResult, dict[str, Any]]]) -> None:

@@ -6,9 +6,10 @@ import pandas as pd
 
 from kvlab.dashboard.runs import RunView, run_view
 from kvlab.dashboard.workload import Setup, load_setup_trace
+from kvlab.policies.serving import ServingConfig
 
 # A cache small enough that requests queue and get preempted: every chart has something to show.
-SMALL = Setup(num_prompts=120, time_scale=8.0, gpu_memory_utilization=0.2)
+SMALL = Setup(num_prompts=120, time_scale=8.0, serving=ServingConfig(gpu_memory_utilization=0.2))
 SWAP_POLICY = "paged:preemption=swap"
 
 

@@ -9,12 +9,11 @@ from hypothesis import strategies as st
 
 from kvlab.engine.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
-    CacheConfig,
     KVCache,
     copy_batches,
     determine_num_pages,
     dummy_batch_lens,
-    num_host_pages,
+    num_swap_pages,
     page_bytes_all_layers,
     profile_peak_activation_bytes,
     startup_lines,
@@ -25,6 +24,7 @@ from kvlab.engine.platform import CpuPlatform, get_platform
 from kvlab.errors import KvlabError
 from kvlab.kernels import get_backend
 from kvlab.policies.outputs import MemOps
+from kvlab.policies.serving import ServingConfig
 
 CPU = get_platform("cpu")
 
@@ -83,7 +83,12 @@ class FakeGpu(CpuPlatform):
         return self.peak
 
 
-LIMITS = {"max_num_batched_tokens": 96, "max_num_seqs": 4, "max_model_len": 64}
+LIMITS = {"max_num_batched_tokens": 96, "max_num_seqs": 4}
+
+
+def serving(**settings) -> ServingConfig:
+    """The sizing tests' serving config: LIMITS unless given."""
+    return ServingConfig(**{**LIMITS, **settings})
 
 
 def test_page_bytes_count_k_and_v_of_every_layer(tiny):
@@ -93,100 +98,82 @@ def test_page_bytes_count_k_and_v_of_every_layer(tiny):
 
 def test_override_sets_the_page_count(tiny):
     model, _ = tiny
-    config = CacheConfig(num_gpu_blocks_override=37, kv_cache_memory_bytes=1)
-    assert (
-        determine_num_pages(
-            model, CPU, config, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128
-        )
-        == 37
-    )
+    config = serving(num_gpu_blocks_override=37, kv_cache_memory_bytes=1)
+    assert determine_num_pages(model, CPU, config, 128) == 37
 
 
 def test_memory_budget_is_divided_by_the_page_size_of_all_layers(tiny):
     model, config = tiny
     page_bytes = page_bytes_all_layers(config, 16, torch.float32)
-    cache_config = CacheConfig(kv_cache_memory_bytes=10 * page_bytes + page_bytes // 2)
-    assert (
-        determine_num_pages(
-            model, CPU, cache_config, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128
-        )
-        == 10
-    )
+    config = serving(kv_cache_memory_bytes=10 * page_bytes + page_bytes // 2)
+    assert determine_num_pages(model, CPU, config, 128) == 10
 
 
 def test_cpu_without_a_budget_uses_the_default(tiny):
     model, config = tiny
     page_bytes = page_bytes_all_layers(config, 16, torch.float32)
-    num_pages = determine_num_pages(
-        model, CPU, CacheConfig(), max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128
-    )
+    num_pages = determine_num_pages(model, CPU, serving(), 128)
     assert num_pages == DEFAULT_CPU_KV_CACHE_BYTES // page_bytes
 
 
-def test_budget_below_one_page_names_the_flag(tiny):
+def test_budget_below_one_page_names_the_setting(tiny):
     model, _ = tiny
-    with pytest.raises(KvlabError, match="one KV page of 16,384 bytes: --kv-cache-memory-bytes"):
-        determine_num_pages(
-            model,
-            CPU,
-            CacheConfig(kv_cache_memory_bytes=1000),
-            max_num_batched_tokens=64,
-            max_num_seqs=4,
-            max_model_len=128,
-        )
+    match = "one KV page of 16,384 bytes: kv_cache_memory_bytes"
+    with pytest.raises(KvlabError, match=match) as err:
+        determine_num_pages(model, CPU, serving(kv_cache_memory_bytes=1000), 128)
+    assert err.value.parameters == ("kv_cache_memory_bytes",)
 
 
 def test_accelerator_budget_is_utilization_minus_weights_and_profiled_peak(tiny):
     model, config = tiny
     platform = FakeGpu(total=100 << 20, free=100 << 20, peak=3 << 20)
-    num_pages = determine_num_pages(
-        model, platform, CacheConfig(gpu_memory_utilization=0.5), **LIMITS
-    )
+    num_pages = determine_num_pages(model, platform, serving(gpu_memory_utilization=0.5), 64)
     budget = (50 << 20) - weights_bytes(model) - (3 << 20)
     assert platform.num_profiles == 1
     assert num_pages == budget // page_bytes_all_layers(config, 16, torch.float32)
 
 
-def test_weights_and_peak_beyond_the_utilization_name_the_flag(tiny):
+def test_weights_and_peak_beyond_the_utilization_name_the_setting(tiny):
     model, _ = tiny
     platform = FakeGpu(total=100 << 20, free=100 << 20, peak=40 << 20)
-    with pytest.raises(KvlabError, match=r"--gpu-memory-utilization 0\.3 of 104,857,600 bytes"):
-        determine_num_pages(model, platform, CacheConfig(gpu_memory_utilization=0.3), **LIMITS)
+    with pytest.raises(KvlabError, match=r"gpu_memory_utilization 0\.3 of 104,857,600 bytes"):
+        determine_num_pages(model, platform, serving(gpu_memory_utilization=0.3), 64)
 
 
 def test_kv_cache_larger_than_free_memory_is_refused(tiny):
     model, _ = tiny
     platform = FakeGpu(total=100 << 20, free=20 << 20, peak=1 << 20)
-    with pytest.raises(KvlabError, match=r"only 20,971,520 are free.*lower --gpu-memory-util"):
-        determine_num_pages(model, platform, CacheConfig(gpu_memory_utilization=0.9), **LIMITS)
+    with pytest.raises(KvlabError, match=r"only 20,971,520 are free.*lower gpu_memory_util"):
+        determine_num_pages(model, platform, serving(gpu_memory_utilization=0.9), 64)
 
 
 def test_profiling_forward_runs_the_full_step_budget(tiny):
     model, _ = tiny
     platform = FakeGpu(total=1 << 30, free=1 << 30, peak=0)
-    assert profile_peak_activation_bytes(model, platform, page_size=16, **LIMITS) == 0
+    assert profile_peak_activation_bytes(model, platform, page_size=16, max_model_len=64,
+                                         **LIMITS) == 0
     assert platform.num_profiles == 1
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "flag"),
+    ("field", "value"),
     [
-        ("page_size", 0, "--block-size"),
-        ("gpu_memory_utilization", 1.5, "--gpu-memory-utilization"),
-        ("num_gpu_blocks_override", 0, "--num-gpu-blocks-override"),
-        ("swap_space_bytes", -1, "--swap-space"),
+        ("gpu_memory_utilization", 1.5),
+        ("num_gpu_blocks_override", 0),
+        ("kv_cache_memory_bytes", -1),
+        ("swap_space_bytes", -1),
     ],
 )
-def test_bad_cache_flags_are_named(field, value, flag):
-    with pytest.raises(KvlabError, match=flag):
-        CacheConfig(**{field: value})
+def test_bad_memory_settings_are_named(field, value):
+    with pytest.raises(KvlabError, match=f"^{field} is ") as err:
+        ServingConfig(**{field: value})
+    assert err.value.parameters == (field,)
 
 
 def test_swap_space_holds_whole_pages(tiny):
     _, config = tiny
     page_bytes = page_bytes_all_layers(config, 16, torch.float32)
-    cache_config = CacheConfig(swap_space_bytes=3 * page_bytes + 1)
-    assert num_host_pages(config, cache_config, torch.float32) == 3
+    assert num_swap_pages(config, serving(swap_space_bytes=3 * page_bytes + 1), torch.float32) == 3
 
 
 def test_startup_lines_use_vllms_wording():
@@ -289,8 +276,7 @@ def test_cuda_sizing_leaves_room_for_weights_and_the_profiled_peak():
     limits = {"max_num_batched_tokens": 512, "max_num_seqs": 8, "max_model_len": 256}
     peak = profile_peak_activation_bytes(model, platform, page_size=16, **limits)
     assert peak >= 512 * config.intermediate_size * 2 * 4  # the fused gate/up output, fp32
-    num_pages = determine_num_pages(
-        model, platform, CacheConfig(gpu_memory_utilization=0.5), **limits
-    )
+    config = ServingConfig(gpu_memory_utilization=0.5, max_num_batched_tokens=512, max_num_seqs=8)
+    num_pages = determine_num_pages(model, platform, config, 256)
     budget = int(platform.total_memory_bytes() * 0.5) - weights_bytes(model) - peak
     assert abs(num_pages - budget // page_bytes_all_layers(config, 16, torch.float32)) <= 1

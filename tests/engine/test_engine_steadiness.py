@@ -12,13 +12,15 @@ from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine, frozen_heap
 from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import INT_COLUMNS
+from kvlab.policies.serving import ServingConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model="tiny-llama", block_size=4, num_gpu_blocks_override=64))
+    serving = ServingConfig.create(block_size=4, num_gpu_blocks_override=64)
+    return LLMEngine(EngineConfig(model="tiny-llama", serving=serving))
 
 
 def _requests(engine: LLMEngine, num: int = 3):
@@ -69,9 +71,8 @@ def test_iter_run_yields_once_per_step_and_returns_the_same_run_as_run(engine):
 def test_the_start_up_warm_up_changes_no_token_and_no_step_record():
     runs = []
     for warmup in (True, False):
-        config = EngineConfig(
-            model="tiny-llama", block_size=4, num_gpu_blocks_override=24, warmup=warmup
-        )
+        serving = ServingConfig.create(block_size=4, num_gpu_blocks_override=24)
+        config = EngineConfig(model="tiny-llama", warmup=warmup, serving=serving)
         engine = LLMEngine(config)
         runs.append(engine.run(_requests(engine, num=6)))
     with_warmup, without = runs

@@ -19,7 +19,7 @@ def test_cpu_timer_reads_the_thread_cpu_time():
 
 
 def test_cpu_timer_is_refused_where_the_work_runs_on_a_device():
-    with pytest.raises(KvlabError, match="--step-timer wall"):
+    with pytest.raises(KvlabError, match="step_timer wall"):
         _step_timer("cpu", "cuda")
 
 

@@ -116,15 +116,18 @@ def test_token_prompt_forms_are_equivalent(llm):
     assert flat[0].outputs[0].token_ids == tokens_prompt[0].outputs[0].token_ids
 
 
-def test_block_size_overrides_the_spec_page_size():
-    llm = LLM(
-        "tiny-llama",
-        policy="paged:block_size=8",
-        block_size=4,
-        num_gpu_blocks_override=8,
-        verbose=False,
-    )
+def test_block_size_sets_the_page_size_of_a_spec_that_leaves_it_default():
+    llm = LLM("tiny-llama", policy="paged:eviction=lru", block_size=4, num_gpu_blocks_override=8,
+              verbose=False)
     assert llm.engine.page_size == 4 == llm.engine.kv_cache.page_size
+    assert llm.engine.policy.eviction == "lru"
+
+
+def test_a_block_size_contradicting_the_spec_is_refused():
+    # one rule for the CLI and the API: the page size is given once
+    with pytest.raises(KvlabError, match="block_size 4 contradicts policy 'paged:block_size=8'"):
+        LLM("tiny-llama", policy="paged:block_size=8", block_size=4, num_gpu_blocks_override=8,
+            verbose=False)
 
 
 def test_prefix_caching_switch_turns_eviction_on():

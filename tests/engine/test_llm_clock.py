@@ -11,13 +11,15 @@ from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
+from kvlab.policies.serving import ServingConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model="tiny-llama", block_size=4, num_gpu_blocks_override=64))
+    serving = ServingConfig.create(block_size=4, num_gpu_blocks_override=64)
+    return LLMEngine(EngineConfig(model="tiny-llama", serving=serving))
 
 
 def _requests(engine, arrivals: list[float], max_tokens: int = 3):

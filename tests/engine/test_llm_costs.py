@@ -10,12 +10,14 @@ from kvlab.engine.config import EngineConfig
 from kvlab.engine.costs import MeasuredPreemptionCosts
 from kvlab.engine.engine import LLMEngine
 from kvlab.engine.replay import engine_metadata
+from kvlab.policies.serving import ServingConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _engine(policy: str) -> LLMEngine:
-    return LLMEngine(EngineConfig(model="tiny-llama", policy=policy, num_gpu_blocks_override=16))
+    serving = ServingConfig.create(policy, num_gpu_blocks_override=16)
+    return LLMEngine(EngineConfig(model="tiny-llama", serving=serving))
 
 
 def test_auto_preemption_measures_finite_costs_and_records_them():

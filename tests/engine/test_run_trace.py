@@ -11,6 +11,7 @@ from kvlab.engine.replay import run_trace, synthesize_prompt_ids
 from kvlab.errors import KvlabError
 from kvlab.metrics import summarize
 from kvlab.policies import RequestStatus
+from kvlab.policies.serving import ServingConfig
 from kvlab.traces import Trace, TraceRequest
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -58,8 +59,9 @@ def test_a_replayed_trace_hits_the_prefix_cache_where_the_trace_shares():
     engine = LLMEngine(
         EngineConfig(
             model="tiny-llama",
-            policy="paged:block_size=4,eviction=lru",
-            num_gpu_blocks_override=64,
+            serving=ServingConfig.create(
+                "paged:block_size=4,eviction=lru", num_gpu_blocks_override=64
+            ),
         )
     )
     trace = synthesize_prompt_ids(_shared_trace(), engine.model_config.vocab_size)
@@ -72,7 +74,10 @@ def test_a_replayed_trace_hits_the_prefix_cache_where_the_trace_shares():
 
 def test_a_replayed_trace_gives_a_complete_summary():
     engine = LLMEngine(
-        EngineConfig(model="tiny-llama", num_gpu_blocks_override=64, max_model_len=24)
+        EngineConfig(
+            model="tiny-llama",
+            serving=ServingConfig.create(num_gpu_blocks_override=64, max_model_len=24),
+        )
     )
     trace = synthesize_prompt_ids(_shared_trace(), engine.model_config.vocab_size, seed=4)
     result = run_trace(engine, trace)

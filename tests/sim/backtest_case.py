@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from kvlab.metrics import summarize
+from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig, simulate
 from kvlab.traces import load_trace
 
@@ -23,7 +24,8 @@ POLICIES = ("paged", "paged:preemption=swap", "contiguous:reserve=pow2")
 def run_case() -> dict[str, dict]:
     """Summaries of the back-test case, keyed by policy spec."""
     trace = load_trace("azure", num_prompts=400, time_scale=4.0)
-    config = SimConfig(num_gpu_blocks_override=1500, max_num_batched_tokens=4096)
+    serving = ServingConfig(num_gpu_blocks_override=1500, max_num_batched_tokens=4096)
+    config = SimConfig(serving=serving)
     summaries = {}
     for policy in POLICIES:
         result = simulate(trace, config.with_policy(policy))

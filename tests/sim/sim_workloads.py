@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig
 from kvlab.traces import Trace, TraceRequest
 
@@ -34,4 +35,5 @@ def make_trace(
 
 def small_config(policy: str = "paged", *, num_pages: int = 64, **options: object) -> SimConfig:
     """Llama-2-7B on an A100 with a deliberately small KV cache, so memory runs out."""
-    return SimConfig(policy=policy, num_gpu_blocks_override=num_pages, **options)  # type: ignore[arg-type]
+    serving = ServingConfig.create(policy, num_gpu_blocks_override=num_pages, **options)
+    return SimConfig(serving=serving)

@@ -6,6 +6,7 @@ the full experiment; the slow test below is it."""
 import pytest
 
 from kvlab.metrics import summarize
+from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig, compare
 from kvlab.traces import load_trace
 
@@ -34,7 +35,8 @@ def _summaries(trace, config):
 
 
 def test_token_state_share_follows_the_papers_order_on_a_small_cache():
-    config = SimConfig(model="llama-2-13b", max_model_len=2048, num_gpu_blocks_override=1200)
+    serving = ServingConfig(max_model_len=2048, num_gpu_blocks_override=1200)
+    config = SimConfig(model="llama-2-13b", serving=serving)
     summaries = _summaries(_sharegpt_like(200), config)
     shares = [s["kv_token_state_perc"] for s in summaries]
     assert shares == sorted(shares) and len(set(shares)) == len(shares), shares
@@ -44,7 +46,7 @@ def test_token_state_share_follows_the_papers_order_on_a_small_cache():
 
 @pytest.mark.slow
 def test_the_documented_experiment_reproduces_the_papers_memory_and_throughput_result():
-    config = SimConfig(model="llama-2-13b", max_model_len=2048)
+    config = SimConfig(model="llama-2-13b", serving=ServingConfig(max_model_len=2048))
     summaries = _summaries(_sharegpt_like(1000), config)
     shares = [s["kv_token_state_perc"] for s in summaries]
     assert shares == sorted(shares), shares

@@ -79,10 +79,10 @@ def test_num_gpu_blocks_override_applies_even_when_memory_is_short():
     assert capacity.num_pages == 8
 
 
-def test_model_too_large_for_memory_names_the_flags_to_change():
-    with pytest.raises(KvlabError, match="--tensor-parallel-size") as err:
+def test_model_too_large_for_memory_names_the_settings_to_change():
+    with pytest.raises(KvlabError, match="tensor_parallel_size") as err:
         kv_cache_capacity_tokens(get_model("llama-2-70b"), get_hardware("a100-80g"), page_size=16)
-    assert "--gpu-memory-utilization" in str(err.value)
+    assert "gpu_memory_utilization" in str(err.value)
 
 
 def test_tensor_parallelism_makes_room_for_a_large_model():
@@ -129,11 +129,11 @@ def test_tensor_parallel_size_must_divide_the_heads():
 @pytest.mark.parametrize(
     ("flags", "flag_name"),
     [
-        ({"page_size": 0}, "--block-size"),
-        ({"page_size": 16, "gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
-        ({"page_size": 16, "num_gpu_blocks_override": 0}, "--num-gpu-blocks-override"),
+        ({"page_size": 0}, "block_size"),
+        ({"page_size": 16, "gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"page_size": 16, "num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
     ],
 )
-def test_bad_sizing_flags_are_user_errors(flags, flag_name):
+def test_bad_sizing_settings_are_user_errors(flags, flag_name):
     with pytest.raises(KvlabError, match=flag_name):
         kv_cache_capacity_tokens(get_model("llama-2-7b"), get_hardware("a100-80g"), **flags)

@@ -64,7 +64,7 @@ def test_fp8_weights_take_one_byte_per_parameter():
 
 
 def test_tensor_parallel_size_below_one_is_a_user_error():
-    with pytest.raises(KvlabError, match="--tensor-parallel-size"):
+    with pytest.raises(KvlabError, match="tensor_parallel_size"):
         get_model("llama-2-7b").kv_bytes_per_token(0)
 
 

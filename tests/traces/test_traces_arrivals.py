@@ -62,14 +62,14 @@ def test_defaults_leave_the_trace_unchanged():
 
 
 @pytest.mark.parametrize("options, flag", [
-    ({"request_rate": 0}, "--request-rate"),
-    ({"request_rate": -1.0}, "--request-rate"),
-    ({"request_rate": math.nan}, "--request-rate"),
-    ({"burstiness": 0.0}, "--burstiness"),
-    ({"time_scale": 0.0}, "--time-scale"),
-    ({"time_scale": -2.0}, "--time-scale"),
+    ({"request_rate": 0}, "request_rate"),
+    ({"request_rate": -1.0}, "request_rate"),
+    ({"request_rate": math.nan}, "request_rate"),
+    ({"burstiness": 0.0}, "burstiness"),
+    ({"time_scale": 0.0}, "time_scale"),
+    ({"time_scale": -2.0}, "time_scale"),
 ])
-def test_bad_value_names_its_flag(options, flag):
+def test_bad_value_names_its_setting(options, flag):
     with pytest.raises(KvlabError, match=f"^{flag} "):
         load_trace("random", num_prompts=2, **options)
 

@@ -28,17 +28,17 @@ def test_a_bundled_name_works_as_a_path():
 
 @pytest.mark.parametrize("dataset_name", ["burstgpt", "sharegpt"])
 def test_datasets_without_an_excerpt_need_a_path(dataset_name):
-    with pytest.raises(KvlabError, match=r"needs a --dataset-path"):
+    with pytest.raises(KvlabError, match=r"needs a dataset_path"):
         load_trace(dataset_name)
 
 
 def test_unknown_dataset_name_lists_the_known_ones():
-    with pytest.raises(KvlabError, match=r"--dataset-name 'foo': expected one of azure, "):
+    with pytest.raises(KvlabError, match=r"dataset_name 'foo': expected one of azure, "):
         load_trace("foo")
 
 
 def test_option_of_another_dataset_is_an_error():
-    with pytest.raises(KvlabError, match=r"'random_input_len' does not apply to --dataset-name "
+    with pytest.raises(KvlabError, match=r"'random_input_len' does not apply to dataset_name "
                                          r"azure"):
         load_trace("azure", random_input_len=5)
 

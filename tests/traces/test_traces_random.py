@@ -59,15 +59,15 @@ def test_prefix_groups_share_hash_ids_exactly_on_full_prefix_blocks(
 
 
 @pytest.mark.parametrize("options, flag", [
-    ({"random_input_len": -1}, "--random-input-len"),
-    ({"random_output_len": 0}, "--random-output-len"),
-    ({"random_range_ratio": 1.0}, "--random-range-ratio"),
-    ({"random_prefix_len": -5}, "--random-prefix-len"),
-    ({"random_prefix_len": 16, "num_prefix_groups": 0}, "--num-prefix-groups"),
-    ({"num_prefix_groups": 2}, "--num-prefix-groups"),
-    ({"random_input_len": 0}, "--random-input-len"),
-    ({"num_prompts": 0}, "--num-prompts"),
+    ({"random_input_len": -1}, "random_input_len"),
+    ({"random_output_len": 0}, "random_output_len"),
+    ({"random_range_ratio": 1.0}, "random_range_ratio"),
+    ({"random_prefix_len": -5}, "random_prefix_len"),
+    ({"random_prefix_len": 16, "num_prefix_groups": 0}, "num_prefix_groups"),
+    ({"num_prefix_groups": 2}, "num_prefix_groups"),
+    ({"random_input_len": 0}, "random_input_len"),
+    ({"num_prompts": 0}, "num_prompts"),
 ])
-def test_bad_option_names_its_flag(options, flag):
+def test_bad_option_names_its_setting(options, flag):
     with pytest.raises(KvlabError, match=f"^{flag} "):
         load_random(**options)

@@ -65,7 +65,7 @@ def test_invalid_json_names_line_and_column(tmp_path):
 
 def test_missing_tokenizer_folder_is_an_error(tmp_path):
     path = write(tmp_path, [conversation(("human", "a"), ("gpt", "b"))])
-    with pytest.raises(KvlabError, match=r"--tokenizer .*nowhere: no such folder"):
+    with pytest.raises(KvlabError, match=r"tokenizer .*nowhere: no such folder"):
         load_sharegpt(path, tokenizer=tmp_path / "nowhere")
 
 

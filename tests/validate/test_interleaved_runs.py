@@ -13,6 +13,7 @@ from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
 from kvlab.engine.interleave import run_engine, run_engines
 from kvlab.fidelity import lockstep, sim_config_for
+from kvlab.policies.serving import ServingConfig
 from kvlab.traces import Trace, TraceRequest
 
 
@@ -23,7 +24,10 @@ def burst(first_id: int, num: int) -> Trace:
 
 
 CONFIG = EngineConfig(
-    model="tiny-llama", policy="paged:block_size=4", num_gpu_blocks_override=16, max_model_len=64
+    model="tiny-llama",
+    serving=ServingConfig.create(
+        "paged:block_size=4", num_gpu_blocks_override=16, max_model_len=64
+    ),
 )
 
 

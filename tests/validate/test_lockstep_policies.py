@@ -10,6 +10,7 @@ import pytest
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.interleave import run_engine
 from kvlab.fidelity import lockstep, sim_config_for
+from kvlab.policies.serving import ServingConfig
 from kvlab.traces import Trace, TraceRequest
 
 SHARED = (101, 102, 103)
@@ -31,13 +32,10 @@ def small_trace() -> Trace:
 
 def engine_config(policy: str, num_pages: int = 24) -> EngineConfig:
     """tiny-llama with a cache small enough to preempt."""
-    return EngineConfig(
-        model="tiny-llama",
-        policy=policy,
-        num_gpu_blocks_override=num_pages,
-        max_model_len=64,
-        max_num_batched_tokens=32,
+    serving = ServingConfig.create(
+        policy, num_gpu_blocks_override=num_pages, max_model_len=64, max_num_batched_tokens=32
     )
+    return EngineConfig(model="tiny-llama", serving=serving)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +70,9 @@ def test_lockstep_is_identical_for_every_policy_family(policy, expect):
 def test_lockstep_reports_the_first_step_and_columns_that_differ():
     result, engine, ran = run_engine(engine_config("paged:block_size=4"), small_trace())
     # A simulator with more pages than the engine: it stops preempting where the engine did.
-    bigger = dataclasses.replace(sim_config_for(engine), num_gpu_blocks_override=64)
+    config = sim_config_for(engine)
+    serving = dataclasses.replace(config.serving, num_gpu_blocks_override=64)
+    bigger = dataclasses.replace(config, model=config.model_spec, serving=serving)
     report = lockstep(result, ran, bigger)
     assert not report.identical
     assert report.first_step is not None and "num_free_pages" in report.columns

@@ -9,6 +9,7 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.fidelity import METRICS
+from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim.calibrated import CalibratedCostModel
 from kvlab.traces import load_trace
@@ -51,7 +52,8 @@ def test_a_simulation_named_cost_model_times_steps_with_it(tmp_path):
     model = CalibratedCostModel(step_overhead_s=0.5, decode_token_s=0.25)
     path = model.save(tmp_path / "cm.json")
     trace = load_trace("random", num_prompts=1, random_input_len=8, random_output_len=3)
-    result = simulate(trace, SimConfig(num_gpu_blocks_override=64, cost_model=str(path)))
+    config = SimConfig(cost_model=str(path), serving=ServingConfig(num_gpu_blocks_override=64))
+    result = simulate(trace, config)
     durations = list(result.steps.columns["duration_s"])
     assert durations[1:] == [0.75, 0.75]  # decode steps: overhead + one decode token
 

@@ -1,0 +1,187 @@
+"""`ServingConfig`: how one serving instance runs, the same in every world that runs one.
+
+The simulator's `SimConfig`, the engine's `EngineConfig`, the server and the dashboard all
+compose this one object, so a setting has one name, one default and one check, and the policy
+it runs is resolved once: page size and prefix caching are folded into the `PolicySpec` here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kvlab.errors import KvlabError
+from kvlab.policies.scheduler import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    SchedulerConfig,
+    check_whole_number,
+)
+from kvlab.policies.spec import PolicySpec, parse_policy
+
+GiB = 2**30
+DEFAULT_SWAP_SPACE_BYTES = 4 * GiB  # vLLM v0's swap_space default, per device
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "kib": 2**10,
+    "m": 10**6, "mb": 10**6, "mib": 2**20,
+    "g": 10**9, "gb": 10**9, "gib": 2**30,
+    "t": 10**12, "tb": 10**12, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_memory_size(value: str | int, parameter: str = "kv_cache_memory_bytes") -> int:
+    """Bytes from an int or a string such as "256MiB", "1.5GB" or "4096" (plain bytes);
+    a KvlabError about `parameter` otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise KvlabError(f"{parameter} {value}: expected bytes >= 0", parameters=(parameter,))
+        return value
+    match = _SIZE.match(str(value))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise KvlabError(
+            f"{parameter} {value!r}: expected a size such as 256MiB, 2GiB, 500MB or a number "
+            "of bytes",
+            parameters=(parameter,),
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+@dataclass(slots=True, frozen=True)
+class ServingConfig:
+    """The memory policy, the scheduler's limits and how KV memory is sized (vLLM's names).
+
+    `policy` is the policy as run (see `create` for the page-size and prefix-caching
+    switches). `max_model_len` None means the model's own limit (`resolve_max_model_len`).
+    KV memory: `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
+    `gpu_memory_utilization` of the device minus weights and activations. `swap_space_bytes`
+    bounds the host swap pages unless the policy's `host_pages` does. `seed` shapes sampling and
+    synthetic workloads and is recorded with results. Checked on construction.
+    """
+
+    policy: PolicySpec = field(default_factory=PolicySpec)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, PolicySpec):
+            raise TypeError("ServingConfig.policy is a PolicySpec; use ServingConfig.create")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            check_whole_number(name, getattr(self, name), 1)
+        for name, low in (("max_model_len", 1), ("num_gpu_blocks_override", 1),
+                          ("kv_cache_memory_bytes", 0)):
+            if getattr(self, name) is not None:
+                check_whole_number(name, getattr(self, name), low)
+        check_whole_number("swap_space_bytes", self.swap_space_bytes, 0)
+        utilization = self.gpu_memory_utilization
+        if not (isinstance(utilization, int | float) and 0 < utilization <= 1):
+            raise KvlabError(
+                f"gpu_memory_utilization is {utilization!r}; expected a fraction in (0, 1]",
+                parameters=("gpu_memory_utilization",),
+            )
+        limit = self.max_model_len
+        if (limit is not None and not self.enable_chunked_prefill
+                and self.max_num_batched_tokens < limit):
+            raise _prefill_budget_error(self.max_num_batched_tokens, limit)
+
+    @classmethod
+    def create(
+        cls,
+        policy: PolicySpec | str | dict[str, Any] = "paged",
+        *,
+        block_size: int | None = None,
+        enable_prefix_caching: bool = False,
+        **settings: Any,
+    ) -> ServingConfig:
+        """The config with `policy` parsed and resolved once: `block_size` sets its page size
+        (unless the spec sets another one), `enable_prefix_caching` turns eviction `none` into
+        `lru` (vLLM's prefix cache); `settings` are the other fields."""
+        spec = parse_policy(policy)
+        if block_size is not None:
+            if isinstance(block_size, bool) or not isinstance(block_size, int):
+                raise KvlabError(f"block_size {block_size!r}: expected a whole number",
+                                 parameters=("block_size",))
+            if spec.block_size not in (PolicySpec().block_size, block_size):
+                raise KvlabError(
+                    f"block_size {block_size} contradicts policy {spec.to_string()!r}, whose "
+                    f"pages hold {spec.block_size} tokens; give the page size once",
+                    parameters=("block_size",),
+                )
+            spec = spec.with_options(block_size=block_size)
+        if enable_prefix_caching and spec.eviction == "none":
+            spec = spec.with_options(eviction="lru")
+        return cls(policy=spec, **settings)
+
+    def with_policy(self, policy: PolicySpec | str) -> ServingConfig:
+        """A copy running another policy."""
+        return replace(self, policy=parse_policy(policy))
+
+    @property
+    def page_size(self) -> int:
+        """Token slots per KV page (the policy's block_size)."""
+        return self.policy.block_size
+
+    def resolve_max_model_len(self, model_limit: int, model_name: str) -> int:
+        """`max_model_len`, or the model's own limit when unset; more than the model's limit is
+        an error (a model cannot attend past it)."""
+        limit = self.max_model_len
+        if limit is None:
+            limit = model_limit
+        elif limit > model_limit:
+            raise KvlabError(
+                f"max_model_len is {limit}; expected 1 to {model_limit}, the context length "
+                f"of model {model_name!r}",
+                parameters=("max_model_len",),
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < limit:
+            raise _prefill_budget_error(self.max_num_batched_tokens, limit)
+        return limit
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        """The scheduler's limits for a model length resolved by `resolve_max_model_len`."""
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )
+
+    def num_host_pages(self, num_pages: int, swap_space_pages: int | None = None) -> int:
+        """Host swap pages: none for a policy that never swaps; else the policy's `host_pages`;
+        else as many as the device has pages, within `swap_space_pages` when the executor
+        knows what the swap space holds (the engine; the simulator does not bound it)."""
+        policy = self.policy
+        if policy.preemption == "recompute":
+            return 0
+        if policy.host_pages is not None:
+            return policy.host_pages
+        return num_pages if swap_space_pages is None else min(num_pages, swap_space_pages)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, the policy as a dict (`from_json` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServingConfig:
+        """The config a `to_json` dict describes."""
+        data = dict(data)
+        return cls(policy=PolicySpec.from_json(data.pop("policy", {})), **data)
+
+
+def _prefill_budget_error(budget: int, max_model_len: int) -> KvlabError:
+    return KvlabError(
+        f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}) with "
+        "enable_chunked_prefill off: long prompts could never be scheduled; raise it or "
+        "enable chunked prefill",
+        parameters=("max_num_batched_tokens", "max_model_len", "enable_chunked_prefill"),
+    )
