@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
+from kvlab.policies.host_pool import HostPool
+from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction, ReserveRule
 from kvlab.policies.outputs import MemOps, MemoryUsage
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.request import Request
@@ -63,9 +65,6 @@ class KVCacheManager:
         "_cache_epoch",
         "_cached",
         "_free_list",
-        "_host_free",
-        "_is_contiguous",
-        "_is_paged",
         "_last_lookup",
         "_num_dup_slots",
         "_num_live_slots",
@@ -73,14 +72,13 @@ class KVCacheManager:
         "_pop_victims",
         "_reserve",
         "_seqs",
-        "_swapped",
         "allocator",
         "block_sizing",
         "caching",
         "costs",
         "evictor",
+        "host",
         "max_model_len",
-        "num_host_pages",
         "num_prefix_hits",
         "num_prefix_queries",
         "num_total_pages",
@@ -108,20 +106,20 @@ class KVCacheManager:
         self.num_total_pages = num_pages
         self.max_model_len = max_model_len
         self.costs = costs
-        self.allocator = registry.get("allocation", spec.kind).factory(num_pages)
-        self.block_sizing = registry.get("block_sizing", spec.block_sizing).factory(self.page_size)
-        self.evictor = registry.get("eviction", spec.eviction).factory()
+        self.allocator: Allocator = registry.get("allocation", spec.kind).factory(num_pages)
+        self.block_sizing: BlockSizing = registry.get("block_sizing", spec.block_sizing).factory(
+            self.page_size
+        )
+        self.evictor: Eviction = registry.get("eviction", spec.eviction).factory()
         # Batched forms of evictor.add and evictor.pop_victim, where the policy has them (LRU):
         # a finished or preempted sequence hands back dozens of pages at once.
         self._add_pages = getattr(self.evictor, "add_pages", None)
         self._pop_victims = getattr(self.evictor, "pop_victims", None)
         self.caching: bool = self.evictor.caches
-        self._reserve = registry.get("reserve", spec.reserve).factory
-        self._is_paged = spec.kind == "paged"
-        self._is_contiguous = spec.kind == "contiguous"
-        # Paged allocation with fixed blocks grows by one page from the free list: a fast path.
-        simple = self._is_paged and spec.block_sizing == "fixed"
-        self._free_list: deque[int] | None = self.allocator.free_list if simple else None
+        self._reserve: ReserveRule = registry.get("reserve", spec.reserve).factory
+        # Exact blocks from a free list grow by one page taken straight from it: a fast path.
+        exact = self.block_sizing.exact
+        self._free_list: deque[int] | None = self.allocator.free_list if exact else None
         self.watermark_pages = int(spec.watermark * num_pages)
         # Owners are counted only for pages shared by two or more sequences: a page in one
         # block table is the common case, and leaving it out of every count keeps taking and
@@ -131,10 +129,8 @@ class KVCacheManager:
         # exactly when this maps the table's i-th page hash to it.
         self._cached: dict = {}
         self._seqs: dict[int, _SeqState] = {}
-        self._swapped: dict[int, tuple[list[int], int]] = {}  # request -> (host pages, tokens)
         host = num_pages if spec.host_pages is None else spec.host_pages
-        self.num_host_pages = host if num_host_pages is None else num_host_pages
-        self._host_free: deque[int] = deque(range(self.num_host_pages))
+        self.host = HostPool(host if num_host_pages is None else num_host_pages)
         self._num_live_slots = 0  # sum of claimed tokens over sequences...
         self._num_dup_slots = 0  # ...minus this: tokens counted twice because a page is shared
         self.num_prefix_queries = 0
@@ -145,6 +141,11 @@ class KVCacheManager:
         self._cache_epoch = 0
 
     # ----------------------------------------------------------------------------- queries
+
+    @property
+    def num_host_pages(self) -> int:
+        """Host swap pages in all."""
+        return self.host.num_total_pages
 
     @property
     def num_free_pages(self) -> int:
@@ -181,7 +182,7 @@ class KVCacheManager:
 
     def is_swapped(self, seq: Request) -> bool:
         """True while the sequence's KV lives in host memory."""
-        return seq.request_id in self._swapped
+        return self.host.holds(seq.request_id)
 
     def num_computed_prefix_tokens(self, seq: Request) -> int:
         """Leading tokens whose KV is cached, in whole pages, capped at the token count - 1 (as
@@ -223,7 +224,7 @@ class KVCacheManager:
         return f"{length}, in pages of {self.page_size} tokens"
 
     def _tokens_needed_alone(self, seq: Request) -> int:
-        if self._is_contiguous:
+        if self.allocator.reserves_region:
             return max(seq.total_len, self._reserve(seq.total_len, self.max_model_len))
         return seq.total_len
 
@@ -240,8 +241,8 @@ class KVCacheManager:
             num_live_token_slots=live,
             num_internal_frag_slots=used * self.page_size - live,
             num_external_frag_pages=self.allocator.num_unusable_free_pages(),
-            num_host_total_pages=self.num_host_pages,
-            num_host_used_pages=self.num_host_pages - len(self._host_free),
+            num_host_total_pages=self.host.num_total_pages,
+            num_host_used_pages=self.host.num_used_pages,
             num_prefix_queries=self.num_prefix_queries,
             num_prefix_hits=self.num_prefix_hits,
         )
@@ -327,9 +328,7 @@ class KVCacheManager:
         state = self._seqs.pop(seq.request_id, None)
         if state is not None:
             self._release(seq, state)
-        swapped = self._swapped.pop(seq.request_id, None)
-        if swapped is not None:
-            self._host_free.extend(swapped[0])
+        self.host.release(seq.request_id)
 
     def fork(self, parent: Request, child: Request) -> None:
         """Share the parent's filled pages with `child` (copy-on-write: a write copies first).
@@ -368,38 +367,36 @@ class KVCacheManager:
         """Whether the host pool has room for the sequence's computed pages."""
         if seq.request_id not in self._seqs:
             return False
-        return -(-seq.num_computed_tokens // self.page_size) <= len(self._host_free)
+        return self.host.can_store(-(-seq.num_computed_tokens // self.page_size))
 
     def swap_out(self, seq: Request) -> MemOps:
         """Copy the pages of the computed tokens to host memory and release all device pages."""
         state = self._seqs.pop(seq.request_id)
         num_tokens = seq.num_computed_tokens
         num_filled = -(-num_tokens // self.page_size)
-        assert num_filled <= len(self._host_free), "call can_swap_out first"
-        host_pages = [self._host_free.popleft() for _ in range(num_filled)]
+        assert self.host.can_store(num_filled), "call can_swap_out first"
+        host_pages = self.host.store(seq.request_id, num_filled, num_tokens)
         ops = MemOps(swap_outs=list(zip(state.pages[:num_filled], host_pages, strict=True)))
         self._release(seq, state)
-        self._swapped[seq.request_id] = (host_pages, num_tokens)
         return ops
 
     def can_swap_in(self, seq: Request) -> bool:
         """Whether device memory has room to bring the sequence back, keeping the watermark free
         (as vLLM v0 did): without it a swapped-in request preempts another at its next page."""
-        swapped = self._swapped.get(seq.request_id)
-        return (
-            swapped is not None and self._plan_new(seq, swapped[1], [], watermark=True) is not None
-        )
+        stored = self.host.stored(seq.request_id)
+        return stored is not None and self._plan_new(seq, stored[1], [], watermark=True) is not None
 
     def swap_in(self, seq: Request) -> MemOps | None:
         """Bring the sequence's pages back from host memory; None when device memory is short."""
-        host_pages, num_tokens = self._swapped[seq.request_id]
+        stored = self.host.stored(seq.request_id)
+        assert stored is not None, "swap_in of a sequence not swapped out"
+        host_pages, num_tokens = stored
         plan = self._plan_new(seq, num_tokens, [], watermark=True)
         if plan is None:
             return None
-        del self._swapped[seq.request_id]
+        self.host.release(seq.request_id)
         self._execute(seq, num_tokens, None, plan)
         pages = self._seqs[seq.request_id].pages
-        self._host_free.extend(host_pages)
         return MemOps(swap_ins=list(zip(host_pages, pages[: len(host_pages)], strict=True)))
 
     # ----------------------------------------------------------------------------- internals
@@ -464,8 +461,8 @@ class KVCacheManager:
         self, seq: Request, total: int, hits: list[int], *, watermark: bool
     ) -> _Plan | None:
         page_size = self.page_size
-        alone = self.num_used_pages == 0
-        if self._is_contiguous:
+        alone, allocator = self.num_used_pages == 0, self.allocator
+        if allocator.reserves_region:
             reserved = max(total, self._reserve(seq.total_len, self.max_model_len))
             needed = -(-reserved // page_size) - len(hits)
         else:
@@ -475,9 +472,8 @@ class KVCacheManager:
         # own block would not fit (a prompt block rounded up past the memory), or when it was
         # preempted before: its own smaller blocks could fragment memory so that it could
         # never grow alone (a livelock). So whatever fits alone runs to its end.
-        if alone and not self._is_paged and not self._is_contiguous and (
-            seq.num_preemptions or not fits
-        ):
+        runs = allocator.free_list is None and not allocator.reserves_region
+        if alone and runs and (seq.num_preemptions or not fits):
             whole = -(-max(total, seq.total_len) // page_size) - len(hits)
             return _Plan(hits, whole, False, as_runs=True) if self._fits_as_runs(
                 whole, hits
@@ -491,7 +487,7 @@ class KVCacheManager:
             and total > state.num_tokens
             and state.pages[state.num_tokens // page_size] in self._owners
         )
-        if self._is_contiguous:  # a region can only grow by another region elsewhere
+        if self.allocator.reserves_region:  # a region grows only by another region elsewhere
             needed = max(0, -(-total // page_size) - len(state.pages))
         else:
             needed = self._block_pages(seq, total, state.num_blocks, len(state.pages))
@@ -530,7 +526,7 @@ class KVCacheManager:
             available -= sum(1 for page in hits if page in evictor)  # they stop being cached
         if take + reserve > available:
             return False
-        if self._is_paged or self.allocator.can_allocate(num_pages):
+        if self.allocator.free_list is not None or self.allocator.can_allocate(num_pages):
             return True
         if not len(evictor):
             return False
@@ -591,22 +587,18 @@ class KVCacheManager:
     def _take_block(self, num_pages: int) -> list[int]:
         """Take one block, evicting cached pages as needed (the plan made sure it fits)."""
         allocator = self.allocator
-        if self._is_paged:
+        free = allocator.free_list
+        if free is not None and num_pages > len(free):
             # Paging takes the free list from its head: all of it, then the evicted pages in
             # eviction order (what releasing them to its tail and allocating would give).
-            free = allocator.free_list
-            if num_pages > len(free):
-                pages = list(free)
-                free.clear()
-                pages += self._drop_victims(num_pages - len(pages))
-            else:
-                pages = allocator.allocate(num_pages)
-        else:
-            pages = allocator.allocate(num_pages)
-            while pages is None:
-                self._evict(1)
-                pages = allocator.allocate(num_pages)
-        return pages
+            pages = list(free)
+            free.clear()
+            return pages + self._drop_victims(num_pages - len(pages))
+        block = allocator.allocate(num_pages)
+        while block is None:  # a run that fits only once cached pages are evicted
+            self._evict(1)
+            block = allocator.allocate(num_pages)
+        return block
 
     def _take_runs(self, num_pages: int) -> list[int]:
         """`num_pages` pages as power-of-two runs, largest first (the binary digits of the

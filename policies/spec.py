@@ -8,8 +8,6 @@ from typing import Any
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
 
-KINDS = ("paged", "contiguous", "buddy")
-
 
 @dataclass(slots=True, frozen=True)
 class PolicySpec:
@@ -80,8 +78,9 @@ def parse_policy(text: str | dict[str, Any] | PolicySpec) -> PolicySpec:
     if isinstance(text, dict):
         return PolicySpec.from_json(text)
     kind, _, rest = text.strip().partition(":")
-    if kind not in KINDS:
-        raise KvlabError(f"policy {text!r}: unknown kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    kinds = registry.names("allocation")
+    if kind not in kinds:
+        raise KvlabError(f"policy {text!r}: unknown kind {kind!r}; valid kinds: {', '.join(kinds)}")
     options: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
@@ -124,8 +123,9 @@ def _format(value: Any) -> str:
 
 def _validate(spec: PolicySpec) -> None:
     where = f"policy {spec.kind}"
-    if spec.kind not in KINDS:
-        raise KvlabError(f"unknown policy kind {spec.kind!r}; valid kinds: {', '.join(KINDS)}")
+    kinds = registry.names("allocation")
+    if spec.kind not in kinds:
+        raise KvlabError(f"unknown policy kind {spec.kind!r}; valid kinds: {', '.join(kinds)}")
     if not isinstance(spec.block_size, int) or spec.block_size < 1:
         raise KvlabError(f"{where}: block_size={spec.block_size!r} must be a whole number >= 1")
     for family, value in (
@@ -138,7 +138,8 @@ def _validate(spec: PolicySpec) -> None:
         valid = registry.names(family)
         if value not in valid:
             raise KvlabError(f"{where}: {family}={value!r}; valid: {', '.join(valid)}")
-    if spec.kind == "contiguous" and spec.block_sizing != "fixed":
+    reserves_region = registry.get("allocation", spec.kind).factory.reserves_region
+    if reserves_region and spec.block_sizing != "fixed":
         raise KvlabError(
             f"{where}: block_sizing={spec.block_sizing!r} does not apply to contiguous "
             "reservation (its size is set by reserve=max|pow2|oracle); use paged or buddy"

@@ -18,6 +18,8 @@ class BuddyAllocator:
     """
 
     __slots__ = ("_free", "_heaps", "max_order", "num_free_pages", "num_total_pages")
+    free_list = None  # a block is an aligned power-of-two run, split from a larger one
+    reserves_region = False
 
     def __init__(self, num_total_pages: int) -> None:
         self.num_total_pages = num_total_pages

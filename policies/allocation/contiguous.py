@@ -20,6 +20,8 @@ class ContiguousAllocator:
     """
 
     __slots__ = ("_lengths", "_starts", "num_free_pages", "num_total_pages")
+    free_list = None  # a block is a run of consecutive pages, found first-fit
+    reserves_region = True
 
     def __init__(self, num_total_pages: int) -> None:
         self.num_total_pages = num_total_pages

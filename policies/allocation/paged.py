@@ -14,6 +14,7 @@ class PagedAllocator:
     """A FIFO free list of page ids: freed pages are reused last, in a deterministic order."""
 
     __slots__ = ("free_list", "num_total_pages")
+    reserves_region = False
 
     def __init__(self, num_total_pages: int) -> None:
         self.num_total_pages = num_total_pages

@@ -11,6 +11,7 @@ class FixedBlockSizing:
     """No look-ahead: a sequence holds ceil(tokens / page_size) pages."""
 
     __slots__ = ()
+    exact = True
 
     def __init__(self, page_size: int) -> None:
         pass

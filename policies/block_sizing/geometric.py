@@ -17,6 +17,7 @@ class GeometricBlockSizing:
     """Doubling blocks, like a growable array: O(log n) allocations per sequence."""
 
     __slots__ = ()
+    exact = False
 
     def __init__(self, page_size: int) -> None:
         pass

@@ -19,6 +19,7 @@ class PredictedBlockSizing:
     """
 
     __slots__ = ("page_size",)
+    exact = False
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size

@@ -1,4 +1,5 @@
-"""A priority set of pages on a lazy heap: the shared engine of the scored eviction policies."""
+"""A priority set of pages on a lazy heap, and the eviction policy built on it that the scored
+policies (fifo, lfu, cost) share."""
 
 from __future__ import annotations
 
@@ -47,3 +48,48 @@ class PageHeap:
     def pages(self) -> list[int]:
         """The pages held, in no particular order."""
         return list(self._key)
+
+
+class HeapEviction:
+    """The shared body of the scored eviction policies: cached-free pages on a `PageHeap`,
+    lowest priority evicted first. A subclass gives `_priority(page, depth)`, and may count
+    hits (`on_hit`) and forget a page's state when it is evicted (`_forget`)."""
+
+    __slots__ = ("_heap",)
+    caches = True
+
+    def __init__(self) -> None:
+        self._heap = PageHeap()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __contains__(self, page_id: int) -> bool:
+        return page_id in self._heap
+
+    def add(self, page_id: int, depth: int, key: Hashable) -> None:
+        """The page, holding the prefix `key` at `depth`, became unreferenced."""
+        self._heap.push(page_id, self._priority(page_id, depth), key)
+
+    def remove(self, page_id: int) -> None:
+        """A prefix hit took the page back."""
+        self._heap.discard(page_id)
+
+    def on_hit(self, page_id: int) -> None:
+        """A prefix hit on the page (nothing by default)."""
+
+    def pop_victim(self) -> tuple[int, Hashable]:
+        """The page of lowest priority and its key. Raises LookupError when none is cached."""
+        page_id, key = self._heap.pop()
+        self._forget(page_id)
+        return page_id, key
+
+    def pages(self) -> list[int]:
+        """Cached-free pages."""
+        return self._heap.pages()
+
+    def _priority(self, page_id: int, depth: int) -> tuple:
+        raise NotImplementedError
+
+    def _forget(self, page_id: int) -> None:
+        """The page was evicted: its content, and so its history, is gone."""

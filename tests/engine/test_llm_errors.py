@@ -67,7 +67,7 @@ def test_an_unknown_attention_backend_lists_the_valid_ones():
 
 
 def test_an_unknown_policy_lists_the_valid_kinds():
-    with pytest.raises(KvlabError, match="paged, contiguous, buddy"):
+    with pytest.raises(KvlabError, match="buddy, contiguous, paged"):
         _llm(policy="slab")
 
 

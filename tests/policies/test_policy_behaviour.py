@@ -43,7 +43,7 @@ def test_spec_string_round_trips_through_json():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("slab", "valid kinds: paged, contiguous, buddy"),
+        ("slab", "valid kinds: buddy, contiguous, paged"),
         ("paged:blocksize=16", "valid keys: block_size"),
         ("paged:eviction=mru", "valid: "),
         ("paged:block_size=big", "block_size='big' is not a whole number"),

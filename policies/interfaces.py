@@ -1,0 +1,124 @@
+"""The protocols of the policy families: what `KVCacheManager` asks of each implementation.
+
+A new policy is one small file implementing one of these, one `@register` line, and a test
+(docs/architecture.md, "Adding a policy"). The manager reads an implementation's capabilities
+(attributes such as `Allocator.free_list` or `BlockSizing.exact`), never its name.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from kvlab.policies.request import Request
+
+
+class Allocator(Protocol):
+    """The address-space policy: owns the truly free pages (no owner, no cached content) and
+    hands out blocks of them. Cached pages belong to the eviction policy until evicted.
+
+    Capabilities: `free_list` is the FIFO free list itself when any free page serves any block
+    (paging: the manager's hot path takes pages from it directly), else None; `reserves_region`
+    is True when a request holds one region sized by its reservation rule (contiguous), where
+    block sizing does not apply and a region grows only by another region.
+    """
+
+    num_total_pages: int
+    num_free_pages: int
+    free_list: deque[int] | None
+    reserves_region: bool
+
+    def pages_for(self, num_pages: int) -> int:
+        """How many pages a request for `num_pages` actually receives (buddy rounds up)."""
+        ...
+
+    def allocate(self, num_pages: int) -> list[int] | None:
+        """Take a block of `pages_for(num_pages)` pages, or None (nothing changed)."""
+        ...
+
+    def can_allocate(self, num_pages: int, extra_free: list[int] = ()) -> bool:  # type: ignore[assignment]
+        """Whether `allocate(num_pages)` would succeed if `extra_free` pages were released first."""
+        ...
+
+    def release(self, pages: list[int]) -> None:
+        """Give pages back (any order; runs are merged where the policy merges)."""
+        ...
+
+    def num_unusable_free_pages(self) -> int:
+        """Free pages outside the largest block it can hand out (external fragmentation)."""
+        ...
+
+
+class BlockSizing(Protocol):
+    """How many pages the next block of a sequence takes.
+
+    Capability: `exact` is True when every block is exactly the pages needed now (a decode that
+    crosses a page boundary takes one page: the manager's fast path).
+    """
+
+    exact: bool
+
+    def pages_for_next_block(self, seq: Request, num_blocks: int, num_pages_needed: int) -> int:
+        """At least `num_pages_needed`; `num_blocks` is how many blocks `seq` already holds."""
+        ...
+
+
+class Eviction(Protocol):
+    """Which cached-free page (prefix content, no owner) is reused first.
+
+    It holds exactly the cached-free pages. `caches` is False only for `none` (no prefix
+    caching). A policy may add the batched forms `add_pages(pages, keys)` and
+    `pop_victims(n) -> (pages, keys)` (see `BatchedEviction`); the manager uses them when there.
+    """
+
+    caches: bool
+
+    def __len__(self) -> int:
+        """Cached-free pages held."""
+        ...
+
+    def __contains__(self, page_id: int) -> bool:
+        """Whether the page is cached-free."""
+        ...
+
+    def add(self, page_id: int, depth: int, key: Hashable) -> None:
+        """A cached page (at index `depth` of its sequence, holding prefix hash `key`) lost its
+        last owner."""
+        ...
+
+    def remove(self, page_id: int) -> None:
+        """A prefix hit took the page back."""
+        ...
+
+    def on_hit(self, page_id: int) -> None:
+        """Every prefix hit on the page (cached-free or held)."""
+        ...
+
+    def pop_victim(self) -> tuple[int, Hashable]:
+        """The page to reclaim next and its key (the manager drops the content); LookupError
+        when none is cached."""
+        ...
+
+    def pages(self) -> list[int]:
+        """The cached-free pages, in no particular order."""
+        ...
+
+
+class BatchedEviction(Eviction, Protocol):
+    """An eviction policy with batched forms of `add` and `pop_victim` (LRU): a finished or
+    preempted sequence hands back dozens of pages at once."""
+
+    def add_pages(self, page_ids: list[int], keys: list) -> None:
+        """`add` of each page with its key, in order."""
+        ...
+
+    def pop_victims(self, num_pages: int) -> tuple[list[int], list]:
+        """`pop_victim` `num_pages` times: the pages and their keys."""
+        ...
+
+
+# Victim choice: (running requests, pages each holds) -> the request to preempt.
+VictimPicker = Callable[[list[Request], Callable[[Request], int]], Request]
+# Contiguous reservation: (request's total length, max_model_len) -> tokens reserved.
+ReserveRule = Callable[[int, int], int]
