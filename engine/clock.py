@@ -1,5 +1,6 @@
 """The engine's two clocks: wall time (live, real-time replay) and a virtual clock that advances
-by measured step durations (as-fast-as-possible replay), both following DESIGN's time rule."""
+by measured step durations (as-fast-as-possible replay), both following the time rule of
+docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -204,10 +204,10 @@ class LLMEngine:
     ) -> EngineRun:
         """Serve `requests` (from make_request) until every one has finished or failed.
 
-        Arrivals follow DESIGN's time rule through ArrivalQueue: a step starting at clock time t
-        first admits every request with arrival <= t; an idle engine waits for the next arrival
-        (the virtual clock jumps, the wall clock sleeps). Tokens are stamped with the end of the
-        step that produced them.
+        Arrivals follow the time rule (docs/architecture.md) through the StepLoop: a step
+        starting at clock time t first admits every request with arrival <= t; an idle engine
+        waits for the next arrival (the virtual clock jumps, the wall clock sleeps). Tokens are
+        stamped with the end of the step that produced them.
         """
         steps = self.iter_run(requests, replay=replay)
         bar = tqdm(

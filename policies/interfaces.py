@@ -1,7 +1,7 @@
 """The protocols of the policy families: what `KVCacheManager` asks of each implementation.
 
 A new policy is one small file implementing one of these, one `@register` line, and a test
-(docs/architecture.md, "Adding a policy"). The manager reads an implementation's capabilities
+(docs/architecture.md, "Where to add"). The manager reads an implementation's capabilities
 (attributes such as `Allocator.free_list` or `BlockSizing.exact`), never its name.
 """
 

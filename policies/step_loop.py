@@ -2,8 +2,9 @@
 
 The simulator's SimPy process and the engine (offline, replay, server) drive one `StepLoop`
 each and only carry out the step in between: the simulator charges its time, the engine runs
-the model. So the two make the same decisions in the same order by construction (DESIGN "The
-serving core"), and a step that decides nothing is caught here, once, for both.
+the model. So the two make the same decisions in the same order by construction
+(docs/architecture.md, "The serving core"), and a step that decides nothing is caught here,
+once, for both.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ class LivelockError(RuntimeError):
 class StepLoop:
     """One instance's requests yet to arrive, its scheduler and its per-step records.
 
-    Time follows DESIGN's rule: a step starting at clock time t first admits every request
-    with arrival <= t (`admit`); with nothing to run, the clock jumps to `next_arrival_s()`.
+    Time follows the rule of docs/architecture.md: a step starting at clock time t first admits
+    every request with arrival <= t (`admit`); with nothing to run, the clock jumps to
+    `next_arrival_s()`.
     `schedule(t)` decides the step; the executor carries it out and calls `commit` with the
     step's end time, which records the step and commits its tokens.
     """

@@ -1,11 +1,12 @@
 """One serving instance as a SimPy process that advances one engine step at a time.
 
-It drives the scheduler exactly as the engine's virtual clock does (DESIGN "Time, the same in
-both worlds"): a step starting at clock t admits every request with arrival <= t, schedules,
-lasts its memory work plus its forward pass, and stamps its tokens at its end; with nothing
-running, waiting or swapped the instance sleeps until the arrival process wakes it at the next
-arrival. Lockstep validation replays an engine's step durations through this loop, so the order
-of calls here is part of the contract: one `cost_model.step_time_s(output)` per step, in order.
+It drives a StepLoop exactly as the engine's virtual clock does (docs/architecture.md, "Time,
+the same in both worlds"): a step starting at clock t admits every request with arrival <= t,
+schedules, lasts its memory work plus its forward pass, and stamps its tokens at its end; with
+nothing running, waiting or swapped the instance sleeps until the arrival process wakes it at
+the next arrival. Lockstep validation replays an engine's step durations through this loop,
+so the order of calls here is part of the contract: one `cost_model.step_time_s(output)` per
+step, in order.
 """
 
 from __future__ import annotations

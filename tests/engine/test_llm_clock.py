@@ -1,5 +1,6 @@
-"""The engine loop's clocks follow DESIGN's time rule (arrivals admitted at step starts, tokens
-stamped at step ends, idle gaps jumped) — checked on relations, never on elapsed time."""
+"""The engine loop's clocks follow the time rule of docs/architecture.md (arrivals admitted at
+step starts, tokens stamped at step ends, idle gaps jumped) — checked on relations, never on
+elapsed time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""DESIGN's time rule: admission at step start, tokens stamped at step end, idle jumps."""
+"""The time rule of docs/architecture.md: admission at step start, tokens stamped at step end,
+idle jumps."""
 
 import math
 
