@@ -736,13 +736,14 @@ class KVCacheManager:
         one by one), and the run after them that later requests hit: a hit on page j of this
         table takes every page before it too."""
         pages, owners, num_hits = state.pages, self._owners, state.num_hit_pages
-        shared = [page for page in pages[:num_hits] if page in owners] if num_hits else []
+        hits = pages[:num_hits]
+        num_held = sum(map(owners.__contains__, hits)) if num_hits else 0  # a C loop
         run, end = num_hits, state.num_hashed
         while run < end and pages[run] in owners:
             run += 1
-        if len(shared) == num_hits:
+        if num_held == num_hits:
             return run, None
-        return None, set(shared) | set(pages[num_hits:run])
+        return None, {page for page in hits if page in owners} | set(pages[num_hits:run])
 
     def _sort_released(
         self, state: _SeqState, still_held: set[int]
