@@ -15,6 +15,7 @@ FOLDERS = {
     "metrics": "kvlab.metrics",
     "specs": "kvlab.specs",
     "fidelity": "kvlab.fidelity",
+    "server": "kvlab.server",
     "dashboard": "kvlab.dashboard",
 }
 

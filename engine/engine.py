@@ -236,14 +236,18 @@ class LLMEngine:
                 assert next_s is not None
                 clock.wait_until(next_s)
                 continue
-            yield self._step(loop, now_s, clock)
+            output, finished = self.step(loop, now_s, clock)
+            yield len(output.failed) + len(finished)
         itls = np.frombuffer(self.scheduler.itls_s, dtype=np.float64)[first_itl:].copy()
         start = min((r.arrival_s for r in requests), default=0.0)
         end = max((r.finish_s for r in requests if r.finish_s is not None), default=start)
         return EngineRun(list(requests), loop.steps, itls, start, end)
 
-    def _step(self, loop: StepLoop, now_s: float, clock: VirtualClock | WallClock) -> int:
-        """One step of the loop starting at `now_s`, run on the model; returns requests ended."""
+    def step(
+        self, loop: StepLoop, now_s: float, clock: VirtualClock | WallClock
+    ) -> tuple[SchedulerOutput, list[Request]]:
+        """One step of `loop` (on this engine's scheduler) starting at `now_s`, run on the model;
+        returns the step and the requests it finished (failed ones are in `output.failed`)."""
         timer = self._timer
         started = timer()
         output = loop.schedule(now_s)
@@ -260,7 +264,13 @@ class LLMEngine:
         )
         for request in (*output.failed, *finished):
             self._forget(request.request_id)
-        return len(output.failed) + len(finished)
+        return output, finished
+
+    def abort(self, request: Request, now_s: float) -> None:
+        """Stop a request wherever it is (waiting, running, swapped out) and free its memory."""
+        if not request.is_finished:
+            self.scheduler.abort(request, now_s)
+        self._forget(request.request_id)
 
     def _stopped(self, output: SchedulerOutput, sampled: list[int | None]) -> set[int]:
         """Requests whose new token is an eos (unless ignore_eos) or one of their stop tokens."""

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "run a trace through the real paged engine (cpu, cuda or npu)"),
     "calibrate": ("calibrate", "fit the simulator's cost model to engine step profiles"),
     "validate": ("validate", "run one trace through engine and simulator and compare metrics"),
+    "serve": ("serve", "serve the real engine over an OpenAI-compatible HTTP API"),
     "policies": ("policies", "list every registered memory policy"),
     "presets": ("presets", "list model and hardware presets with their key figures"),
     "traces": ("traces", "inspect request traces (kvlab traces info PATH)"),

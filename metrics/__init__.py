@@ -5,7 +5,12 @@ Layer 1: imports only `kvlab.errors`, numpy and pandas (never torch, never the p
 """
 
 from kvlab.metrics.records import FLOAT_COLUMNS, INT_COLUMNS, STEP_COLUMNS, StepRecorder
-from kvlab.metrics.results import TABLE_FORMATS, default_result_filename, save_results
+from kvlab.metrics.results import (
+    TABLE_FORMATS,
+    default_result_filename,
+    save_results,
+    save_step_profile,
+)
 from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult, merge_runs
 from kvlab.metrics.summary import (
     GOODPUT_METRICS,
@@ -19,6 +24,7 @@ from kvlab.metrics.summary import (
     per_step_table,
     percentile_label,
     step_columns,
+    step_table,
     summarize,
 )
 
@@ -44,6 +50,8 @@ __all__ = [
     "per_step_table",
     "percentile_label",
     "save_results",
+    "save_step_profile",
     "step_columns",
+    "step_table",
     "summarize",
 ]

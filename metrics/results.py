@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvlab.errors import KvlabError
+from kvlab.metrics.records import StepRecorder
 from kvlab.metrics.run import RunResult
-from kvlab.metrics.summary import per_request_table, per_step_table
+from kvlab.metrics.summary import per_request_table, per_step_table, step_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -76,6 +77,19 @@ def _check_table_format(table_format: str) -> None:
             "table format 'parquet' needs pyarrow, which is not installed: "
             "pip install pyarrow, or use table format 'csv'"
         )
+
+
+def save_step_profile(steps: StepRecorder, path: Path) -> Path:
+    """Write a run's per-step table to `path` (.parquet, else CSV): the profile `kvlab
+    calibrate` fits, as the steps table of `save_results`."""
+    table_format = "parquet" if path.suffix == ".parquet" else "csv"
+    _check_table_format(table_format)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_table(step_table(steps), path, table_format)
+    except OSError as exc:
+        raise KvlabError(f"cannot write the step profile {path}: {exc.strerror or exc}") from exc
+    return path
 
 
 def save_results(

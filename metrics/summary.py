@@ -369,6 +369,11 @@ def per_request_table(result: RunResult) -> pd.DataFrame:
 
 def per_step_table(result: RunResult) -> pd.DataFrame:
     """One row per engine step: the StepRecorder's columns."""
+    return step_table(result.steps)
+
+
+def step_table(steps: StepRecorder) -> pd.DataFrame:
+    """A recorder's steps as a table, in STEP_COLUMNS order."""
     import pandas as pd
 
-    return pd.DataFrame(step_columns(result.steps))
+    return pd.DataFrame(step_columns(steps))

@@ -35,6 +35,15 @@ class ArrivalQueue:
         self._next = index
         return index - start
 
+    def push(self, request: Request) -> None:
+        """A request arriving after every one queued (a live server's, as it comes in)."""
+        requests = self._requests
+        last = requests[-1] if len(requests) > self._next else None
+        assert last is None or (last.arrival_s, last.request_id) <= (
+            request.arrival_s, request.request_id
+        ), "requests are pushed in arrival order"
+        requests.append(request)
+
     def next_arrival_s(self) -> float | None:
         """Arrival time of the next request, or None when all have arrived."""
         return self._requests[self._next].arrival_s if self._next < len(self._requests) else None

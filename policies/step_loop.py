@@ -49,6 +49,10 @@ class StepLoop:
         self.arrivals.admit_until(now_s, self.scheduler)
         return self.scheduler.has_unfinished()
 
+    def submit(self, request: Request) -> None:
+        """A request arriving now, after every one given so far (a live server's)."""
+        self.arrivals.push(request)
+
     def next_arrival_s(self) -> float | None:
         """When the next request arrives (None when all have)."""
         return self.arrivals.next_arrival_s()

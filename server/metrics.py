@@ -1,0 +1,140 @@
+"""`/metrics`: vLLM's Prometheus series where the meaning is the same, plus `kvlab:` series for
+the memory that vLLM does not show (pages, host pages, fragmentation, swaps, the policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kvlab.policies import KVCacheManager, Request, Scheduler, SchedulerOutput
+
+# vLLM's buckets, so that dashboards built for vLLM read kvlab's histograms alike.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServerMetrics:
+    """The series of one server, in a registry of its own; updated by the engine thread after
+    every step and every change of its queues (`observe_state`, `observe_batch`) and every
+    finished request (`observe_finished`)."""
+
+    def __init__(self, model_name: str, manager: KVCacheManager, config_labels: dict[str, str],
+                 policy: str) -> None:
+        self.registry = registry = CollectorRegistry()
+        labels = ["model_name"]
+        self._labels = {"model_name": model_name}
+
+        def gauge(name: str, text: str) -> Gauge:
+            return Gauge(name, text, labels, registry=registry)
+
+        def counter(name: str, text: str, extra: Sequence[str] = ()) -> Counter:
+            return Counter(name, text, [*labels, *extra], registry=registry)
+
+        def histogram(name: str, text: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, text, labels, buckets=buckets, registry=registry)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.swapped = gauge("kvlab:num_requests_swapped", "Requests swapped out to host.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 is 100 percent.")
+        self.used_pages = gauge("kvlab:kv_pages_used", "KV pages held by requests.")
+        self.cached_pages = gauge("kvlab:kv_pages_cached_free",
+                                  "KV pages without an owner that keep a cached prefix.")
+        self.free_pages = gauge("kvlab:kv_pages_free", "KV pages free.")
+        self.host_pages = gauge("kvlab:host_pages_used", "Host swap pages holding swapped KV.")
+        self.internal_frag = gauge(
+            "kvlab:internal_fragmentation_perc",
+            "Share of the token slots of used pages that hold no token (0..1).")
+        self.external_frag = gauge("kvlab:external_fragmentation_pages",
+                                   "Free pages the allocator cannot hand out as the runs it needs.")
+        self.preemptions = counter("vllm:num_preemptions", "Preemptions (recompute or swap).")
+        self.swaps_out = counter("kvlab:swaps_out", "Requests swapped out to host memory.")
+        self.swaps_in = counter("kvlab:swaps_in", "Requests swapped back in.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found cached.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.request_success = counter("vllm:request_success", "Requests finished.",
+                                       ["finished_reason"])
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                              TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens.",
+                             ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
+                             LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Arrival to first scheduled.", LATENCY_BUCKETS)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
+                                          "Tokens computed per engine step.",
+                                          ITERATION_TOKEN_BUCKETS)
+        info = Gauge("vllm:cache_config_info", "The KV cache's configuration.",
+                     sorted(config_labels), registry=registry)
+        info.labels(**config_labels).set(1)
+        Gauge("kvlab:policy_info", "The memory policy served.", ["model_name", "policy"],
+              registry=registry).labels(model_name=model_name, policy=policy).set(1)
+        self._manager = manager
+        self._seen = {"preemptions": 0, "swaps_out": 0, "swaps_in": 0, "queries": 0, "hits": 0,
+                      "itls": 0}
+
+    def observe_state(self, scheduler: Scheduler) -> None:
+        """Queues, memory and counters as they are now (engine thread)."""
+        labels, manager, seen = self._labels, self._manager, self._seen
+        usage = manager.usage()
+        self.running.labels(**labels).set(len(scheduler.running))
+        self.waiting.labels(**labels).set(len(scheduler.waiting))
+        self.swapped.labels(**labels).set(len(scheduler.swapped))
+        self.kv_usage.labels(**labels).set(usage.num_used_pages / usage.num_total_pages)
+        self.used_pages.labels(**labels).set(usage.num_used_pages)
+        self.cached_pages.labels(**labels).set(usage.num_cached_free_pages)
+        self.free_pages.labels(**labels).set(usage.num_free_pages)
+        self.host_pages.labels(**labels).set(usage.num_host_used_pages)
+        slots = usage.num_used_pages * usage.page_size
+        internal = usage.num_internal_frag_slots / slots if slots else 0.0
+        self.internal_frag.labels(**labels).set(internal)
+        self.external_frag.labels(**labels).set(usage.num_external_frag_pages)
+        page_size = manager.page_size
+        for name, counter, total in (
+            ("preemptions", self.preemptions, scheduler.num_preemptions),
+            ("swaps_out", self.swaps_out, scheduler.num_swaps_out),
+            ("swaps_in", self.swaps_in, scheduler.num_swaps_in),
+            ("queries", self.prefix_queries, usage.num_prefix_queries * page_size),
+            ("hits", self.prefix_hits, usage.num_prefix_hits * page_size),
+        ):
+            if total > seen[name]:
+                counter.labels(**labels).inc(total - seen[name])
+                seen[name] = total
+        itls = scheduler.itls_s
+        itl = self.itl.labels(**labels)
+        for gap in itls[seen["itls"]:]:
+            itl.observe(gap)
+        seen["itls"] = len(itls)
+
+    def observe_batch(self, output: SchedulerOutput) -> None:
+        """The tokens a step computed (engine thread)."""
+        if output.requests:
+            self.iteration_tokens.labels(**self._labels).observe(output.num_batched_tokens)
+
+    def observe_finished(self, request: Request, finished_reason: str) -> None:
+        """A request ended (engine thread): its latencies and token counts."""
+        labels = self._labels
+        self.request_success.labels(finished_reason=finished_reason, **labels).inc()
+        self.prompt_tokens.labels(**labels).inc(request.prompt_len)
+        self.generation_tokens.labels(**labels).inc(request.num_output_tokens)
+        if request.first_token_s is not None:
+            self.ttft.labels(**labels).observe(request.first_token_s - request.arrival_s)
+        if request.first_scheduled_s is not None:
+            self.queue_time.labels(**labels).observe(request.first_scheduled_s - request.arrival_s)
+        if request.finish_s is not None:
+            self.e2e.labels(**labels).observe(request.finish_s - request.arrival_s)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every series."""
+        return generate_latest(self.registry)

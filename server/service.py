@@ -1,0 +1,254 @@
+"""The engine behind the HTTP server: one background thread runs the step loop on the wall
+clock; handlers submit requests and read their tokens through a `Stream` each.
+
+All engine and scheduler state is touched by that one thread only. Handlers talk to it through
+an inbox (submit, abort) and are woken through their stream (`loop.call_soon_threadsafe`), so
+new requests join the running batch between two steps, as offline (continuous batching), and
+an abort frees the request's pages and host pages before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvlab.engine.clock import WallClock
+from kvlab.engine.engine import LLMEngine, frozen_heap
+from kvlab.engine.outputs import FINISH_REASONS
+from kvlab.engine.sampler import SamplingParams
+from kvlab.metrics import StepRecorder
+from kvlab.policies import Request, StepLoop
+from kvlab.server.metrics import ServerMetrics
+
+log = logging.getLogger("kvlab.server")
+IDLE_WAIT_S = 0.5  # an idle engine thread wakes this often to notice a stop
+
+
+class Overloaded(Exception):
+    """More requests are queued than the server takes (`max_queue`)."""
+
+
+@dataclass(slots=True)
+class Event:
+    """New output of one request: token ids produced since the last event, and, on the last
+    event, why it ended (`finish_reason`: stop, length, abort or error) and any error text."""
+
+    token_ids: list[int]
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class Stream:
+    """One request's events, put by the engine thread and read by its handler."""
+
+    __slots__ = ("_events", "_loop", "num_sent", "request")
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.num_sent = 0  # output tokens already put on the stream (engine thread)
+        self._loop = loop
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+
+    def put(self, event: Event) -> None:
+        """Hand an event to the handler's event loop (engine thread)."""
+        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+    async def get(self) -> Event:
+        """The next event (handler)."""
+        return await self._events.get()
+
+
+@dataclass(slots=True)
+class _Submit:
+    stream: Stream
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: int
+
+
+@dataclass(slots=True)
+class EngineService:
+    """An LLMEngine served by a background thread.
+
+    `submit` queues a request and returns its stream; `abort` stops one; `stop` lets running
+    requests finish for up to a timeout, aborts the rest and joins the thread. `max_queue`
+    bounds the requests not yet running (waiting or just submitted): past it, `submit` raises
+    Overloaded. `metrics` is updated after every step.
+    """
+
+    engine: LLMEngine
+    metrics: ServerMetrics
+    max_queue: int = 1024
+    _inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _streams: dict[int, Stream] = field(default_factory=dict)
+    _thread: threading.Thread | None = None
+    _stopping: bool = False
+    _draining_until: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _num_queued: int = 0  # submitted, not yet running (shared with handlers: under _lock)
+    _loop: StepLoop | None = None
+    _clock: WallClock = field(default_factory=WallClock)
+
+    @property
+    def steps(self) -> StepRecorder:
+        """Every step's profile row so far (the same columns as an offline run's)."""
+        assert self._loop is not None, "start the service first"
+        return self._loop.steps
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._loop = StepLoop(self.engine.scheduler, [])
+        self._thread = threading.Thread(target=self._run, name="kvlab-engine", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Stream:
+        """Queue a request and return its stream (called on the server's event loop, the only
+        caller of `make_request`); raises KvlabError for a prompt outside the vocabulary, and
+        Overloaded while shutting down or when `max_queue` requests are already waiting."""
+        with self._lock:
+            if self._stopping:
+                raise Overloaded("the server is shutting down")
+            if self._num_queued >= self.max_queue:
+                raise Overloaded(f"{self._num_queued} requests are waiting (max_queue)")
+            request = self.engine.make_request(list(prompt_token_ids), params)
+            self._num_queued += 1
+        stream = Stream(request, loop)
+        self._inbox.put(_Submit(stream))
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request (a client went away, or a stop string matched)."""
+        self._inbox.put(_Abort(request_id))
+        self._wake.set()
+
+    def begin_stop(self, timeout_s: float) -> None:
+        """Take no new requests; let running ones finish for `timeout_s`, then abort the rest
+        (their streams end with finish_reason "abort"). Returns at once."""
+        with self._lock:
+            if self._stopping and self._draining_until is not None:
+                return
+            self._stopping = True
+        self._draining_until = self._clock.now() + timeout_s
+        self._wake.set()
+
+    def stop(self, timeout_s: float) -> None:
+        """`begin_stop`, then join the engine thread; logs any page still held at the end (a
+        leak)."""
+        self.begin_stop(timeout_s)
+        if self._thread is not None:
+            self._thread.join()
+        usage = self.engine.manager.usage()
+        if usage.num_used_pages or usage.num_host_used_pages:
+            log.error("pages still held at exit: %d device, %d host", usage.num_used_pages,
+                      usage.num_host_used_pages)
+        else:
+            log.info("engine stopped; every page and host page came back")
+
+    # ----------------------------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        try:
+            with frozen_heap():
+                self._serve()
+        except Exception:  # a bug: fail every open request rather than hang their clients
+            log.exception("the engine thread failed")
+            with self._lock:
+                self._stopping = True  # new requests get 503, not a stream nobody serves
+            for stream in self._streams.values():
+                stream.put(Event([], "error", "internal error in the engine"))
+            self._streams.clear()
+
+    def _serve(self) -> None:
+        loop, clock, engine = self._loop, self._clock, self.engine
+        assert loop is not None
+        while True:
+            if self._drain(loop, clock.now()):
+                self.metrics.observe_state(loop.scheduler)
+            if self._stopping and self._drained(clock.now()):
+                self.metrics.observe_state(loop.scheduler)
+                return
+            if not loop.scheduler.has_unfinished():
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+                continue
+            now = clock.now()
+            output, finished = engine.step(loop, now, clock)
+            self._emit(output.requests, finished, output.failed)
+            self.metrics.observe_state(loop.scheduler)
+            self.metrics.observe_batch(output)
+
+    def _drain(self, loop: StepLoop, now_s: float) -> bool:
+        """Take in new requests (they arrive now) and carry out aborts, in that order, so that a
+        request aborted as soon as it was submitted is in the scheduler to be aborted; True
+        when there was any."""
+        aborts, num_submitted = [], 0
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Submit):
+                num_submitted += 1
+                stream = command.stream
+                stream.request.arrival_s = now_s
+                self._streams[stream.request.request_id] = stream
+                loop.submit(stream.request)
+            else:
+                aborts.append(command.request_id)
+        loop.admit(now_s)
+        with self._lock:
+            self._num_queued = len(loop.scheduler.waiting) + self._inbox.qsize()
+        for request_id in aborts:
+            if request_id in self._streams:  # else it ended already
+                stream = self._streams.pop(request_id)
+                self.engine.abort(stream.request, now_s)
+                self._finish(stream)
+        return bool(aborts or num_submitted)
+
+    def _drained(self, now_s: float) -> bool:
+        """While stopping: True once nothing is left; past the deadline everything is aborted."""
+        if not self._streams:
+            return True
+        if self._draining_until is not None and now_s >= self._draining_until:
+            for stream in list(self._streams.values()):
+                self.engine.abort(stream.request, now_s)
+                self._finish(stream)
+            self._streams.clear()
+            return True
+        return False
+
+    def _emit(self, requests: Sequence[Request], finished: Sequence[Request],
+              failed: Sequence[Request]) -> None:
+        streams = self._streams
+        for request in requests:
+            stream = streams.get(request.request_id)
+            sent = 0 if stream is None else stream.num_sent
+            if stream is not None and not request.is_finished and (
+                len(request.output_token_ids) > sent
+            ):
+                stream.put(Event(request.output_token_ids[sent:]))
+                stream.num_sent = len(request.output_token_ids)
+        for request in (*finished, *failed):
+            stream = streams.pop(request.request_id, None)
+            if stream is not None:
+                self._finish(stream)
+
+    def _finish(self, stream: Stream) -> None:
+        """The last event of a finished, failed or aborted request."""
+        request = stream.request
+        reason = FINISH_REASONS.get(request.status, "abort")
+        new = request.output_token_ids[stream.num_sent:]
+        stream.num_sent += len(new)
+        stream.put(Event(list(new), reason, request.error))
+        self.metrics.observe_finished(request, reason)
