@@ -52,13 +52,13 @@ def test_interleaved_runs_make_the_decisions_and_tokens_of_runs_alone():
 def _step_order(monkeypatch, turn_s: float) -> list[int]:
     """Which of two engines ran each step (0 or 1), with turns of `turn_s` CPU seconds."""
     order = []
-    step = LLMEngine._step
+    step = LLMEngine.step
 
-    def spy(self, now_s, clock, steps):
+    def spy(self, loop, now_s, clock):
         order.append(id(self))
-        return step(self, now_s, clock, steps)
+        return step(self, loop, now_s, clock)
 
-    monkeypatch.setattr(LLMEngine, "_step", spy)
+    monkeypatch.setattr(LLMEngine, "step", spy)
     monkeypatch.setattr(interleave, "TURN_S", turn_s)
     (_, first, _), _ = run_engines(CONFIG, [burst(0, 3), burst(100, 3)])
     return [0 if engine == id(first) else 1 for engine in order]
