@@ -16,6 +16,7 @@ FOLDERS = {
     "specs": "kvlab.specs",
     "fidelity": "kvlab.fidelity",
     "server": "kvlab.server",
+    "bench": "kvlab.bench",
     "dashboard": "kvlab.dashboard",
 }
 

@@ -6,12 +6,14 @@ tell the series apart. Long per-step series are thinned to at most `max_points` 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from kvlab.bench.scrape import MetricsSample
 from kvlab.dashboard.pagemap import CACHED, FREE, SHARED, PageMap
 
 MAX_POINTS = 1500
@@ -231,3 +233,52 @@ def overlay_labels(labels: Sequence[str]) -> list[str]:
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
     return out
+
+
+# Series of the Live page: (trace name, sample name); the kvlab: ones appear only when served.
+LIVE_QUEUES = (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
+               ("swapped", "kvlab:num_requests_swapped"))
+LIVE_RATES = (("preemptions", "vllm:num_preemptions_total"), ("swaps out", "kvlab:swaps_out_total"),
+              ("swaps in", "kvlab:swaps_in_total"))
+
+
+def live_figures(samples: Sequence[MetricsSample]) -> list[go.Figure]:
+    """Charts of a server's /metrics over time (seconds since the first scrape): KV-cache usage,
+    queues, preemptions and swaps per second, and the prefix-cache hit rate between scrapes."""
+    t0 = samples[0].time_s if samples else 0.0
+    times = [s.time_s - t0 for s in samples]
+    usage = go.Figure(go.Scatter(x=times, y=[100 * s.get("vllm:kv_cache_usage_perc")
+                                             for s in samples], name="KV cache usage",
+                                 mode="lines+markers"))
+    usage.update_yaxes(range=[0, 100])
+    queues = go.Figure()
+    for name, key in LIVE_QUEUES:
+        if any(key in s.values for s in samples):
+            queues.add_trace(go.Scatter(x=times, y=[s.get(key) for s in samples], name=name,
+                                        mode="lines+markers"))
+    pairs = list(itertools.pairwise(samples))
+    mids = [(a.time_s + b.time_s) / 2 - t0 for a, b in pairs]
+    rates = go.Figure()
+    for name, key in LIVE_RATES:
+        if any(key in s.values for s in samples):
+            rates.add_trace(go.Scatter(x=mids, y=[_rate(a, b, key) for a, b in pairs], name=name,
+                                       mode="lines+markers"))
+    hits = go.Figure(go.Scatter(x=mids, y=[_hit_rate(a, b) for a, b in pairs],
+                                name="prefix-cache hit rate", mode="lines+markers"))
+    return [
+        _layout(usage, "KV cache usage", "time (s)", "% of KV pages in use"),
+        _layout(queues, "Requests", "time (s)", "requests"),
+        _layout(rates, "Preemptions and swaps", "time (s)", "per second"),
+        _layout(hits, "Prefix-cache hits between scrapes", "time (s)", "% of looked-up tokens"),
+    ]
+
+
+def _rate(a: MetricsSample, b: MetricsSample, key: str) -> float:
+    dt = b.time_s - a.time_s
+    return (b.get(key) - a.get(key)) / dt if dt > 0 else 0.0
+
+
+def _hit_rate(a: MetricsSample, b: MetricsSample) -> float | None:
+    queries = b.get("vllm:prefix_cache_queries_total") - a.get("vllm:prefix_cache_queries_total")
+    hits = b.get("vllm:prefix_cache_hits_total") - a.get("vllm:prefix_cache_hits_total")
+    return 100 * hits / queries if queries > 0 else None

@@ -35,7 +35,7 @@ from kvlab.server.protocol import (
 from kvlab.server.service import EngineService, Event, Overloaded, Stream
 
 MAX_BODY_BYTES = 8 * 2**20  # a body larger than this is refused before it is parsed
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
+DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is there
 
 
 class APIError(Exception):
@@ -208,8 +208,11 @@ def build_app(service: EngineService, *, model_name: str, api_key: str | None = 
         loop = asyncio.get_running_loop()
         streams: list[Stream] = []
         try:
+            # a whole response reads its tokens once, unless a stop string must be watched for
+            each_token = body.stream or bool(body.stop_strings())
             for item in prepared:
-                streams.append(service.submit(item.token_ids, item.params, loop))
+                streams.append(service.submit(item.token_ids, item.params, loop,
+                                              each_token=each_token))
         except Overloaded as exc:
             _abort(streams)
             raise APIError(503, f"the server is busy: {exc}") from None

@@ -31,14 +31,17 @@ class ServerMetrics:
         labels = ["model_name"]
         self._labels = {"model_name": model_name}
 
+        # Children bound to this server's labels once: the engine thread updates them every
+        # step, and a labels() lookup takes a lock and a dict probe each time.
         def gauge(name: str, text: str) -> Gauge:
-            return Gauge(name, text, labels, registry=registry)
+            return Gauge(name, text, labels, registry=registry).labels(**self._labels)
 
-        def counter(name: str, text: str, extra: Sequence[str] = ()) -> Counter:
-            return Counter(name, text, [*labels, *extra], registry=registry)
+        def counter(name: str, text: str) -> Counter:
+            return Counter(name, text, labels, registry=registry).labels(**self._labels)
 
         def histogram(name: str, text: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, text, labels, buckets=buckets, registry=registry)
+            return Histogram(name, text, labels, buckets=buckets,
+                             registry=registry).labels(**self._labels)
 
         self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
@@ -62,8 +65,8 @@ class ServerMetrics:
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found cached.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
-        self.request_success = counter("vllm:request_success", "Requests finished.",
-                                       ["finished_reason"])
+        self.request_success = Counter("vllm:request_success", "Requests finished.",
+                                       [*labels, "finished_reason"], registry=registry)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
                               TTFT_BUCKETS)
         self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens.",
@@ -86,20 +89,19 @@ class ServerMetrics:
 
     def observe_state(self, scheduler: Scheduler) -> None:
         """Queues, memory and counters as they are now (engine thread)."""
-        labels, manager, seen = self._labels, self._manager, self._seen
+        manager, seen = self._manager, self._seen
         usage = manager.usage()
-        self.running.labels(**labels).set(len(scheduler.running))
-        self.waiting.labels(**labels).set(len(scheduler.waiting))
-        self.swapped.labels(**labels).set(len(scheduler.swapped))
-        self.kv_usage.labels(**labels).set(usage.num_used_pages / usage.num_total_pages)
-        self.used_pages.labels(**labels).set(usage.num_used_pages)
-        self.cached_pages.labels(**labels).set(usage.num_cached_free_pages)
-        self.free_pages.labels(**labels).set(usage.num_free_pages)
-        self.host_pages.labels(**labels).set(usage.num_host_used_pages)
+        self.running.set(len(scheduler.running))
+        self.waiting.set(len(scheduler.waiting))
+        self.swapped.set(len(scheduler.swapped))
+        self.kv_usage.set(usage.num_used_pages / usage.num_total_pages)
+        self.used_pages.set(usage.num_used_pages)
+        self.cached_pages.set(usage.num_cached_free_pages)
+        self.free_pages.set(usage.num_free_pages)
+        self.host_pages.set(usage.num_host_used_pages)
         slots = usage.num_used_pages * usage.page_size
-        internal = usage.num_internal_frag_slots / slots if slots else 0.0
-        self.internal_frag.labels(**labels).set(internal)
-        self.external_frag.labels(**labels).set(usage.num_external_frag_pages)
+        self.internal_frag.set(usage.num_internal_frag_slots / slots if slots else 0.0)
+        self.external_frag.set(usage.num_external_frag_pages)
         page_size = manager.page_size
         for name, counter, total in (
             ("preemptions", self.preemptions, scheduler.num_preemptions),
@@ -109,31 +111,29 @@ class ServerMetrics:
             ("hits", self.prefix_hits, usage.num_prefix_hits * page_size),
         ):
             if total > seen[name]:
-                counter.labels(**labels).inc(total - seen[name])
+                counter.inc(total - seen[name])
                 seen[name] = total
         itls = scheduler.itls_s
-        itl = self.itl.labels(**labels)
         for gap in itls[seen["itls"]:]:
-            itl.observe(gap)
+            self.itl.observe(gap)
         seen["itls"] = len(itls)
 
     def observe_batch(self, output: SchedulerOutput) -> None:
         """The tokens a step computed (engine thread)."""
         if output.requests:
-            self.iteration_tokens.labels(**self._labels).observe(output.num_batched_tokens)
+            self.iteration_tokens.observe(output.num_batched_tokens)
 
     def observe_finished(self, request: Request, finished_reason: str) -> None:
         """A request ended (engine thread): its latencies and token counts."""
-        labels = self._labels
-        self.request_success.labels(finished_reason=finished_reason, **labels).inc()
-        self.prompt_tokens.labels(**labels).inc(request.prompt_len)
-        self.generation_tokens.labels(**labels).inc(request.num_output_tokens)
+        self.request_success.labels(finished_reason=finished_reason, **self._labels).inc()
+        self.prompt_tokens.inc(request.prompt_len)
+        self.generation_tokens.inc(request.num_output_tokens)
         if request.first_token_s is not None:
-            self.ttft.labels(**labels).observe(request.first_token_s - request.arrival_s)
+            self.ttft.observe(request.first_token_s - request.arrival_s)
         if request.first_scheduled_s is not None:
-            self.queue_time.labels(**labels).observe(request.first_scheduled_s - request.arrival_s)
+            self.queue_time.observe(request.first_scheduled_s - request.arrival_s)
         if request.finish_s is not None:
-            self.e2e.labels(**labels).observe(request.finish_s - request.arrival_s)
+            self.e2e.observe(request.finish_s - request.arrival_s)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every series."""

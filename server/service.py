@@ -45,10 +45,14 @@ class Event:
 class Stream:
     """One request's events, put by the engine thread and read by its handler."""
 
-    __slots__ = ("_events", "_loop", "num_sent", "request")
+    __slots__ = ("_events", "_loop", "each_token", "num_sent", "request")
 
-    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop,
+                 each_token: bool = True) -> None:
         self.request = request
+        # False: only the last event (every token at once): a whole response needs no more,
+        # and each event costs the event loop a wake-up.
+        self.each_token = each_token
         self.num_sent = 0  # output tokens already put on the stream (engine thread)
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -110,10 +114,11 @@ class EngineService:
 
     def submit(
         self, prompt_token_ids: Sequence[int], params: SamplingParams,
-        loop: asyncio.AbstractEventLoop,
+        loop: asyncio.AbstractEventLoop, *, each_token: bool = True,
     ) -> Stream:
         """Queue a request and return its stream (called on the server's event loop, the only
-        caller of `make_request`); raises KvlabError for a prompt outside the vocabulary, and
+        caller of `make_request`): an event per step with new tokens, or with `each_token`
+        False only the last. Raises KvlabError for a prompt outside the vocabulary, and
         Overloaded while shutting down or when `max_queue` requests are already waiting."""
         with self._lock:
             if self._stopping:
@@ -122,7 +127,7 @@ class EngineService:
                 raise Overloaded(f"{self._num_queued} requests are waiting (max_queue)")
             request = self.engine.make_request(list(prompt_token_ids), params)
             self._num_queued += 1
-        stream = Stream(request, loop)
+        stream = Stream(request, loop, each_token)
         self._inbox.put(_Submit(stream))
         self._wake.set()
         return stream
@@ -233,10 +238,10 @@ class EngineService:
         streams = self._streams
         for request in requests:
             stream = streams.get(request.request_id)
-            sent = 0 if stream is None else stream.num_sent
-            if stream is not None and not request.is_finished and (
-                len(request.output_token_ids) > sent
-            ):
+            if stream is None or not stream.each_token or request.is_finished:
+                continue
+            sent = stream.num_sent
+            if len(request.output_token_ids) > sent:
                 stream.put(Event(request.output_token_ids[sent:]))
                 stream.num_sent = len(request.output_token_ids)
         for request in (*finished, *failed):

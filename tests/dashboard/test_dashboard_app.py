@@ -7,6 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.dashboard.widgets import LOCAL_PATH
+from tests.bench.metrics_server import VLLM_METRICS, serve_text
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
 WIDGETS = ("button", "checkbox", "multiselect", "number_input", "radio", "selectbox", "slider",
@@ -71,7 +72,7 @@ def test_a_bad_trace_file_shows_its_problem_without_a_traceback(app, tmp_path):
 
 
 def test_every_widget_has_a_key(app):
-    for page in (None, "compare.py", "sweep.py", "validate.py"):
+    for page in (None, "compare.py", "sweep.py", "validate.py", "live.py"):
         if page:
             app.switch_page(page).run()
         for kind in WIDGETS:
@@ -129,3 +130,25 @@ def test_validate_shows_a_bad_file_as_an_error(app, tmp_path):
     app.text_input(key="validate_path").set_value(str(result)).run()
     assert not app.exception
     assert "metrics.x.engine is None" in app.error[0].value
+
+
+def test_live_scrapes_a_metrics_page_and_charts_it(app):
+    url, stop = serve_text(lambda: VLLM_METRICS)
+    try:
+        app.switch_page("live.py").run()
+        app.text_input(key="live_url").set_value(url)
+        checked(app.run())
+        checked(app.run())  # a second scrape: rates between the two
+    finally:
+        stop()
+    assert app.title[0].value.endswith("Live server")
+    assert series(app) == [["KV cache usage"], ["running", "waiting"], ["preemptions"],
+                           ["prefix-cache hit rate"]]
+    assert "5 running, 7 waiting, KV cache 25.0% used" in app.caption[-1].value
+
+
+def test_live_shows_an_unreachable_server_as_an_error(app):
+    app.switch_page("live.py").run()
+    app.text_input(key="live_url").set_value("http://127.0.0.1:1/metrics").run()
+    assert "cannot read http://127.0.0.1:1/metrics" in app.error[0].value
+    assert not app.exception

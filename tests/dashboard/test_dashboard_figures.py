@@ -120,3 +120,21 @@ def test_validate_figures_plot_sim_against_engine_and_errors():
 
 def test_overlay_labels_number_repeated_policies():
     assert figures.overlay_labels(["paged", "buddy", "paged"]) == ["paged", "buddy", "paged #2"]
+
+
+def test_live_charts_turn_counters_into_rates_between_scrapes():
+    from kvlab.bench import MetricsSample
+
+    def sample(time_s, usage, running, preemptions, queries, hits):
+        return MetricsSample(time_s, {
+            "vllm:kv_cache_usage_perc": usage, "vllm:num_requests_running": running,
+            "vllm:num_preemptions_total": preemptions,
+            "vllm:prefix_cache_queries_total": queries, "vllm:prefix_cache_hits_total": hits,
+        })
+
+    samples = [sample(10.0, 0.5, 2, 1, 100, 10), sample(12.0, 0.75, 3, 5, 300, 110)]
+    usage, queues, rates, hits = figures.live_figures(samples)
+    assert list(usage.data[0].y) == [50.0, 75.0] and list(usage.data[0].x) == [0.0, 2.0]
+    assert figures.trace_names(queues) == ["running"]  # only the series the server exports
+    assert list(rates.data[0].y) == [2.0] and list(rates.data[0].x) == [1.0]
+    assert list(hits.data[0].y) == [50.0]

@@ -1,0 +1,59 @@
+"""Reading a server's Prometheus `/metrics`: the values of every series, summed over labels."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvlab.errors import KvlabError
+
+
+@dataclass(slots=True)
+class MetricsSample:
+    """One scrape: when (seconds since the epoch) and each sample's value by name.
+
+    Names are the exposition's sample names (`vllm:num_preemptions_total`,
+    `vllm:time_to_first_token_seconds_sum`, ...); a name with several label sets (one per model
+    or engine) holds their sum. Histogram buckets are left out.
+    """
+
+    time_s: float
+    values: dict[str, float] = field(default_factory=dict)
+
+    def get(self, name: str, default: float = 0.0) -> float:
+        """A sample's value, or `default` when the server does not export it."""
+        return self.values.get(name, default)
+
+
+def parse_metrics(text: str, time_s: float | None = None) -> MetricsSample:
+    """A Prometheus text exposition as a MetricsSample; a KvlabError when it is not one."""
+    values: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    continue
+                values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise KvlabError(f"not a Prometheus metrics page: {exc}") from None
+    return MetricsSample(time.time() if time_s is None else time_s, values)
+
+
+def scrape_metrics(url: str, timeout_s: float = 5.0) -> MetricsSample:
+    """GET `url` (a server's /metrics) and parse it; a KvlabError naming the URL on failure."""
+    if not url.startswith(("http://", "https://")):
+        raise KvlabError(f"{url!r}: expected an http:// or https:// URL of a /metrics page")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise KvlabError(f"cannot read {url}: {reason}") from None
+    try:
+        return parse_metrics(text)
+    except KvlabError as exc:
+        raise KvlabError(f"{url}: {exc}") from None
