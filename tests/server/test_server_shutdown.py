@@ -1,5 +1,6 @@
 """`kvlab serve` as a user runs it: a subprocess that starts, serves, and on SIGTERM lets the
-running request finish or aborts it, writes its step profile and exits 0 with no page held."""
+running request finish or aborts it, writes its step profile (which calibrates like an offline
+run's) and exits 0 with no page held."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 import httpx
 import pandas as pd
 
+from kvlab.fidelity import fit_cost_model, load_profiles
 from kvlab.metrics import STEP_COLUMNS
 
 
@@ -59,3 +61,5 @@ def test_sigterm_drains_writes_the_profile_and_exits_0(tmp_path):
     assert "every page and host page came back" in output
     steps = pd.read_csv(profile)
     assert list(steps.columns) == list(STEP_COLUMNS) and len(steps) > 4
+    model = fit_cost_model(load_profiles([profile]))  # what `kvlab calibrate` does with it
+    assert model.decode_token_s + model.step_overhead_s > 0
