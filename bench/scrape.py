@@ -18,11 +18,14 @@ class MetricsSample:
 
     Names are the exposition's sample names (`vllm:num_preemptions_total`,
     `vllm:time_to_first_token_seconds_sum`, ...); a name with several label sets (one per model
-    or engine) holds their sum. Histogram buckets are left out.
+    or engine) holds their sum. Histogram buckets are left out. `info` holds the labels of each
+    `*_info` series (vLLM's `vllm:cache_config_info`: block_size, num_gpu_blocks, ...), the
+    first label set where there are several.
     """
 
     time_s: float
     values: dict[str, float] = field(default_factory=dict)
+    info: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def get(self, name: str, default: float = 0.0) -> float:
         """A sample's value, or `default` when the server does not export it."""
@@ -32,15 +35,18 @@ class MetricsSample:
 def parse_metrics(text: str, time_s: float | None = None) -> MetricsSample:
     """A Prometheus text exposition as a MetricsSample; a KvlabError when it is not one."""
     values: dict[str, float] = {}
+    info: dict[str, dict[str, str]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
                     continue
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+                if sample.name.endswith("_info"):
+                    info.setdefault(sample.name, dict(sample.labels))
     except ValueError as exc:
         raise KvlabError(f"not a Prometheus metrics page: {exc}") from None
-    return MetricsSample(time.time() if time_s is None else time_s, values)
+    return MetricsSample(time.time() if time_s is None else time_s, values, info)
 
 
 def scrape_metrics(url: str, timeout_s: float = 5.0) -> MetricsSample:

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine, frozen_heap
-from kvlab.engine.replay import synthesize_prompt_ids, trace_requests, trace_result, with_outputs
+from kvlab.engine.replay import trace_requests, trace_result, with_outputs
 from kvlab.metrics import RunResult
+from kvlab.traces import synthesize_prompt_ids
 
 if TYPE_CHECKING:
     from kvlab.traces import Trace

@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("calibrate", "fit the simulator's cost model to engine step profiles"),
     "validate": ("validate", "run one trace through engine and simulator and compare metrics"),
     "serve": ("serve", "serve the real engine over an OpenAI-compatible HTTP API"),
+    "bench": ("bench", "benchmark an OpenAI-compatible server: kvlab bench serve --base-url URL"),
+    "export-model": ("export_model", "write a tiny preset as a Hugging Face model folder"),
     "policies": ("policies", "list every registered memory policy"),
     "presets": ("presets", "list model and hardware presets with their key figures"),
     "traces": ("traces", "inspect request traces (kvlab traces info PATH)"),

@@ -29,12 +29,15 @@ METRIC_NAMES = {
 THROUGHPUT_ROWS = (
     ("completed", "Successful requests:"),
     ("failed", "Failed requests:"),
+    ("max_concurrency", "Maximum request concurrency:"),
     ("duration", "Benchmark duration (s):"),
     ("total_input_tokens", "Total input tokens:"),
     ("total_output_tokens", "Total generated tokens:"),
     ("request_throughput", "Request throughput (req/s):"),
     ("request_goodput", "Request goodput (req/s):"),
     ("output_throughput", "Output token throughput (tok/s):"),
+    ("max_output_tokens_per_s", "Peak output token throughput (tok/s):"),
+    ("max_concurrent_requests", "Peak concurrent requests:"),
     ("total_token_throughput", "Total Token throughput (tok/s):"),
 )
 KV_CACHE_ROWS = (
@@ -101,13 +104,13 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
     """The summary as vLLM's printed report, with a KV Cache and a Run section after it.
 
     Lines are vLLM's `{:<40} {:<10}` rows (floats with 2 decimals) under 50-wide centred headers;
-    a row is printed only when its key is in the summary.
+    a row is printed only when its key is in the summary and not None.
     """
     lines = [_header(f" {title} ", "=")]
     for key, label in THROUGHPUT_ROWS:
-        if key in summary:
+        if summary.get(key) is not None:
             lines.append(_row(label, summary[key]))
-        if key == "failed":
+        if key == "max_concurrency":
             lines.extend(_request_rate_row(summary))
     for metric in PERCENTILE_METRICS:
         rows = _latency_rows(summary, metric)

@@ -36,17 +36,21 @@ def _rate_text(rate: object) -> str:
 
 
 def default_result_filename(summary: dict, *, now: datetime | None = None) -> str:
-    """vLLM's result file name: `<backend>-<rate>qps-<model>-<YYYYMMDD-HHMMSS>.json`, sanitised.
+    """vLLM's result file name, sanitised:
+    `<label>-<rate>qps[-concurrency<N>]-<model>-<YYYYMMDD-HHMMSS>.json`.
 
-    The model is its last path component (as vLLM's base model id); an unknown request rate is
-    written as "inf", vLLM's default.
+    The label is the summary's `label`, else its backend; the concurrency part is there when
+    the summary has a `max_concurrency`; the model is its last path component (as vLLM's base
+    model id); an unknown request rate is written as "inf", vLLM's default.
     """
-    backend = str(summary.get("backend") or "kvlab")
+    label = str(summary.get("label") or summary.get("backend") or "kvlab")
     rate = summary.get("request_rate")
     rate_text = "inf" if rate is None else _rate_text(rate)
+    concurrency = summary.get("max_concurrency")
+    rate_part = f"{rate_text}qps" + ("" if concurrency is None else f"-concurrency{concurrency}")
     model = str(summary.get("model") or "model").rstrip("/").split("/")[-1]
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    parts = (_sanitize(backend), _sanitize(f"{rate_text}qps"), _sanitize(model), stamp)
+    parts = (_sanitize(label), _sanitize(rate_part), _sanitize(model), stamp)
     return "-".join(parts) + ".json"
 
 
@@ -99,31 +103,42 @@ def save_results(
     result_dir: str | Path = ".",
     result_filename: str | None = None,
     table_format: str = "csv",
+    tables: dict[str, pd.DataFrame] | None = None,
+    append: bool = False,
 ) -> list[Path]:
-    """Write the summary JSON and, beside it, `<stem>.requests.<fmt>` and `<stem>.steps.<fmt>`.
+    """Write the summary JSON and, beside it, a `<stem>.<name>.<fmt>` file per table: by
+    default `requests` (per_request_table) and `steps` (per_step_table); `tables` replaces
+    them.
 
     The JSON is the summary plus a "date" (as vLLM's result files); `result_filename` defaults to
-    `default_result_filename(summary)`. Creates `result_dir`. Returns the three paths written.
-    Raises KvlabError for an unknown table format, parquet without pyarrow, or a path that
-    cannot be written.
+    `default_result_filename(summary)`. With `append` the JSON is added as one more line to an
+    existing file (vLLM's --append-result: one JSON document per line). Creates `result_dir`.
+    Returns the paths written. Raises KvlabError for an unknown table format, parquet without
+    pyarrow, or a path that cannot be written.
     """
     _check_table_format(table_format)
     now = datetime.now()
     name = result_filename or default_result_filename(summary, now=now)
     json_path = Path(result_dir) / name
     stem = json_path.name[: -len(".json")] if json_path.name.endswith(".json") else json_path.name
-    requests_path = json_path.with_name(f"{stem}.requests.{table_format}")
-    steps_path = json_path.with_name(f"{stem}.steps.{table_format}")
+    if tables is None:
+        tables = {"requests": per_request_table(result), "steps": per_step_table(result)}
+    table_paths = {key: json_path.with_name(f"{stem}.{key}.{table_format}") for key in tables}
     payload = {"date": now.strftime("%Y%m%d-%H%M%S"), **summary}
     # allow_nan=False: a NaN or infinity in a summary is a bug, not something to save.
-    text = json.dumps(payload, indent=2, allow_nan=False, default=_json_default)
     try:
+        text = json.dumps(payload, indent=None if append else 2, allow_nan=False,
+                          default=_json_default)
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(text + "\n", encoding="utf-8")
-        _write_table(per_request_table(result), requests_path, table_format)
-        _write_table(per_step_table(result), steps_path, table_format)
+        if append and json_path.exists() and json_path.stat().st_size:
+            with json_path.open("a", encoding="utf-8") as out:
+                out.write(text + "\n")
+        else:
+            json_path.write_text(text + "\n", encoding="utf-8")
+        for key, table in tables.items():
+            _write_table(table, table_paths[key], table_format)
     except OSError as exc:
         raise KvlabError(
             f"cannot write results to {exc.filename or json_path.parent}: {exc.strerror or exc}"
         ) from exc
-    return [json_path, requests_path, steps_path]
+    return [json_path, *table_paths.values()]

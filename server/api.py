@@ -106,6 +106,7 @@ def build_app(service: EngineService, *, model_name: str, api_key: str | None = 
         return {"object": "list", "data": [{
             "id": model_name, "object": "model", "created": int(time.time()),
             "owned_by": "kvlab", "root": model_name, "max_model_len": max_model_len,
+            "vocab_size": vocab_size,  # kvlab's: benchmark clients draw prompt ids below it
         }]}
 
     @app.post("/v1/completions")

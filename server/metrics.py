@@ -26,7 +26,7 @@ class ServerMetrics:
     finished request (`observe_finished`)."""
 
     def __init__(self, model_name: str, manager: KVCacheManager, config_labels: dict[str, str],
-                 policy: str) -> None:
+                 policy: str, scheduler_labels: dict[str, str] | None = None) -> None:
         self.registry = registry = CollectorRegistry()
         labels = ["model_name"]
         self._labels = {"model_name": model_name}
@@ -83,6 +83,11 @@ class ServerMetrics:
         info.labels(**config_labels).set(1)
         Gauge("kvlab:policy_info", "The memory policy served.", ["model_name", "policy"],
               registry=registry).labels(model_name=model_name, policy=policy).set(1)
+        if scheduler_labels:
+            # What a benchmark client needs to simulate this server (vLLM exports none).
+            scheduler = {"model_name": model_name, **scheduler_labels}
+            Gauge("kvlab:scheduler_config_info", "The scheduler's limits.", sorted(scheduler),
+                  registry=registry).labels(**scheduler).set(1)
         self._manager = manager
         self._seen = {"preemptions": 0, "swaps_out": 0, "swaps_in": 0, "queries": 0, "hits": 0,
                       "itls": 0}

@@ -52,7 +52,15 @@ def start_service(config: ServeConfig) -> tuple[EngineService, str]:
         "enable_prefix_caching": str(engine.policy.prefix_caching),
         "gpu_memory_utilization": str(config.engine.serving.gpu_memory_utilization),
     }
-    metrics = ServerMetrics(name, manager, labels, engine.policy.to_string())
+    serving = config.engine.serving
+    scheduler = {
+        "max_num_seqs": str(serving.max_num_seqs),
+        "max_num_batched_tokens": str(serving.max_num_batched_tokens),
+        "enable_chunked_prefill": str(serving.enable_chunked_prefill),
+        "max_model_len": str(engine.max_model_len),
+        "policy": engine.policy.to_string(),
+    }
+    metrics = ServerMetrics(name, manager, labels, engine.policy.to_string(), scheduler)
     service = EngineService(engine, metrics, max_queue=config.max_queue)
     service.start()
     return service, name

@@ -12,6 +12,7 @@ from kvlab.traces.burstgpt import load_burstgpt
 from kvlab.traces.detect import guess_dataset_name
 from kvlab.traces.loader import DATASET_NAMES, load_trace
 from kvlab.traces.mooncake import load_mooncake
+from kvlab.traces.prompts import synthesize_prompt_ids
 from kvlab.traces.sharegpt import load_sharegpt
 from kvlab.traces.stats import LengthStats, TraceInfo, format_info
 from kvlab.traces.synthetic import RandomOptions, load_random
@@ -39,4 +40,5 @@ __all__ = [
     "resample_arrivals",
     "resolve_trace_path",
     "split_windows",
+    "synthesize_prompt_ids",
 ]

@@ -245,6 +245,14 @@ class LlamaForCausalLM(nn.Module):
         """The Hugging Face tensor names this model needs from a checkpoint."""
         return list(self._hf_targets())
 
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The checkpoint tensors of this model by Hugging Face name: views of its parameters
+        (a fused parameter's rows for each of its parts), what `load_hf_weight` reads back."""
+        return {
+            name: param.data if rows is None else param.data[rows[0] : rows[1]]
+            for name, (param, rows) in self._hf_targets().items()
+        }
+
     def load_hf_weight(self, name: str, tensor: torch.Tensor) -> None:
         """Copy one checkpoint tensor into its parameter (or its slice of a fused one).
 

@@ -98,9 +98,10 @@ def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the engine, replay the trace, print the report; save results when asked."""
     from kvlab.engine.engine import LLMEngine
-    from kvlab.engine.replay import run_trace, synthesize_prompt_ids
+    from kvlab.engine.replay import run_trace
     from kvlab.metrics import summarize
     from kvlab.report import format_report
+    from kvlab.traces import synthesize_prompt_ids
 
     options = summary_options(args)
     config = engine_config(args)

@@ -7,12 +7,12 @@ import pytest
 
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
-from kvlab.engine.replay import run_trace, synthesize_prompt_ids
+from kvlab.engine.replay import run_trace
 from kvlab.errors import KvlabError
 from kvlab.metrics import summarize
 from kvlab.policies import RequestStatus
 from kvlab.policies.serving import ServingConfig
-from kvlab.traces import Trace, TraceRequest
+from kvlab.traces import Trace, TraceRequest, synthesize_prompt_ids
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,0 +1,141 @@
+"""What a server's `/metrics` says about a benchmark run: its KV cache's shape (vLLM's
+`cache_config_info`), the run's time series (usage, queues, preemptions, prefix lookups) and
+the KV section of the run's summary computed from them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlab.bench.scrape import MetricsSample
+
+CACHE_INFO = "vllm:cache_config_info"
+SCHEDULER_INFO = "kvlab:scheduler_config_info"  # kvlab serve's; vLLM 0.32 exports none
+# (table column, exposition name, scale): gauges as they are, counters as totals.
+SERIES = (
+    ("kv_cache_usage_perc", "vllm:kv_cache_usage_perc", 100.0),
+    ("num_requests_running", "vllm:num_requests_running", 1.0),
+    ("num_requests_waiting", "vllm:num_requests_waiting", 1.0),
+    ("num_requests_swapped", "kvlab:num_requests_swapped", 1.0),
+    ("num_preemptions_total", "vllm:num_preemptions_total", 1.0),
+    ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total", 1.0),
+    ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total", 1.0),
+    ("swaps_out_total", "kvlab:swaps_out_total", 1.0),
+)
+
+
+@dataclass(slots=True, frozen=True)
+class ServerInfo:
+    """A server's serving configuration as far as it tells: the model list's card and its
+    metrics' info series. Fields it does not export are None."""
+
+    model: str
+    owned_by: str | None = None
+    max_model_len: int | None = None
+    vocab_size: int | None = None
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+    enable_prefix_caching: bool | None = None
+    scheduler: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as saved with a result."""
+        return {
+            "model": self.model,
+            "owned_by": self.owned_by,
+            "max_model_len": self.max_model_len,
+            "vocab_size": self.vocab_size,
+            "block_size": self.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "num_cpu_blocks": self.num_cpu_blocks,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "scheduler": dict(self.scheduler),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServerInfo:
+        """Read back `to_json`'s dict."""
+        return cls(**{**data, "scheduler": dict(data.get("scheduler") or {})})
+
+
+def server_info(card: dict[str, Any], sample: MetricsSample | None) -> ServerInfo:
+    """ServerInfo from a /v1/models card and one /metrics sample (None: no metrics)."""
+    cache = sample.info.get(CACHE_INFO, {}) if sample is not None else {}
+    scheduler = sample.info.get(SCHEDULER_INFO, {}) if sample is not None else {}
+    return ServerInfo(
+        model=str(card.get("id")),
+        owned_by=card.get("owned_by"),
+        max_model_len=_int(card.get("max_model_len")),
+        vocab_size=_int(card.get("vocab_size")),
+        block_size=_int(cache.get("block_size")),
+        num_gpu_blocks=_int(cache.get("num_gpu_blocks")),
+        num_cpu_blocks=_int(cache.get("num_cpu_blocks")),
+        enable_prefix_caching=_bool(cache.get("enable_prefix_caching")),
+        scheduler={k: v for k, v in scheduler.items() if k != "model_name"},
+    )
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _bool(value: object) -> bool | None:
+    return {"True": True, "False": False, "true": True, "false": False}.get(str(value))
+
+
+def metrics_series(samples: Sequence[MetricsSample], origin_s: float) -> dict[str, list[float]]:
+    """The run's time series, one row per scrape: `time_s` since `origin_s` (the run's start,
+    epoch seconds), then SERIES' columns (NaN where the server does not export one; counters
+    relative to the first sample)."""
+    table: dict[str, list[float]] = {"time_s": [s.time_s - origin_s for s in samples]}
+    for column, name, scale in SERIES:
+        base = samples[0].values.get(name, 0.0) if column.endswith("_total") and samples else 0.0
+        table[column] = [
+            (s.values[name] - base) * scale if name in s.values else float("nan")
+            for s in samples
+        ]
+    return table
+
+
+def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, Any]:
+    """The summary's KV-cache keys from a run's `metrics_series` (None where the server does
+    not export what a key needs):
+
+    - mean_kv_usage_perc: mean of `kv_cache_usage_perc` over the scrapes that saw a request
+      running (scrapes are evenly spaced, so this is a time mean over the busy time, as the
+      simulator's step-weighted mean); peak_kv_usage_perc: the largest scraped (a peak between
+      two scrapes goes unseen);
+    - num_preemptions, num_swaps_out: the counters' increase over the run;
+    - prefix_cache_hit_rate: hit tokens over looked-up tokens during the run, in percent;
+    - page_size, num_total_pages, kv_cache_size_tokens: from cache_config_info.
+    """
+    usage = series.get("kv_cache_usage_perc", [])
+    running = series.get("num_requests_running", [])
+    seen = [u for u in usage if u == u]
+    busy = [u for u, n in zip(usage, running, strict=True) if u == u and n == n and n > 0]
+
+    def increase(column: str) -> float | None:
+        values = [v for v in series.get(column, []) if v == v]
+        return values[-1] - values[0] if len(values) >= 2 else None
+
+    preemptions, swaps = increase("num_preemptions_total"), increase("swaps_out_total")
+    queries, hits = increase("prefix_cache_queries_total"), increase("prefix_cache_hits_total")
+    hit_rate = None
+    if queries is not None and hits is not None:
+        hit_rate = 100.0 * hits / queries if queries > 0 else 0.0
+    pages, page_size = info.num_gpu_blocks, info.block_size
+    return {
+        "mean_kv_usage_perc": sum(busy) / len(busy) if busy else None,
+        "peak_kv_usage_perc": max(seen) if seen else None,
+        "num_preemptions": None if preemptions is None else int(preemptions),
+        "num_swaps_out": None if swaps is None else int(swaps),
+        "prefix_cache_hit_rate": hit_rate,
+        "page_size": page_size,
+        "num_total_pages": pages,
+        "kv_cache_size_tokens": pages * page_size if pages and page_size else None,
+    }

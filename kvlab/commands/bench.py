@@ -1,0 +1,189 @@
+"""`kvlab bench serve`: replay a trace against any OpenAI-compatible server (vLLM, vLLM-Ascend,
+`kvlab serve`) in `vllm bench serve`'s conventions: its flags, its printed report, its result
+JSON (`--save-detailed` keeps the per-request arrays), plus the KV-cache section that the
+server's `/metrics` gives (usage, preemptions, prefix hits, read every 0.25 s) and kvlab's
+tables (per request, and the metrics' time series).
+
+Prompts are token ids of the trace's lengths; Mooncake hash ids map to the same token blocks
+for the same id, so the server's prefix cache sees the trace's sharing. Arrivals are those of
+`kvlab sim`: the trace's timestamps (over --time-scale), or resampled at --request-rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from kvlab.commands.common import add_report_arguments, add_workload_arguments
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`kvlab bench` has one subcommand, `serve`."""
+    sub = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)
+    serve = sub.add_parser(
+        "serve", help="benchmark an OpenAI-compatible server on a trace",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_serve_arguments(serve)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `kvlab bench serve`."""
+    server = parser.add_argument_group("server")
+    server.add_argument("--base-url", default=None,
+                        help="server root, e.g. http://127.0.0.1:8000 (default: from --host "
+                        "and --port)")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--endpoint", default="/v1/completions",
+                        help="completions route (default /v1/completions)")
+    server.add_argument("--model", default=None,
+                        help="model name to send (default: the server's first model)")
+    server.add_argument("--vocab-size", type=int, default=None,
+                        help="draw prompt ids below this (default: from --tokenizer's or the "
+                        "model folder's config.json, or the server's model card)")
+    server.add_argument("--api-key", default=None,
+                        help="bearer token (default: $OPENAI_API_KEY when set)")
+    server.add_argument("--ready-check-timeout-sec", type=float, default=30.0,
+                        help="wait this long for the server to answer /v1/models (default 30)")
+    add_workload_arguments(
+        parser.add_argument_group("workload"),
+        num_prompts=None,
+        num_prompts_help="send the first N requests (random: generate N, default 1000)",
+        seed_help="seed of prompt ids, resampled arrivals and synthetic lengths",
+    )
+    sending = parser.add_argument_group("sending")
+    sending.add_argument("--max-concurrency", type=int, default=None,
+                         help="at most this many requests in flight (default: no cap)")
+    sending.add_argument("--ignore-eos", action="store_true",
+                         help="ask for exactly each request's output length (vLLM extension)")
+    sending.add_argument("--temperature", type=float, default=0.0,
+                         help="sampling temperature (default 0: greedy)")
+    sending.add_argument("--num-warmups", type=int, default=0,
+                         help="requests sent before the run and left out of it (default 0)")
+    sending.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="give up on a request after this long (default 600)")
+    sending.add_argument("--metrics-interval", type=float, default=0.25, metavar="SECONDS",
+                         help="read the server's /metrics this often during the run "
+                         "(default 0.25)")
+    sending.add_argument("--no-metrics", action="store_true",
+                         help="do not read /metrics (a server without one)")
+    out = parser.add_argument_group("report and results")
+    add_report_arguments(out, save_help="write the result JSON (vLLM's keys) and the "
+                         "per-request and metrics tables")
+    out.add_argument("--save-detailed", action="store_true",
+                     help="keep the per-request arrays in the JSON (ttfts, itls, ...): what "
+                     "`kvlab calibrate --from-bench` and vLLM's analysis scripts read")
+    out.add_argument("--append-result", action="store_true",
+                     help="append the result JSON as one line to an existing file")
+    out.add_argument("--label", default=None,
+                     help="prefix of the result file name and its `label` (default: openai)")
+    out.add_argument("--metadata", nargs="+", default=None, metavar="KEY=VALUE",
+                     help="extra key-value pairs saved with the result")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print the report, save what was asked."""
+    from kvlab.bench import ClientConfig, bench_serve, resolve_model, vocab_size_of, wait_ready
+    from kvlab.commands.common import load_trace_from_args, show_progress, summary_options
+    from kvlab.report import format_report
+
+    _check_flags(args)
+    options = summary_options(args)
+    metadata = _metadata_pairs(args.metadata)
+    base_url = base_url_of(args)
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    trace = load_trace_from_args(args)  # a bad workload fails before the server is asked
+    wait_ready(base_url, args.ready_check_timeout_sec, api_key=api_key)
+    card = resolve_model(base_url, args.model, api_key)
+    vocab = vocab_size_of(card, args.tokenizer, args.vocab_size)
+    client = ClientConfig(
+        base_url=base_url, model=str(card["id"]), endpoint=args.endpoint, api_key=api_key,
+        max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
+        temperature=args.temperature, request_timeout_s=args.request_timeout,
+        scrape_interval_s=args.metrics_interval,
+        metrics_path=None if args.no_metrics else "/metrics",
+    )
+    print(f"Benchmarking {base_url} ({card['id']}): {len(trace)} requests of {trace.name}")
+    extra = {"label": args.label or "openai", "max_concurrency": args.max_concurrency,
+             "base_url": base_url, "model_id": card["id"],
+             "tokenizer_id": args.tokenizer or card["id"], "num_warmups": args.num_warmups,
+             "ignore_eos": args.ignore_eos, **metadata}
+    with _progress(len(trace), show_progress(args)) as bar:
+        result = bench_serve(trace, client, card=card, vocab_size=vocab, seed=args.seed,
+                             num_warmups=args.num_warmups, metadata=extra,
+                             on_finish=lambda _: bar.update(1))
+    summary = result.summary(**options)
+    _print_failures(result)
+    for error in result.metrics_errors[:3]:
+        print(f"warning: could not read the server's metrics: {error}")
+    print(format_report(summary))
+    if args.save_result or args.append_result:
+        _save(args, result, summary)
+    return 0
+
+
+def base_url_of(args: argparse.Namespace) -> str:
+    """--base-url, else http://HOST:PORT."""
+    return (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    from kvlab.errors import KvlabError
+
+    url = base_url_of(args)
+    if not url.startswith(("http://", "https://")):
+        raise KvlabError(f"--base-url {url!r}: expected an http:// or https:// URL")
+    for flag, value, low in (("--max-concurrency", args.max_concurrency, 1),
+                             ("--num-warmups", args.num_warmups, 0)):
+        if value is not None and value < low:
+            raise KvlabError(f"{flag} {value}: expected {low} or more")
+    for flag, value in (("--request-timeout", args.request_timeout),
+                        ("--metrics-interval", args.metrics_interval),
+                        ("--ready-check-timeout-sec", args.ready_check_timeout_sec + 1)):
+        if not value > 0 or value == float("inf"):
+            raise KvlabError(f"{flag} {value:g}: expected a finite number of seconds > 0")
+    if not 0 <= args.temperature < float("inf"):
+        raise KvlabError(f"--temperature {args.temperature:g}: expected a number >= 0")
+
+
+def _metadata_pairs(items: list[str] | None) -> dict[str, str]:
+    """--metadata KEY=VALUE ... as a dict (vLLM's format)."""
+    from kvlab.errors import KvlabError
+
+    pairs = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise KvlabError(f"--metadata {item!r}: expected KEY=VALUE")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="requests", leave=False, disable=not enabled)
+
+
+def _print_failures(result: Any) -> None:
+    """vLLM prints the first errors of failed requests (at most 10)."""
+    failed = [r for r in result.requests if not r.completed]
+    if failed:
+        print("Failed requests during benchmark run detected (capping to 10):")
+        for index, record in enumerate(failed[:10]):
+            print(f"Error {index}: {record.error}")
+
+
+def _save(args: argparse.Namespace, result: Any, summary: dict) -> None:
+    from kvlab.metrics import save_results
+
+    document = result.to_json(summary, detailed=args.save_detailed)
+    paths = save_results(
+        document, result.run, result_dir=args.result_dir,
+        result_filename=args.result_filename, table_format=args.table_format,
+        tables={"requests": result.requests_table(), "metrics": result.metrics_table()},
+        append=args.append_result,
+    )
+    print("Saved " + ", ".join(str(path) for path in paths))

@@ -1,0 +1,52 @@
+"""A live `kvlab serve` in the test process: uvicorn on a free loopback port in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+from kvlab.engine.config import EngineConfig
+from kvlab.server import EngineService, ServeConfig, build_app, start_service
+
+
+@dataclass
+class LiveServer:
+    """A running server: its URL, its service (engine thread) and uvicorn."""
+
+    base_url: str
+    service: EngineService
+    server: uvicorn.Server
+    thread: threading.Thread
+    model_name: str
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.service.stop(5.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_live_server(engine: EngineConfig, *, api_key: str | None = None,
+                      max_queue: int = 1024) -> LiveServer:
+    """Serve `engine` on a free port; returns once uvicorn accepts connections."""
+    service, name = start_service(ServeConfig(engine=engine, max_queue=max_queue))
+    app = build_app(service, model_name=name, api_key=api_key)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    return LiveServer(f"http://127.0.0.1:{port}", service, server, thread, name)
