@@ -28,7 +28,8 @@ def arrival_process(
 
 
 def delay_until(now_s: float, target_s: float) -> float:
-    """A delay d with now_s + d == target_s exactly in floating point.
+    """A delay d with now_s + d == target_s exactly in floating point where one exists, else
+    the smallest with now_s + d > target_s.
 
     SimPy computes an event's time as now + delay; target - now can round so that the sum misses
     the target by an ulp, and an instance woken an ulp before an arrival would not admit it.
@@ -41,4 +42,9 @@ def delay_until(now_s: float, target_s: float) -> float:
         if reached == target_s:
             return delay
         delay = math.nextafter(delay, math.inf if reached < target_s else -math.inf)
-    raise AssertionError(f"no float delay takes {now_s!r} exactly to {target_s!r}")
+    # Some targets no sum reaches (the delay's ulp steps the sum over it): the first delay
+    # that reaches past it wakes the instance an ulp late, which still admits the arrival.
+    delay = target_s - now_s
+    while now_s + delay < target_s:
+        delay = math.nextafter(delay, math.inf)
+    return delay

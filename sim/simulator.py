@@ -80,6 +80,11 @@ class Simulation:
         )
         self.scheduler = Scheduler(scheduler_config, self.manager)
         self.requests = to_requests(trace)
+        # A server's API delays each request on its way in (and its tokens on their way out):
+        # the scheduler sees it that much later; latencies still count from the send (`run`).
+        self.api_latency_s = float(getattr(cost_model, "api_latency_s", 0.0))
+        for request in self.requests:
+            request.arrival_s += self.api_latency_s
         self.env = simpy.Environment()
         self.link = HostLink(self.env, cost_model)
         self.loop = StepLoop(self.scheduler, self.requests)
@@ -99,6 +104,8 @@ class Simulation:
             if bar is not None:
                 bar.close()
         _check_conservation(self.requests, self.manager)
+        for request in self.requests:
+            request.arrival_s -= self.api_latency_s
         capacity = self.capacity
         return RunResult(
             requests=self.requests,

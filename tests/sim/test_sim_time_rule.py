@@ -1,6 +1,7 @@
 """The time rule of docs/architecture.md: admission at step start, tokens stamped at step end,
 idle jumps."""
 
+import dataclasses
 import math
 
 import pytest
@@ -71,3 +72,33 @@ def test_delay_until_lands_exactly_on_the_target(now, gap):
 def test_delay_until_a_past_time_is_zero():
     assert delay_until(5.0, 4.0) == 0.0
     assert not math.isnan(delay_until(0.0, 0.0))
+
+
+def test_a_target_no_float_sum_reaches_is_passed_by_one_ulp_at_most():
+    # a client's measured send times (calibrate --from-bench) hit such pairs
+    now, target = 0.016619412984077618, 0.1028597969841983
+    delay = delay_until(now, target)
+    assert now + delay >= target
+    assert now + math.nextafter(delay, 0.0) < target
+
+
+def test_arrivals_at_measured_float_times_are_all_admitted():
+    arrivals = [0.0, 0.016619412984077618, 0.1028597969841983]
+    result = simulate(make_trace([(16, 2)] * 3, arrivals), small_config())
+    assert all(r.first_scheduled_s is not None and r.first_scheduled_s >= r.arrival_s
+               for r in result.requests)
+
+
+def test_a_servers_api_latency_delays_the_scheduler_not_the_arrival():
+    from kvlab.sim.calibrated import CalibratedCostModel
+
+    trace = make_trace([(64, 3), (64, 3)], [0.0, 100.0])
+    base = CalibratedCostModel(step_overhead_s=0.01, decode_token_s=0.001)
+    plain = simulate(trace, small_config(), cost_model=base)
+    delayed = simulate(trace, small_config(),
+                       cost_model=dataclasses.replace(base, api_latency_s=0.25))
+    for before, after in zip(plain.requests, delayed.requests, strict=True):
+        assert after.arrival_s == before.arrival_s  # latencies count from the client's send
+        assert after.first_scheduled_s == pytest.approx(before.first_scheduled_s + 0.25)
+        assert after.first_token_s == pytest.approx(before.first_token_s + 0.25)
+        assert after.finish_s == pytest.approx(before.finish_s + 0.25)
