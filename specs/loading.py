@@ -12,6 +12,7 @@ import yaml  # type: ignore[import-untyped, unused-ignore]  # stubs: types-PyYAM
 
 from kvlab.errors import KvlabError
 from kvlab.specs.hardware import HardwareSpec
+from kvlab.specs.hf import is_hf_folder, model_spec_from_hf
 from kvlab.specs.model import ModelSpec
 from kvlab.specs.presets import HARDWARE_PRESETS, MODEL_PRESETS
 
@@ -31,7 +32,11 @@ def list_hardware() -> dict[str, HardwareSpec]:
 
 
 def get_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name, or a ModelSpec read from a YAML or JSON file path."""
+    """A model preset by name, a Hugging Face model folder (its config.json), or a ModelSpec
+    read from a YAML or JSON spec file."""
+    path = Path(name_or_path)
+    if name_or_path.lower() not in MODEL_PRESETS and is_hf_folder(path):
+        return model_spec_from_hf(path)
     return _get(name_or_path, MODEL_PRESETS, ModelSpec, "model")
 
 
@@ -44,11 +49,17 @@ def _get(name_or_path: str, presets: dict[str, SpecT], cls: type[SpecT], kind: s
     if name_or_path.lower() in presets:
         return presets[name_or_path.lower()]
     path = Path(name_or_path)
+    if path.is_dir():
+        raise KvlabError(f"{path}: a folder without config.json (a {kind} is a preset name, "
+                         f"a .yaml/.json spec file"
+                         + (", or a Hugging Face model folder)" if kind == "model" else ")"),
+                         parameters=(kind,))
     if path.suffix.lower() in SPEC_FILE_SUFFIXES or path.exists():
         return _load_file(path, cls, kind)
     raise KvlabError(
         f"unknown {kind} preset {name_or_path!r}; choose from: {', '.join(presets)} "
-        f"(or give a .yaml/.json file with the {kind} fields)"
+        f"(or give a .yaml/.json file with the {kind} fields"
+        + (", or a Hugging Face model folder" if kind == "model" else "") + ")"
     )
 
 

@@ -84,6 +84,18 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             num_params=671e9, num_active_params=37e9, weight_dtype_bytes=1,
             kv_lora_rank=512, qk_rope_head_dim=64,
         ),
+        # kvlab's engine presets (random fp32 weights, `kvlab export-model`): what `kvlab serve
+        # tiny-llama` runs, for simulating that server (tests check they match the engine's)
+        ModelSpec(
+            name="tiny-llama", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
+            head_dim=32, intermediate_size=352, vocab_size=2048, max_model_len=2048,
+            num_params=893_568, num_active_params=893_568, dtype_bytes=4,
+        ),
+        ModelSpec(
+            name="tiny-qwen2", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
+            head_dim=32, intermediate_size=320, vocab_size=1536, max_model_len=4096,
+            num_params=541_824, num_active_params=541_824, dtype_bytes=4,
+        ),
     )
 }
 
