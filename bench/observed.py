@@ -22,6 +22,13 @@ SERIES = (
     ("prefix_cache_queries_total", "vllm:prefix_cache_queries_total", 1.0),
     ("prefix_cache_hits_total", "vllm:prefix_cache_hits_total", 1.0),
     ("swaps_out_total", "kvlab:swaps_out_total", 1.0),
+    # vLLM's per-step token histogram: its count is the engine steps run, its sum their tokens
+    ("num_steps_total", "vllm:iteration_tokens_total_count", 1.0),
+    ("step_tokens_total", "vllm:iteration_tokens_total_sum", 1.0),
+    # the server's own TTFT (from when it got each request): the client's minus it is what
+    # the API adds (`calibrate --from-bench` fits it as api_latency_s)
+    ("ttft_sum_total", "vllm:time_to_first_token_seconds_sum", 1.0),
+    ("ttft_count_total", "vllm:time_to_first_token_seconds_count", 1.0),
 )
 
 

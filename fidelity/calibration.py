@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -200,6 +201,33 @@ def fit_cost_model(
         "total_error_perc": _finite_or_none(quality.total_error_perc),
     }
     return CalibratedCostModel(**coefficients, fit=fit)
+
+
+def robust_step_fit(
+    profile: pd.DataFrame, terms: Sequence[str], *, iterations: int = 5, huber_k: float = 1.5
+) -> CalibratedCostModel:
+    """A forward-pass fit on `terms` only (names of STEP_COEFFICIENTS; the others 0), robust to
+    outlying steps: iteratively reweighted nnls with Huber weights (a step whose residual is
+    past `huber_k` robust standard deviations counts in proportion). For step times measured
+    from outside a server, where a loaded client or host stalls some steps."""
+    unknown = [t for t in terms if t not in STEP_COEFFICIENTS]
+    if unknown:
+        raise ValueError(f"unknown step terms {unknown}")
+    columns = [STEP_COEFFICIENTS.index(t) for t in terms]
+    features = step_features(profile)[:, columns]
+    measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
+    weights = np.ones_like(measured)
+    coefficients = np.zeros(len(columns))
+    for _ in range(iterations):
+        root = np.sqrt(weights)
+        coefficients = _scaled_nnls(features * root[:, None], measured * root)
+        residual = measured - features @ coefficients
+        spread = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
+        if spread <= 0:
+            break
+        weights = np.minimum(1.0, huber_k * spread / np.maximum(np.abs(residual), 1e-12))
+    fitted: dict[str, Any] = dict(zip(terms, coefficients.tolist(), strict=True))
+    return CalibratedCostModel(**fitted)
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -1,20 +1,25 @@
-"""`kvlab calibrate`: fit the simulator's cost model to the per-step profiles of `kvlab run`.
+"""`kvlab calibrate`: fit the simulator's cost model to measured steps, from either source:
 
 kvlab run --save-result --result-filename cal.json   # writes cal.steps.csv
 kvlab calibrate cal.steps.csv -o costmodel.json
+
+kvlab bench serve --base-url URL --save-result --save-detailed --result-filename b.json
+kvlab calibrate --from-bench b.json -o costmodel.json   # any server: vLLM, kvlab serve, ...
+
 kvlab sim --cost-model costmodel.json ...
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab calibrate` (no heavy imports here)."""
     parser.add_argument(
         "profiles",
-        nargs="+",
+        nargs="*",
         metavar="PROFILE",
         help="per-step profiles written by `kvlab run --save-result` (<stem>.steps.csv|parquet)",
     )
@@ -33,15 +38,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="leave out the first N steps of each profile, which pay one-off warm-up costs "
         "(default 1)",
     )
+    bench = parser.add_argument_group(
+        "from a benchmark of a server (instead of profiles)")
+    bench.add_argument("--from-bench", nargs="+", default=None, metavar="RESULT.json",
+                       help="`kvlab bench serve --save-result --save-detailed` results of one "
+                       "server (several: one fit over all, steadier on a shared machine)")
+    bench.add_argument("--model", default=None,
+                       help="the served model for the simulator: preset, spec file or Hugging "
+                       "Face folder (default: the server's model name, when it is one)")
+    bench.add_argument("--preset", choices=("vllm", "kvlab"), default=None,
+                       help="the server's scheduling conventions (default: kvlab for kvlab "
+                       "serve, which exports its scheduler; vllm otherwise)")
+    bench.add_argument("--block-size", type=int, default=None,
+                       help="tokens per page (default: the server's cache_config_info)")
+    bench.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                       help="usable KV pages (default: the server's, less vLLM's null block)")
+    bench.add_argument("--max-num-seqs", type=int, default=None,
+                       help="the server's limit (default: exported, or the preset's: vLLM "
+                       "0.32 on CPU 128)")
+    bench.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help="the server's per-step token budget (default: exported, or the "
+                       "preset's: vLLM 0.32 on CPU 2048)")
+    bench.add_argument("--no-refine", action="store_true",
+                       help="stop after the step fit (no simulator-in-the-loop search)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the profiles, fit, print the coefficients and fit quality, write the model."""
+    """Fit, print the coefficients and fit quality, write the model."""
     from kvlab.errors import KvlabError
-    from kvlab.fidelity import fit_cost_model, format_fit, load_profiles
 
     if args.skip_first_steps < 0:
         raise KvlabError(f"--skip-first-steps {args.skip_first_steps}: expected 0 or more")
+    if args.from_bench is not None:
+        if args.profiles:
+            raise KvlabError("give step profiles or --from-bench, not both")
+        return _from_bench(args)
+    if not args.profiles:
+        raise KvlabError("give step profiles (kvlab run's <stem>.steps.csv) or --from-bench "
+                         "RESULT.json")
+    from kvlab.fidelity import fit_cost_model, format_fit, load_profiles
+
     profile = load_profiles(args.profiles)
     model = fit_cost_model(
         profile, sources=list(args.profiles), skip_first_steps=args.skip_first_steps
@@ -49,3 +85,39 @@ def run(args: argparse.Namespace) -> int:
     print(format_fit(model))
     print(f"Saved {model.save(args.output)}")
     return 0
+
+
+def _from_bench(args: argparse.Namespace) -> int:
+    from kvlab.bench import load_bench_result
+    from kvlab.fidelity import fit_bench, format_bench_fit
+
+    results = [load_bench_result(path) for path in args.from_bench]
+    config = bench_sim_config(results[0], args)
+    fit = fit_bench(results, config, refine=not args.no_refine,
+                    source=", ".join(args.from_bench))
+    print(format_bench_fit(fit))
+    print(f"Saved {fit.cost_model.save(args.output)}")
+    return 0
+
+
+def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
+    """The SimConfig of the benchmarked server: its model (--model, else the name it serves)
+    and its serving config (`server_serving`, flags overriding)."""
+    from kvlab.errors import KvlabError
+    from kvlab.fidelity import server_serving
+    from kvlab.sim import SimConfig
+
+    serving = server_serving(result.server, preset=args.preset, overrides={
+        "block_size": args.block_size,
+        "num_gpu_blocks_override": args.num_gpu_blocks_override,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    })
+    model = args.model or result.server.model
+    try:
+        return SimConfig(model=model, hardware="cpu", serving=serving)
+    except KvlabError as exc:
+        if args.model is None:
+            raise KvlabError(f"the server's model {model!r} is no preset, spec file or model "
+                             f"folder here: give --model ({exc})") from None
+        raise

@@ -1,0 +1,431 @@
+"""Calibrate the simulator from a `kvlab bench serve` run against any server: fit the cost
+model so that the simulator, run on the same requests with the server's configuration,
+reproduces what the client measured.
+
+Two sources of evidence, in two stages:
+
+1. per-step durations reconstructed from the streaming timestamps (`reconstruct_profile`):
+   every running request receives a token at each step's end, so the chunks that arrive
+   together are one step; a step's requests, with the prompts it must have prefilled under the
+   token budget (chunked prefill, first come first served), give its features, and the gap
+   since the previous step its duration. `fit_cost_model` fits these as it fits an engine's
+   measured profile.
+2. the per-request latency distributions: the simulator runs the benchmark's requests (their
+   actual send times and output lengths) and a Nelder-Mead search scales the step, prefill and
+   decode coefficients to bring its TTFT, TPOT, ITL and E2EL (means and medians) and its
+   duration to the client's (`refine`).
+
+What a client cannot see is left to the simulator: prefix hits shorten prefills it
+reconstructs as whole, and a preempted request's recompute is not attributed (steps where a
+running request is missing are left out of stage 1; stage 2 sees them through the latencies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from kvlab.errors import KvlabError
+from kvlab.fidelity.calibration import (
+    MEMORY_COLUMNS,
+    STEP_FEATURES,
+    TIME_COLUMN,
+    fit_quality,
+    robust_step_fit,
+)
+from kvlab.fidelity.optimize import nelder_mead
+from kvlab.metrics import summarize
+from kvlab.policies.serving import ServingConfig
+from kvlab.sim import SimConfig, simulate
+from kvlab.sim.calibrated import CalibratedCostModel
+from kvlab.traces import Trace, TraceRequest
+
+if TYPE_CHECKING:
+    from kvlab.bench import BenchResult, ServerInfo
+
+# vLLM 0.32's scheduler on a CPU OpenAI server (EngineArgs' cpu defaults), and vLLM V1's
+# memory policy: LRU prefix-cache eviction, recompute preemption of the last admitted
+# request, no admission watermark; one page is vLLM's null block (`vllm` preset).
+VLLM_SCHEDULER = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
+                  "enable_chunked_prefill": True}
+VLLM_POLICY = "paged:preemption=recompute,victim=last-arrived,watermark=0"
+VLLM_NULL_BLOCKS = 1
+# (summary key, weight) that stage 2 matches; log-ratio errors, so every metric counts alike.
+MATCHED_METRICS = (("mean_ttft_ms", 1.0), ("median_ttft_ms", 0.5), ("mean_tpot_ms", 1.0),
+                   ("median_tpot_ms", 0.5), ("mean_itl_ms", 0.5), ("mean_e2el_ms", 1.0),
+                   ("duration", 1.0))
+# Coefficient groups stage 2 scales together.
+GROUPS = {
+    "step": ("step_overhead_s", "seq_s"),
+    "prefill": ("prefill_token_s", "attention_pair_s"),
+    "decode": ("decode_token_s", "context_token_s", "padded_context_token_s"),
+}
+# The step terms stage 1 fits from outside a server: fewer than an engine's own profile allows
+# (its features are reconstructed, its times noisier), so that collinear terms (per sequence,
+# per decode token, padded context) do not trade places from one run to the next. kvlab serve
+# keeps the padded decode context its torch backend reads.
+BENCH_TERMS = ("step_overhead_s", "prefill_token_s", "attention_pair_s", "decode_token_s",
+               "context_token_s")
+BENCH_TERMS_KVLAB = (*BENCH_TERMS, "padded_context_token_s")
+GAP_FRACTIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
+LATENCY_STEP_S = 0.01  # stage 2 moves the API latency in steps of this size
+POOR_FIT_ERROR = 0.10  # a matched metric further off than this after the fit is a warning
+SUMMARY_OPTIONS: dict[str, Any] = {"percentile_metrics": ("ttft", "tpot", "itl", "e2el"),
+                                   "metric_percentiles": (50, 99)}
+
+
+@dataclass(slots=True)
+class BenchFit:
+    """A cost model fitted to a bench run, how well the simulator then reproduces the run
+    (`errors`: matched metric -> relative error, sim vs client) and what to beware of."""
+
+    cost_model: CalibratedCostModel
+    errors: dict[str, float | None]
+    stage1_errors: dict[str, float | None]
+    num_steps: int
+    num_steps_server: int | None
+    warnings: list[str] = field(default_factory=list)
+    stage1: CalibratedCostModel | None = None  # the step fit alone, before stage 2
+
+
+def server_preset(info: ServerInfo) -> str:
+    """`vllm` for a vLLM server (its model card says owned_by vllm), else `kvlab` for kvlab
+    serve (which exports its scheduler), else `vllm` (the conventions kvlab assumes)."""
+    return "kvlab" if info.owned_by == "kvlab" and info.scheduler else "vllm"
+
+
+def server_serving(
+    info: ServerInfo, *, preset: str | None = None, overrides: dict[str, Any] | None = None
+) -> ServingConfig:
+    """The ServingConfig that simulates the server: page size and pages from its
+    cache_config_info (less vLLM's null block), prefix caching as it runs it, the scheduler it
+    exports (kvlab serve) or the preset's, then `overrides` (ServingConfig.create's keywords,
+    e.g. from flags). A KvlabError names what the server did not tell and no flag gave."""
+    preset = preset or server_preset(info)
+    if preset not in ("vllm", "kvlab"):
+        raise KvlabError(f"preset {preset!r}: expected vllm or kvlab", parameters=("preset",))
+    options: dict[str, Any] = {}
+    if preset == "kvlab":
+        policy = info.scheduler.get("policy", "paged")
+        options.update(
+            max_num_seqs=int(info.scheduler.get("max_num_seqs", 256)),
+            max_num_batched_tokens=int(info.scheduler.get("max_num_batched_tokens", 8192)),
+            enable_chunked_prefill=info.scheduler.get("enable_chunked_prefill") != "False",
+        )
+        null_blocks = 0
+    else:
+        policy, null_blocks = VLLM_POLICY, VLLM_NULL_BLOCKS
+        options.update(VLLM_SCHEDULER)
+    if info.block_size is not None:
+        options["block_size"] = info.block_size
+    if info.num_gpu_blocks is not None:
+        options["num_gpu_blocks_override"] = info.num_gpu_blocks - null_blocks
+    options["enable_prefix_caching"] = bool(info.enable_prefix_caching)
+    options["max_model_len"] = info.max_model_len
+    options.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for name, flag in (("block_size", "block_size"), ("num_gpu_blocks_override",
+                                                      "num_gpu_blocks_override")):
+        if options.get(name) is None:
+            raise KvlabError(f"the server exports no {name} (vllm:cache_config_info): give "
+                             f"{flag}", parameters=(flag,))
+    return ServingConfig.create(policy, **options)
+
+
+def bench_trace(result: BenchResult) -> Trace:
+    """The benchmark's requests as the simulator replays them: sent when the client sent
+    them, each with the output it produced (completed) or asked for (failed), sharing prompt
+    blocks as the workload did."""
+    requests = []
+    for record, hash_ids in zip(result.requests, result.hash_ids, strict=True):
+        output = record.num_output_tokens if record.completed else record.max_tokens
+        requests.append(TraceRequest(
+            request_id=record.request_id, arrival_s=record.arrival_s,
+            input_len=record.prompt_len, output_len=max(1, output),
+            hash_ids=None if hash_ids is None else tuple(hash_ids),
+            hash_block_size=result.hash_block_size,
+        ))
+    requests.sort(key=lambda r: r.arrival_s)
+    meta = result.run.metadata
+    return Trace(name=str(meta.get("dataset") or "bench"),
+                 dataset_name=str(meta.get("dataset_name") or "bench"),
+                 source="bench", requests=requests)
+
+
+def reconstruct_profile(result: BenchResult, max_num_batched_tokens: int,
+                        enable_chunked_prefill: bool = True) -> pd.DataFrame:
+    """Stage 1's step profile: one row per reconstructed step, with the columns
+    `fit_cost_model` reads (memory work none) and `regular` (False where a running request
+    missed the step: preempted, or its chunk arrived late; such rows are left out of the fit).
+    """
+    groups = group_steps(result.requests, _server_steps(result))
+    rows = _Attribution(result.requests, max_num_batched_tokens, enable_chunked_prefill)
+    return pd.DataFrame([rows.step(index, group) for index, group in enumerate(groups)])
+
+
+def group_steps(requests: Sequence[Any], num_server_steps: int | None = None
+                ) -> list[list[tuple[float, int]]]:
+    """The chunk arrivals (time, request index) grouped into steps: a new step begins after
+    a gap longer than a threshold, or when a request would appear twice (a step gives each
+    request one chunk). The threshold is the one of GAP_FRACTIONS (times the median
+    inter-chunk gap) whose step count comes closest to the server's own count when it
+    exports one (a server streams one step's chunks over a spread that depends on its
+    load), else a third of the median gap."""
+    events = sorted((t, i) for i, r in enumerate(requests) for t in r.chunk_times_s)
+    gaps = [g for r in requests for g in r.itls_s()]
+    median = float(np.median(gaps)) if gaps else 0.0
+    if not num_server_steps:
+        return _group(events, max(2e-4, median / 3.0))
+    candidates = [_group(events, max(2e-5, fraction * median)) for fraction in GAP_FRACTIONS]
+    return min(candidates, key=lambda groups: abs(len(groups) - num_server_steps))
+
+
+def _group(events: list[tuple[float, int]], threshold: float) -> list[list[tuple[float, int]]]:
+    groups: list[list[tuple[float, int]]] = []
+    members: set[int] = set()
+    last = -math.inf
+    for time_s, index in events:
+        if not groups or time_s - last > threshold or index in members:
+            groups.append([])
+            members = set()
+        groups[-1].append((time_s, index))
+        members.add(index)
+        last = time_s
+    return groups
+
+
+class _Attribution:
+    """Walks the steps in order, keeping each request's prefill progress and tokens."""
+
+    def __init__(self, requests: Sequence[Any], budget: int, chunked: bool) -> None:
+        self.requests, self.budget, self.chunked = requests, budget, chunked
+        self.progress = [0] * len(requests)  # prompt tokens prefilled
+        self.emitted = [0] * len(requests)  # output tokens received
+        self.next_chunk = [0] * len(requests)
+        self.last_end = -math.inf
+        self.by_arrival = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+
+    def step(self, index: int, group: list[tuple[float, int]]) -> dict[str, Any]:
+        end = group[0][0]
+        present = {i for _, i in group}
+        busy = self._in_flight(self.last_end)
+        start = self.last_end if busy else min(self.requests[i].arrival_s for i in present)
+        row = dict.fromkeys(STEP_FEATURES, 0)
+        row.update(dict.fromkeys(MEMORY_COLUMNS, 0))
+        longest = 0
+        decodes = [i for i in present if self.emitted[i] > 0]
+        for i in decodes:
+            context = self.requests[i].prompt_len + self.emitted[i]
+            row["num_context_tokens"] += context
+            longest = max(longest, context)
+        row["num_decode_tokens"] = len(decodes)
+        budget = self.budget - len(decodes)
+        firsts = [i for i in self.by_arrival if i in present and self.emitted[i] == 0]
+        for i in firsts:  # their prompts end in this step
+            budget -= self._prefill(i, self.requests[i].prompt_len - self.progress[i], row)
+        if self.chunked:
+            for i in self._waiting(start, present):
+                if budget <= 0:
+                    break
+                chunk = min(self.requests[i].prompt_len - self.progress[i] - 1, budget)
+                budget -= self._prefill(i, chunk, row)
+        row["num_seqs"] = len(present) + sum(1 for i in self._waiting(start, present)
+                                             if self.progress[i] > 0)
+        row["num_padded_context_tokens"] = len(decodes) * longest
+        missing = any(self.emitted[i] > 0 and i not in present
+                      and self.next_chunk[i] < len(self.requests[i].chunk_times_s)
+                      for i in range(len(self.requests)))
+        for i in present:
+            self.emitted[i] += self.requests[i].chunk_tokens[self.next_chunk[i]]
+            self.next_chunk[i] += 1
+        self.last_end = end
+        return {**row, "step_id": index, "start_s": start, TIME_COLUMN: max(end - start, 0.0),
+                "regular": not missing and busy}
+
+    def _prefill(self, i: int, tokens: int, row: dict[str, Any]) -> int:
+        if tokens <= 0:
+            return 0
+        done = self.progress[i]
+        row["num_prefill_tokens"] += tokens
+        row["num_context_tokens"] += done + tokens
+        row["num_attention_pairs"] += tokens * done + tokens * (tokens + 1) // 2
+        self.progress[i] += tokens
+        return tokens
+
+    def _waiting(self, start: float, present: set[int]) -> list[int]:
+        """Requests at the server when the step began, prompt not yet done, FCFS."""
+        return [i for i in self.by_arrival
+                if self.requests[i].arrival_s <= start and i not in present
+                and self.emitted[i] == 0 and self.requests[i].chunk_times_s
+                and self.progress[i] < self.requests[i].prompt_len]
+
+    def _in_flight(self, time_s: float) -> bool:
+        """Some request was sent by `time_s` and still had chunks to come."""
+        return any(r.arrival_s <= time_s and r.chunk_times_s and r.chunk_times_s[-1] > time_s
+                   for r in self.requests)
+
+
+def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *,
+              refine: bool = True, max_evaluations: int = 80,
+              source: str = "bench") -> BenchFit:
+    """Stage 1 then (with `refine`) stage 2, on the simulated instance `config`, over one
+    bench run or several of the same server (their steps pooled in stage 1, each run
+    simulated on its own in stage 2, the losses added)."""
+    runs = [results] if not isinstance(results, Sequence) else list(results)
+    measured = [run.summary(**SUMMARY_OPTIONS) for run in runs]
+    completed = sum(m["completed"] for m in measured)
+    if completed < 2:
+        raise KvlabError(f"{source}: {completed} request(s) completed; calibrating needs a "
+                         "run with more")
+    serving = config.serving
+    profiles = [reconstruct_profile(run, serving.max_num_batched_tokens,
+                                    serving.enable_chunked_prefill) for run in runs]
+    # each run's first step pays a cold start; steps a running request missed are left out
+    regular = pd.concat([p[p["regular"]].iloc[1:] for p in profiles if len(p)])
+    if len(regular) < 4:
+        raise KvlabError(f"{source}: only {len(regular)} steps could be reconstructed from "
+                         "the streamed timestamps (was the run streamed, with several tokens "
+                         "per request?)")
+    terms = BENCH_TERMS_KVLAB if server_preset(runs[0].server) == "kvlab" else BENCH_TERMS
+    latency = float(np.mean([api_latency(run, m)
+                             for run, m in zip(runs, measured, strict=True)]))
+    stage1 = dataclasses.replace(robust_step_fit(regular, terms), api_latency_s=latency)
+    traces = [bench_trace(run) for run in runs]
+
+    def errors_of(model: CalibratedCostModel) -> list[dict[str, float | None]]:
+        out = []
+        for trace, target in zip(traces, measured, strict=True):
+            simulated = summarize(simulate(trace, config, cost_model=model), **SUMMARY_OPTIONS)
+            out.append({key: _relative(simulated[key], target[key])
+                        for key, _ in MATCHED_METRICS})
+        return out
+
+    stage1_errors = _mean_errors(errors_of(stage1))
+    model, errors, evaluations = stage1, stage1_errors, 0
+    if refine:
+        model, run_errors, evaluations = _refine(stage1, errors_of, max_evaluations)
+        errors = _mean_errors(run_errors)
+    quality = fit_quality(model, regular)
+    steps = sum(len(p) for p in profiles)
+    counted = [_server_steps(run) for run in runs]
+    server_steps = None if None in counted else sum(c for c in counted if c is not None)
+    model = dataclasses.replace(model, fit={
+        "sources": [source], "num_runs": len(runs), "num_steps": quality.num_steps,
+        "num_memory_steps": 0, "skip_first_steps": 1,
+        "method": "bench: reconstructed steps, then simulator in the loop"
+        if refine else "bench: reconstructed steps", "refine_evaluations": evaluations,
+        "r2": _finite(quality.r2), "mape_perc": _finite(quality.mape_perc),
+        "total_error_perc": _finite(quality.total_error_perc),
+        "num_reconstructed_steps": steps, "num_server_steps": server_steps,
+        "sim_errors": errors, "server": runs[0].server.to_json(),
+    })
+    return BenchFit(model, errors, stage1_errors, steps, server_steps,
+                    _warnings(errors, steps, server_steps), stage1=stage1)
+
+
+def _mean_errors(per_run: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Each matched metric's error averaged over the runs (None where none has one)."""
+    out: dict[str, float | None] = {}
+    for key, _ in MATCHED_METRICS:
+        values = [v for e in per_run if (v := e.get(key)) is not None]
+        out[key] = float(np.mean(values)) if values else None
+    return out
+
+
+def api_latency(result: BenchResult, measured: dict[str, Any]) -> float:
+    """What the server's API adds to a request's latency: the client's mean TTFT less the
+    server's own (its TTFT histogram over the run); 0 when the server exports none."""
+    sums = [v for v in result.series.get("ttft_sum_total", []) if v == v]
+    counts = [v for v in result.series.get("ttft_count_total", []) if v == v]
+    if len(sums) < 2 or len(counts) < 2 or counts[-1] - counts[0] <= 0:
+        return 0.0
+    server_ms = 1000.0 * (sums[-1] - sums[0]) / (counts[-1] - counts[0])
+    return max(0.0, (measured["mean_ttft_ms"] - server_ms) / 1000.0)
+
+
+def _refine(start: CalibratedCostModel, errors_of: Any, max_evaluations: int
+            ) -> tuple[CalibratedCostModel, list[dict[str, float | None]], int]:
+    """Stage 2: log-scale factors on GROUPS and an additive change of the API latency (in
+    units of LATENCY_STEP_S), Nelder-Mead on the weighted squared log-ratio of the matched
+    metrics."""
+    groups = [names for names in GROUPS.values()
+              if any(getattr(start, name) > 0 for name in names)]
+    cache: dict[tuple[float, ...], tuple[float, list[dict[str, float | None]]]] = {}
+
+    def scaled(x: np.ndarray) -> CalibratedCostModel:
+        changes = {name: getattr(start, name) * math.exp(float(factor))
+                   for names, factor in zip(groups, x[:-1], strict=True) for name in names}
+        latency = max(0.0, start.api_latency_s + LATENCY_STEP_S * float(x[-1]))
+        return dataclasses.replace(start, **changes, api_latency_s=latency)
+
+    def loss(x: np.ndarray) -> float:
+        key = tuple(np.round(x, 6))
+        if key not in cache:
+            errors = errors_of(scaled(x))
+            cache[key] = (sum(_loss(e) for e in errors), errors)
+        return cache[key][0]
+
+    best = nelder_mead(loss, np.zeros(len(groups) + 1), step=0.3,
+                       max_evaluations=max_evaluations)
+    return scaled(best.x), cache[tuple(np.round(best.x, 6))][1], best.num_evaluations
+
+
+def _loss(errors: dict[str, float | None]) -> float:
+    total = 0.0
+    for key, weight in MATCHED_METRICS:
+        error = errors.get(key)
+        if error is not None:
+            total += weight * math.log(max(1.0 + error, 1e-3)) ** 2
+    return total
+
+
+def _relative(sim: float, measured: float) -> float | None:
+    return None if not measured else (float(sim) - float(measured)) / abs(float(measured))
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _server_steps(result: BenchResult) -> int | None:
+    """Engine steps the server counted during the run (vLLM's iteration-tokens histogram)."""
+    values = [v for v in result.series.get("num_steps_total", []) if v == v]
+    return int(values[-1] - values[0]) if len(values) >= 2 else None
+
+
+def _warnings(errors: dict[str, float | None], num_steps: int,
+              server_steps: int | None) -> list[str]:
+    out = []
+    for key, error in errors.items():
+        if error is not None and abs(error) > POOR_FIT_ERROR:
+            out.append(f"poor fit: the simulator's {key} is {100 * error:+.1f}% off the "
+                       "client's measurement")
+    if server_steps and abs(num_steps - server_steps) > 0.2 * server_steps:
+        out.append(f"the streamed timestamps gave {num_steps} steps where the server counted "
+                   f"{server_steps}: chunks of one step arrived apart (a loaded client?)")
+    return out
+
+
+def format_bench_fit(fit: BenchFit) -> str:
+    """The coefficients, the step fit, the simulator's error on each matched metric before
+    and after stage 2, and the warnings, as `kvlab calibrate --from-bench` prints them."""
+    from kvlab.fidelity.calibration import format_fit
+
+    lines = [format_fit(fit.cost_model)]
+    server = "n/a" if fit.num_steps_server is None else str(fit.num_steps_server)
+    lines.append(f"{'Steps reconstructed (server counted):':<40}{fit.num_steps} ({server})")
+    lines.append(f"{'Simulator vs client':<28}{'step fit':>12}{'final':>12}")
+    for key, _ in MATCHED_METRICS:
+        before, after = fit.stage1_errors.get(key), fit.errors.get(key)
+        lines.append(f"  {key:<26}{_percent(before):>12}{_percent(after):>12}")
+    lines.extend(f"warning: {text}" for text in fit.warnings)
+    return "\n".join(lines)
+
+
+def _percent(error: float | None) -> str:
+    return "n/a" if error is None else f"{100.0 * error:+.1f}%"

@@ -1,0 +1,157 @@
+"""Calibration from a benchmark of a server (`kvlab calibrate --from-bench`): the streamed
+timestamps group into the server's steps, every prompt and output token is attributed to
+one, the server's configuration reaches the simulator, the two-stage fit reproduces the run
+it was fitted on, and bad input is one clear line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from kvlab.bench import ClientConfig, bench_serve, load_bench_result, resolve_model
+from kvlab.cli import main
+from kvlab.engine.config import EngineConfig
+from kvlab.errors import KvlabError
+from kvlab.fidelity import fit_bench, server_serving
+from kvlab.fidelity.calibration import TIME_COLUMN
+from kvlab.fidelity.from_bench import bench_trace, group_steps, reconstruct_profile
+from kvlab.fidelity.optimize import nelder_mead
+from kvlab.policies.serving import ServingConfig
+from kvlab.sim import SimConfig, simulate
+from kvlab.sim.calibrated import load_cost_model
+from kvlab.traces import Trace, TraceRequest
+from tests.live_server import start_live_server
+
+BUDGET = 64  # max_num_batched_tokens: prompts of up to 60 tokens chunk across steps
+
+
+def _engine() -> EngineConfig:
+    return EngineConfig(model="tiny-llama", serving=ServingConfig.create(
+        "paged:block_size=4", num_gpu_blocks_override=400, max_model_len=128,
+        max_num_batched_tokens=BUDGET))
+
+
+def _trace(num: int = 16) -> Trace:
+    requests = [TraceRequest(i, 0.04 * i, 20 + (7 * i) % 41, 6 + (5 * i) % 11)
+                for i in range(num)]
+    return Trace("bench-cal", "random", "synthetic", requests, {})
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """A streamed benchmark of kvlab serve, saved as --save-detailed would."""
+    server = start_live_server(_engine())
+    try:
+        card = resolve_model(server.base_url, None, None)
+        client = ClientConfig(base_url=server.base_url, model=server.model_name,
+                              ignore_eos=True, scrape_interval_s=0.05)
+        result = bench_serve(_trace(), client, card=card, vocab_size=card["vocab_size"])
+    finally:
+        server.stop()
+    path = tmp_path_factory.mktemp("bench") / "run.json"
+    path.write_text(json.dumps(result.to_json(result.summary(), detailed=True)))
+    return SimpleNamespace(result=result, path=path)
+
+
+def _record(arrival: float, prompt: int, times: list[float]) -> SimpleNamespace:
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return SimpleNamespace(arrival_s=arrival, prompt_len=prompt, chunk_times_s=times,
+                           chunk_tokens=[1] * len(times), itls_s=lambda: gaps)
+
+
+def test_chunks_that_arrive_together_are_one_step():
+    # two requests decoding together at 0.1 s steps; their chunks land 1 ms apart
+    a = _record(0.0, 10, [0.100, 0.200, 0.300])
+    b = _record(0.0, 10, [0.101, 0.201, 0.301, 0.400])
+    steps = group_steps([a, b])
+    assert [sorted(i for _, i in step) for step in steps] == [[0, 1], [0, 1], [0, 1], [1]]
+    # a request never appears twice in a step, whatever the threshold
+    c = _record(0.0, 10, [0.1, 0.1001, 0.1002])
+    assert len(group_steps([c], num_server_steps=1)) == 3
+
+
+def test_every_prompt_and_output_token_is_attributed_to_one_step(bench_run):
+    result = bench_run.result
+    assert all(r.completed for r in result.requests)
+    profile = reconstruct_profile(result, BUDGET)
+    assert profile["num_prefill_tokens"].sum() == sum(r.prompt_len for r in result.requests)
+    # every output token after the first is one decode, in the step that streamed it
+    assert profile["num_decode_tokens"].sum() == sum(r.num_output_tokens - 1
+                                                     for r in result.requests)
+    assert (profile["num_prefill_tokens"] + profile["num_decode_tokens"] <= BUDGET).all()
+    assert (profile[TIME_COLUMN] >= 0).all()
+
+
+def test_the_servers_configuration_reaches_the_simulator(bench_run):
+    info = bench_run.result.server
+    serving = server_serving(info)
+    assert (serving.policy.block_size, serving.num_gpu_blocks_override) == (4, 400)
+    assert serving.max_num_batched_tokens == BUDGET
+    vllm_view = server_serving(info, preset="vllm", overrides={"max_num_seqs": 7})
+    assert vllm_view.num_gpu_blocks_override == 399  # vLLM's null block is not usable
+    assert vllm_view.max_num_seqs == 7
+    assert (vllm_view.policy.victim, vllm_view.policy.watermark) == ("last-arrived", 0)
+    trace = bench_trace(bench_run.result)
+    assert [r.output_len for r in trace.requests] == [
+        r.num_output_tokens for r in sorted(bench_run.result.requests,
+                                            key=lambda r: r.arrival_s)]
+
+
+def test_the_fit_reproduces_the_run_it_was_fitted_on(bench_run):
+    result = bench_run.result
+    config = SimConfig(model="tiny-llama", hardware="cpu", serving=server_serving(result.server))
+    fit = fit_bench(result, config, max_evaluations=30)
+    # stage 2 starts at stage 1's model and keeps the best point it saw
+    loss = lambda errors: sum(abs(v) for v in errors.values() if v is not None)  # noqa: E731
+    assert fit.stage1 is not None
+    assert fit.cost_model.fit["refine_evaluations"] <= 30 + 4  # the last move may take 4
+    assert all(v is not None for v in fit.errors.values())
+    assert loss(fit.errors) <= loss(fit.stage1_errors) * 1.5
+    sim = simulate(bench_trace(result), config, cost_model=fit.cost_model)
+    assert sum(r.num_output_tokens for r in sim.requests) == sum(
+        r.num_output_tokens for r in result.requests)
+
+
+def test_calibrate_from_bench_writes_a_model_sim_runs(bench_run, tmp_path, capsys):
+    out = tmp_path / "cm.json"
+    assert main(["calibrate", "--from-bench", str(bench_run.path), "--no-refine",
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Saved" in printed and out.is_file()
+    model = load_cost_model(out)
+    assert model.fit["num_runs"] == 1 and model.step_overhead_s >= 0
+    assert main(["sim", "--cost-model", str(out), "--model", "tiny-llama",
+                 "--num-prompts", "4", "--max-model-len", "2048"]) == 0
+    assert "Successful requests" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give step profiles .* or --from-bench"),
+    (["x.steps.csv", "--from-bench", "b.json"], "not both"),
+    (["--from-bench", "missing.json"], "missing.json"),
+])
+def test_bad_calibrate_input_is_one_line(argv, message, capsys, tmp_path):
+    assert main(["calibrate", "-o", str(tmp_path / "cm.json"), *argv]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") <= 2
+    assert pytest.importorskip("re").search(message, err)
+
+
+def test_a_result_without_the_per_request_arrays_is_refused(bench_run, tmp_path):
+    document = json.loads(bench_run.path.read_text())
+    document.pop("itls", None)
+    document.pop("chunk_times", None)
+    path = tmp_path / "summary-only.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(KvlabError, match=r"summary-only\.json"):
+        load_bench_result(path)
+
+
+def test_nelder_mead_finds_a_quadratics_minimum():
+    found = nelder_mead(lambda x: float((x[0] - 1.5) ** 2 + 3 * (x[1] + 0.5) ** 2),
+                        [0.0, 0.0], step=0.5, max_evaluations=400)
+    assert found.x == pytest.approx([1.5, -0.5], abs=0.02)
+    assert found.num_evaluations <= 400
