@@ -138,13 +138,19 @@ def load_validate_result(name: str, data: bytes) -> tuple[pd.DataFrame, dict[str
         raise KvlabError(f"{name}: expected a kvlab validate result, a JSON object with "
                          '"metrics": {NAME: {"sim": x, "engine": y, "rel_error": e}}')
     rows = []
+    # a server's validation (validate --base-url) names its measured side "server"; the
+    # table's column stays "engine", the measured side, and metrics the server does not
+    # report are left out
+    reference = str(result.get("reference", "engine"))
     for metric, entry in result["metrics"].items():
         if not isinstance(entry, dict):
             raise KvlabError(f"{name}: metrics.{metric} is {entry!r}; expected an object with "
-                             "sim, engine and rel_error")
+                             f"sim, {reference} and rel_error")
+        if reference != "engine" and entry.get(reference) is None:
+            continue
         row: dict[str, Any] = {"metric": metric}
         for field in ("sim", "engine", "rel_error"):
-            value = entry.get(field)
+            value = entry.get(reference if field == "engine" else field)
             if field == "rel_error" and value is None:  # undefined: the engine's value is 0
                 value = math.nan
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -161,7 +167,7 @@ def load_validate_result(name: str, data: bytes) -> tuple[pd.DataFrame, dict[str
 def summaries_side_by_side(info: dict[str, Any]) -> pd.DataFrame | None:
     """The engine's and the simulator's summaries of a validate result, key by key (numbers
     only); None when the result carries no summaries."""
-    engine, sim = info.get("engine"), info.get("sim")
+    engine, sim = info.get(str(info.get("reference", "engine"))), info.get("sim")
     if not isinstance(engine, dict) or not isinstance(sim, dict):
         return None
     keys = [k for k, v in engine.items() if isinstance(v, (int, float))

@@ -68,6 +68,10 @@ class ValidationResult:
     # With several windows: each one's metrics, calibration and cost model (the fields above
     # then pool the windows' requests; cost_model is the first window's).
     windows: list[dict[str, Any]] = field(default_factory=list)
+    # What the simulator is compared with: "engine" (kvlab's, `validate`) or "server" (any
+    # server, `validate_server`; engine_summary is then the server's): the rows' key.
+    reference: str = "engine"
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The saved document: metrics, lockstep verdict, cost model, both summaries, and the
@@ -79,8 +83,10 @@ class ValidationResult:
             "calibration": self.calibration,
             "cost_model": self.cost_model.to_json(),
             "policy": self.engine_summary.get("policy"),
-            "engine": self.engine_summary,
+            "reference": self.reference,
+            self.reference: self.engine_summary,
             "sim": self.sim_summary,
+            "warnings": self.warnings,
         }
         if self.windows:
             document["windows"] = self.windows
@@ -118,12 +124,17 @@ def relative_error(sim: float, engine: float) -> float | None:
     return (sim - engine) / abs(engine)
 
 
-def compare_metrics(sim: dict[str, Any], engine: dict[str, Any]) -> dict[str, dict]:
-    """{key: {"sim", "engine", "rel_error"}} for every validated metric."""
+def compare_metrics(sim: dict[str, Any], measured: dict[str, Any],
+                    reference: str = "engine") -> dict[str, dict]:
+    """{key: {"sim", reference, "rel_error"}} for every validated metric; a metric the
+    measured side does not report (a server's swaps) is None with no error."""
     table = {}
     for _, key in METRICS:
-        s, e = float(sim[key]), float(engine[key])
-        table[key] = {"sim": s, "engine": e, "rel_error": relative_error(s, e)}
+        value = measured.get(key)
+        s = float(sim[key])
+        m = None if value is None else float(value)
+        table[key] = {"sim": s, reference: m,
+                      "rel_error": None if m is None else relative_error(s, m)}
     return table
 
 

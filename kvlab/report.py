@@ -174,16 +174,17 @@ def format_validation(result: ValidationResult) -> str:
     """The metric table (simulator, engine, relative error) and the lockstep verdict."""
     from kvlab.fidelity.validation import METRICS, WINDOW_METRICS
     width = 28 + 3 * 13
+    reference = result.reference
     lines = [
-        " Simulator vs engine ".center(width, "="),
+        f" Simulator vs {reference} ".center(width, "="),
         f"{'Policy:':<28}{result.engine_summary.get('policy')}",
         f"{'Calibration:':<28}{result.calibration}",
-        f"{'Metric':<28}{'sim':>13}{'engine':>13}{'rel. error':>13}",
+        f"{'Metric':<28}{'sim':>13}{reference:>13}{'rel. error':>13}",
         "-" * width,
     ]
     for label, key in METRICS:
         row = result.metrics[key]
-        lines.append(f"{label:<28}{_number(row['sim']):>13}{_number(row['engine']):>13}"
+        lines.append(f"{label:<28}{_number(row['sim']):>13}{_number(row[reference]):>13}"
                      f"{_percent(row['rel_error']):>13}")
     if result.windows:
         lines.append("-" * width)
@@ -196,6 +197,7 @@ def format_validation(result: ValidationResult) -> str:
     if result.lockstep is not None:
         lines.append("-" * width)
         lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")
+    lines.extend(f"warning: {text}" for text in result.warnings)
     lines.append("=" * width)
     return "\n".join(lines)
 

@@ -11,12 +11,20 @@ has seen the very steps it is judged on). `--num-windows K` validates K consecut
 each with its own calibration run, and compares their pooled requests. Defaults make a CPU
 demo of about 20 s: 8 requests of the bundled Azure conversation excerpt on tiny-llama,
 calibrated on the next 24, one thread.
+
+With `--base-url URL` the reference is a server instead (vLLM, vLLM-Ascend, kvlab serve): each
+window's calibration requests, then its validated ones, are benchmarked against it as `kvlab
+bench serve` does (in turn, so that a drift of the machine meets both); one cost model is
+fitted on all calibration runs (`kvlab calibrate --from-bench`); the simulator runs each
+validated window's requests on the server's configuration (its /metrics: block size, blocks;
+`--preset vllm|kvlab` for the scheduler) and the table compares simulator and server.
 """
 
 from __future__ import annotations
 
 import argparse
 from datetime import datetime
+from typing import Any
 
 DEFAULT_NUM_PROMPTS = 8
 # Calibration requests per validated request: 3 averaged the machine's drift enough for the
@@ -82,6 +90,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="torch CPU threads (default 1: steadier step times on a shared machine)",
     )
+    server = parser.add_argument_group(
+        "a server instead of kvlab's engine (vLLM, vLLM-Ascend, kvlab serve)")
+    server.add_argument(
+        "--base-url", default=None,
+        help="benchmark this OpenAI-compatible server (kvlab bench serve) instead of running "
+        "the engine; the simulator then runs the server's configuration (its /metrics), on "
+        "its model when the name it serves is a preset or folder here, else on --model",
+    )
+    server.add_argument("--preset", choices=("vllm", "kvlab"), default=None,
+                        help="the server's scheduling conventions (default: kvlab for kvlab "
+                        "serve, vllm otherwise)")
+    server.add_argument("--vocab-size", type=int, default=None,
+                        help="draw prompt ids below this (default: from the model's "
+                        "config.json or the server's model card)")
+    server.add_argument("--max-concurrency", type=int, default=None,
+                        help="at most this many requests in flight (default: no cap)")
+    server.add_argument("--api-key", default=None,
+                        help="bearer token (default: $OPENAI_API_KEY when set)")
+    server.add_argument("--metrics-interval", type=float, default=0.25, metavar="SECONDS",
+                        help="read the server's /metrics this often during each run "
+                        "(default 0.25)")
 
 
 def default_calibration_run(device: str) -> str:
@@ -91,19 +120,18 @@ def default_calibration_run(device: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Calibrate (unless given a model), run engine and simulator, print and save the table."""
-    import json
-    from pathlib import Path
 
     import torch
 
-    from kvlab.commands.common import load_trace_from_args, show_progress
+    from kvlab.commands.common import show_progress
     from kvlab.commands.run import engine_config
     from kvlab.errors import KvlabError
     from kvlab.fidelity import validate
     from kvlab.report import format_validation
     from kvlab.sim.calibrated import load_cost_model
-    from kvlab.traces import split_windows
 
+    if args.base_url is not None:
+        return _run_server(args)
     if args.num_threads < 1:
         raise KvlabError(f"--num-threads {args.num_threads}: expected 1 or more")
     if args.replay != "fast":
@@ -111,24 +139,9 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.num_threads)
     cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
     config = engine_config(args)
-    num_prompts = args.num_prompts
-    num_calibration = (
-        CALIBRATION_PROMPTS_PER_PROMPT * num_prompts
-        if args.num_calibration_prompts is None
-        else args.num_calibration_prompts
-    )
     separate = cost_model is None and not args.calibrate_on_same_run
-    if separate and num_calibration < 1:
-        raise KvlabError(f"--num-calibration-prompts {num_calibration}: expected 1 or more")
-    if args.num_windows < 1:
-        raise KvlabError(f"--num-windows {args.num_windows}: expected 1 or more")
     calibration_run = args.calibration_run or default_calibration_run(args.device)
-    if not separate:
-        num_calibration = 0
-    args.num_prompts = (num_prompts + num_calibration) * args.num_windows
-    windows = split_windows(
-        load_trace_from_args(args), num_prompts, num_calibration, args.num_windows
-    )
+    windows = _windows(args, separate)
     result = validate(
         config,
         windows,
@@ -140,15 +153,94 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_validation(result))
     if args.save_result:
-        name = args.result_filename or (f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
-        path = Path(args.result_dir) / name
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            text = json.dumps(result.to_json(), indent=2, allow_nan=False, default=str)
-            path.write_text(text + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        print(f"Saved {path}")
+        _save(args, result)
     if result.lockstep is not None and not result.lockstep.identical:
         return 1
+    return 0
+
+
+def _save(args: argparse.Namespace, result: Any) -> None:
+    import json
+    from pathlib import Path
+
+    from kvlab.errors import KvlabError
+
+    name = args.result_filename or (f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    path = Path(args.result_dir) / name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(result.to_json(), indent=2, allow_nan=False, default=str)
+        path.write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    print(f"Saved {path}")
+
+
+def _windows(args: argparse.Namespace, separate: bool) -> list:
+    """The trace's (validated, calibration) windows the flags ask for."""
+    from kvlab.commands.common import load_trace_from_args
+    from kvlab.errors import KvlabError
+    from kvlab.traces import split_windows
+
+    num_prompts = args.num_prompts
+    num_calibration = (CALIBRATION_PROMPTS_PER_PROMPT * num_prompts
+                       if args.num_calibration_prompts is None else args.num_calibration_prompts)
+    if separate and num_calibration < 1:
+        raise KvlabError(f"--num-calibration-prompts {num_calibration}: expected 1 or more")
+    if args.num_windows < 1:
+        raise KvlabError(f"--num-windows {args.num_windows}: expected 1 or more")
+    if not separate:
+        num_calibration = 0
+    args.num_prompts = (num_prompts + num_calibration) * args.num_windows
+    return split_windows(load_trace_from_args(args), num_prompts, num_calibration,
+                         args.num_windows)
+
+
+def _run_server(args: argparse.Namespace) -> int:
+    """validate --base-url: the same table, simulator against a server's benchmark."""
+    import os
+
+    from kvlab.bench import ClientConfig, resolve_model, vocab_size_of, wait_ready
+    from kvlab.commands.common import show_progress
+    from kvlab.errors import KvlabError
+    from kvlab.fidelity.server_validation import ServerTarget, validate_server
+    from kvlab.report import format_validation
+    from kvlab.sim.calibrated import load_cost_model
+    from kvlab.specs import get_model
+
+    if args.lockstep:
+        raise KvlabError("--lockstep replays the engine's own steps: not with --base-url")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise KvlabError(f"--max-concurrency {args.max_concurrency}: expected 1 or more")
+    if not 0 < args.metrics_interval < float("inf"):
+        raise KvlabError(f"--metrics-interval {args.metrics_interval:g}: expected a finite "
+                         "number of seconds > 0")
+    cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
+    separate = cost_model is None and not args.calibrate_on_same_run
+    windows = _windows(args, separate)
+    base_url = args.base_url.rstrip("/")
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    wait_ready(base_url, 0, api_key=api_key)
+    card = resolve_model(base_url, None, api_key)
+    try:
+        model = get_model(str(card["id"]))
+    except KvlabError:
+        model = get_model(args.model)
+    client = ClientConfig(base_url=base_url, model=str(card["id"]), api_key=api_key,
+                          max_concurrency=args.max_concurrency, ignore_eos=True,
+                          scrape_interval_s=args.metrics_interval)
+    target = ServerTarget(client=client, card=card,
+                          vocab_size=vocab_size_of(card, None, args.vocab_size), model=model,
+                          preset=args.preset, seed=args.seed)
+    total = sum(len(t) + (len(c or ()) if separate else 0) for t, c in windows)
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="req", desc="server runs", leave=False,
+              disable=not show_progress(args)) as bar:
+        result = validate_server(target, windows, cost_model=cost_model,
+                                 calibrate_on_same_run=args.calibrate_on_same_run,
+                                 on_finish=lambda _: bar.update(1))
+    print(format_validation(result))
+    if args.save_result:
+        _save(args, result)
     return 0

@@ -1,0 +1,192 @@
+"""How far the simulator is from a real server (vLLM, vLLM-Ascend, `kvlab serve`): windows of
+one trace benchmarked against it (`kvlab bench serve`), one cost model fitted on the
+calibration windows together (`fit_bench`), each validated window simulated with it on the
+server's own configuration; then the same table as `validate`'s, simulator against server.
+
+Calibration and validated windows are sent in turn (calibration 1, validated 1, calibration
+2, ...), so that a drift of a shared machine meets both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab.bench import BenchRequest, BenchResult, ClientConfig, bench_serve
+from kvlab.errors import KvlabError
+from kvlab.fidelity.from_bench import SUMMARY_OPTIONS, bench_trace, fit_bench, server_serving
+from kvlab.fidelity.validation import ValidationResult, compare_metrics
+from kvlab.metrics import RunResult, merge_runs, summarize
+from kvlab.sim import SimConfig, simulate
+from kvlab.sim.calibrated import CalibratedCostModel
+from kvlab.specs import ModelSpec
+from kvlab.traces import Trace
+
+REFERENCE = "server"
+
+
+@dataclass(slots=True)
+class ServerWindow:
+    """One validated window: the server's benchmark of it, the simulator's run of the same
+    requests, the cost model used and how it was obtained."""
+
+    bench: BenchResult
+    sim: RunResult
+    cost_model: CalibratedCostModel
+    calibration: str
+    warnings: list[str]
+
+
+@dataclass(slots=True, frozen=True)
+class ServerTarget:
+    """The server to validate against and how to simulate it: the client settings, its model
+    card, the vocabulary of the prompts, the simulator's model, the scheduling preset and any
+    serving overrides (ServingConfig.create keywords)."""
+
+    client: ClientConfig
+    card: dict[str, Any]
+    vocab_size: int
+    model: str | ModelSpec
+    preset: str | None = None
+    overrides: dict[str, Any] | None = None
+    seed: int = 0
+
+
+def validate_server(
+    target: ServerTarget,
+    windows: Sequence[tuple[Trace, Trace | None]],
+    *,
+    cost_model: CalibratedCostModel | None = None,
+    calibrate_on_same_run: bool = False,
+    on_finish: Callable[[BenchRequest], object] | None = None,
+) -> ValidationResult:
+    """Benchmark every window (its calibration requests, then its validated ones), fit one
+    cost model on all calibration runs together (`fit_bench`: a short window's fit follows
+    that window's share of the machine's drift, the pooled one averages it), simulate each
+    validated window with it, and compare the pooled requests of all windows, as `validate`
+    does for the engine; each window keeps its own comparison in `windows`."""
+    separate = cost_model is None and not calibrate_on_same_run
+    if separate and any(cal is None or not len(cal) for _, cal in windows):
+        raise KvlabError("no calibration: give cost_model FILE, calibration windows with "
+                         "requests, or calibrate_on_same_run",
+                         parameters=("cost_model", "calibrate_on_same_run"))
+    calibration_runs, validated = [], []
+    for trace, calibration_trace in windows:
+        if separate and calibration_trace is not None:
+            calibration_runs.append(_bench(target, calibration_trace, on_finish))
+        validated.append(_bench(target, trace, on_finish))
+    config = SimConfig(model=target.model, hardware="cpu", serving=server_serving(
+        validated[0].server, preset=target.preset, overrides=target.overrides))
+    warnings: list[str] = []
+    if cost_model is not None:
+        calibration = "given"
+    else:
+        fitted_on = calibration_runs or validated
+        fit = fit_bench(fitted_on, config, source=", ".join(
+            str(run.run.metadata.get("dataset")) for run in fitted_on))
+        cost_model, warnings = fit.cost_model, fit.warnings
+        calibration = ("same runs (optimistic)" if not calibration_runs else
+                       f"separate runs, each before its window: {len(calibration_runs)} "
+                       f"window(s) of {len(calibration_runs[0].requests)} requests, one fit")
+    runs = []
+    for bench in validated:
+        sim = simulate(bench_trace(bench), config, cost_model=cost_model)
+        sim.metadata["hardware"] = f"sim of {target.client.base_url}"
+        runs.append(ServerWindow(bench, sim, cost_model, calibration, warnings))
+    server_summary = pooled_server_summary(validated)
+    sim_summary = _summarize(merge_runs([run.sim for run in runs]))
+    result = ValidationResult(
+        metrics=compare_metrics(sim_summary, server_summary, reference=REFERENCE),
+        engine_summary=server_summary,
+        sim_summary=sim_summary,
+        cost_model=cost_model,
+        calibration=calibration,
+        reference=REFERENCE,
+        warnings=warnings,
+    )
+    if len(runs) > 1:
+        result.windows = [_window_json(run) for run in runs]
+    return result
+
+
+def _bench(target: ServerTarget, trace: Trace,
+           on_finish: Callable[[BenchRequest], object] | None) -> BenchResult:
+    result = bench_serve(trace, target.client, card=target.card, vocab_size=target.vocab_size,
+                         seed=target.seed, on_finish=on_finish)
+    failed = [r for r in result.requests if not r.completed]
+    if len(failed) == len(result.requests):
+        raise KvlabError(f"every request of {trace.name} failed at the server: "
+                         f"{failed[0].error}")
+    return result
+
+
+def _summarize(result: RunResult) -> dict[str, Any]:
+    return summarize(result, **SUMMARY_OPTIONS)
+
+
+def pooled_server_summary(results: Sequence[BenchResult]) -> dict[str, Any]:
+    """The windows' benchmarks as one summary: latencies and throughputs over the pooled
+    requests (`merge_runs`), the KV section pooled as well (usage means weighted by duration,
+    peaks the largest, counters added up, hit rate over all lookups)."""
+    summaries = [result.summary(**SUMMARY_OPTIONS) for result in results]
+    if len(results) == 1:
+        return summaries[0]
+    pooled = _summarize(merge_runs([result.run for result in results]))
+    for key in ("mean_kv_usage_perc", "peak_kv_usage_perc", "num_preemptions",
+                "num_swaps_out", "prefix_cache_hit_rate", "page_size", "num_total_pages",
+                "kv_cache_size_tokens", "num_swaps_in", "kv_token_state_perc",
+                "internal_fragmentation_perc", "external_fragmentation_perc",
+                "num_swap_out_pages", "num_swap_in_pages", "num_host_pages"):
+        pooled.pop(key, None)
+    pooled.update(_pooled_kv(summaries, [result.run.duration_s for result in results],
+                             results))
+    pooled["dataset"] = f"{summaries[0].get('dataset')} and {len(results) - 1} more windows"
+    return pooled
+
+
+def _pooled_kv(summaries: list[dict[str, Any]], durations: list[float],
+               results: Sequence[BenchResult]) -> dict[str, Any]:
+    def values(key: str) -> list[Any]:
+        return [s.get(key) for s in summaries]
+
+    def total(key: str) -> Any:
+        found = values(key)
+        return None if any(v is None for v in found) else sum(found)
+
+    means = values("mean_kv_usage_perc")
+    weighted = (None if any(v is None for v in means) or not sum(durations) else
+                sum(m * d for m, d in zip(means, durations, strict=True)) / sum(durations))
+    peaks = [v for v in values("peak_kv_usage_perc") if v is not None]
+    queries = sum(_increase(r, "prefix_cache_queries_total") for r in results)
+    hits = sum(_increase(r, "prefix_cache_hits_total") for r in results)
+    first = summaries[0]
+    return {
+        "mean_kv_usage_perc": weighted,
+        "peak_kv_usage_perc": max(peaks) if peaks else None,
+        "num_preemptions": total("num_preemptions"),
+        "num_swaps_out": total("num_swaps_out"),
+        "prefix_cache_hit_rate": (100.0 * hits / queries if queries else
+                                  first.get("prefix_cache_hit_rate")),
+        "page_size": first.get("page_size"),
+        "num_total_pages": first.get("num_total_pages"),
+        "kv_cache_size_tokens": first.get("kv_cache_size_tokens"),
+    }
+
+
+def _increase(result: BenchResult, column: str) -> float:
+    seen = [v for v in result.series.get(column, []) if v == v]
+    return seen[-1] - seen[0] if len(seen) >= 2 else 0.0
+
+
+def _window_json(run: ServerWindow) -> dict[str, Any]:
+    return {
+        "dataset": run.bench.run.metadata.get("dataset"),
+        "num_prompts": len(run.bench.requests),
+        "calibration": run.calibration,
+        "cost_model": run.cost_model.to_json(),
+        "metrics": compare_metrics(_summarize(run.sim), run.bench.summary(**SUMMARY_OPTIONS),
+                                   reference=REFERENCE),
+        "warnings": run.warnings,
+        "lockstep_identical": None,
+    }
