@@ -69,14 +69,15 @@ def test_broken_files_are_named(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
     (folder / "config.json").write_text("{not json")
-    with pytest.raises(KvlabError, match="config.json: not a JSON model config"):
+    with pytest.raises(KvlabError, match=r"config\.json: not a JSON model config"):
         get_model(str(folder))
     write_folder(folder, LLAMA)
     (folder / "model.safetensors").write_bytes(b"\xff" * 16)
-    with pytest.raises(KvlabError, match="model.safetensors: not a safetensors file"):
+    with pytest.raises(KvlabError, match=r"model\.safetensors: not a safetensors file"):
         get_model(str(folder))
 
 
 def test_a_folder_without_config_is_not_a_model(tmp_path):
-    with pytest.raises(KvlabError, match="a folder without config.json .* or a Hugging Face model folder"):
+    with pytest.raises(KvlabError,
+                       match=r"a folder without config\.json .* or a Hugging Face model folder"):
         get_model(str(tmp_path))
