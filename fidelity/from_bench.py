@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 # request, no admission watermark; one page is vLLM's null block (`vllm` preset).
 VLLM_SCHEDULER = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
                   "enable_chunked_prefill": True}
-VLLM_POLICY = "paged:preemption=recompute,victim=last-arrived,watermark=0"
+VLLM_POLICY = "paged:preemption=recompute,victim=last-admitted,watermark=0"
 VLLM_NULL_BLOCKS = 1
 # (summary key, weight) that stage 2 matches; log-ratio errors, so every metric counts alike.
 MATCHED_METRICS = (("mean_ttft_ms", 1.0), ("median_ttft_ms", 0.5), ("mean_tpot_ms", 1.0),

@@ -24,7 +24,7 @@ ALLOCATIONS = [
 ]
 EVICTIONS = ["none", "lru", "fifo", "lfu", "cost"]
 PREEMPTIONS = ["recompute", "swap", "auto"]
-VICTIMS = ["last-arrived", "longest", "fewest-pages"]
+VICTIMS = ["last-arrived", "last-admitted", "longest", "fewest-pages"]
 COMBOS = [
     f"{alloc},eviction={ev},preemption={pre},victim={vic}"
     for alloc, ev, pre, vic in itertools.product(ALLOCATIONS, EVICTIONS, PREEMPTIONS, VICTIMS)

@@ -93,7 +93,7 @@ def test_the_servers_configuration_reaches_the_simulator(bench_run):
     vllm_view = server_serving(info, preset="vllm", overrides={"max_num_seqs": 7})
     assert vllm_view.num_gpu_blocks_override == 399  # vLLM's null block is not usable
     assert vllm_view.max_num_seqs == 7
-    assert (vllm_view.policy.victim, vllm_view.policy.watermark) == ("last-arrived", 0)
+    assert (vllm_view.policy.victim, vllm_view.policy.watermark) == ("last-admitted", 0)
     trace = bench_trace(bench_run.result)
     assert [r.output_len for r in trace.requests] == [
         r.num_output_tokens for r in sorted(bench_run.result.requests,
