@@ -3,7 +3,13 @@
 `/metrics` (layer 3, never torch)."""
 
 from kvlab.bench.client import ClientConfig, ClientRun, PlannedRequest, run_client, wait_ready
-from kvlab.bench.observed import ServerInfo, kv_summary, metrics_series, server_info
+from kvlab.bench.observed import (
+    ServerInfo,
+    kv_summary,
+    metrics_series,
+    preemptions_per_request,
+    server_info,
+)
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.scrape import MetricsSample, parse_metrics, scrape_metrics
 from kvlab.bench.serve import (
@@ -29,6 +35,7 @@ __all__ = [
     "metrics_series",
     "parse_metrics",
     "plan_requests",
+    "preemptions_per_request",
     "resolve_model",
     "run_client",
     "scrape_metrics",

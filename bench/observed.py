@@ -12,6 +12,7 @@ from kvlab.bench.scrape import MetricsSample
 
 CACHE_INFO = "vllm:cache_config_info"
 SCHEDULER_INFO = "kvlab:scheduler_config_info"  # kvlab serve's; vLLM 0.32 exports none
+PREEMPTION_BOUNDS = (0, 1, 2, 3, 4, 5)
 # (table column, exposition name, scale): gauges as they are, counters as totals.
 SERIES = (
     ("kv_cache_usage_perc", "vllm:kv_cache_usage_perc", 100.0),
@@ -29,6 +30,12 @@ SERIES = (
     # the API adds (`calibrate --from-bench` fits it as api_latency_s)
     ("ttft_sum_total", "vllm:time_to_first_token_seconds_sum", 1.0),
     ("ttft_count_total", "vllm:time_to_first_token_seconds_count", 1.0),
+    # finished requests by their number of preemptions (vLLM's buckets le 1..5: 0 and 1
+    # together; kvlab serve adds le 0), and their count and sum
+    *((f"request_preemptions_le{k}_total",
+       f'vllm:request_num_preemptions_bucket{{le="{k}"}}', 1.0) for k in PREEMPTION_BOUNDS),
+    ("request_preemptions_count_total", "vllm:request_num_preemptions_count", 1.0),
+    ("request_preemptions_sum_total", "vllm:request_num_preemptions_sum", 1.0),
 )
 
 
@@ -146,3 +153,31 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
         "num_total_pages": pages,
         "kv_cache_size_tokens": pages * page_size if pages and page_size else None,
     }
+
+
+def preemptions_per_request(series: dict[str, list[float]]) -> dict[int, int] | None:
+    """{number of preemptions: finished requests with that many} over the run, from the
+    server's vllm:request_num_preemptions histogram (None without one). Exact up to 5; the
+    requests preempted more often count under 6. vLLM's first bucket holds 0 and 1: they
+    are told apart by the histogram's sum."""
+
+    def increase(column: str) -> int | None:
+        values = [v for v in series.get(column, []) if v == v]
+        return int(values[-1] - values[0]) if len(values) >= 2 else None
+
+    count = increase("request_preemptions_count_total")
+    total = increase("request_preemptions_sum_total")
+    at_most = {k: increase(f"request_preemptions_le{k}_total") for k in PREEMPTION_BOUNDS}
+    if count is None or total is None or any(at_most[k] is None for k in range(1, 6)):
+        return None
+    le = {k: v for k, v in at_most.items() if v is not None}
+    out = {k: le[k] - le[k - 1] for k in range(2, 6)}
+    out[6] = count - le[5]
+    if 0 in le:
+        out[0], out[1] = le[0], le[1] - le[0]
+    elif out[6]:
+        return None  # requests preempted 6+ times hide how many had exactly one
+    else:
+        out[1] = total - sum(k * n for k, n in out.items())
+        out[0] = le[1] - out[1]
+    return {k: n for k, n in sorted(out.items()) if n}

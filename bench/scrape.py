@@ -11,6 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvlab.errors import KvlabError
 
+# Histograms whose buckets a sample keeps (the others' sums and counts suffice).
+KEPT_BUCKETS = frozenset({"vllm:request_num_preemptions_bucket"})
+
 
 @dataclass(slots=True)
 class MetricsSample:
@@ -40,6 +43,9 @@ def parse_metrics(text: str, time_s: float | None = None) -> MetricsSample:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
+                    if sample.name in KEPT_BUCKETS:  # by its bound: name{le="2.0"}
+                        key = f'{sample.name}{{le="{float(sample.labels["le"]):g}"}}'
+                        values[key] = values.get(key, 0.0) + float(sample.value)
                     continue
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
                 if sample.name.endswith("_info"):

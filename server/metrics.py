@@ -17,6 +17,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# vLLM's buckets (1 holds 0 and 1), and 0 so that never-preempted requests count apart
+REQUEST_PREEMPTION_BUCKETS = (0, 1, 2, 3, 4, 5, 10, 20)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -75,6 +77,9 @@ class ServerMetrics:
                              LATENCY_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds",
                                     "Arrival to first scheduled.", LATENCY_BUCKETS)
+        self.request_preemptions = histogram(
+            "vllm:request_num_preemptions", "Histogram of the number of times a request was "
+            "preempted.", REQUEST_PREEMPTION_BUCKETS)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
                                           "Tokens computed per engine step.",
                                           ITERATION_TOKEN_BUCKETS)
@@ -139,6 +144,7 @@ class ServerMetrics:
             self.queue_time.observe(request.first_scheduled_s - request.arrival_s)
         if request.finish_s is not None:
             self.e2e.observe(request.finish_s - request.arrival_s)
+        self.request_preemptions.observe(request.num_preemptions)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every series."""

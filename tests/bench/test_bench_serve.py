@@ -10,7 +10,13 @@ import math
 
 import pytest
 
-from kvlab.bench import ClientConfig, bench_serve, load_bench_result, resolve_model
+from kvlab.bench import (
+    ClientConfig,
+    bench_serve,
+    load_bench_result,
+    preemptions_per_request,
+    resolve_model,
+)
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.serve import peaks
 from kvlab.cli import main
@@ -78,6 +84,10 @@ def test_streamed_tokens_equal_the_offline_engine_and_preemptions_are_read(live)
     preempted = live.service.engine.scheduler.num_preemptions - before
     assert preempted > 0, "the workload should preempt on 40 pages"
     assert summary["num_preemptions"] == preempted
+    # the server's per-request histogram: every request once, their preemptions in all
+    per_request = preemptions_per_request(result.series)
+    assert per_request is not None and sum(per_request.values()) == len(trace)
+    assert sum(k * n for k, n in per_request.items()) == preempted
     assert summary["num_total_pages"] == NUM_PAGES and summary["page_size"] == 4
     assert 0 < summary["mean_kv_usage_perc"] <= summary["peak_kv_usage_perc"] <= 100
     assert summary["max_concurrent_requests"] >= 1

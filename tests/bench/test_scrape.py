@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.bench import parse_metrics, scrape_metrics
+from kvlab.bench import metrics_series, parse_metrics, preemptions_per_request, scrape_metrics
 from kvlab.errors import KvlabError
 from tests.bench.metrics_server import VLLM_METRICS, serve_text
 
@@ -15,7 +15,7 @@ def test_series_are_summed_over_label_sets_and_buckets_left_out():
     assert sample.get("vllm:num_requests_running") == 5.0
     assert sample.get("vllm:num_preemptions_total") == 4.0
     assert sample.get("vllm:time_to_first_token_seconds_sum") == 1.5
-    assert not any(name.endswith("_bucket") for name in sample.values)
+    assert not any(name.endswith("_bucket") for name in sample.values)  # but KEPT_BUCKETS
     assert sample.get("kvlab:kv_pages_used", -1.0) == -1.0  # not exported by vLLM
 
 
@@ -43,3 +43,33 @@ def test_a_page_that_is_not_prometheus_text_is_a_user_error():
             scrape_metrics(url)
     finally:
         stop()
+
+
+def _preemption_page(buckets: dict[str, int], total: int) -> str:
+    lines = ["# TYPE vllm:request_num_preemptions histogram"]
+    lines += [f'vllm:request_num_preemptions_bucket{{le="{le}",model_name="m"}} {n}'
+              for le, n in buckets.items()]
+    count = buckets["+Inf"]
+    lines += [f'vllm:request_num_preemptions_count{{model_name="m"}} {count}',
+              f'vllm:request_num_preemptions_sum{{model_name="m"}} {total}']
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("buckets, total, expected", [
+    # vLLM's buckets: le 1 holds 0 and 1, told apart by the sum (3 ones, 2 twos, 1 five)
+    ({"1.0": 10, "2.0": 12, "3.0": 12, "4.0": 12, "5.0": 13, "10.0": 13, "20.0": 13,
+      "+Inf": 13}, 3 + 4 + 5, {0: 7, 1: 3, 2: 2, 5: 1}),
+    # kvlab serve's, with le 0: exact even with a request preempted 7 times
+    ({"0.0": 4, "1.0": 6, "2.0": 6, "3.0": 6, "4.0": 6, "5.0": 6, "10.0": 7, "20.0": 7,
+      "+Inf": 7}, 2 + 7, {0: 4, 1: 2, 6: 1}),
+])
+def test_preemptions_per_request_from_the_servers_histogram(buckets, total, expected):
+    empty = {le: 0 for le in buckets}
+    samples = [parse_metrics(_preemption_page(empty, 0), 0.0),
+               parse_metrics(_preemption_page(buckets, total), 1.0)]
+    assert preemptions_per_request(metrics_series(samples, 0.0)) == expected
+
+
+def test_a_server_without_the_histogram_has_no_per_request_counts():
+    series = metrics_series([parse_metrics(VLLM_METRICS, 0.0)] * 2, 0.0)
+    assert preemptions_per_request(series) is None
