@@ -73,6 +73,12 @@ class ValidationResult:
     reference: str = "engine"
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def policy(self) -> str | None:
+        """The policy compared: the engine's, or, against a server that does not say its
+        own, the one the simulator ran for it (the `vllm` preset's)."""
+        return self.engine_summary.get("policy") or self.sim_summary.get("policy")
+
     def to_json(self) -> dict[str, Any]:
         """The saved document: metrics, lockstep verdict, cost model, both summaries, and the
         windows when there were several."""
@@ -82,7 +88,7 @@ class ValidationResult:
             "lockstep": None if self.lockstep is None else self.lockstep.to_json(),
             "calibration": self.calibration,
             "cost_model": self.cost_model.to_json(),
-            "policy": self.engine_summary.get("policy"),
+            "policy": self.policy,
             "reference": self.reference,
             self.reference: self.engine_summary,
             "sim": self.sim_summary,

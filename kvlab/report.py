@@ -177,7 +177,7 @@ def format_validation(result: ValidationResult) -> str:
     reference = result.reference
     lines = [
         f" Simulator vs {reference} ".center(width, "="),
-        f"{'Policy:':<28}{result.engine_summary.get('policy')}",
+        f"{'Policy:':<28}{result.policy}",
         f"{'Calibration:':<28}{result.calibration}",
         f"{'Metric':<28}{'sim':>13}{reference:>13}{'rel. error':>13}",
         "-" * width,

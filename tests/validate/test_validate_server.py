@@ -40,6 +40,7 @@ def test_validate_against_a_server_reports_sim_vs_server(live, tmp_path, capsys)
     assert "window 2 (6 requests)" in out
     document = json.loads((tmp_path / "v.json").read_text())
     assert document["reference"] == "server"
+    assert document["policy"].startswith("paged")  # the policy the simulator ran
     assert len(document["windows"]) == 2
     assert document["server"]["completed"] == document["sim"]["completed"] == 12
     metrics = document["metrics"]
