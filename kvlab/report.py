@@ -110,6 +110,9 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
     for key, label in THROUGHPUT_ROWS:
         if summary.get(key) is not None:
             lines.append(_row(label, summary[key]))
+        if key == "failed":
+            lines.extend(f"  {count} {reason}" for reason, count
+                         in (summary.get("failed_reasons") or {}).items())
         if key == "max_concurrency":
             lines.extend(_request_rate_row(summary))
     for metric in PERCENTILE_METRICS:
