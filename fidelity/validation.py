@@ -82,7 +82,7 @@ class ValidationResult:
     def to_json(self) -> dict[str, Any]:
         """The saved document: metrics, lockstep verdict, cost model, both summaries, and the
         windows when there were several."""
-        document = {
+        document: dict[str, Any] = {
             "metrics": self.metrics,
             "lockstep_identical": None if self.lockstep is None else self.lockstep.identical,
             "lockstep": None if self.lockstep is None else self.lockstep.to_json(),
