@@ -83,8 +83,10 @@ def in_flags(err: KvlabError, parser: argparse.ArgumentParser) -> str:
     """The error's message with each setting it names written as the flag that set it
     (`max_num_seqs` -> `--max-num-seqs`), where the command has such a flag; quoted text (a
     policy spec, a file name) is left as it is."""
-    flags = {action.dest: action.option_strings[-1] for action in parser._actions
-             if action.option_strings}
+    # the first long name: `-o/--output` is --output, `--kv-cache-memory` before vLLM's alias
+    flags = {action.dest: next((o for o in action.option_strings if o.startswith("--")),
+                               action.option_strings[-1])
+             for action in parser._actions if action.option_strings}
     names = [name for name in err.parameters if name in flags]
     if not names:
         return str(err)

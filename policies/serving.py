@@ -32,19 +32,21 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_memory_size(value: str | int, parameter: str = "kv_cache_memory_bytes") -> int:
-    """Bytes from an int or a string such as "256MiB", "1.5GB" or "4096" (plain bytes);
-    a KvlabError about `parameter` otherwise."""
+def parse_memory_size(value: str | int, parameter: str = "kv_cache_memory_bytes",
+                      bare_unit: str = "b") -> int:
+    """Bytes from an int or a string such as "256MiB", "1.5GB" or "4096" (a plain number is
+    in `bare_unit`: bytes, or "gib" for vLLM's --swap-space); a KvlabError about `parameter`
+    otherwise."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise KvlabError(f"{parameter} {value}: expected bytes >= 0", parameters=(parameter,))
-        return value
+        return value * _UNITS[bare_unit]
     match = _SIZE.match(str(value))
-    unit = match.group(2).lower() if match else ""
+    unit = (match.group(2).lower() or bare_unit) if match else ""
     if match is None or unit not in _UNITS:
         raise KvlabError(
             f"{parameter} {value!r}: expected a size such as 256MiB, 2GiB, 500MB or a number "
-            "of bytes",
+            + ("of bytes" if bare_unit == "b" else f"(in {bare_unit[0].upper()}iB)"),
             parameters=(parameter,),
         )
     return int(float(match.group(1)) * _UNITS[unit])

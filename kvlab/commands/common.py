@@ -197,13 +197,15 @@ def add_serving_arguments(
     )
     if engine:
         memory.add_argument(
-            "--kv-cache-memory", dest="kv_cache_memory_bytes", default=None, metavar="SIZE",
+            "--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory_bytes",
+            default=None, metavar="SIZE",
             help=f"KV cache size, e.g. 256MiB or 2GiB (default on cpu: "
             f"{DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from --gpu-memory-utilization)",
         )
         memory.add_argument(
-            "--swap-space", dest="swap_space_bytes", default="4GiB", metavar="SIZE",
-            help="host memory bounding the swap pages (default 4GiB)",
+            "--swap-space", dest="swap_space_bytes", default="4", metavar="GiB",
+            help="host memory bounding the swap pages, in GiB as vLLM's --swap-space "
+            "(4 = 4 GiB), or a size such as 512MiB (default 4)",
         )
 
 
@@ -214,7 +216,8 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
 
     memory: dict[str, Any] = {}
     if hasattr(args, "swap_space_bytes"):
-        memory["swap_space_bytes"] = parse_memory_size(args.swap_space_bytes, "swap_space_bytes")
+        memory["swap_space_bytes"] = parse_memory_size(args.swap_space_bytes, "swap_space_bytes",
+                                                       bare_unit="gib")
         if args.kv_cache_memory_bytes is not None:
             memory["kv_cache_memory_bytes"] = parse_memory_size(args.kv_cache_memory_bytes)
     return ServingConfig.create(
