@@ -277,6 +277,33 @@ def _check_columns(frame: pd.DataFrame, where: str) -> None:
         raise KvlabError(f"{where}: column {bad[0]} holds non-numbers; expected numbers")
 
 
+# A step fit this poor explains little of the step times: `kvlab calibrate` warns.
+POOR_R2 = 0.5
+POOR_MAPE_PERC = 50.0
+
+
+def fit_warnings(model: CalibratedCostModel) -> list[str]:
+    """What to beware of in a step fit: a low R^2 or a high per-step error."""
+    fit, out = model.fit or {}, []
+    r2, mape = fit.get("r2"), fit.get("mape_perc")
+    if r2 is not None and r2 < POOR_R2:
+        out.append(f"poor fit: R^2 {r2:.2f} (below {POOR_R2}): the terms explain little of the "
+                   "step times; profile a longer or steadier run (--num-threads 1)")
+    if mape is not None and mape > POOR_MAPE_PERC:
+        out.append(f"poor fit: per-step MAPE {mape:.0f}% (over {POOR_MAPE_PERC:.0f}%): single "
+                   "steps are predicted far off, whatever the total")
+    return out
+
+
+def mismatch_warning(model: CalibratedCostModel, model_name: str, where: str) -> str | None:
+    """A warning when the cost model was fitted for another model than the one it times."""
+    fitted = (model.fit or {}).get("model")
+    if fitted and str(fitted) != model_name:
+        return (f"{where} was fitted on {fitted}; simulating {model_name} with it times that "
+                "model's steps, not this one's")
+    return None
+
+
 def format_fit(model: CalibratedCostModel) -> str:
     """The coefficients and fit quality as printed by `kvlab calibrate`."""
     units = {"attention_pair_s": 1e9}

@@ -60,6 +60,7 @@ RUN_ROWS = (
     ("backend", "Backend:"),
     ("model", "Model:"),
     ("hardware", "Hardware:"),
+    ("cost_model", "Cost model:"),
     ("dataset", "Dataset:"),
     ("seed", "Seed:"),
 )

@@ -76,15 +76,41 @@ def run(args: argparse.Namespace) -> int:
     if not args.profiles:
         raise KvlabError("give step profiles (kvlab run's <stem>.steps.csv) or --from-bench "
                          "RESULT.json")
+    import dataclasses
+    import sys
+
     from kvlab.fidelity import fit_cost_model, format_fit, load_profiles
+    from kvlab.fidelity.calibration import fit_warnings
 
     profile = load_profiles(args.profiles)
     model = fit_cost_model(
         profile, sources=list(args.profiles), skip_first_steps=args.skip_first_steps
     )
+    run_model = _profiled_model(args.profiles)
+    if run_model is not None:
+        model = dataclasses.replace(model, fit={**model.fit, "model": run_model})
     print(format_fit(model))
+    for warning in fit_warnings(model):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"Saved {model.save(args.output)}")
     return 0
+
+
+def _profiled_model(paths: list[str]) -> str | None:
+    """The model the profiles' runs served, from the summary `kvlab run --save-result` wrote
+    beside each (<stem>.json); None when one is missing or they disagree."""
+    import json
+    from pathlib import Path
+
+    names = set()
+    for path in paths:
+        stem = Path(path).name.split(".steps.")[0]
+        summary = Path(path).with_name(stem + ".json")
+        try:
+            names.add(str(json.loads(summary.read_text(encoding="utf-8")).get("model")))
+        except (OSError, ValueError, AttributeError):
+            return None
+    return names.pop() if len(names) == 1 else None
 
 
 def _from_bench(args: argparse.Namespace) -> int:
@@ -95,6 +121,7 @@ def _from_bench(args: argparse.Namespace) -> int:
     config = bench_sim_config(results[0], args)
     fit = fit_bench(results, config, refine=not args.no_refine,
                     source=", ".join(args.from_bench))
+    fit.cost_model.fit["model"] = config.model_spec.name
     print(format_bench_fit(fit))
     print(f"Saved {fit.cost_model.save(args.output)}")
     return 0

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = summary_options(args)
     configs = _configs(args)  # bad flags fail before the trace loads
+    _warn_cost_model(configs[0])
     trace = load_trace_from_args(args)
     progress = show_progress(args)
     runs: list[tuple[RunResult, dict[str, Any]]] = []
@@ -86,6 +87,22 @@ def run(args: argparse.Namespace) -> int:
     if args.save_result:
         _save(args, runs)
     return 0
+
+
+def _warn_cost_model(config: SimConfig) -> None:
+    """On stderr: a cost model fitted for another model, or fitted poorly."""
+    import sys
+
+    from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
+
+    if config.calibrated is None:
+        return
+    where = f"--cost-model {config.cost_model}"
+    mismatch = mismatch_warning(config.calibrated, config.model_spec.name, where)
+    for warning in [mismatch] if mismatch else []:
+        print(f"warning: {warning}", file=sys.stderr)
+    for warning in fit_warnings(config.calibrated):
+        print(f"warning: {where}: {warning}", file=sys.stderr)
 
 
 def _configs(args: argparse.Namespace) -> list[SimConfig]:
