@@ -192,6 +192,24 @@ def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return batches
 
 
+def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
+                page_bytes: int) -> None:
+    """A KvlabError, before allocating, when the pages cannot fit: the device's free memory
+    for the device pages (and, on cpu, the host pages too), the host's for the host pages."""
+    device_bytes = num_pages * page_bytes
+    host_bytes = num_host_pages * page_bytes
+    on_cpu = platform.device.type == "cpu"
+    free = platform.free_memory_bytes()
+    if device_bytes + (host_bytes if on_cpu else 0) > free:
+        raise KvlabError(
+            f"{num_pages:,} KV pages need {device_bytes / GiB:.1f} GiB"
+            + (f" (and {num_host_pages:,} swap pages {host_bytes / GiB:.1f} GiB)"
+               if on_cpu and host_bytes else "")
+            + f", more than the {free / GiB:.1f} GiB free on {platform.device}; lower "
+            "num_gpu_blocks_override, kv_cache_memory_bytes or swap_space_bytes",
+            parameters=("num_gpu_blocks_override", "kv_cache_memory_bytes", "swap_space_bytes"))
+
+
 class KVCache:
     """Per-layer K and V pages on the device and the host swap space, same layout.
 
@@ -218,6 +236,8 @@ class KVCache:
         self.backend = backend
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         host_shape = (num_host_pages, page_size, num_kv_heads, head_dim)
+        page_bytes = 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
+        _check_fits(platform, num_pages, num_host_pages, page_bytes)
         # Zeros, not empty: a kernel that loads a whole page and masks scores must not meet NaN.
         device = platform.device
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from kvlab.engine.models.config import ModelConfig
 from kvlab.engine.models.llama import LlamaForCausalLM
@@ -101,8 +101,11 @@ def weight_files(folder: Path) -> dict[str, Path]:
         raise KvlabError(f"{folder}: no *.safetensors weight file{hint}")
     names: dict[str, Path] = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            names.update(dict.fromkeys(f.keys(), file))
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                names.update(dict.fromkeys(f.keys(), file))
+        except (SafetensorError, OSError) as exc:
+            raise KvlabError(f"{file}: not a readable safetensors file ({exc})") from None
     return names
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from kvlab.errors import KvlabError
+from kvlab.specs.host import available_ram_bytes
 
 DEVICE_KINDS = ("cpu", "cuda", "npu")
 
@@ -78,23 +79,7 @@ class CpuPlatform(Platform):
 
     def free_memory_bytes(self) -> int:
         """RAM available to new allocations (MemAvailable; free pages where /proc is absent)."""
-        available = _meminfo_bytes("MemAvailable")
-        if available is not None:
-            return available
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-def _meminfo_bytes(key: str) -> int | None:
-    """One field of /proc/meminfo in bytes, or None where the file or the field is missing."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name == key:
-                    return int(rest.split()[0]) * 1024  # the file counts kB
-    except OSError:
-        return None
-    return None
+        return available_ram_bytes()
 
 
 class CudaPlatform(Platform):

@@ -153,6 +153,11 @@ def load_cost_model(path: str | Path) -> CalibratedCostModel:
             f"cost_model {path}: cannot read it ({exc.strerror or exc})",
             parameters=("cost_model",),
         ) from exc
+    except UnicodeDecodeError:
+        raise KvlabError(
+            f"cost_model {path}: not a text file; expected the JSON `kvlab calibrate -o` writes",
+            parameters=("cost_model",),
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -7,6 +7,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec, SchedulerConfig
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
@@ -18,6 +19,7 @@ from kvlab.specs import (
     get_model,
     kv_cache_capacity_tokens,
 )
+from kvlab.specs.host import available_ram_bytes
 
 
 @dataclass(slots=True)
@@ -95,9 +97,10 @@ class SimConfig:
         }
 
     def _capacity(self) -> KVCapacity:
-        """The KV cache of one device for this config's policy page size."""
+        """The KV cache of one device for this config's policy page size; a KvlabError when
+        the simulator's own books for that many pages would not fit in this machine's RAM."""
         serving = self.serving
-        return kv_cache_capacity_tokens(
+        capacity = kv_cache_capacity_tokens(
             self.model_spec,
             self.hardware_spec,
             page_size=serving.page_size,
@@ -105,3 +108,22 @@ class SimConfig:
             tensor_parallel_size=self.tensor_parallel_size,
             num_gpu_blocks_override=serving.num_gpu_blocks_override,
         )
+        _check_books_fit(capacity.num_pages)
+        return capacity
+
+
+# What the manager keeps per page (free list, reference counts, tables): about 40 bytes
+# measured at 10 million pages; with room for the rest of a run.
+BOOK_BYTES_PER_PAGE = 64
+
+
+def _check_books_fit(num_pages: int) -> None:
+    available = available_ram_bytes()
+    if num_pages * BOOK_BYTES_PER_PAGE > available:
+        raise KvlabError(
+            f"{num_pages:,} KV pages: the simulator's books for them need about "
+            f"{num_pages * BOOK_BYTES_PER_PAGE / 2**30:.1f} GiB, more than the "
+            f"{available / 2**30:.1f} GiB of RAM available; lower num_gpu_blocks_override "
+            "or raise block_size",
+            parameters=("num_gpu_blocks_override", "block_size"))
+

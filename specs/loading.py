@@ -68,6 +68,9 @@ def _load_file(path: Path, cls: type[SpecT], kind: str) -> SpecT:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise KvlabError(f"cannot read {kind} file {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError:
+        raise KvlabError(f"{path}: not a text file; expected a YAML or JSON spec file",
+                         parameters=(kind,)) from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:

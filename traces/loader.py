@@ -61,6 +61,8 @@ def load_trace(
     _check_options(dataset_name, options)
     check_num_prompts(num_prompts)
     check_arrival_options(request_rate, burstiness, time_scale)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise KvlabError(f"seed {seed!r}: expected a whole number >= 0", parameters=("seed",))
     if dataset_name == "random":
         if path is not None:
             raise KvlabError(f"dataset_path {path}: dataset_name random generates its "

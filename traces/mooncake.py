@@ -14,7 +14,7 @@ import numpy as np
 
 from kvlab.errors import KvlabError
 from kvlab.traces.build import build_trace, num_hash_blocks
-from kvlab.traces.tabular import check_file
+from kvlab.traces.tabular import MAX_TOKENS, check_file
 from kvlab.traces.types import Trace
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -30,15 +30,19 @@ def load_mooncake(path: str | Path, *, num_prompts: int | None = None) -> Trace:
     input_lens: list[int] = []
     output_lens: list[int] = []
     hash_ids: list[tuple[int, ...]] = []
-    with path.open(encoding="utf-8") as file:
-        for line_no, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            row = _parse_row(path, line_no, line)
-            timestamps.append(row[0])
-            input_lens.append(row[1])
-            output_lens.append(row[2])
-            hash_ids.append(row[3])
+    line_no = 0
+    try:
+        with path.open(encoding="utf-8") as file:
+            for line_no, line in enumerate(file, start=1):
+                if not line.strip():
+                    continue
+                row = _parse_row(path, line_no, line)
+                timestamps.append(row[0])
+                input_lens.append(row[1])
+                output_lens.append(row[2])
+                hash_ids.append(row[3])
+    except UnicodeDecodeError:
+        raise KvlabError(f"{path} line {line_no + 1}: not UTF-8 text; expected {_WHAT}") from None
     if not timestamps:
         raise KvlabError(f"{path}: no requests; expected {_WHAT}")
     arrival_ms = np.asarray(timestamps, dtype=float)
@@ -96,6 +100,9 @@ def _length(where: str, name: str, value: Any) -> int:
     if value < 1:
         raise KvlabError(f"{where}, field {name}: {_short(value)} is too small: expected a "
                          "whole number >= 1")
+    if value > MAX_TOKENS:
+        raise KvlabError(f"{where}, field {name}: {_short(value)} is too large: expected a "
+                         f"whole number <= {MAX_TOKENS:,}")
     return int(value)
 
 

@@ -92,16 +92,24 @@ class Parsed:
         return next(text for mask, text in self.problems if mask[row])
 
 
-def whole_numbers(table: Table, column: str, *, min_value: int = 1) -> Parsed:
-    """Parse a column of whole numbers >= min_value (a trailing '.0' is accepted)."""
+# A token count beyond this is a corrupt row, not a request (and would overflow int64 math).
+MAX_TOKENS = 2**31 - 1
+
+
+def whole_numbers(table: Table, column: str, *, min_value: int = 1,
+                  max_value: int = MAX_TOKENS) -> Parsed:
+    """Parse a column of whole numbers in [min_value, max_value] (a trailing '.0' is
+    accepted)."""
     numbers = pd.to_numeric(table.frame[column], errors="coerce").to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
         not_whole = ~np.isfinite(numbers) | (numbers != np.floor(numbers))
         too_small = ~not_whole & (numbers < min_value)
-    values = np.where(not_whole, 0, numbers).astype(np.int64)
+        too_large = ~not_whole & (numbers > max_value)
+    values = np.where(not_whole | too_large, 0, numbers).astype(np.int64)
     return Parsed(values, [
         (not_whole, "is not a whole number"),
         (too_small, f"is too small: expected a whole number >= {min_value}"),
+        (too_large, f"is too large: expected a whole number <= {max_value:,}"),
     ])
 
 

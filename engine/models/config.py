@@ -180,9 +180,10 @@ def _biases(architecture: str, raw: dict[str, Any]) -> tuple[bool, bool, bool]:
 
 
 def _need(raw: dict[str, Any], key: str) -> int:
-    if not isinstance(raw.get(key), int):
-        raise KvlabError(f"{key!r} is missing or not a whole number (got {raw.get(key)!r})")
-    return raw[key]
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KvlabError(f"{key!r} is missing or not a whole number >= 1 (got {value!r})")
+    return value
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, str, tuple[tuple[str, Any], ...] | None]:
