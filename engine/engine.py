@@ -84,6 +84,9 @@ class LLMEngine:
         self.platform = get_platform(config.device)
         self._timer = _step_timer(config.step_timer, self.platform.device.type)
         backend = get_backend(config.attention_backend)
+        check_device = getattr(backend, "check_device", None)  # a backend's own device rules
+        if check_device is not None:
+            check_device(self.platform.device)
         serving = config.serving
         spec = serving.policy
         self.policy: PolicySpec = spec

@@ -203,8 +203,8 @@ def get_platform(device: str | torch.device) -> Platform:
     kind, _, index = text.partition(":")
     if kind not in DEVICE_KINDS or (index and not index.isdigit()):
         raise KvlabError(
-            f"unknown device {text!r}; expected one of {', '.join(DEVICE_KINDS)} "
-            "(optionally with an index, e.g. cuda:1)"
+            f"device {text!r}: expected one of {', '.join(DEVICE_KINDS)} "
+            "(optionally with an index, e.g. cuda:1)", parameters=("device",)
         )
     if kind == "cpu":
         return CpuPlatform(torch.device("cpu"))

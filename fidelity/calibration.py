@@ -54,6 +54,7 @@ MEMORY_COLUMNS = (
     "num_copied_pages",
 )
 TIME_COLUMN = "wall_time_s"
+MAX_STEP_S = 3600.0  # a step longer than an hour is a corrupt row, not a measurement
 REQUIRED_COLUMNS = (TIME_COLUMN, *STEP_FEATURES, *MEMORY_COLUMNS)
 
 
@@ -170,7 +171,8 @@ def fit_cost_model(
     column when `load_profiles` added one. Raises KvlabError when no step without memory work
     is left to fit.
     """
-    _check_columns(profile, "profile")
+    where = ", ".join(sources) or "profile"
+    _check_columns(profile, where)
     if skip_first_steps:
         groups = profile.groupby("source", sort=False) if "source" in profile else [(None, profile)]
         profile = pd.concat([rows.iloc[skip_first_steps:] for _, rows in groups])
@@ -179,8 +181,9 @@ def fit_cost_model(
     plain = profile[~has_memory_work]
     if plain.empty:
         raise KvlabError(
-            "the profile has no step without swaps or page copies to fit the forward pass on; "
-            "calibrate on a run with more steps"
+            f"{where}: no step without swaps or page copies is left to fit the forward pass on "
+            f"(after skip_first_steps {skip_first_steps}); calibrate on a run with more steps",
+            parameters=("skip_first_steps",),
         )
     measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
     step = _scaled_nnls(step_features(plain), measured[~has_memory_work])
@@ -275,6 +278,16 @@ def _check_columns(frame: pd.DataFrame, where: str) -> None:
     bad = [name for name in REQUIRED_COLUMNS if not pd.api.types.is_numeric_dtype(frame[name])]
     if bad:
         raise KvlabError(f"{where}: column {bad[0]} holds non-numbers; expected numbers")
+    for name in REQUIRED_COLUMNS:
+        values = frame[name].to_numpy(dtype=np.float64)
+        limit = MAX_STEP_S if name == TIME_COLUMN else np.inf
+        wrong = ~np.isfinite(values) | (values < 0) | (values > limit)
+        if wrong.any():
+            row = int(wrong.argmax())
+            expected = (f"seconds between 0 and {MAX_STEP_S:g}" if name == TIME_COLUMN
+                        else "a count >= 0")
+            raise KvlabError(f"{where} line {row + 2}, column {name}: {float(values[row])!r}; "
+                             f"expected {expected}")
 
 
 # A step fit this poor explains little of the step times: `kvlab calibrate` warns.

@@ -11,11 +11,14 @@ device with torch index copies (a gather, one transfer, a scatter), not a Triton
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from kvlab.errors import KvlabError
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
@@ -287,6 +290,15 @@ class TritonBackend:
     def __init__(self, partition_size: int = 512) -> None:
         assert partition_size % _BLOCK_N == 0, "a partition is a whole number of tiles"
         self.partition_size = partition_size
+
+    def check_device(self, device: torch.device) -> None:
+        """A KvlabError when these kernels cannot run on `device`: on cpu only Triton's
+        interpreter runs them, and it must be switched on before Triton is first imported."""
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise KvlabError(
+                "attention_backend triton on cpu needs Triton's interpreter: start kvlab with "
+                "TRITON_INTERPRET=1 in the environment (slow; for checking kernels), or use "
+                "attention_backend torch", parameters=("attention_backend",))
 
     def write_kv(
         self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor

@@ -73,8 +73,12 @@ def _load_file(path: Path, cls: type[SpecT], kind: str) -> SpecT:
                          parameters=(kind,)) from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise KvlabError(f"{path} is not valid {path.suffix.lstrip('.').upper()}: {err}") from err
+    except json.JSONDecodeError as err:
+        raise KvlabError(f"{path} line {err.lineno}, column {err.colno}: not valid JSON "
+                         f"({err.msg})") from None
+    except yaml.YAMLError as err:
+        raise KvlabError(f"{path}{_yaml_where(err)}: not valid YAML ({_yaml_problem(err)})"
+                         ) from None
     if not isinstance(data, dict):
         raise KvlabError(f"{path}: expected a mapping of {kind} fields, got {type(data).__name__}")
     return _build(data, path, cls)
@@ -162,3 +166,16 @@ def model_problem(spec: ModelSpec) -> str | None:
     if (spec.kv_lora_rank is None) != (spec.qk_rope_head_dim is None):
         return "kv_lora_rank and qk_rope_head_dim go together (MLA): give both or neither"
     return None
+
+
+def _yaml_where(err: yaml.YAMLError) -> str:
+    """' line L, column C' of a YAML error's problem (or its context), '' without a mark."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    return "" if mark is None else f" line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """The parser's one-line reason, without its quoted source excerpt."""
+    parts = [getattr(err, "context", None), getattr(err, "problem", None)]
+    text = "; ".join(p for p in parts if p)
+    return text or str(err).splitlines()[0]

@@ -46,3 +46,19 @@ def test_a_corrupt_safetensors_file(hf_tiny_llama, tmp_path, capsys):
     weights.write_bytes(weights.read_bytes()[:64])  # truncated
     assert main([*RUN, "--model", str(folder)]) == 2
     _one_line_error(capsys, f"{weights}: not a readable safetensors file")
+
+
+def test_an_unknown_device_names_the_flag(capsys):
+    assert main([*RUN, "--device", "quantum"]) == 2
+    _one_line_error(capsys, "--device 'quantum': expected one of cpu, cuda, npu")
+
+
+def test_triton_on_cpu_without_the_interpreter_says_how(monkeypatch, capsys):
+    # Triton fixes interpreted or compiled kernels when their module is imported: import it
+    # under the tests' TRITON_INTERPRET=1 first, so that later tests still get interpreted ones
+    import kvlab.kernels.triton_backend  # noqa: F401
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert main([*RUN, "--attention-backend", "triton"]) == 2
+    _one_line_error(capsys, "--attention-backend triton on cpu needs Triton's interpreter",
+                    "TRITON_INTERPRET=1")

@@ -155,3 +155,13 @@ def test_presets_are_returned_by_name():
 
 def test_preset_names_match_in_any_case():
     assert get_model("Llama-2-7B") is get_model("llama-2-7b")
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_position(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nnum_layers: [1,\n  2\nhidden: : :\n")
+    with pytest.raises(KvlabError) as caught:
+        get_model(str(path))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path} line 4, column 7: not valid YAML (")
