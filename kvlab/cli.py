@@ -20,8 +20,10 @@ from kvlab.errors import KvlabError
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "simulate a trace through a memory policy on a model and hardware preset"),
     "run": ("run", "run a trace through the real paged engine (cpu, cuda or npu)"),
-    "calibrate": ("calibrate", "fit the simulator's cost model to engine step profiles"),
-    "validate": ("validate", "run one trace through engine and simulator and compare metrics"),
+    "calibrate": ("calibrate", "fit the simulator's cost model to engine step profiles or to a "
+                  "server's benchmark (--from-bench)"),
+    "validate": ("validate", "run one trace through the engine (or a server: --base-url) and "
+                 "the simulator and compare metrics"),
     "serve": ("serve", "serve the real engine over an OpenAI-compatible HTTP API"),
     "bench": ("bench", "benchmark an OpenAI-compatible server: kvlab bench serve --base-url URL"),
     "export-model": ("export_model", "write a tiny preset as a Hugging Face model folder"),

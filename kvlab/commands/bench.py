@@ -34,8 +34,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--base-url", default=None,
                         help="server root, e.g. http://127.0.0.1:8000 (default: from --host "
                         "and --port)")
-    server.add_argument("--host", default="127.0.0.1")
-    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--host", default="127.0.0.1",
+                        help="server address without --base-url (default 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8000,
+                        help="server port without --base-url (default 8000)")
     server.add_argument("--endpoint", default="/v1/completions",
                         help="completions route (default /v1/completions)")
     server.add_argument("--model", default=None,

@@ -51,13 +51,13 @@ def add_workload_arguments(
         "--burstiness",
         type=float,
         default=1.0,
-        help="gamma shape of resampled arrival gaps (1: Poisson)",
+        help="gamma shape of resampled arrival gaps (default 1: Poisson)",
     )
     data.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
-        help="divide trace timestamps by this to compress time (4: 4x the rate)",
+        help="divide trace timestamps by this to compress time (4: 4x the rate; default 1)",
     )
     data.add_argument("--seed", type=int, default=0, help=seed_help)
     data.add_argument(
@@ -80,9 +80,10 @@ def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str) -> Non
     out.add_argument(
         "--percentile-metrics",
         default="ttft,tpot,itl",
-        help="metrics with percentiles: any of ttft,tpot,itl,e2el",
+        help="metrics with percentiles: any of ttft,tpot,itl,e2el (default ttft,tpot,itl)",
     )
-    out.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
+    out.add_argument("--metric-percentiles", default="99",
+                     help="percentiles to report, e.g. 50,90,99 (default 99)")
     out.add_argument(
         "--goodput",
         nargs="+",
@@ -91,14 +92,26 @@ def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str) -> Non
         help="SLOs for request goodput, e.g. ttft:500 tpot:50",
     )
     out.add_argument("--save-result", action="store_true", help=save_help)
-    out.add_argument("--result-dir", default=".")
+    out.add_argument("--result-dir", default=".",
+                     help="folder for the saved result and tables (default: here)")
     out.add_argument(
         "--result-filename",
         default=None,
         help="summary file name (default: vLLM's <backend>-<rate>qps-<model>-<date>.json)",
     )
-    out.add_argument("--table-format", default="csv", choices=("csv", "parquet"))
+    out.add_argument("--table-format", default="csv", choices=("csv", "parquet"),
+                     help="format of the per-request and per-step tables (default csv)")
     out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def add_device_arguments(machine: argparse._ArgumentGroup) -> None:
+    """The device flags of every command that runs the real engine (run, serve, validate)."""
+    machine.add_argument("--device", default="cpu",
+                         help="cpu, cuda, cuda:N or npu (default cpu)")
+    machine.add_argument("--attention-backend", default="torch",
+                         help="kernel backend: torch (reference), triton, npu (default torch)")
+    machine.add_argument("--dtype", default=None,
+                         help="float32, float16 or bfloat16 (default: the checkpoint's)")
 
 
 def show_progress(args: argparse.Namespace) -> bool:
@@ -156,7 +169,7 @@ def add_serving_arguments(
 
     defaults = ServingConfig()
     spec_help = ("memory policy, e.g. paged:block_size=16,eviction=lru,preemption=swap "
-                 "(see `kvlab policies`)")
+                 "(see `kvlab policies`; default paged)")
     if compare:
         which = policy.add_mutually_exclusive_group()
         which.add_argument("--policy", default="paged", metavar="SPEC", help=spec_help)
@@ -176,12 +189,16 @@ def add_serving_arguments(
         help="cache full KV pages for prefix hits (eviction none becomes lru)",
     )
     policy.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
-                        help="requests per step")
+                        help="most requests running in one step (default "
+                        f"{defaults.max_num_seqs})")
     policy.add_argument("--max-num-batched-tokens", type=int,
-                        default=defaults.max_num_batched_tokens, help="tokens per step")
+                        default=defaults.max_num_batched_tokens,
+                        help="token budget of one step, prefill chunks and decodes together "
+                        f"(default {defaults.max_num_batched_tokens})")
     policy.add_argument(
         "--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
         default=defaults.enable_chunked_prefill,
+        help="split long prompts over steps within the token budget (default: on)",
     )
     memory.add_argument(
         "--max-model-len", type=int, default=None,
@@ -189,7 +206,8 @@ def add_serving_arguments(
     )
     memory.add_argument(
         "--gpu-memory-utilization", type=float, default=defaults.gpu_memory_utilization,
-        help="share of device memory for weights, activations and KV cache",
+        help="share of device memory for weights, activations and KV cache (default "
+        f"{defaults.gpu_memory_utilization})",
     )
     memory.add_argument(
         "--num-gpu-blocks-override", type=int, default=None,

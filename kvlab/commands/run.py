@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
     DEFAULT_CPU_KV_CACHE_MEMORY,
+    add_device_arguments,
     add_report_arguments,
     add_serving_arguments,
     add_workload_arguments,
@@ -82,17 +83,9 @@ def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
         "--model",
         default="tiny-llama",
         help="tiny-llama, tiny-qwen2, or a local Hugging Face folder "
-        "(config.json and *.safetensors)",
+        "(config.json and *.safetensors; default tiny-llama)",
     )
-    machine.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or npu")
-    machine.add_argument(
-        "--attention-backend",
-        default="torch",
-        help="kernel backend: torch (reference), triton, npu",
-    )
-    machine.add_argument(
-        "--dtype", default=None, help="float32, float16 or bfloat16 (default: the checkpoint's)"
-    )
+    add_device_arguments(machine)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.commands.common import DEFAULT_CPU_KV_CACHE_MEMORY, add_serving_arguments
+from kvlab.commands.common import (
+    DEFAULT_CPU_KV_CACHE_MEMORY,
+    add_device_arguments,
+    add_serving_arguments,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,11 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="write every step's profile row here at exit (CSV, or .parquet): "
                       "what `kvlab calibrate` fits")
     machine = parser.add_argument_group("device and memory")
-    machine.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or npu")
-    machine.add_argument("--attention-backend", default="torch",
-                         help="kernel backend: torch (reference), triton, npu")
-    machine.add_argument("--dtype", default=None,
-                         help="float32, float16 or bfloat16 (default: the checkpoint's)")
+    add_device_arguments(machine)
     machine.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
     add_serving_arguments(parser.add_argument_group("policy and scheduler"), machine, engine=True)
 

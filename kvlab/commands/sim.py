@@ -37,12 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     machine = parser.add_argument_group("model, hardware and memory")
     machine.add_argument(
-        "--model", default="llama-2-7b", help="model preset or spec file (see `kvlab presets`)"
+        "--model", default="llama-2-7b",
+        help="model preset, spec file or Hugging Face model folder (see `kvlab presets`; "
+        "default llama-2-7b)"
     )
     machine.add_argument(
-        "--hardware", default="a100-80g", help="hardware preset or spec file (see `kvlab presets`)"
+        "--hardware", default="a100-80g",
+        help="hardware preset or spec file (see `kvlab presets`; default a100-80g)"
     )
-    machine.add_argument("--tensor-parallel-size", type=int, default=1)
+    machine.add_argument("--tensor-parallel-size", type=int, default=1,
+                         help="devices the model's layers are split over; each holds 1/N of "
+                         "the weights and KV heads (default 1)")
     machine.add_argument(
         "--cost-model",
         default=None,

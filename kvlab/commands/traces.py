@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-scale",
         type=float,
         default=1.0,
-        help="divide trace timestamps by this (2 replays twice as fast)",
+        help="divide trace timestamps by this (2 replays twice as fast; default 1)",
     )
     info.add_argument(
         "--request-rate",
@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="resample arrivals at this many requests/s (default inf: replay)",
     )
     info.add_argument(
-        "--burstiness", type=float, default=1.0, help="gamma shape of resampled gaps (1: Poisson)"
+        "--burstiness", type=float, default=1.0,
+        help="gamma shape of resampled gaps (default 1: Poisson)",
     )
     info.add_argument("--seed", type=int, default=0, help="seed of resampled arrivals")
     info.add_argument(

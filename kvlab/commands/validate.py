@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_command.add_arguments(parser)
     # CPU step times: the engine's side of the comparison must not depend on who else is running
     parser.set_defaults(num_prompts=DEFAULT_NUM_PROMPTS, step_timer="cpu")
+    helps = {
+        "num_prompts": f"requests of each validated window (default {DEFAULT_NUM_PROMPTS})",
+        "step_timer": "how the engine's step times are measured: cpu (default here: the "
+        "engine thread's CPU time, steady on a shared machine), or wall",
+    }
+    for action in parser._actions:  # run's help states run's defaults
+        action.help = helps.get(action.dest, action.help)
     group = parser.add_argument_group("validation")
     group.add_argument(
         "--cost-model",
