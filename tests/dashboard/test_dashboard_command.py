@@ -39,3 +39,62 @@ def test_the_command_does_not_import_the_dashboard(module):
     code = (f"import sys, {module}; assert 'kvlab.dashboard' not in sys.modules; "
             "assert 'streamlit' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_streamlit_always_runs_headless_and_kvlab_opens_the_browser():
+    flags = dashboard.streamlit_argv(parse("--port", "9000"))
+    assert flags[flags.index("--server.headless") + 1] == "true"  # no first-run e-mail prompt
+    assert flags[flags.index("--browser.gatherUsageStats") + 1] == "false"
+
+
+def test_without_a_terminal_it_serves_writes_no_credentials_and_sigterm_stops_streamlit(
+        tmp_path):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "HOME": str(tmp_path)}
+    kvlab = subprocess.Popen([sys.executable, "-m", "kvlab.cli", "dashboard", "--headless",
+                              "--port", str(port)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                             cwd=tmp_path)
+    try:
+        for _ in range(120):  # polling start-up, not timing it
+            try:
+                with urllib.request.urlopen(f"http://localhost:{port}/_stcore/health",
+                                            timeout=2):
+                    break
+            except OSError:
+                assert kvlab.poll() is None, "kvlab dashboard exited without a terminal"
+                time.sleep(0.5)
+        else:
+            pytest.fail("kvlab dashboard did not answer its health check")
+        children = Path(f"/proc/{kvlab.pid}/task/{kvlab.pid}/children").read_text().split()
+        assert children, "streamlit runs as kvlab's child"
+        kvlab.send_signal(signal.SIGTERM)
+        assert kvlab.wait(timeout=30) is not None
+        for pid in map(int, children):
+            for _ in range(60):
+                if not Path(f"/proc/{pid}").exists() or "Z" in _state(pid):
+                    break
+                time.sleep(0.5)
+            else:
+                pytest.fail(f"streamlit (pid {pid}) outlived kvlab's SIGTERM")
+    finally:
+        if kvlab.poll() is None:
+            kvlab.kill()
+    assert not (tmp_path / ".streamlit" / "credentials.toml").exists()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except (OSError, IndexError):
+        return "Z"
