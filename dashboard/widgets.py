@@ -3,7 +3,6 @@ and tables with downloads, and the guard that turns user mistakes into messages.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +53,8 @@ def sidebar_setup() -> Setup:
     num_prompts = side.number_input("Requests (first N)", 1, 100_000, 1000, key="num_prompts")
     arrivals = side.radio("Arrivals", ["replay timestamps", "Poisson at a rate"], key="arrivals",
                           horizontal=True)
-    rate, scale = math.inf, 1.0
+    rate: float | None = None
+    scale = 1.0
     if arrivals == "replay timestamps":
         scale = side.number_input("Time scale (x faster)", 0.01, 1000.0, 1.0, key="time_scale")
     else:
@@ -77,7 +77,8 @@ def sidebar_setup() -> Setup:
     serving = ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
                             gpu_memory_utilization=float(util))
     setup = Setup(trace=name, upload=upload, dataset_name=dataset, num_prompts=int(num_prompts),
-                  request_rate=float(rate), time_scale=float(scale), model=model,
+                  request_rate=None if rate is None else float(rate),
+                  time_scale=float(scale), model=model,
                   hardware=device, tensor_parallel_size=int(tp), serving=serving)
     st.session_state[SETUP_STATE] = setup
     return setup

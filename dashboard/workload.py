@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import tempfile
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -27,15 +26,15 @@ class Setup:
     serving config's limits and memory sizing (its policy is each page's own).
 
     `upload` holds the bytes of an uploaded trace file (then `trace` is its file name);
-    `dataset_name` is `auto` to guess the format from the file. A finite `request_rate`
-    resamples arrivals as Poisson; otherwise timestamps are divided by `time_scale`.
+    `dataset_name` is `auto` to guess the format from the file. A `request_rate` resamples
+    arrivals as Poisson (inf: all at 0); None divides the trace's timestamps by `time_scale`.
     """
 
     trace: str = DEFAULT_TRACE
     upload: bytes | None = None
     dataset_name: str = "auto"
     num_prompts: int | None = 1000
-    request_rate: float = math.inf
+    request_rate: float | None = None
     time_scale: float = 1.0
     seed: int = 0
     model: str = "llama-2-7b"
@@ -67,7 +66,7 @@ class Setup:
         if name == "request_rate":
             changes["time_scale"] = 1.0
         elif name == "time_scale":
-            changes["request_rate"] = math.inf
+            changes["request_rate"] = None
         return replace(self, **changes)
 
 

@@ -3,7 +3,8 @@
 Resampling follows vLLM's benchmark: the first request arrives at 0 and the gaps between requests
 are gamma-distributed with shape = burstiness and scale = 1 / (request_rate * burstiness), so the
 mean gap is 1 / request_rate; burstiness 1 is a Poisson process, below 1 burstier, above 1
-more regular. An infinite rate sends every request at 0.
+more regular. An infinite rate sends every request at 0, as in vLLM. No rate (None) keeps the
+trace's own timestamps, divided by `time_scale`: a choice vLLM's benchmark does not offer.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from kvlab.traces.types import Trace
 _ARRIVAL_STREAM = 1
 
 
-def check_arrival_options(request_rate: float, burstiness: float, time_scale: float) -> None:
+def check_arrival_options(request_rate: float | None, burstiness: float,
+                          time_scale: float) -> None:
     """Raise a KvlabError naming the flag of the first bad arrival option."""
-    if not _is_real(request_rate) or math.isnan(request_rate) or request_rate <= 0:
+    if request_rate is not None and (not _is_real(request_rate) or math.isnan(request_rate)
+                                     or request_rate <= 0):
         raise KvlabError(f"request_rate {request_rate!r}: expected requests per second > 0 "
                          "(inf sends every request at time 0)",
                          parameters=("request_rate",))
@@ -34,7 +37,7 @@ def check_arrival_options(request_rate: float, burstiness: float, time_scale: fl
         raise KvlabError(f"time_scale {time_scale!r}: expected a finite number > 0 "
                          "(2 replays the trace twice as fast)",
                          parameters=("time_scale",))
-    if math.isfinite(request_rate) and time_scale != 1.0:
+    if request_rate is not None and time_scale != 1.0:
         raise KvlabError(f"time_scale {time_scale!r} with request_rate {request_rate!r}: "
                          "the time scale applies to trace timestamps, which a request rate "
                          "replaces; give only one of them",
@@ -56,20 +59,21 @@ def resample_arrivals(
 def apply_arrivals(
     trace: Trace,
     *,
-    request_rate: float = math.inf,
+    request_rate: float | None = None,
     burstiness: float = 1.0,
     time_scale: float = 1.0,
     seed: int = 0,
 ) -> Trace:
-    """The trace with arrivals resampled (finite request_rate) or divided by time_scale.
+    """The trace with arrivals resampled at request_rate (inf: all at 0), or its timestamps
+    divided by time_scale (request_rate None).
 
     With the defaults the trace is returned unchanged. Request order and ids never change.
     """
     check_arrival_options(request_rate, burstiness, time_scale)
-    if math.isinf(request_rate) and time_scale == 1.0:
+    if request_rate is None and time_scale == 1.0:
         return trace
     metadata = dict(trace.metadata)
-    if math.isfinite(request_rate):
+    if request_rate is not None:
         arrivals = resample_arrivals(len(trace.requests), request_rate=request_rate,
                                      burstiness=burstiness, seed=seed)
         metadata.update(request_rate=request_rate, burstiness=burstiness, seed=seed)

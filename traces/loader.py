@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ def load_trace(
     *,
     num_prompts: int | None = None,
     seed: int = 0,
-    request_rate: float = math.inf,
+    request_rate: float | None = None,
     burstiness: float = 1.0,
     time_scale: float = 1.0,
     **options: Any,
@@ -50,7 +49,7 @@ def load_trace(
     `path` may be a file or a bundled excerpt name (`azure-conv`, `azure-code`, `mooncake`);
     without one, `azure` and `mooncake` load their bundled excerpt. `num_prompts` keeps the first
     N requests in arrival order (random: generates N, default 1000). Arrivals replay the trace's
-    timestamps divided by `time_scale`, unless a finite `request_rate` resamples them (see
+    timestamps divided by `time_scale`, unless a `request_rate` resamples them (inf: all at 0; see
     `kvlab.traces.arrivals`). `options`: `tokenizer` for sharegpt, the `random_*` options and
     `num_prefix_groups` for random. Every user mistake is a KvlabError naming the flag.
     """

@@ -4,7 +4,6 @@ the workload, the serving config and the report."""
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 # The engine commands' KV cache on cpu when neither a size nor a page count is given: vLLM's
@@ -43,9 +42,9 @@ def add_workload_arguments(
     data.add_argument(
         "--request-rate",
         type=float,
-        default=math.inf,
-        help="resample arrivals at this many requests/s (default inf: replay the "
-        "trace's timestamps; random sends everything at 0)",
+        default=None,
+        help="resample arrivals at this many requests/s; inf sends every request at 0, as "
+        "vLLM's benchmark does (default: replay the trace's timestamps; random: all at 0)",
     )
     data.add_argument(
         "--burstiness",

@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     info.add_argument(
         "--request-rate",
         type=float,
-        default=float("inf"),
-        help="resample arrivals at this many requests/s (default inf: replay)",
+        default=None,
+        help="resample arrivals at this many requests/s; inf: all at 0 (default: replay the "
+        "trace's timestamps)",
     )
     info.add_argument(
         "--burstiness", type=float, default=1.0,

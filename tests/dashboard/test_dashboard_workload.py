@@ -1,6 +1,5 @@
 """Uploaded traces are checked and parsed; a bad file raises a KvlabError naming the problem."""
 
-import math
 
 import pytest
 from dashboard_cases import small_setup
@@ -78,7 +77,7 @@ def test_a_request_rate_replaces_the_time_scale_and_back():
     assert rated.time_scale == 1.0
     assert load_setup_trace(rated).metadata["request_rate"] == 2.0
     scaled = rated.with_value("time_scale", 3.0)
-    assert math.isinf(scaled.request_rate)
+    assert scaled.request_rate is None  # replay the timestamps, faster
     assert load_setup_trace(scaled).metadata["time_scale"] == 3.0
 
 

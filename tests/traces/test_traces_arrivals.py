@@ -77,3 +77,14 @@ def test_bad_value_names_its_setting(options, flag):
 def test_time_scale_and_request_rate_together_are_an_error():
     with pytest.raises(KvlabError, match=r"give only one of them"):
         load_trace("azure", time_scale=2.0, request_rate=4.0)
+
+
+def test_an_infinite_rate_sends_a_trace_at_once_as_vllm_does():
+    # issue 15 #4: `--request-rate inf` is vLLM's "everything at t=0"; no rate replays
+    from kvlab.traces import load_trace
+
+    replayed = load_trace("azure", None, num_prompts=5)
+    burst = load_trace("azure", None, num_prompts=5, request_rate=math.inf)
+    assert len({r.arrival_s for r in replayed.requests}) > 1
+    assert [r.arrival_s for r in burst.requests] == [0.0] * 5
+    assert [r.input_len for r in burst.requests] == [r.input_len for r in replayed.requests]
