@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = summary_options(args)
     configs = _configs(args)  # bad flags fail before the trace loads
-    _warn_cost_model(configs[0])
+    _warn_config(configs[0])
     trace = load_trace_from_args(args)
     progress = show_progress(args)
     runs: list[tuple[RunResult, dict[str, Any]]] = []
@@ -94,12 +94,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_cost_model(config: SimConfig) -> None:
-    """On stderr: a cost model fitted for another model, or fitted poorly."""
+def _warn_config(config: SimConfig) -> None:
+    """On stderr: a page size the hardware's vLLM would not run, a cost model fitted for
+    another model, or fitted poorly."""
     import sys
 
     from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
+    from kvlab.specs.block_rules import block_size_warnings
 
+    policy = config.policy
+    for warning in block_size_warnings(
+            config.hardware_spec, policy.block_size, enable_prefix_caching=policy.prefix_caching,
+            enable_chunked_prefill=config.serving.enable_chunked_prefill):
+        print(f"warning: {warning}", file=sys.stderr)
     if config.calibrated is None:
         return
     where = f"--cost-model {config.cost_model}"

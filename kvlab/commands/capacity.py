@@ -1,0 +1,97 @@
+"""`kvlab capacity`: how much KV cache a model gets on a device, and how many requests of a
+given length fit at once, for each page size asked, with the platform's page-size rules as
+warnings. The numbers `kvlab sim` prints at start-up, without a simulation.
+
+    kvlab capacity --model llama-3.1-8b --hardware atlas-800t-a2 --block-size 16 128 \
+        --max-model-len 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `kvlab capacity`."""
+    parser.add_argument("--model", default="llama-2-7b",
+                        help="model preset, spec file or Hugging Face model folder (default "
+                        "llama-2-7b)")
+    parser.add_argument("--hardware", default="a100-80g",
+                        help="hardware preset or spec file (default a100-80g)")
+    parser.add_argument("--block-size", type=int, nargs="+", default=[16], metavar="N",
+                        help="page sizes in tokens, one answer each (default 16)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="tokens per request that the concurrency counts (default: the "
+                        "model's limit)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="devices the model is split over (default 1)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of device memory for weights, activations and KV cache "
+                        "(default 0.9)")
+    parser.add_argument("--enable-prefix-caching", action="store_true",
+                        help="the server will cache prefixes (Ascend: forces block 128)")
+    parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
+                        action="store_false",
+                        help="the server will not chunk prefills (Ascend: chunked prefill "
+                        "forces block 128)")
+    parser.add_argument("--json", action="store_true", help="print the answers as JSON")
+
+
+def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One answer per block size: pages, tokens, bytes per page, concurrency, warnings."""
+    from kvlab.errors import KvlabError
+    from kvlab.specs import get_hardware, get_model
+    from kvlab.specs.block_rules import block_size_warnings
+    from kvlab.specs.capacity import kv_cache_capacity_tokens
+
+    model, hardware = get_model(args.model), get_hardware(args.hardware)
+    length = args.max_model_len or model.max_model_len
+    if length < 1:
+        raise KvlabError(f"--max-model-len {length}: expected 1 or more")
+    rows = []
+    for block_size in args.block_size:
+        if block_size < 1:
+            raise KvlabError(f"--block-size {block_size}: expected 1 or more")
+        capacity = kv_cache_capacity_tokens(
+            model, hardware, page_size=block_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            tensor_parallel_size=args.tensor_parallel_size)
+        rows.append({
+            "block_size": block_size,
+            "num_gpu_blocks": capacity.num_pages,
+            "kv_cache_size_tokens": capacity.num_tokens,
+            "page_bytes": capacity.page_bytes,
+            "max_model_len": length,
+            "max_concurrency": capacity.max_concurrency(length),
+            "warnings": block_size_warnings(
+                hardware, block_size, enable_prefix_caching=args.enable_prefix_caching,
+                enable_chunked_prefill=args.enable_chunked_prefill),
+        })
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print a table (or JSON) of the answers; warnings on stderr under the table."""
+    import json
+    import sys
+
+    rows = capacity_rows(args)
+    if args.json:
+        print(json.dumps({"model": args.model, "hardware": args.hardware,
+                          "tensor_parallel_size": args.tensor_parallel_size,
+                          "answers": rows}, indent=2))
+        return 0
+    length = rows[0]["max_model_len"]
+    print(f"{args.model} on {args.hardware} (tensor parallel {args.tensor_parallel_size}, "
+          f"gpu_memory_utilization {args.gpu_memory_utilization}), per device:")
+    print(f"{'block size':>10} {'KV pages':>12} {'KV tokens':>14} {'KiB/page':>9} "
+          f"{f'requests of {length:,} tokens at once':>34}")
+    for row in rows:
+        print(f"{row['block_size']:>10} {row['num_gpu_blocks']:>12,} "
+              f"{row['kv_cache_size_tokens']:>14,} {row['page_bytes'] / 1024:>9,.0f} "
+              f"{row['max_concurrency']:>33.2f}x")
+    for row in rows:
+        for warning in row["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+    return 0
