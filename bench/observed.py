@@ -125,7 +125,7 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
       simulator's step-weighted mean); peak_kv_usage_perc: the largest scraped (a peak between
       two scrapes goes unseen);
     - num_preemptions, num_swaps_out: the counters' increase over the run;
-    - prefix_cache_hit_rate: hit tokens over looked-up tokens during the run, in percent;
+    - prefix_cache_hit_rate_perc: hit tokens over looked-up tokens during the run, in percent;
     - page_size, num_total_pages, kv_cache_size_tokens: from cache_config_info.
     """
     usage = series.get("kv_cache_usage_perc", [])
@@ -148,7 +148,7 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
         "peak_kv_usage_perc": max(seen) if seen else None,
         "num_preemptions": None if preemptions is None else int(preemptions),
         "num_swaps_out": None if swaps is None else int(swaps),
-        "prefix_cache_hit_rate": hit_rate,
+        "prefix_cache_hit_rate_perc": hit_rate,
         "page_size": page_size,
         "num_total_pages": pages,
         "kv_cache_size_tokens": pages * page_size if pages and page_size else None,

@@ -167,7 +167,7 @@ def startup_lines(num_pages: int, page_size: int, max_model_len: int) -> list[st
     num_tokens = num_pages * page_size
     concurrency = num_pages / math.ceil(max_model_len / page_size)
     return [
-        f"KV cache size: {num_tokens:,} tokens",
+        f"GPU KV cache size: {num_tokens:,} tokens",
         f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
     ]
 

@@ -134,7 +134,7 @@ def pooled_server_summary(results: Sequence[BenchResult]) -> dict[str, Any]:
         return summaries[0]
     pooled = _summarize(merge_runs([result.run for result in results]))
     for key in ("mean_kv_usage_perc", "peak_kv_usage_perc", "num_preemptions",
-                "num_swaps_out", "prefix_cache_hit_rate", "page_size", "num_total_pages",
+                "num_swaps_out", "prefix_cache_hit_rate_perc", "page_size", "num_total_pages",
                 "kv_cache_size_tokens", "num_swaps_in", "kv_token_state_perc",
                 "internal_fragmentation_perc", "external_fragmentation_perc",
                 "num_swap_out_pages", "num_swap_in_pages", "num_host_pages"):
@@ -166,8 +166,8 @@ def _pooled_kv(summaries: list[dict[str, Any]], durations: list[float],
         "peak_kv_usage_perc": max(peaks) if peaks else None,
         "num_preemptions": total("num_preemptions"),
         "num_swaps_out": total("num_swaps_out"),
-        "prefix_cache_hit_rate": (100.0 * hits / queries if queries else
-                                  first.get("prefix_cache_hit_rate")),
+        "prefix_cache_hit_rate_perc": (100.0 * hits / queries if queries else
+                                  first.get("prefix_cache_hit_rate_perc")),
         "page_size": first.get("page_size"),
         "num_total_pages": first.get("num_total_pages"),
         "kv_cache_size_tokens": first.get("kv_cache_size_tokens"),

@@ -45,7 +45,7 @@ METRICS = (
     ("Preemptions", "num_preemptions"),
     ("Swap-outs (requests)", "num_swaps_out"),
     ("Swap-ins (requests)", "num_swaps_in"),
-    ("Prefix cache hit rate (%)", "prefix_cache_hit_rate"),
+    ("Prefix cache hit rate (%)", "prefix_cache_hit_rate_perc"),
     ("Mean KV cache usage (%)", "mean_kv_usage_perc"),
     ("Peak KV cache usage (%)", "peak_kv_usage_perc"),
 )

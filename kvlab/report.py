@@ -48,7 +48,7 @@ KV_CACHE_ROWS = (
     ("kv_token_state_perc", "KV slots holding token states (%):"),
     ("internal_fragmentation_perc", "Internal fragmentation (%):"),
     ("external_fragmentation_perc", "External fragmentation (%):"),
-    ("prefix_cache_hit_rate", "Prefix cache hit rate (%):"),
+    ("prefix_cache_hit_rate_perc", "Prefix cache hit rate (%):"),
     ("num_preemptions", "Preemptions:"),
     ("num_swaps_out", "Swap-outs (requests):"),
     ("num_swap_out_pages", "Swapped-out pages:"),

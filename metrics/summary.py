@@ -235,7 +235,7 @@ def _kv_stats(result: RunResult) -> dict:
     }
 
 
-def _prefix_cache_hit_rate(arrays: _RequestArrays) -> float:
+def _prefix_cache_hit_rate_perc(arrays: _RequestArrays) -> float:
     """Prompt tokens served from the prefix cache over prompt tokens looked up, in percent."""
     looked_up = ~np.isnan(arrays.first_scheduled_s)
     prompt_tokens = int(arrays.input_len[looked_up].sum())
@@ -310,7 +310,7 @@ def summarize(
       fragmentation included) that stores real token states, the PagedAttention paper's metric.
     - internal_fragmentation_perc: sum(w * allocated-but-empty slots) / sum(w * held slots).
     - external_fragmentation_perc: sum(w * free-but-unusable pages) / sum(w * total pages).
-    - prefix_cache_hit_rate: from the requests, sum(num_cached_tokens) / sum(prompt_len) over
+    - prefix_cache_hit_rate_perc: from the requests, sum(num_cached_tokens) / sum(prompt_len) over
       requests that were scheduled at least once (the prompt tokens looked up at first schedule).
     Counters: num_preemptions (events, recompute and swap), num_swaps_out (events: a request
     swapped out), num_swaps_in (events, counted from requests that completed: each of their
@@ -359,7 +359,7 @@ def summarize(
     summary["num_preemptions"] = int(arrays.num_preemptions.sum())
     summary["num_swaps_out"] = int(arrays.num_swaps_out.sum())
     summary["num_swaps_in"] = int(arrays.num_swaps_out[done].sum())
-    summary["prefix_cache_hit_rate"] = _prefix_cache_hit_rate(arrays)
+    summary["prefix_cache_hit_rate_perc"] = _prefix_cache_hit_rate_perc(arrays)
     summary.update(_kv_stats(result))
     summary["kv_cache_size_tokens"] = int(result.kv_cache_size_tokens)
     summary["page_size"] = int(result.page_size)

@@ -39,7 +39,7 @@ class KVCapacity:
     def startup_lines(self, max_model_len: int) -> list[str]:
         """The two lines vLLM prints at start-up, with its number formatting."""
         return [
-            f"KV cache size: {self.num_tokens:,} tokens",
+            f"GPU KV cache size: {self.num_tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: "
             f"{self.max_concurrency(max_model_len):.2f}x",
         ]

@@ -178,7 +178,7 @@ def test_swap_space_holds_whole_pages(tiny):
 
 def test_startup_lines_use_vllms_wording():
     assert startup_lines(num_pages=1000, page_size=16, max_model_len=4096) == [
-        "KV cache size: 16,000 tokens",
+        "GPU KV cache size: 16,000 tokens",
         "Maximum concurrency for 4,096 tokens per request: 3.91x",
     ]
 

@@ -139,7 +139,7 @@ def test_startup_lines_are_printed_once(capsys):
     llm = LLM("tiny-llama", block_size=16, num_gpu_blocks_override=64, max_model_len=512)
     llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
     err = capsys.readouterr().err
-    assert err.count("KV cache size: 1,024 tokens") == 1
+    assert err.count("GPU KV cache size: 1,024 tokens") == 1
     assert err.count("Maximum concurrency for 512 tokens per request: 2.00x") == 1
 
 

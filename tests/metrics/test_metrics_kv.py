@@ -84,7 +84,7 @@ def test_prefix_cache_hit_rate_counts_prompts_that_were_looked_up(
         # never scheduled: its prompt was never looked up
         make_failed(2, prompt_len=1000),
     ]
-    assert summarize(make_result(requests))["prefix_cache_hit_rate"] == pytest.approx(40.0)
+    assert summarize(make_result(requests))["prefix_cache_hit_rate_perc"] == pytest.approx(40.0)
 
 
 def test_preemption_and_swap_events_are_summed_over_requests(make_request, make_result):

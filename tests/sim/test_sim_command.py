@@ -13,7 +13,7 @@ FAST = ["--num-prompts", "150", "--disable-tqdm"]
 def test_default_run_prints_the_startup_lines_then_the_report(capsys):
     assert main(["sim", "--disable-tqdm"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "KV cache size: 118,992 tokens"
+    assert lines[0] == "GPU KV cache size: 118,992 tokens"
     assert lines[1] == "Maximum concurrency for 4,096 tokens per request: 29.05x"
     assert lines[2].startswith("=") and "Serving Benchmark Result" in lines[2]
     text = "\n".join(lines)
@@ -32,7 +32,7 @@ def test_compare_prints_the_policies_side_by_side(capsys):
     code = main(["sim", *FAST, "--compare", "paged", "contiguous:reserve=pow2"])
     assert code == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "[1] KV cache size: 118,992 tokens"
+    assert out.splitlines()[0] == "[1] GPU KV cache size: 118,992 tokens"
     assert "Policy Comparison" in out
     assert "[1] paged" in out and "[2] contiguous:reserve=pow2" in out
     row = next(line for line in out.splitlines() if line.startswith("KV slots holding"))

@@ -45,8 +45,8 @@ def test_prefix_caching_serves_shared_prompt_prefixes():
     cached = SimConfig(serving=ServingConfig.create(enable_prefix_caching=True))
     with_cache = summarize(simulate(trace, cached))
     without = summarize(simulate(trace, SimConfig()))
-    assert with_cache["prefix_cache_hit_rate"] > 50.0
-    assert without["prefix_cache_hit_rate"] == 0.0
+    assert with_cache["prefix_cache_hit_rate_perc"] > 50.0
+    assert without["prefix_cache_hit_rate_perc"] == 0.0
 
 
 def test_max_model_len_defaults_to_the_models_and_cannot_exceed_it():

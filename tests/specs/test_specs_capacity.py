@@ -53,7 +53,7 @@ def test_startup_lines_have_vllm_format():
         activation_bytes=0,
     )
     assert capacity.startup_lines(4096) == [
-        "KV cache size: 117,136 tokens",
+        "GPU KV cache size: 117,136 tokens",
         "Maximum concurrency for 4,096 tokens per request: 28.60x",
     ]
 
