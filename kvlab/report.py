@@ -94,8 +94,12 @@ def _latency_rows(summary: dict, metric: str) -> list[tuple[str, str]]:
 
 
 def _request_rate_row(summary: dict) -> list[str]:
-    """vLLM prints the configured rate only when it is finite."""
+    """vLLM prints the configured rate only when it is finite; a ramp-up, its range."""
     rate = summary.get("request_rate")
+    if summary.get("ramp_up_strategy"):
+        start, end = summary["ramp_up_start_rps"], summary["ramp_up_end_rps"]
+        return [_row("Ramp-up strategy:", summary["ramp_up_strategy"]),
+                _row("Ramp-up RPS:", f"{start:g} to {end:g}")]
     if isinstance(rate, (int, float)) and math.isfinite(rate):
         return [f"{'Request rate configured (RPS):':<{LABEL_WIDTH}} {rate:<{VALUE_WIDTH}.2f}"]
     return []

@@ -5,7 +5,7 @@ Every loader returns a `Trace` of `TraceRequest`s in arrival order; `load_trace`
 dataset name. Torch-free: numpy, pandas and the standard library only.
 """
 
-from kvlab.traces.arrivals import apply_arrivals, resample_arrivals
+from kvlab.traces.arrivals import RampUp, apply_arrivals, ramp_arrivals, resample_arrivals
 from kvlab.traces.azure import load_azure
 from kvlab.traces.bundled import bundled_trace_path, bundled_traces, resolve_trace_path
 from kvlab.traces.burstgpt import load_burstgpt
@@ -22,6 +22,7 @@ from kvlab.traces.windows import split_windows
 __all__ = [
     "DATASET_NAMES",
     "LengthStats",
+    "RampUp",
     "RandomOptions",
     "Trace",
     "TraceInfo",
@@ -37,6 +38,7 @@ __all__ = [
     "load_random",
     "load_sharegpt",
     "load_trace",
+    "ramp_arrivals",
     "resample_arrivals",
     "resolve_trace_path",
     "split_windows",

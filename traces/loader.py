@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.traces.arrivals import apply_arrivals, check_arrival_options
+from kvlab.traces.arrivals import RampUp, apply_arrivals, check_arrival_options
 from kvlab.traces.azure import load_azure
 from kvlab.traces.build import check_num_prompts
 from kvlab.traces.bundled import DEFAULT_EXCERPT, bundled_trace_path, resolve_trace_path
@@ -42,6 +42,7 @@ def load_trace(
     request_rate: float | None = None,
     burstiness: float = 1.0,
     time_scale: float = 1.0,
+    ramp_up: RampUp | None = None,
     **options: Any,
 ) -> Trace:
     """Load a trace (or generate `random`) and set its arrivals.
@@ -49,9 +50,10 @@ def load_trace(
     `path` may be a file or a bundled excerpt name (`azure-conv`, `azure-code`, `mooncake`);
     without one, `azure` and `mooncake` load their bundled excerpt. `num_prompts` keeps the first
     N requests in arrival order (random: generates N, default 1000). Arrivals replay the trace's
-    timestamps divided by `time_scale`, unless a `request_rate` resamples them (inf: all at 0; see
-    `kvlab.traces.arrivals`). `options`: `tokenizer` for sharegpt, the `random_*` options and
-    `num_prefix_groups` for random. Every user mistake is a KvlabError naming the flag.
+    timestamps divided by `time_scale`, unless a `request_rate` resamples them (inf: all at 0)
+    or a `ramp_up` raises the rate over the run (see `kvlab.traces.arrivals`). `options`:
+    `tokenizer` for sharegpt, the `random_*` options and `num_prefix_groups` for random. Every
+    user mistake is a KvlabError naming the flag.
     """
     if dataset_name not in DATASET_NAMES:
         raise KvlabError(f"dataset_name {dataset_name!r}: expected one of "
@@ -72,7 +74,7 @@ def load_trace(
         file = _trace_file(dataset_name, path)
         trace = FILE_LOADERS[dataset_name](file, num_prompts=num_prompts, **options)
     return apply_arrivals(trace, request_rate=request_rate, burstiness=burstiness,
-                          time_scale=time_scale, seed=seed)
+                          time_scale=time_scale, seed=seed, ramp_up=ramp_up)
 
 
 def _trace_file(dataset_name: str, path: str | Path | None) -> Path:

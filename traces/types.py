@@ -10,6 +10,10 @@ if TYPE_CHECKING:
     from kvlab.traces.stats import TraceInfo
 
 
+# vLLM's result keys of a ramp-up, saved only when the run had one.
+RAMP_UP_KEYS = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
+
+
 @dataclass(slots=True, frozen=True)
 class TraceRequest:
     """One request of a trace: when it arrives, how long its prompt and output are.
@@ -69,4 +73,5 @@ class Trace:
             "request_rate": float(meta.get("request_rate", math.inf)),
             "burstiness": float(meta.get("burstiness", 1.0)),
             "time_scale": float(meta.get("time_scale", 1.0)),
+            **{key: meta[key] for key in RAMP_UP_KEYS if key in meta},
         }

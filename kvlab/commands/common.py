@@ -58,6 +58,14 @@ def add_workload_arguments(
         default=1.0,
         help="divide trace timestamps by this to compress time (4: 4x the rate; default 1)",
     )
+    data.add_argument("--ramp-up-strategy", choices=("linear", "exponential"), default=None,
+                      help="raise the request rate over the run, as vLLM's benchmark does, "
+                      "from --ramp-up-start-rps to --ramp-up-end-rps (instead of "
+                      "--request-rate)")
+    data.add_argument("--ramp-up-start-rps", type=float, default=None,
+                      help="requests/s of the first request under --ramp-up-strategy")
+    data.add_argument("--ramp-up-end-rps", type=float, default=None,
+                      help="requests/s of the last request under --ramp-up-strategy")
     data.add_argument("--seed", type=int, default=0, help=seed_help)
     data.add_argument(
         "--tokenizer",
@@ -147,8 +155,26 @@ def load_trace_from_args(args: argparse.Namespace) -> Any:
         request_rate=args.request_rate,
         burstiness=args.burstiness,
         time_scale=args.time_scale,
+        ramp_up=_ramp_up(args),
         **options,
     )
+
+
+def _ramp_up(args: argparse.Namespace) -> Any:
+    """The RampUp of --ramp-up-*, None without --ramp-up-strategy; vLLM's rule: the strategy
+    needs both rates, and the rates need the strategy."""
+    from kvlab.errors import KvlabError
+    from kvlab.traces import RampUp
+
+    start, end = args.ramp_up_start_rps, args.ramp_up_end_rps
+    if args.ramp_up_strategy is None:
+        if start is not None or end is not None:
+            raise KvlabError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy")
+        return None
+    if start is None or end is None:
+        raise KvlabError(f"--ramp-up-strategy {args.ramp_up_strategy} needs "
+                         "--ramp-up-start-rps and --ramp-up-end-rps")
+    return RampUp(args.ramp_up_strategy, start, end)
 
 
 def add_serving_arguments(

@@ -88,3 +88,56 @@ def test_an_infinite_rate_sends_a_trace_at_once_as_vllm_does():
     assert len({r.arrival_s for r in replayed.requests}) > 1
     assert [r.arrival_s for r in burst.requests] == [0.0] * 5
     assert [r.input_len for r in burst.requests] == [r.input_len for r in replayed.requests]
+
+
+def test_ramp_up_rates_follow_vllms_formulas():
+    from kvlab.traces import RampUp
+
+    linear = RampUp("linear", 2.0, 10.0).rates(5)
+    assert linear.tolist() == [2.0, 4.0, 6.0, 8.0, 10.0]
+    exponential = RampUp("exponential", 1.0, 16.0).rates(5)
+    assert exponential.tolist() == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0])
+
+
+def test_ramp_up_arrivals_speed_up_and_are_seeded():
+    from kvlab.traces import RampUp, ramp_arrivals
+
+    ramp = RampUp("linear", 1.0, 100.0)
+    arrivals = ramp_arrivals(2000, ramp, seed=3)
+    assert arrivals[0] == 0.0 and (np.diff(arrivals) >= 0).all()
+    gaps = np.diff(arrivals)
+    assert gaps[:200].mean() > 5 * gaps[-200:].mean()  # early requests come slowly
+    assert ramp_arrivals(2000, ramp, seed=3).tolist() == arrivals.tolist()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1"],
+     "--ramp-up-strategy linear needs --ramp-up-start-rps and --ramp-up-end-rps"),
+    (["--ramp-up-start-rps", "1", "--ramp-up-end-rps", "2"], "need --ramp-up-strategy"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "5", "--ramp-up-end-rps", "2"],
+     "--ramp-up-start-rps 5 is above --ramp-up-end-rps 2"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "0", "--ramp-up-end-rps", "2"],
+     "--ramp-up-start-rps 0.0: expected requests/s > 0"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "2",
+      "--request-rate", "3"], "give no --request-rate or --time-scale"),
+])
+def test_bad_ramp_up_flags_are_one_line(argv, message, capsys):
+    from kvlab.cli import main
+
+    assert main(["sim", "--num-prompts", "3", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_ramp_up_reaches_the_report_and_the_result(tmp_path, capsys):
+    import json
+
+    from kvlab.cli import main
+
+    assert main(["sim", "--num-prompts", "6", "--ramp-up-strategy", "exponential",
+                 "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "8", "--disable-tqdm",
+                 "--save-result", "--result-dir", str(tmp_path), "--result-filename",
+                 "r.json"]) == 0
+    assert "Ramp-up RPS:                             1 to 8" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert (saved["ramp_up_strategy"], saved["ramp_up_start_rps"],
+            saved["ramp_up_end_rps"]) == ("exponential", 1.0, 8.0)
