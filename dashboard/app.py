@@ -4,12 +4,15 @@ The sidebar (workload and machine) is drawn here, before the page, so every page
 same setup and its widgets keep their values when the page changes.
 """
 
+from pathlib import Path
+
 import streamlit as st
 
 from kvlab.dashboard.widgets import sidebar_setup
 
-st.set_page_config(page_title="kvlab policy explorer", page_icon=":material/memory:",
-                   layout="wide")
+# A local icon: Streamlit fetches a material or emoji favicon from the internet.
+st.set_page_config(page_title="kvlab policy explorer",
+                   page_icon=str(Path(__file__).with_name("icon.png")), layout="wide")
 PAGES = [
     st.Page("explore.py", title="Explore", icon=":material/insights:", default=True),
     st.Page("compare.py", title="Compare", icon=":material/compare_arrows:"),

@@ -1,6 +1,7 @@
 """End to end: `kvlab dashboard` serves the app on localhost and headless Chromium renders it."""
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -75,6 +76,9 @@ def test_the_app_renders_its_title_and_charts_in_chromium(server, tmp_path):
     assert "kvlab · Explore a policy" in dom
     assert "KV cache over time" in dom
     assert "Traceback" not in dom
+    # the favicon is served by the app itself: nothing is fetched from the internet
+    icons = re.findall(r'<link[^>]*rel="(?:shortcut )?icon"[^>]*>', dom)
+    assert icons and not any("https://" in link for link in icons), icons
     shot = tmp_path / "explore.png"
     for _ in range(RENDER_TRIES):  # each load reruns the app: its chart may not be drawn yet
         _chromium(server, profile, f"--screenshot={shot}")
