@@ -50,7 +50,8 @@ def sidebar_setup() -> Setup:
         dataset = side.selectbox("Format", ["auto", *DATASET_NAMES[:-1]], key="trace_format",
                                  help="auto: .jsonl Mooncake, .json ShareGPT, .csv by its header")
         name, upload = _trace_file(source)
-    num_prompts = side.number_input("Requests (first N)", 1, 100_000, 1000, key="num_prompts")
+    num_prompts = side.number_input("Requests (first N; 0: all, as the CLI)", 0, 1_000_000, 0,
+                                    key="num_prompts")
     arrivals = side.radio("Arrivals", ["replay timestamps", "Poisson at a rate"], key="arrivals",
                           horizontal=True)
     rate: float | None = None
@@ -76,7 +77,8 @@ def sidebar_setup() -> Setup:
                                defaults.gpu_memory_utilization, key="gpu_util")
     serving = ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
                             gpu_memory_utilization=float(util))
-    setup = Setup(trace=name, upload=upload, dataset_name=dataset, num_prompts=int(num_prompts),
+    setup = Setup(trace=name, upload=upload, dataset_name=dataset,
+                  num_prompts=int(num_prompts) or None,
                   request_rate=None if rate is None else float(rate),
                   time_scale=float(scale), model=model,
                   hardware=device, tensor_parallel_size=int(tp), serving=serving)

@@ -33,7 +33,7 @@ class Setup:
     trace: str = DEFAULT_TRACE
     upload: bytes | None = None
     dataset_name: str = "auto"
-    num_prompts: int | None = 1000
+    num_prompts: int | None = None  # the whole trace, as `kvlab sim`
     request_rate: float | None = None
     time_scale: float = 1.0
     seed: int = 0

@@ -84,3 +84,9 @@ def test_a_request_rate_replaces_the_time_scale_and_back():
 def test_a_bad_machine_setting_is_a_user_error():
     with pytest.raises(KvlabError):
         small_setup(tensor_parallel_size=3).config("paged")
+
+
+def test_the_default_setup_simulates_the_whole_excerpt_as_the_cli_does():
+    from kvlab.traces import load_trace
+
+    assert len(load_setup_trace(Setup())) == len(load_trace("azure"))
