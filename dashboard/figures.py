@@ -89,14 +89,18 @@ def events_figure(steps: pd.DataFrame) -> go.Figure:
         total += len(hit)
         fig.add_trace(go.Scatter(x=hit["start_s"], y=hit[column], name=name, mode="markers",
                                  marker={"size": 6}))
-    if total == 0:
+    fig = _layout(fig, "Preemption and swap events", "time (s)", "count in the step")
+    if total == 0:  # a message, not an empty plot with made-up axes
         fig.add_annotation(text="no preemption or swap in this run", showarrow=False,
-                           xref="paper", yref="paper", x=0.5, y=0.5)
-    return _layout(fig, "Preemption and swap events", "time (s)", "count in the step")
+                           xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 16})
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+    return fig
 
 
 def cdf_figure(samples: Mapping[str, np.ndarray], title: str, x_title: str) -> go.Figure:
-    """Empirical CDFs, one line per label (NaNs dropped)."""
+    """Empirical CDFs, one line per label (NaNs dropped), over a log axis: latencies span
+    orders of magnitude, and on a linear axis the fast requests of every series overlap."""
     fig = go.Figure()
     for label, values in samples.items():
         values = np.sort(np.asarray(values, dtype=np.float64))
@@ -104,8 +108,8 @@ def cdf_figure(samples: Mapping[str, np.ndarray], title: str, x_title: str) -> g
         share = np.arange(1, len(values) + 1) / max(len(values), 1)
         fig.add_trace(go.Scatter(x=values, y=share, name=label, mode="lines",
                                  line={"shape": "hv"}))
-    fig = _layout(fig, title, x_title, "share of requests")
-    fig.update_layout(hovermode="closest")
+    fig = _layout(fig, title, x_title + " (log scale)", "share of requests")
+    fig.update_layout(hovermode="closest", xaxis_type="log")
     return fig
 
 
@@ -192,8 +196,10 @@ def heatmap_figure(grid: pd.DataFrame, x: str, y: str | None, metric: str) -> go
         colorscale="Viridis", name=metric, texttemplate="%{z:.3g}",
         colorbar={"title": {"text": metric}},
     ))
+    # categories: block sizes 8, 16, 32 or rates 2, 4, 8 are equal cells, not a number line
     fig.update_layout(title=f"{metric} by {x}" + (f" and {y}" if y else ""),
-                      xaxis_title=x, yaxis_title=y or "", margin={"t": 50, "b": 10})
+                      xaxis_title=x, yaxis_title=y or "", margin={"t": 50, "b": 10},
+                      xaxis_type="category", yaxis_type="category")
     return fig
 
 

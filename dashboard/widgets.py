@@ -75,8 +75,12 @@ def sidebar_setup() -> Setup:
                                      key="max_num_batched_tokens")
         util = st.number_input("gpu_memory_utilization", 0.05, 1.0,
                                defaults.gpu_memory_utilization, key="gpu_util")
+        max_len = st.number_input("max_model_len (0: the model's)", 0, 10_000_000, 0,
+                                  key="max_model_len",
+                                  help="longer requests fail, as with --max-model-len")
     serving = ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
-                            gpu_memory_utilization=float(util))
+                            gpu_memory_utilization=float(util),
+                            max_model_len=int(max_len) or None)
     setup = Setup(trace=name, upload=upload, dataset_name=dataset,
                   num_prompts=int(num_prompts) or None,
                   request_rate=None if rate is None else float(rate),

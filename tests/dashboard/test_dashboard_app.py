@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvlab.dashboard.widgets import LOCAL_PATH
+from kvlab.dashboard.widgets import LOCAL_PATH, SETUP_STATE
 from tests.bench.metrics_server import VLLM_METRICS, serve_text
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
@@ -152,3 +152,10 @@ def test_live_shows_an_unreachable_server_as_an_error(app):
     app.text_input(key="live_url").set_value("http://127.0.0.1:1/metrics").run()
     assert "cannot read http://127.0.0.1:1/metrics" in app.error[0].value
     assert not app.exception
+
+
+def test_max_model_len_reaches_the_setup(app):
+    checked(app.number_input(key="max_model_len").set_value(512).run())
+    assert app.session_state[SETUP_STATE].serving.max_model_len == 512
+    checked(app.number_input(key="max_model_len").set_value(0).run())
+    assert app.session_state[SETUP_STATE].serving.max_model_len is None  # the model's

@@ -54,12 +54,14 @@ def test_events_figure_marks_only_steps_with_events():
 def test_events_figure_says_so_when_nothing_happened():
     fig = figures.events_figure(step_table())
     assert "no preemption" in fig.layout.annotations[0].text
+    assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False  # no -1..4
 
 
 def test_cdf_rises_to_one_and_drops_nans():
     fig = figures.cdf_figure({"a": np.array([3.0, np.nan, 1.0, 2.0])}, "t", "x")
     assert list(fig.data[0].x) == [1.0, 2.0, 3.0]
     assert list(fig.data[0].y) == [1 / 3, 2 / 3, 1.0]
+    assert fig.layout.xaxis.type == "log"  # series of different speeds stay apart
 
 
 def test_latency_cdfs_cover_completed_requests_only():
@@ -101,6 +103,8 @@ def test_heatmap_pivots_two_parameters():
     fig = figures.heatmap_figure(grid, "block_size", "request_rate", "m")
     assert fig.data[0].z.tolist() == [[1.0, 2.0], [3.0, 4.0]]
     assert list(fig.data[0].x) == ["8", "16"] and list(fig.data[0].y) == ["1", "2"]
+    # equal cells: the axes are categories, not numbers 8..16 with a wide and a narrow cell
+    assert fig.layout.xaxis.type == "category" and fig.layout.yaxis.type == "category"
 
 
 def test_heatmap_of_one_parameter_is_one_row():
