@@ -12,11 +12,20 @@ from kvlab.dashboard.widgets import chart, table, user_errors
 from kvlab.errors import KvlabError
 
 
+# How to make the JSON this page reads (see docs/validation.md).
+MAKE_RESULT = """\
+# against kvlab's own engine, on this machine's CPU (about 20 s)
+kvlab validate --save-result --result-filename validate.json
+# against a server (vLLM, vLLM-Ascend, kvlab serve): benchmark, fit, compare
+kvlab validate --base-url http://127.0.0.1:8000 --num-prompts 48 --num-calibration-prompts 48 \\
+    --num-windows 4 --time-scale 2 --save-result --result-filename validate.json"""
+
+
 def main() -> None:
     """Render the Validate page."""
     st.title("kvlab · Validate the simulator")
     st.caption("Load the JSON that `kvlab validate` writes: per metric, the simulator's value, "
-               "the engine's and the relative error.")
+               "the engine's or the server's, and the relative error.")
     upload = st.file_uploader("Validate result (.json)", key="validate_upload")
     path_text = st.text_input("…or its path on this machine", key="validate_path").strip()
     if upload is not None:
@@ -28,7 +37,9 @@ def main() -> None:
                 raise KvlabError(f"{path}: no such file; expected a kvlab validate result JSON")
             name, data = path.name, path.read_bytes()
     else:
-        st.info("Upload a result or type its path.")
+        st.info("Upload a result or type its path. To make one (a validation runs the real "
+                "engine or benchmarks a server, minutes of work, so it runs from a terminal):")
+        st.code(MAKE_RESULT, language="bash")
         return
     with user_errors():
         metrics, info = load_validate_result(name, data)

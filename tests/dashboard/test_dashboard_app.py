@@ -159,3 +159,9 @@ def test_max_model_len_reaches_the_setup(app):
     assert app.session_state[SETUP_STATE].serving.max_model_len == 512
     checked(app.number_input(key="max_model_len").set_value(0).run())
     assert app.session_state[SETUP_STATE].serving.max_model_len is None  # the model's
+
+
+def test_validate_says_how_to_make_its_json(app):
+    checked(app.switch_page("validate.py").run())
+    assert "kvlab validate --save-result" in app.code[0].value
+    assert "--base-url" in app.code[0].value
