@@ -11,7 +11,6 @@ from kvlab.dashboard.runs import load_validate_result, summaries_side_by_side
 from kvlab.dashboard.widgets import chart, table, user_errors
 from kvlab.errors import KvlabError
 
-
 # How to make the JSON this page reads (see docs/validation.md).
 MAKE_RESULT = """\
 # against kvlab's own engine, on this machine's CPU (about 20 s)
