@@ -137,10 +137,30 @@ def kv_usage_overlay_figure(steps: Mapping[str, pd.DataFrame], num_total_pages: 
     return _layout(fig, "KV cache usage", "time (s)", "pages used (%)")
 
 
+# Words and units of summary keys (titles and axes; the keys stay in tables and hovers).
+_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL", "kv": "KV",
+          "perc": "", "ms": ""}
+_UNITS = (("_ms", "ms"), ("_perc", "%"), ("output_throughput", "tok/s"),
+          ("total_token_throughput", "tok/s"), ("request_throughput", "req/s"),
+          ("request_goodput", "req/s"), ("duration", "s"), ("block_size", "tokens"),
+          ("request_rate", "req/s"))
+
+
+def metric_label(key: str) -> str:
+    """A summary key as a title: `mean_ttft_ms` -> `mean TTFT (ms)`, `request_goodput` ->
+    `request goodput (req/s)`; unknown keys read as words."""
+    words = [_WORDS.get(part, part) for part in key.removeprefix("num_").split("_")]
+    text = " ".join(word for word in words if word)
+    unit = next((unit for suffix, unit in _UNITS if key.endswith(suffix)), None)
+    return f"{text} ({unit})" if unit else text
+
+
 def metric_bar_figure(table: pd.DataFrame, metric: str, label_column: str = "policy") -> go.Figure:
     """One bar per run for one summary metric."""
     fig = go.Figure(go.Bar(x=table[label_column], y=table[metric], name=metric))
-    return _layout(fig, metric, label_column, metric)
+    label = metric_label(metric)
+    return _layout(fig, label, "run" if label_column == "label" else metric_label(label_column),
+                   label)
 
 
 def page_map_figure(page_map: PageMap, *, max_cells: int = 10_000) -> go.Figure:
@@ -194,11 +214,13 @@ def heatmap_figure(grid: pd.DataFrame, x: str, y: str | None, metric: str) -> go
     fig = go.Figure(go.Heatmap(
         z=pivot.to_numpy(), x=[str(v) for v in pivot.columns], y=[str(v) for v in pivot.index],
         colorscale="Viridis", name=metric, texttemplate="%{z:.3g}",
-        colorbar={"title": {"text": metric}},
+        colorbar={"title": {"text": metric_label(metric)}},
     ))
     # categories: block sizes 8, 16, 32 or rates 2, 4, 8 are equal cells, not a number line
-    fig.update_layout(title=f"{metric} by {x}" + (f" and {y}" if y else ""),
-                      xaxis_title=x, yaxis_title=y or "", margin={"t": 50, "b": 10},
+    fig.update_layout(title=f"{metric_label(metric)} by {metric_label(x)}"
+                      + (f" and {metric_label(y)}" if y else ""),
+                      xaxis_title=metric_label(x), yaxis_title=metric_label(y) if y else "",
+                      margin={"t": 50, "b": 10},
                       xaxis_type="category", yaxis_type="category")
     return fig
 

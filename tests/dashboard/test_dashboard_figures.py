@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import pytest
 from dashboard_cases import small_view, step_table
 from hypothesis import given
 from hypothesis import strategies as st
@@ -142,3 +143,20 @@ def test_live_charts_turn_counters_into_rates_between_scrapes():
     assert figures.trace_names(queues) == ["running"]  # only the series the server exports
     assert list(rates.data[0].y) == [2.0] and list(rates.data[0].x) == [1.0]
     assert list(hits.data[0].y) == [50.0]
+
+
+@pytest.mark.parametrize("key, label", [
+    ("mean_ttft_ms", "mean TTFT (ms)"), ("request_goodput", "request goodput (req/s)"),
+    ("output_throughput", "output throughput (tok/s)"), ("p99_itl_ms", "p99 ITL (ms)"),
+    ("prefix_cache_hit_rate_perc", "prefix cache hit rate (%)"),
+    ("num_preemptions", "preemptions"), ("block_size", "block size (tokens)"),
+])
+def test_titles_and_axes_say_what_and_in_which_unit(key, label):
+    assert figures.metric_label(key) == label
+
+
+def test_a_bar_chart_titles_its_metric_in_words():
+    table = pd.DataFrame({"label": ["a", "b"], "request_goodput": [1.0, 2.0]})
+    fig = figures.metric_bar_figure(table, "request_goodput", "label")
+    assert fig.layout.title.text == "request goodput (req/s)"
+    assert fig.layout.xaxis.title.text == "run"
