@@ -56,6 +56,9 @@ def main() -> None:
         st.info("Press **Run** to simulate every policy on the workload in the sidebar.")
         return
     run_setup, run_specs, run_slos = st.session_state[SUBMITTED]
+    if (run_setup, run_specs, run_slos) != (setup, tuple(specs), slo_items):
+        st.warning("Stale: these results are of the previous inputs. Press **Run** to "
+                   "simulate the ones set now.", icon=":material/history:")
     views = []
     progress = st.progress(0.0, text="simulating")
     with user_errors():

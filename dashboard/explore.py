@@ -33,8 +33,9 @@ def main() -> None:
     if clicked or SUBMITTED not in st.session_state:
         st.session_state[SUBMITTED] = inputs
     submitted = st.session_state[SUBMITTED]
-    if submitted != inputs:
-        st.caption("The inputs changed: press **Run** to simulate them.")
+    if submitted != inputs:  # say loudly that what is shown is not what is set
+        st.warning("Stale: these results are of the previous inputs. Press **Run** to "
+                   "simulate the ones set now.", icon=":material/history:")
     run_setup, policy = submitted
     with user_errors():
         view = cached_run(run_setup.key(), policy, (), run_setup)

@@ -165,3 +165,11 @@ def test_validate_says_how_to_make_its_json(app):
     checked(app.switch_page("validate.py").run())
     assert "kvlab validate --save-result" in app.code[0].value
     assert "--base-url" in app.code[0].value
+
+
+def test_results_of_changed_inputs_are_marked_stale_until_run(app):
+    assert not app.warning
+    checked(app.number_input(key="max_num_seqs").set_value(8).run())
+    assert "Stale" in app.warning[0].value
+    checked(app.button(key="explore_run").click().run())
+    assert not app.warning
