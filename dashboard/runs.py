@@ -32,6 +32,11 @@ HEADLINE = (
 SWEEP_PARAMETERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "block_size": ("policy", int),
     "watermark": ("policy", float),
+    # choices, not numbers: each value a registered policy of that family (`kvlab policies`)
+    "eviction": ("policy", str),
+    "preemption": ("policy", str),
+    "victim": ("policy", str),
+    "block_sizing": ("policy", str),
     "request_rate": ("setup", float),
     "time_scale": ("setup", float),
     "max_num_seqs": ("setup", int),

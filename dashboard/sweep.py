@@ -17,7 +17,9 @@ NONE = "(none)"
 DEFAULT_VALUES = {"block_size": "8,16,32", "request_rate": "2,4,8", "time_scale": "1,2,4",
                   "watermark": "0,0.01,0.05", "max_num_seqs": "64,128,256",
                   "max_num_batched_tokens": "2048,4096,8192", "tensor_parallel_size": "1,2,4",
-                  "gpu_memory_utilization": "0.5,0.7,0.9"}
+                  "gpu_memory_utilization": "0.5,0.7,0.9", "eviction": "lru,fifo,lfu",
+                  "preemption": "recompute,swap", "victim": "last-arrived,longest,fewest-pages",
+                  "block_sizing": "fixed,geometric"}
 MAX_POINTS = 64
 
 
@@ -36,8 +38,9 @@ def main() -> None:
     y = None if y_name == NONE else y_name
     y_text = cols[1].text_input("Y values", DEFAULT_VALUES[y], key=f"sweep_y_values_{y}") \
         if y else ""
-    st.caption("request_rate resamples arrivals as Poisson; the other setup fields come from "
-               "the sidebar.")
+    st.caption("request_rate resamples arrivals as Poisson; eviction, preemption, victim and "
+               "block_sizing take policy names (`kvlab policies`); the other setup fields come "
+               "from the sidebar.")
     clicked = st.button("Run", key="sweep_run", type="primary")
     if clicked:
         with user_errors():

@@ -118,3 +118,13 @@ def test_both_summaries_line_up_key_by_key():
 def test_a_bad_validate_result_names_the_problem(data, problem):
     with pytest.raises(KvlabError, match=problem):
         load_validate_result("v.json", data)
+
+
+def test_a_sweep_over_policy_choices_runs_each_policy():
+    setup = small_setup(num_prompts=20)
+    values = parse_values("preemption", "recompute, swap")
+    grid = sweep(setup, PolicySpec(), "preemption", values, "eviction", ["none", "lru"])
+    assert grid[["preemption", "eviction"]].values.tolist() == [
+        ["recompute", "none"], ["swap", "none"], ["recompute", "lru"], ["swap", "lru"]]
+    with pytest.raises(KvlabError, match="eviction='sometimes'; valid:"):
+        sweep(setup, PolicySpec(), "eviction", ["sometimes"], None, [])
