@@ -12,9 +12,11 @@ import importlib
 import importlib.util
 import re
 import sys
+from collections.abc import Callable
+from typing import TextIO
 
 from kvlab import __version__
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, KvlabWarning
 
 # name -> (module under kvlab.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -73,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"kvlab {name}", description=commands[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
+    import warnings
+
+    shown = warnings.showwarning
+    warnings.showwarning = _one_line_warnings(name, shown)
     try:
         return int(module.run(args) or 0)
     except KvlabError as err:
@@ -81,6 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kvlab {name}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown
+
+
+def _one_line_warnings(command: str, default: Callable[..., None]) -> Callable[..., None]:
+    """A `warnings.showwarning` that prints kvlab's own warnings (KvlabWarning: a trace's
+    skipped rows, ...) as one line each, like its errors, not Python's two lines with a source
+    excerpt, and hands every other warning to `default`."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        if issubclass(category, KvlabWarning):
+            print(f"kvlab {command}: warning: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
 
 
 def in_flags(err: KvlabError, parser: argparse.ArgumentParser) -> str:

@@ -21,3 +21,8 @@ class KvlabError(Exception):
 
 def _rebuild(message: str, parameters: tuple[str, ...]) -> KvlabError:
     return KvlabError(message, parameters=parameters)
+
+
+class KvlabWarning(UserWarning):
+    """Something a user should know that does not stop the run (rows skipped, fewer requests
+    than asked); the CLI prints it as one line."""

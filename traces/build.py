@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, KvlabWarning
 from kvlab.traces.bundled import bundled_name_of
 from kvlab.traces.types import Trace, TraceRequest
 
@@ -58,7 +58,8 @@ def build_trace(
     if num_prompts is not None:
         if num_prompts > len(order):
             warnings.warn(f"{path}: num_prompts {num_prompts} but the trace holds only "
-                          f"{len(order)} requests; using all of them", stacklevel=3)
+                          f"{len(order)} requests; using all of them", KvlabWarning,
+                          stacklevel=3)
         order = order[:num_prompts]
     name, source = trace_labels(path)
     requests = make_requests(

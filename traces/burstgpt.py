@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, KvlabWarning
 from kvlab.traces.build import build_trace
 from kvlab.traces.tabular import raise_first_bad, read_table, seconds, whole_numbers
 from kvlab.traces.types import Trace
@@ -36,7 +36,7 @@ def load_burstgpt(path: str | Path, *, num_prompts: int | None = None) -> Trace:
     num_failed = int((~ok).sum())
     if num_failed:
         warnings.warn(f"{path}: skipped {num_failed} failed requests (0 response tokens)",
-                      stacklevel=2)
+                      KvlabWarning, stacklevel=2)
     if not ok.any():
         raise KvlabError(f"{path}: every request failed (0 response tokens); nothing to replay")
     arrival_s = columns["Timestamp"].values[ok]

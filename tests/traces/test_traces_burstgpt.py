@@ -57,3 +57,15 @@ def test_a_trace_of_only_failures_is_an_error(tmp_path):
     path = write(tmp_path, "1,ChatGPT,10,0,10,API log")
     with pytest.warns(UserWarning), pytest.raises(KvlabError, match=r"every request failed"):
         load_burstgpt(path)
+
+
+def test_the_cli_prints_a_skip_as_one_warning_line(tmp_path, capsys):
+    from kvlab.cli import main
+
+    path = tmp_path / "burst.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,10,5,15,Conversation log\n6,ChatGPT,10,0,10,Conversation log\n")
+    assert main(["sim", "--dataset-name", "burstgpt", "--dataset-path", str(path),
+                 "--disable-tqdm"]) == 0
+    err = capsys.readouterr().err
+    assert err == f"kvlab sim: warning: {path}: skipped 1 failed requests (0 response tokens)\n"
