@@ -173,8 +173,9 @@ async def _stream(session: Any, url: str, headers: dict, body: dict, record: Ben
     try:
         async with session.post(url, json=body, headers=headers) as response:
             if response.status != 200:
-                text = (await response.text())[:300]
-                record.error = f"HTTP {response.status}: {_error_message(text)}"
+                # the message of the whole body, then cut: a cut JSON body would not parse
+                text = (await response.text())[:65536]
+                record.error = f"HTTP {response.status}: {_error_message(text)[:300]}"
             else:
                 finish_reason = await _read_events(response, record, start)
     except asyncio.TimeoutError:

@@ -73,3 +73,41 @@ def test_preemptions_per_request_from_the_servers_histogram(buckets, total, expe
 def test_a_server_without_the_histogram_has_no_per_request_counts():
     series = metrics_series([parse_metrics(VLLM_METRICS, 0.0)] * 2, 0.0)
     assert preemptions_per_request(series) is None
+
+
+def test_a_long_error_body_gives_its_message_not_a_cut_json(monkeypatch):
+    # vLLM's 400 for a long prompt is a JSON body of over 300 characters
+    import http.server
+    import json
+    import threading
+
+    from kvlab.bench import ClientConfig, PlannedRequest, run_client
+
+    message = "This model's maximum context length is 2048 tokens. " + "x" * 400
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"error": {"message": message, "type": "BadRequestError",
+                                         "param": "input_tokens", "code": 400}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = ClientConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}",
+                              model="m", metrics_path=None)
+        ran = run_client(config, [PlannedRequest(0, [1, 2, 3], 3, 4, 0.0)])
+    finally:
+        server.shutdown()
+        server.server_close()
+    error = ran.requests[0].error
+    assert error.startswith("HTTP 400: This model's maximum context length is 2048 tokens.")
+    assert '{"error"' not in error and len(error) <= 320
