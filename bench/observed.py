@@ -116,6 +116,13 @@ def metrics_series(samples: Sequence[MetricsSample], origin_s: float) -> dict[st
     return table
 
 
+def series_increase(series: dict[str, list[float]], column: str) -> float | None:
+    """A counter's increase over the run: its last scraped value less its first (NaN scrapes
+    skipped); None with fewer than two values."""
+    values = [v for v in series.get(column, []) if v == v]
+    return values[-1] - values[0] if len(values) >= 2 else None
+
+
 def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, Any]:
     """The summary's KV-cache keys from a run's `metrics_series` (None where the server does
     not export what a key needs):
@@ -134,8 +141,7 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
     busy = [u for u, n in zip(usage, running, strict=True) if u == u and n == n and n > 0]
 
     def increase(column: str) -> float | None:
-        values = [v for v in series.get(column, []) if v == v]
-        return values[-1] - values[0] if len(values) >= 2 else None
+        return series_increase(series, column)
 
     preemptions, swaps = increase("num_preemptions_total"), increase("swaps_out_total")
     queries, hits = increase("prefix_cache_queries_total"), increase("prefix_cache_hits_total")
@@ -162,8 +168,8 @@ def preemptions_per_request(series: dict[str, list[float]]) -> dict[int, int] | 
     are told apart by the histogram's sum."""
 
     def increase(column: str) -> int | None:
-        values = [v for v in series.get(column, []) if v == v]
-        return int(values[-1] - values[0]) if len(values) >= 2 else None
+        value = series_increase(series, column)
+        return None if value is None else int(value)
 
     count = increase("request_preemptions_count_total")
     total = increase("request_preemptions_sum_total")

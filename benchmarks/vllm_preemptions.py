@@ -33,10 +33,10 @@ from kvlab.bench import (  # noqa: E402
     preemptions_per_request,
     resolve_model,
 )
-from kvlab.fidelity import fit_bench, server_serving  # noqa: E402
+from kvlab.fidelity import fit_bench, server_sim_config  # noqa: E402
 from kvlab.fidelity.from_bench import bench_trace  # noqa: E402
 from kvlab.metrics import summarize  # noqa: E402
-from kvlab.sim import SimConfig, simulate  # noqa: E402
+from kvlab.sim import simulate  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
 from tests.peer.vllm_server import missing_reason, start_vllm  # noqa: E402
 
@@ -74,7 +74,7 @@ def run_workload(name: str, seed: int) -> dict:
         result = bench_serve(trace, client, card=card, vocab_size=2048, seed=seed)
     finally:
         server.stop()
-    config = SimConfig(model="tiny-llama", hardware="cpu", serving=server_serving(result.server))
+    config = server_sim_config(result.server, "tiny-llama")
     fit = fit_bench(result, config, max_evaluations=40, source=name)
     sim = simulate(bench_trace(result), config, cost_model=fit.cost_model)
     served, simulated = result.summary(), summarize(sim)

@@ -17,6 +17,7 @@ from kvlab.fidelity.from_bench import (
     reconstruct_profile,
     server_preset,
     server_serving,
+    server_sim_config,
 )
 from kvlab.fidelity.lockstep import LOCKSTEP_COLUMNS, LockstepReport, lockstep
 from kvlab.fidelity.validation import (
@@ -52,6 +53,7 @@ __all__ = [
     "run_window",
     "server_preset",
     "server_serving",
+    "server_sim_config",
     "sim_config_for",
     "validate",
 ]

@@ -199,9 +199,9 @@ def fit_cost_model(
         "num_steps": quality.num_steps,
         "num_memory_steps": int(has_memory_work.sum()),
         "skip_first_steps": skip_first_steps,
-        "r2": _finite_or_none(quality.r2),
-        "mape_perc": _finite_or_none(quality.mape_perc),
-        "total_error_perc": _finite_or_none(quality.total_error_perc),
+        "r2": finite_or_none(quality.r2),
+        "mape_perc": finite_or_none(quality.mape_perc),
+        "total_error_perc": finite_or_none(quality.total_error_perc),
     }
     return CalibratedCostModel(**coefficients, fit=fit)
 
@@ -233,7 +233,7 @@ def robust_step_fit(
     return CalibratedCostModel(**fitted)
 
 
-def _finite_or_none(value: float) -> float | None:
+def finite_or_none(value: float) -> float | None:
     """JSON has no NaN: an undefined figure (one step, constant times) is saved as null."""
     return value if np.isfinite(value) else None
 

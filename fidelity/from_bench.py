@@ -31,15 +31,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from kvlab.bench.observed import series_increase
 from kvlab.errors import KvlabError
 from kvlab.fidelity.calibration import (
     MEMORY_COLUMNS,
     STEP_FEATURES,
     TIME_COLUMN,
+    finite_or_none,
     fit_quality,
     robust_step_fit,
 )
 from kvlab.fidelity.optimize import nelder_mead
+from kvlab.fidelity.validation import relative_error
 from kvlab.metrics import summarize
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig, simulate
@@ -48,6 +51,7 @@ from kvlab.traces import Trace, TraceRequest
 
 if TYPE_CHECKING:
     from kvlab.bench import BenchResult, ServerInfo
+    from kvlab.specs import ModelSpec
 
 # vLLM 0.32's scheduler on a CPU OpenAI server (EngineArgs' cpu defaults), and vLLM V1's
 # memory policy: LRU prefix-cache eviction, recompute preemption of the last admitted
@@ -129,12 +133,21 @@ def server_serving(
     options["enable_prefix_caching"] = bool(info.enable_prefix_caching)
     options["max_model_len"] = info.max_model_len
     options.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    for name, flag in (("block_size", "block_size"), ("num_gpu_blocks_override",
-                                                      "num_gpu_blocks_override")):
+    for name in ("block_size", "num_gpu_blocks_override"):
         if options.get(name) is None:
             raise KvlabError(f"the server exports no {name} (vllm:cache_config_info): give "
-                             f"{flag}", parameters=(flag,))
+                             f"{name}", parameters=(name,))
     return ServingConfig.create(policy, **options)
+
+
+def server_sim_config(info: ServerInfo, model: str | ModelSpec, *, preset: str | None = None,
+                      overrides: dict[str, Any] | None = None) -> SimConfig:
+    """The simulated instance of the server: `model` (preset, spec file, HF folder or spec)
+    with the server's serving config (`server_serving`). Timing comes from a calibrated cost
+    model; "cpu" hardware only stands for the host link and the memory that the server's
+    exported page count overrides."""
+    return SimConfig(model=model, hardware="cpu",
+                     serving=server_serving(info, preset=preset, overrides=overrides))
 
 
 def bench_trace(result: BenchResult) -> Trace:
@@ -301,7 +314,7 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         out = []
         for trace, target in zip(traces, measured, strict=True):
             simulated = summarize(simulate(trace, config, cost_model=model), **SUMMARY_OPTIONS)
-            out.append({key: _relative(simulated[key], target[key])
+            out.append({key: relative_error(float(simulated[key]), float(target[key]))
                         for key, _ in MATCHED_METRICS})
         return out
 
@@ -319,10 +332,11 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         "num_memory_steps": 0, "skip_first_steps": 1,
         "method": "bench: reconstructed steps, then simulator in the loop"
         if refine else "bench: reconstructed steps", "refine_evaluations": evaluations,
-        "r2": _finite(quality.r2), "mape_perc": _finite(quality.mape_perc),
-        "total_error_perc": _finite(quality.total_error_perc),
+        "r2": finite_or_none(quality.r2), "mape_perc": finite_or_none(quality.mape_perc),
+        "total_error_perc": finite_or_none(quality.total_error_perc),
         "num_reconstructed_steps": steps, "num_server_steps": server_steps,
         "sim_errors": errors, "server": runs[0].server.to_json(),
+        "model": config.model_spec.name,
     })
     return BenchFit(model, errors, stage1_errors, steps, server_steps,
                     _warnings(errors, steps, server_steps), stage1=stage1)
@@ -340,11 +354,11 @@ def _mean_errors(per_run: list[dict[str, float | None]]) -> dict[str, float | No
 def api_latency(result: BenchResult, measured: dict[str, Any]) -> float:
     """What the server's API adds to a request's latency: the client's mean TTFT less the
     server's own (its TTFT histogram over the run); 0 when the server exports none."""
-    sums = [v for v in result.series.get("ttft_sum_total", []) if v == v]
-    counts = [v for v in result.series.get("ttft_count_total", []) if v == v]
-    if len(sums) < 2 or len(counts) < 2 or counts[-1] - counts[0] <= 0:
+    total = series_increase(result.series, "ttft_sum_total")
+    count = series_increase(result.series, "ttft_count_total")
+    if total is None or not count or count <= 0:
         return 0.0
-    server_ms = 1000.0 * (sums[-1] - sums[0]) / (counts[-1] - counts[0])
+    server_ms = 1000.0 * total / count
     return max(0.0, (measured["mean_ttft_ms"] - server_ms) / 1000.0)
 
 
@@ -384,18 +398,10 @@ def _loss(errors: dict[str, float | None]) -> float:
     return total
 
 
-def _relative(sim: float, measured: float) -> float | None:
-    return None if not measured else (float(sim) - float(measured)) / abs(float(measured))
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def _server_steps(result: BenchResult) -> int | None:
     """Engine steps the server counted during the run (vLLM's iteration-tokens histogram)."""
-    values = [v for v in result.series.get("num_steps_total", []) if v == v]
-    return int(values[-1] - values[0]) if len(values) >= 2 else None
+    steps = series_increase(result.series, "num_steps_total")
+    return None if steps is None else int(steps)
 
 
 def _warnings(errors: dict[str, float | None], num_steps: int,

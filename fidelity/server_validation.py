@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.bench import BenchRequest, BenchResult, ClientConfig, bench_serve
+from kvlab.bench.observed import series_increase
 from kvlab.errors import KvlabError
-from kvlab.fidelity.from_bench import SUMMARY_OPTIONS, bench_trace, fit_bench, server_serving
+from kvlab.fidelity.from_bench import SUMMARY_OPTIONS, bench_trace, fit_bench, server_sim_config
 from kvlab.fidelity.validation import ValidationResult, compare_metrics
 from kvlab.metrics import RunResult, merge_runs, summarize
-from kvlab.sim import SimConfig, simulate
+from kvlab.sim import simulate
 from kvlab.sim.calibrated import CalibratedCostModel
 from kvlab.specs import ModelSpec
 from kvlab.traces import Trace
@@ -76,8 +77,8 @@ def validate_server(
         if separate and calibration_trace is not None:
             calibration_runs.append(_bench(target, calibration_trace, on_finish))
         validated.append(_bench(target, trace, on_finish))
-    config = SimConfig(model=target.model, hardware="cpu", serving=server_serving(
-        validated[0].server, preset=target.preset, overrides=target.overrides))
+    config = server_sim_config(validated[0].server, target.model, preset=target.preset,
+                               overrides=target.overrides)
     warnings: list[str] = []
     if cost_model is not None:
         calibration = "given"
@@ -175,8 +176,7 @@ def _pooled_kv(summaries: list[dict[str, Any]], durations: list[float],
 
 
 def _increase(result: BenchResult, column: str) -> float:
-    seen = [v for v in result.series.get(column, []) if v == v]
-    return seen[-1] - seen[0] if len(seen) >= 2 else 0.0
+    return series_increase(result.series, column) or 0.0
 
 
 def _window_json(run: ServerWindow) -> dict[str, Any]:

@@ -121,7 +121,6 @@ def _from_bench(args: argparse.Namespace) -> int:
     config = bench_sim_config(results[0], args)
     fit = fit_bench(results, config, refine=not args.no_refine,
                     source=", ".join(args.from_bench))
-    fit.cost_model.fit["model"] = config.model_spec.name
     print(format_bench_fit(fit))
     print(f"Saved {fit.cost_model.save(args.output)}")
     return 0
@@ -131,20 +130,21 @@ def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
     """The SimConfig of the benchmarked server: its model (--model, else the name it serves)
     and its serving config (`server_serving`, flags overriding)."""
     from kvlab.errors import KvlabError
-    from kvlab.fidelity import server_serving
-    from kvlab.sim import SimConfig
+    from kvlab.fidelity.from_bench import server_sim_config
+    from kvlab.specs import get_model
 
-    serving = server_serving(result.server, preset=args.preset, overrides={
+    overrides = {
         "block_size": args.block_size,
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
-    })
-    model = args.model or result.server.model
+    }
+    name = args.model or result.server.model
     try:
-        return SimConfig(model=model, hardware="cpu", serving=serving)
+        model = get_model(name)
     except KvlabError as exc:
         if args.model is None:
-            raise KvlabError(f"the server's model {model!r} is no preset, spec file or model "
+            raise KvlabError(f"the server's model {name!r} is no preset, spec file or model "
                              f"folder here: give --model ({exc})") from None
         raise
+    return server_sim_config(result.server, model, preset=args.preset, overrides=overrides)

@@ -13,10 +13,10 @@ import pytest
 from kvlab.bench import ClientConfig, bench_serve, preemptions_per_request, resolve_model
 from kvlab.cli import main
 from kvlab.engine import LLM, SamplingParams
-from kvlab.fidelity import fit_bench, server_serving
+from kvlab.fidelity import fit_bench, server_sim_config
 from kvlab.fidelity.from_bench import bench_trace
 from kvlab.metrics import summarize
-from kvlab.sim import SimConfig, simulate
+from kvlab.sim import simulate
 from kvlab.traces import load_trace, synthesize_prompt_ids
 from tests.peer.vllm_server import missing_reason, start_vllm
 
@@ -66,7 +66,7 @@ def test_the_vllm_preset_preempts_as_vllm_does_on_a_burst(vllm):
     result = _bench(vllm, _burst())
     served = result.summary()
     assert served["num_preemptions"] > 0, "40 blocks should preempt this burst"
-    config = SimConfig(model="tiny-llama", hardware="cpu", serving=server_serving(result.server))
+    config = server_sim_config(result.server, "tiny-llama")
     fit = fit_bench(result, config, refine=False)
     sim = simulate(bench_trace(result), config, cost_model=fit.cost_model)
     assert summarize(sim)["num_preemptions"] == served["num_preemptions"]

@@ -15,12 +15,12 @@ from kvlab.bench import ClientConfig, bench_serve, load_bench_result, resolve_mo
 from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
 from kvlab.errors import KvlabError
-from kvlab.fidelity import fit_bench, server_serving
+from kvlab.fidelity import fit_bench, server_serving, server_sim_config
 from kvlab.fidelity.calibration import TIME_COLUMN
 from kvlab.fidelity.from_bench import bench_trace, group_steps, reconstruct_profile
 from kvlab.fidelity.optimize import nelder_mead
 from kvlab.policies.serving import ServingConfig
-from kvlab.sim import SimConfig, simulate
+from kvlab.sim import simulate
 from kvlab.sim.calibrated import load_cost_model
 from kvlab.traces import Trace, TraceRequest
 from tests.live_server import start_live_server
@@ -103,7 +103,7 @@ def test_the_servers_configuration_reaches_the_simulator(bench_run):
 
 def test_the_fit_reproduces_the_run_it_was_fitted_on(bench_run):
     result = bench_run.result
-    config = SimConfig(model="tiny-llama", hardware="cpu", serving=server_serving(result.server))
+    config = server_sim_config(result.server, "tiny-llama")
     fit = fit_bench(result, config, max_evaluations=30)
     # stage 2 starts at stage 1's model and keeps the best point it saw
     loss = lambda errors: sum(abs(v) for v in errors.values() if v is not None)  # noqa: E731
