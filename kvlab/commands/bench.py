@@ -42,11 +42,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="completions route (default /v1/completions)")
     server.add_argument("--model", default=None,
                         help="model name to send (default: the server's first model)")
-    server.add_argument("--vocab-size", type=int, default=None,
-                        help="draw prompt ids below this (default: from --tokenizer's or the "
-                        "model folder's config.json, or the server's model card)")
-    server.add_argument("--api-key", default=None,
-                        help="bearer token (default: $OPENAI_API_KEY when set)")
+    add_client_arguments(server)
     server.add_argument("--ready-check-timeout-sec", type=float, default=30.0,
                         help="wait this long for the server to answer /v1/models (default 30)")
     add_workload_arguments(
@@ -56,8 +52,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         seed_help="seed of prompt ids, resampled arrivals and synthetic lengths",
     )
     sending = parser.add_argument_group("sending")
-    sending.add_argument("--max-concurrency", type=int, default=None,
-                         help="at most this many requests in flight (default: no cap)")
     sending.add_argument("--ignore-eos", action="store_true",
                          help="ask for exactly each request's output length (vLLM extension)")
     sending.add_argument("--temperature", type=float, default=0.0,
@@ -66,9 +60,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                          help="requests sent before the run and left out of it (default 0)")
     sending.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="give up on a request after this long (default 600)")
-    sending.add_argument("--metrics-interval", type=float, default=0.25, metavar="SECONDS",
-                         help="read the server's /metrics this often during the run "
-                         "(default 0.25)")
     sending.add_argument("--no-metrics", action="store_true",
                          help="do not read /metrics (a server without one)")
     out = parser.add_argument_group("report and results")
@@ -126,6 +117,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_client_arguments(group: argparse._ArgumentGroup) -> None:
+    """The client flags of every command that benchmarks a server (bench serve, validate
+    --base-url): prompt vocabulary, key, concurrency cap, /metrics interval."""
+    group.add_argument("--vocab-size", type=int, default=None,
+                       help="draw prompt ids below this (default: from --tokenizer's or the "
+                       "model folder's config.json, or the server's model card)")
+    group.add_argument("--api-key", default=None,
+                       help="bearer token (default: $OPENAI_API_KEY when set)")
+    group.add_argument("--max-concurrency", type=int, default=None,
+                       help="at most this many requests in flight (default: no cap)")
+    group.add_argument("--metrics-interval", type=float, default=0.25, metavar="SECONDS",
+                       help="read the server's /metrics this often during a run (default 0.25)")
+
+
+def check_client_flags(args: argparse.Namespace) -> None:
+    """A KvlabError for a bad `add_client_arguments` flag."""
+    from kvlab.errors import KvlabError
+
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        raise KvlabError(f"--max-concurrency {args.max_concurrency}: expected 1 or more")
+    if not 0 < args.metrics_interval < float("inf"):
+        raise KvlabError(f"--metrics-interval {args.metrics_interval:g}: expected a finite "
+                         "number of seconds > 0")
+
+
 def base_url_of(args: argparse.Namespace) -> str:
     """--base-url, else http://HOST:PORT."""
     return (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
@@ -137,12 +153,10 @@ def _check_flags(args: argparse.Namespace) -> None:
     url = base_url_of(args)
     if not url.startswith(("http://", "https://")):
         raise KvlabError(f"--base-url {url!r}: expected an http:// or https:// URL")
-    for flag, value, low in (("--max-concurrency", args.max_concurrency, 1),
-                             ("--num-warmups", args.num_warmups, 0)):
-        if value is not None and value < low:
-            raise KvlabError(f"{flag} {value}: expected {low} or more")
+    check_client_flags(args)
+    if args.num_warmups < 0:
+        raise KvlabError(f"--num-warmups {args.num_warmups}: expected 0 or more")
     for flag, value in (("--request-timeout", args.request_timeout),
-                        ("--metrics-interval", args.metrics_interval),
                         ("--ready-check-timeout-sec", args.ready_check_timeout_sec + 1)):
         if not value > 0 or value == float("inf"):
             raise KvlabError(f"{flag} {value:g}: expected a finite number of seconds > 0")

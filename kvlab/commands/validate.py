@@ -35,6 +35,7 @@ CALIBRATION_PROMPTS_PER_PROMPT = 3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kvlab run`'s flags, plus calibration, lockstep and thread flags."""
     from kvlab.commands import run as run_command
+    from kvlab.commands.bench import add_client_arguments
 
     run_command.add_arguments(parser)
     # CPU step times: the engine's side of the comparison must not depend on who else is running
@@ -108,16 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--preset", choices=("vllm", "kvlab"), default=None,
                         help="the server's scheduling conventions (default: kvlab for kvlab "
                         "serve, vllm otherwise)")
-    server.add_argument("--vocab-size", type=int, default=None,
-                        help="draw prompt ids below this (default: from the model's "
-                        "config.json or the server's model card)")
-    server.add_argument("--max-concurrency", type=int, default=None,
-                        help="at most this many requests in flight (default: no cap)")
-    server.add_argument("--api-key", default=None,
-                        help="bearer token (default: $OPENAI_API_KEY when set)")
-    server.add_argument("--metrics-interval", type=float, default=0.25, metavar="SECONDS",
-                        help="read the server's /metrics this often during each run "
-                        "(default 0.25)")
+    add_client_arguments(server)
 
 
 def default_calibration_run(device: str) -> str:
@@ -208,6 +200,7 @@ def _run_server(args: argparse.Namespace) -> int:
     import os
 
     from kvlab.bench import ClientConfig, resolve_model, vocab_size_of, wait_ready
+    from kvlab.commands.bench import check_client_flags
     from kvlab.commands.common import show_progress
     from kvlab.errors import KvlabError
     from kvlab.fidelity.server_validation import ServerTarget, validate_server
@@ -217,11 +210,7 @@ def _run_server(args: argparse.Namespace) -> int:
 
     if args.lockstep:
         raise KvlabError("--lockstep replays the engine's own steps: not with --base-url")
-    if args.max_concurrency is not None and args.max_concurrency < 1:
-        raise KvlabError(f"--max-concurrency {args.max_concurrency}: expected 1 or more")
-    if not 0 < args.metrics_interval < float("inf"):
-        raise KvlabError(f"--metrics-interval {args.metrics_interval:g}: expected a finite "
-                         "number of seconds > 0")
+    check_client_flags(args)
     cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
     separate = cost_model is None and not args.calibrate_on_same_run
     windows = _windows(args, separate)
