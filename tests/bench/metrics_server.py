@@ -39,14 +39,34 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.5
 def serve_text(text: Callable[[], str]) -> tuple[str, Callable[[], None]]:
     """Serve `text()` at /metrics; returns the URL and a stop function."""
 
+    def respond(method: str, path: str) -> tuple[int, str, bytes]:
+        return (200 if path == "/metrics" else 404), "text/plain; version=0.0.4", text().encode()
+
+    url, stop = serve_http(respond)
+    return url + "/metrics", stop
+
+
+def serve_http(respond: Callable[[str, str], tuple[int, str, bytes]]
+               ) -> tuple[str, Callable[[], None]]:
+    """A loopback HTTP server answering GET and POST with `respond(method, path)` -> (status,
+    content type, body); returns its root URL and a stop function."""
+
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = text().encode()
-            self.send_response(200 if self.path == "/metrics" else 404)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+        def _answer(self, method: str) -> None:
+            if method == "POST":
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            status, content_type, body = respond(method, self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._answer("GET")
+
+        def do_POST(self) -> None:
+            self._answer("POST")
 
         def log_message(self, *args: object) -> None:
             pass
@@ -59,4 +79,4 @@ def serve_text(text: Callable[[], str]) -> tuple[str, Callable[[], None]]:
         server.shutdown()
         server.server_close()
 
-    return f"http://127.0.0.1:{server.server_address[1]}/metrics", stop
+    return f"http://127.0.0.1:{server.server_address[1]}", stop

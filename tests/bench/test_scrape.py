@@ -6,7 +6,7 @@ import pytest
 
 from kvlab.bench import metrics_series, parse_metrics, preemptions_per_request, scrape_metrics
 from kvlab.errors import KvlabError
-from tests.bench.metrics_server import VLLM_METRICS, serve_text
+from tests.bench.metrics_server import VLLM_METRICS, serve_http, serve_text
 
 
 def test_series_are_summed_over_label_sets_and_buckets_left_out():
@@ -75,39 +75,21 @@ def test_a_server_without_the_histogram_has_no_per_request_counts():
     assert preemptions_per_request(series) is None
 
 
-def test_a_long_error_body_gives_its_message_not_a_cut_json(monkeypatch):
+def test_a_long_error_body_gives_its_message_not_a_cut_json():
     # vLLM's 400 for a long prompt is a JSON body of over 300 characters
-    import http.server
     import json
-    import threading
 
     from kvlab.bench import ClientConfig, PlannedRequest, run_client
 
     message = "This model's maximum context length is 2048 tokens. " + "x" * 400
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = json.dumps({"error": {"message": message, "type": "BadRequestError",
-                                         "param": "input_tokens", "code": 400}}).encode()
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    body = json.dumps({"error": {"message": message, "type": "BadRequestError",
+                                 "param": "input_tokens", "code": 400}}).encode()
+    url, stop = serve_http(lambda method, path: (400, "application/json", body))
     try:
-        config = ClientConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}",
-                              model="m", metrics_path=None)
+        config = ClientConfig(base_url=url, model="m", metrics_path=None)
         ran = run_client(config, [PlannedRequest(0, [1, 2, 3], 3, 4, 0.0)])
     finally:
-        server.shutdown()
-        server.server_close()
+        stop()
     error = ran.requests[0].error
     assert error.startswith("HTTP 400: This model's maximum context length is 2048 tokens.")
     assert '{"error"' not in error and len(error) <= 320
