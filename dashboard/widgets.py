@@ -17,7 +17,7 @@ from kvlab.dashboard.workload import DEFAULT_TRACE, Setup, load_setup_trace
 from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec, registry
 from kvlab.policies.serving import ServingConfig
-from kvlab.specs import list_hardware, list_models
+from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL, list_hardware, list_models
 from kvlab.traces import DATASET_NAMES, Trace, bundled_traces
 
 UPLOAD = "upload a file"
@@ -62,8 +62,8 @@ def sidebar_setup() -> Setup:
         rate = side.number_input("Request rate (req/s)", 0.01, 10_000.0, 4.0, key="request_rate")
     side.header("Machine")
     models, hardware = list(list_models()), list(list_hardware())
-    model = side.selectbox("Model", models, index=models.index("llama-2-7b"), key="model")
-    device = side.selectbox("Hardware", hardware, index=hardware.index("a100-80g"),
+    model = side.selectbox("Model", models, index=models.index(DEFAULT_MODEL), key="model")
+    device = side.selectbox("Hardware", hardware, index=hardware.index(DEFAULT_HARDWARE),
                             key="hardware")
     tp = side.number_input("Tensor-parallel size", 1, 64, 1, key="tp")
     defaults = ServingConfig()

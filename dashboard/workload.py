@@ -12,6 +12,7 @@ from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig
+from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from kvlab.traces import Trace, guess_dataset_name, load_trace
 from kvlab.traces.bundled import bundled_dataset_name
 
@@ -37,8 +38,8 @@ class Setup:
     request_rate: float | None = None
     time_scale: float = 1.0
     seed: int = 0
-    model: str = "llama-2-7b"
-    hardware: str = "a100-80g"
+    model: str = DEFAULT_MODEL
+    hardware: str = DEFAULT_HARDWARE
     tensor_parallel_size: int = 1
     serving: ServingConfig = field(default_factory=ServingConfig)
 

@@ -4,8 +4,11 @@ from kvlab.specs.capacity import KVCapacity, estimate_activation_bytes, kv_cache
 from kvlab.specs.hardware import HardwareSpec, check_tensor_parallel
 from kvlab.specs.loading import get_hardware, get_model, list_hardware, list_models
 from kvlab.specs.model import ModelSpec
+from kvlab.specs.presets import DEFAULT_HARDWARE, DEFAULT_MODEL
 
 __all__ = [
+    "DEFAULT_HARDWARE",
+    "DEFAULT_MODEL",
     "HardwareSpec",
     "KVCapacity",
     "ModelSpec",

@@ -16,6 +16,10 @@ MiB = 1024**2
 
 # Presets stay in compact blocks that read like a data sheet, so the formatter leaves them.
 # fmt: off
+# What the simulator runs when no --model / --hardware is given (CLI and dashboard alike).
+DEFAULT_MODEL = "llama-2-7b"
+DEFAULT_HARDWARE = "a100-80g"
+
 MODEL_PRESETS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (

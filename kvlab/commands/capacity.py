@@ -14,11 +14,14 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab capacity`."""
-    parser.add_argument("--model", default="llama-2-7b",
+    from kvlab.policies.serving import ServingConfig
+    from kvlab.specs.presets import DEFAULT_HARDWARE, DEFAULT_MODEL
+
+    parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="model preset, spec file or Hugging Face model folder (default "
-                        "llama-2-7b)")
-    parser.add_argument("--hardware", default="a100-80g",
-                        help="hardware preset or spec file (default a100-80g)")
+                        f"{DEFAULT_MODEL})")
+    parser.add_argument("--hardware", default=DEFAULT_HARDWARE,
+                        help=f"hardware preset or spec file (default {DEFAULT_HARDWARE})")
     parser.add_argument("--block-size", type=int, nargs="+", default=[16], metavar="N",
                         help="page sizes in tokens, one answer each (default 16)")
     parser.add_argument("--max-model-len", type=int, default=None,
@@ -26,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model's limit)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="devices the model is split over (default 1)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+    utilization = ServingConfig().gpu_memory_utilization
+    parser.add_argument("--gpu-memory-utilization", type=float, default=utilization,
                         help="share of device memory for weights, activations and KV cache "
-                        "(default 0.9)")
+                        f"(default {utilization})")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="the server will cache prefixes (Ascend: forces block 128)")
     parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab sim` (no heavy imports here)."""
+    from kvlab.specs.presets import DEFAULT_HARDWARE, DEFAULT_MODEL
+
     add_workload_arguments(
         parser.add_argument_group("workload"),
         num_prompts=None,
@@ -37,13 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     machine = parser.add_argument_group("model, hardware and memory")
     machine.add_argument(
-        "--model", default="llama-2-7b",
+        "--model", default=DEFAULT_MODEL,
         help="model preset, spec file or Hugging Face model folder (see `kvlab presets`; "
-        "default llama-2-7b)"
+        f"default {DEFAULT_MODEL})"
     )
     machine.add_argument(
-        "--hardware", default="a100-80g",
-        help="hardware preset or spec file (see `kvlab presets`; default a100-80g)"
+        "--hardware", default=DEFAULT_HARDWARE,
+        help=f"hardware preset or spec file (see `kvlab presets`; default {DEFAULT_HARDWARE})"
     )
     machine.add_argument("--tensor-parallel-size", type=int, default=1,
                          help="devices the model's layers are split over; each holds 1/N of "
