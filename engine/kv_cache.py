@@ -194,8 +194,9 @@ def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 
 def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
                 page_bytes: int) -> None:
-    """A KvlabError, before allocating, when the pages cannot fit: the device's free memory
-    for the device pages (and, on cpu, the host pages too), the host's for the host pages."""
+    """A KvlabError, before allocating, when the pages cannot fit in the device's free memory:
+    the device pages, and on cpu the host swap pages too (the same RAM). On an accelerator the
+    swap pages' host RAM is not checked here."""
     device_bytes = num_pages * page_bytes
     host_bytes = num_host_pages * page_bytes
     on_cpu = platform.device.type == "cpu"
