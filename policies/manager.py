@@ -9,6 +9,7 @@ from kvlab.errors import KvlabError
 from kvlab.policies import registry
 from kvlab.policies.host_pool import HostPool
 from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction, ReserveRule
+from kvlab.policies.kv_events import KVEventLog
 from kvlab.policies.outputs import MemOps, MemoryUsage
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.request import Request
@@ -76,6 +77,7 @@ class KVCacheManager:
         "block_sizing",
         "caching",
         "costs",
+        "events",
         "evictor",
         "host",
         "max_model_len",
@@ -139,6 +141,8 @@ class KVCacheManager:
         # the cache; a lookup from another epoch may name a page that holds other content now.
         self._last_lookup: tuple[int, int, list[int]] | None = None
         self._cache_epoch = 0
+        # Set to a KVEventLog to record every prefix-cache change (vLLM's KV events).
+        self.events: KVEventLog | None = None
 
     # ----------------------------------------------------------------------------- queries
 
@@ -330,6 +334,23 @@ class KVCacheManager:
             self._release(seq, state)
         self.host.release(seq.request_id)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix and free its pages (vLLM's reset_prefix_cache), recorded
+        as one cleared event; only while no sequence holds memory: False (nothing changed)
+        otherwise."""
+        if self._seqs or self.host.num_used_pages:
+            return False
+        events, self.events = self.events, None  # one cleared event, not one per page
+        try:
+            self._evict(len(self.evictor))
+        finally:
+            self.events = events
+        assert not self._cached, "a cached prefix outlived its pages"
+        self._last_lookup = None
+        if events is not None:
+            events.cleared()
+        return True
+
     def fork(self, parent: Request, child: Request) -> None:
         """Share the parent's filled pages with `child` (copy-on-write: a write copies first).
 
@@ -419,6 +440,8 @@ class KVCacheManager:
                 return False
             del self._cached[key]
             self._cache_epoch += 1
+            if self.events is not None:
+                self.events.removed([key])
         state.pages.append(page)
         state.num_blocks += 1
         # Every held page is registered here (else the limit would be below the table's end):
@@ -639,6 +662,8 @@ class KVCacheManager:
         # Python loop here.
         deque(map(self._cached.pop, keys), maxlen=0)
         self._cache_epoch += 1
+        if self.events is not None:
+            self.events.removed(keys)
         return pages
 
     def _hashes_outputs(self, seq: Request) -> bool:
@@ -657,11 +682,26 @@ class KVCacheManager:
         keys, pages = hashes[start:num_full], state.pages[start:num_full]
         if cached.keys().isdisjoint(keys):  # the common case, in C
             cached.update(zip(keys, pages, strict=True))
+            new = range(start, num_full)
         else:  # some content is already cached in another page: keep that page
             state.regular = False
-            for key, page in zip(keys, pages, strict=True):
-                cached.setdefault(key, page)
+            new = []
+            for index in range(start, num_full):
+                if hashes[index] not in cached:
+                    cached[hashes[index]] = state.pages[index]
+                    new.append(index)
         state.num_hashed = num_full
+        if self.events is not None:
+            self._record_stored(seq, hashes, new)
+
+    def _record_stored(self, seq: Request, hashes: list, indices: range | list[int]) -> None:
+        """Stored events for the pages at `indices` of `seq`'s table, just registered."""
+        assert self.events is not None
+        page_size, has_ids = self.page_size, seq.prompt_token_ids is not None
+        for index in indices:
+            ids = seq.token_slice(index * page_size, (index + 1) * page_size) if has_ids else None
+            self.events.stored(hashes[index], seq.request_id, hashes[index - 1] if index else None,
+                               None if ids is None else tuple(ids))
 
     def _fast_limit(self, state: _SeqState) -> int:
         page_size = self.page_size
@@ -680,11 +720,15 @@ class KVCacheManager:
         """Take out of the prefix cache the registered pages past the first `num_written`
         tokens: a sequence preempted in the step that registered them never computes them."""
         num_full, cached = num_written // self.page_size, self._cached
+        removed = []
         for index in range(num_full, state.num_hashed):
             key = state.hashes[index]
             if cached.get(key) == state.pages[index]:
                 del cached[key]
+                removed.append(key)
         state.num_hashed = num_full
+        if self.events is not None:
+            self.events.removed(removed)
         self._cache_epoch += 1
 
     def _release(self, seq: Request, state: _SeqState) -> None:

@@ -14,6 +14,13 @@ import xxhash
 _ID_SPREAD = 0x9E3779B1
 
 
+def hash_page(parent: int, token_ids: list[int] | tuple[int, ...]) -> int:
+    """The prefix key of a page of token ids: xxh3-64 of the ids (int64) seeded with the key of
+    the page before it (0 for a first page). The key names the whole prefix ending at the page,
+    so two pages share it exactly when their prefixes are equal (a KV event's content key)."""
+    return xxhash.xxh3_64_intdigest(array("q", token_ids).tobytes(), seed=parent)
+
+
 class RequestStatus(enum.Enum):
     """Where a request is in its life; the FINISHED_* values are terminal."""
 
@@ -150,8 +157,7 @@ class Request:
         """Append the token-id hashes of pages `len(hashes)` to `num_pages - 1`."""
         parent = hashes[-1] if hashes else 0
         for page in range(len(hashes), num_pages):
-            chunk = array("q", self.token_slice(page * page_size, (page + 1) * page_size))
-            parent = xxhash.xxh3_64_intdigest(chunk.tobytes(), seed=parent)
+            parent = hash_page(parent, self.token_slice(page * page_size, (page + 1) * page_size))
             hashes.append(parent)
 
     def _prompt_page_hashes(self, page_size: int) -> list:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -70,10 +71,14 @@ OPS = ["add", "add_chunk", "add_chunk", "lookup", "grow", "grow", "grow", "free"
        "fork", "swap_out", "swap_in"]
 
 
-def run_walk(spec: str, num_pages: int, host_pages, seed: int, num_ops: int) -> Harness:
-    """A random walk of `num_ops` operations through one manager, checked after each."""
+def run_walk(spec: str, num_pages: int, host_pages, seed: int, num_ops: int,
+             after_op: Callable[[Harness], None] | None = None) -> Harness:
+    """A random walk of `num_ops` operations through one manager, checked after each (and
+    handed to `after_op`, which is also called once before the first)."""
     rng = random.Random(seed)
     h = Harness(spec, num_pages, MAX_MODEL_LEN, host_pages)
+    if after_op is not None:
+        after_op(h)
     next_id = 0
     for _ in range(num_ops):
         op = rng.choice(OPS)
@@ -115,6 +120,8 @@ def run_walk(spec: str, num_pages: int, host_pages, seed: int, num_ops: int) -> 
         elif op == "swap_in" and swapped:
             h.swap_in(rng.choice(swapped))
         h.check()
+        if after_op is not None:
+            after_op(h)
     return h
 
 
