@@ -10,6 +10,7 @@ from kvlab.traces.azure import load_azure
 from kvlab.traces.bundled import bundled_trace_path, bundled_traces, resolve_trace_path
 from kvlab.traces.burstgpt import load_burstgpt
 from kvlab.traces.detect import guess_dataset_name
+from kvlab.traces.lengths import scale_lengths
 from kvlab.traces.loader import DATASET_NAMES, load_trace
 from kvlab.traces.mooncake import load_mooncake
 from kvlab.traces.prompts import synthesize_prompt_ids
@@ -41,6 +42,7 @@ __all__ = [
     "ramp_arrivals",
     "resample_arrivals",
     "resolve_trace_path",
+    "scale_lengths",
     "split_windows",
     "synthesize_prompt_ids",
 ]

@@ -13,6 +13,7 @@ from kvlab.traces.azure import load_azure
 from kvlab.traces.build import check_num_prompts
 from kvlab.traces.bundled import DEFAULT_EXCERPT, bundled_trace_path, resolve_trace_path
 from kvlab.traces.burstgpt import load_burstgpt
+from kvlab.traces.lengths import scale_lengths
 from kvlab.traces.mooncake import load_mooncake
 from kvlab.traces.sharegpt import load_sharegpt
 from kvlab.traces.synthetic import RandomOptions, load_random
@@ -43,6 +44,7 @@ def load_trace(
     burstiness: float = 1.0,
     time_scale: float = 1.0,
     ramp_up: RampUp | None = None,
+    length_scale: int = 1,
     **options: Any,
 ) -> Trace:
     """Load a trace (or generate `random`) and set its arrivals.
@@ -51,7 +53,8 @@ def load_trace(
     without one, `azure` and `mooncake` load their bundled excerpt. `num_prompts` keeps the first
     N requests in arrival order (random: generates N, default 1000). Arrivals replay the trace's
     timestamps divided by `time_scale`, unless a `request_rate` resamples them (inf: all at 0)
-    or a `ramp_up` raises the rate over the run (see `kvlab.traces.arrivals`). `options`:
+    or a `ramp_up` raises the rate over the run (see `kvlab.traces.arrivals`);
+    `length_scale` divides every length and the hash block size (`scale_lengths`). `options`:
     `tokenizer` for sharegpt, the `random_*` options and `num_prefix_groups` for random. Every
     user mistake is a KvlabError naming the flag.
     """
@@ -73,6 +76,7 @@ def load_trace(
     else:
         file = _trace_file(dataset_name, path)
         trace = FILE_LOADERS[dataset_name](file, num_prompts=num_prompts, **options)
+    trace = scale_lengths(trace, length_scale)
     return apply_arrivals(trace, request_rate=request_rate, burstiness=burstiness,
                           time_scale=time_scale, seed=seed, ramp_up=ramp_up)
 

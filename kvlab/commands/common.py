@@ -58,6 +58,14 @@ def add_workload_arguments(
         default=1.0,
         help="divide trace timestamps by this to compress time (4: 4x the rate; default 1)",
     )
+    data.add_argument(
+        "--length-scale",
+        type=int,
+        default=1,
+        help="divide every prompt and output length, and a trace's hash block size, by this: "
+        "the same sharing on a smaller machine (16: Mooncake's 512-token blocks as 32; "
+        "default 1)",
+    )
     data.add_argument("--ramp-up-strategy", choices=("linear", "exponential"), default=None,
                       help="raise the request rate over the run, as vLLM's benchmark does, "
                       "from --ramp-up-start-rps to --ramp-up-end-rps (instead of "
@@ -156,6 +164,7 @@ def load_trace_from_args(args: argparse.Namespace) -> Any:
         burstiness=args.burstiness,
         time_scale=args.time_scale,
         ramp_up=_ramp_up(args),
+        length_scale=args.length_scale,
         **options,
     )
 
