@@ -289,14 +289,15 @@ async def _scrape_once(session: Any, config: ClientConfig, run: ClientRun) -> No
 
 
 def get_json(base_url: str, path: str, *, api_key: str | None = None,
-             timeout_s: float = 10.0) -> Any:
-    """GET base_url + path as JSON (the model list, a health check); a KvlabError naming the
-    URL when the server cannot be read."""
+             timeout_s: float = 10.0, post: bool = False) -> Any:
+    """GET (or with `post`, POST) base_url + path as JSON (the model list, a health check);
+    a KvlabError naming the URL when the server cannot be read."""
     import urllib.error
     import urllib.request
 
     url = base_url.rstrip("/") + path
-    request = urllib.request.Request(url)
+    request = urllib.request.Request(url, data=b"" if post else None,
+                                     method="POST" if post else "GET")
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
@@ -308,6 +309,18 @@ def get_json(base_url: str, path: str, *, api_key: str | None = None,
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise KvlabError(f"cannot reach {url}: {reason}", parameters=("base_url",)) from None
+
+
+def reset_prefix_cache(base_url: str, *, api_key: str | None = None) -> None:
+    """Empty the server's prefix cache (POST /reset_prefix_cache: vLLM's dev route, kvlab
+    serve's); a KvlabError naming the flag when the server has no such route or refuses."""
+    try:
+        get_json(base_url, "/reset_prefix_cache", api_key=api_key, post=True)
+    except KvlabError as exc:
+        hint = (" (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)" if "HTTP 404" in str(exc)
+                else " (it refuses while requests run)" if "HTTP 409" in str(exc) else "")
+        raise KvlabError(f"--reset-prefix-cache: {exc}{hint}",
+                         parameters=("reset_prefix_cache",)) from None
 
 
 def wait_ready(base_url: str, timeout_s: float, *, api_key: str | None = None) -> None:

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvlab.bench.client import ClientConfig, ClientRun, PlannedRequest, get_json, run_client
+from kvlab.bench.client import (
+    ClientConfig,
+    ClientRun,
+    PlannedRequest,
+    get_json,
+    reset_prefix_cache,
+    run_client,
+)
+from kvlab.bench.kv_events import KVEventStream, KVEventSubscriber
 from kvlab.bench.observed import ServerInfo, kv_summary, metrics_series, server_info
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.scrape import parse_metrics
@@ -46,7 +54,9 @@ class BenchResult:
     """A finished benchmark: the client's run as a RunResult (requests are BenchRequests,
     no steps), the server's configuration, the scraped metrics' time series
     (`observed.metrics_series`; `started_at` is the run's start, epoch seconds) and the
-    workload's request layout (`hash_ids` per request where the trace shares prompt blocks)."""
+    workload's request layout (`hash_ids` per request where the trace shares prompt blocks).
+    With a KV event subscription, `kv_events` holds the server's event stream and
+    `prompt_token_ids` every request's prompt (what KV lockstep replays)."""
 
     run: RunResult
     server: ServerInfo
@@ -55,6 +65,8 @@ class BenchResult:
     metrics_errors: list[str] = field(default_factory=list)
     hash_ids: list[list[int] | None] = field(default_factory=list)
     hash_block_size: int = 512
+    kv_events: KVEventStream | None = None
+    prompt_token_ids: list[list[int]] | None = None
 
     @property
     def requests(self) -> list[BenchRequest]:
@@ -106,7 +118,15 @@ class BenchResult:
             "kvlab_num_cached_tokens": [r.num_cached_tokens for r in requests],
             "kvlab_hash_ids": self.hash_ids,
             "kvlab_hash_block_size": self.hash_block_size,
+            **self._token_ids(),
         }
+
+    def _token_ids(self) -> dict[str, Any]:
+        """The prompts' and outputs' token ids, kept when KV events were recorded."""
+        if self.prompt_token_ids is None:
+            return {}
+        return {"kvlab_prompt_token_ids": self.prompt_token_ids,
+                "kvlab_output_token_ids": [r.output_token_ids for r in self.requests]}
 
     def to_json(self, summary: dict[str, Any], *, detailed: bool) -> dict[str, Any]:
         """The saved document: the summary, the server, the scrape series and, when
@@ -215,9 +235,14 @@ def bench_serve(
     num_warmups: int = 0,
     metadata: dict[str, Any] | None = None,
     on_finish: Callable[[BenchRequest], object] | None = None,
+    kv_events: str | None = None,
+    reset_cache: bool = False,
 ) -> BenchResult:
     """Replay `trace` against the server and collect the result. `num_warmups` requests (the
-    first planned request's shape) are sent first and left out of every metric."""
+    first planned request's shape) are sent first and left out of every metric. `kv_events`
+    (a ZMQ endpoint) subscribes to the server's KV events for the run (warm-ups excluded) into
+    `result.kv_events`. `reset_cache` empties the server's prefix cache first (after the
+    warm-ups), so that the run starts from the empty cache a replay starts from."""
     planned = plan_requests(trace, vocab_size, seed)
     if num_warmups > 0 and planned:
         warm = [PlannedRequest(-1 - i, planned[0].prompt, planned[0].prompt_len,
@@ -226,8 +251,16 @@ def bench_serve(
         if failed:
             raise KvlabError(f"warm-up request failed: {failed[0].error}",
                              parameters=("num_warmups",))
+    if reset_cache:
+        reset_prefix_cache(client.base_url, api_key=client.api_key)
+    subscriber = None if kv_events is None else KVEventSubscriber(kv_events).start()
     ran = run_client(client, planned, on_finish=on_finish)
-    return bench_result(ran, trace, card, metadata or {})
+    result = bench_result(ran, trace, card, metadata or {})
+    if subscriber is not None:
+        result.kv_events = subscriber.stop(ran.started_at)
+        result.prompt_token_ids = [list(p.prompt) if isinstance(p.prompt, list) else []
+                                   for p in sorted(planned, key=lambda p: p.request_id)]
+    return result
 
 
 def bench_result(ran: ClientRun, trace: Trace, card: dict[str, Any],
@@ -319,5 +352,9 @@ def _from_document(d: dict[str, Any]) -> BenchResult:
     )
     series = {k: [float("nan") if v is None else float(v) for v in values]
               for k, values in (d.get("kvlab_metrics_series") or {}).items()}
+    prompts = d.get("kvlab_prompt_token_ids")
+    for record, ids in zip(requests, d.get("kvlab_output_token_ids") or (), strict=False):
+        record.output_token_ids = ids
     return BenchResult(run, info, series, float(d["started_at"]), list(d["metrics_errors"]),
-                       d["kvlab_hash_ids"], int(d["kvlab_hash_block_size"]))
+                       d["kvlab_hash_ids"], int(d["kvlab_hash_block_size"]),
+                       prompt_token_ids=prompts)

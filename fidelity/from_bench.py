@@ -54,8 +54,9 @@ if TYPE_CHECKING:
     from kvlab.specs import ModelSpec
 
 # vLLM 0.32's scheduler on a CPU OpenAI server (EngineArgs' cpu defaults), and vLLM V1's
-# memory policy: LRU prefix-cache eviction, recompute preemption of the last admitted
-# request, no admission watermark; one page is vLLM's null block (`vllm` preset).
+# memory policy: LRU prefix-cache eviction (free blocks holding no prefix reused first, as
+# 0.32's free_blocks prepends them), recompute preemption of the last admitted request, no
+# admission watermark; one page is vLLM's null block (`vllm` preset).
 VLLM_SCHEDULER = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
                   "enable_chunked_prefill": True}
 VLLM_POLICY = "paged:preemption=recompute,victim=last-admitted,watermark=0"
@@ -176,34 +177,43 @@ def reconstruct_profile(result: BenchResult, max_num_batched_tokens: int,
     `fit_cost_model` reads (memory work none) and `regular` (False where a running request
     missed the step: preempted, or its chunk arrived late; such rows are left out of the fit).
     """
-    groups = group_steps(result.requests, _server_steps(result))
+    groups = group_steps(result.requests, server_step_count(result))
     rows = _Attribution(result.requests, max_num_batched_tokens, enable_chunked_prefill)
     return pd.DataFrame([rows.step(index, group) for index, group in enumerate(groups)])
 
 
-def group_steps(requests: Sequence[Any], num_server_steps: int | None = None
+def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
+                fractions: Sequence[float] = GAP_FRACTIONS, *, causal: bool = False
                 ) -> list[list[tuple[float, int]]]:
     """The chunk arrivals (time, request index) grouped into steps: a new step begins after
     a gap longer than a threshold, or when a request would appear twice (a step gives each
-    request one chunk). The threshold is the one of GAP_FRACTIONS (times the median
-    inter-chunk gap) whose step count comes closest to the server's own count when it
-    exports one (a server streams one step's chunks over a spread that depends on its
-    load), else a third of the median gap."""
+    request one chunk), or with `causal` at a request's first chunk when the step would
+    have begun (the client saw the step before it end) before the request was sent. The
+    threshold is the one of `fractions` (times the median inter-chunk gap) whose step count
+    comes closest to the server's own count when it exports one (a server streams one step's
+    chunks over a spread that depends on its load), else a third of the median gap."""
     events = sorted((t, i) for i, r in enumerate(requests) for t in r.chunk_times_s)
     gaps = [g for r in requests for g in r.itls_s()]
     median = float(np.median(gaps)) if gaps else 0.0
+    sent = ({(r.chunk_times_s[0], i): r.arrival_s for i, r in enumerate(requests)
+             if r.chunk_times_s} if causal else None)
     if not num_server_steps:
-        return _group(events, max(2e-4, median / 3.0))
-    candidates = [_group(events, max(2e-5, fraction * median)) for fraction in GAP_FRACTIONS]
+        return _group(events, max(2e-4, median / 3.0), sent)
+    candidates = [_group(events, max(2e-5, fraction * median), sent) for fraction in fractions]
     return min(candidates, key=lambda groups: abs(len(groups) - num_server_steps))
 
 
-def _group(events: list[tuple[float, int]], threshold: float) -> list[list[tuple[float, int]]]:
+def _group(events: list[tuple[float, int]], threshold: float,
+           sent: dict[tuple[float, int], float] | None = None) -> list[list[tuple[float, int]]]:
     groups: list[list[tuple[float, int]]] = []
     members: set[int] = set()
-    last = -math.inf
+    last = began = -math.inf  # began: when the client saw the step before this group end
     for time_s, index in events:
-        if not groups or time_s - last > threshold or index in members:
+        joins = bool(groups) and time_s - last <= threshold and index not in members
+        if joins and sent is not None and sent.get((time_s, index), -math.inf) > began:
+            joins = False  # its first token: from a step that began before it was sent
+        if not joins:
+            began = groups[-1][0][0] if groups else -math.inf
             groups.append([])
             members = set()
         groups[-1].append((time_s, index))
@@ -325,7 +335,7 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         errors = _mean_errors(run_errors)
     quality = fit_quality(model, regular)
     steps = sum(len(p) for p in profiles)
-    counted = [_server_steps(run) for run in runs]
+    counted = [server_step_count(run) for run in runs]
     server_steps = None if None in counted else sum(c for c in counted if c is not None)
     model = dataclasses.replace(model, fit={
         "sources": [source], "num_runs": len(runs), "num_steps": quality.num_steps,
@@ -398,7 +408,7 @@ def _loss(errors: dict[str, float | None]) -> float:
     return total
 
 
-def _server_steps(result: BenchResult) -> int | None:
+def server_step_count(result: BenchResult) -> int | None:
     """Engine steps the server counted during the run (vLLM's iteration-tokens histogram)."""
     steps = series_increase(result.series, "num_steps_total")
     return None if steps is None else int(steps)

@@ -101,6 +101,12 @@ def build_app(service: EngineService, *, model_name: str, api_key: str | None = 
     async def metrics() -> Response:
         return Response(service.metrics.exposition(), media_type=CONTENT_TYPE)
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        # vLLM's dev-mode route: benchmarks and KV lockstep start from an empty cache.
+        success = await asyncio.to_thread(service.reset_prefix_cache)
+        return JSONResponse({"success": success}, status_code=200 if success else 409)
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{

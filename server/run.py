@@ -11,6 +11,7 @@ from types import FrameType
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
 from kvlab.server.api import build_app
+from kvlab.server.kv_events import KVEventPublisher, KVEventsConfig
 from kvlab.server.metrics import ServerMetrics
 from kvlab.server.service import EngineService
 
@@ -27,7 +28,8 @@ class ServeConfig:
     `max_queue` bounds the requests waiting to run (past it: 503). On SIGTERM or SIGINT the
     server stops accepting, lets running requests finish for `shutdown_timeout_s`, aborts the
     rest and exits. `profile_path` receives every step's profile row at exit (the columns of
-    `kvlab run --save-result`'s steps table, what `kvlab calibrate` fits).
+    `kvlab run --save-result`'s steps table, what `kvlab calibrate` fits). `kv_events`
+    publishes the prefix cache's changes as vLLM's KV events.
     """
 
     engine: EngineConfig
@@ -38,6 +40,7 @@ class ServeConfig:
     max_queue: int = 1024
     shutdown_timeout_s: float = 10.0
     profile_path: str | None = None
+    kv_events: KVEventsConfig | None = None
 
 
 def start_service(config: ServeConfig) -> tuple[EngineService, str]:
@@ -61,7 +64,10 @@ def start_service(config: ServeConfig) -> tuple[EngineService, str]:
         "policy": engine.policy.to_string(),
     }
     metrics = ServerMetrics(name, manager, labels, engine.policy.to_string(), scheduler)
-    service = EngineService(engine, metrics, max_queue=config.max_queue)
+    publisher = None
+    if config.kv_events is not None:
+        publisher = KVEventPublisher(config.kv_events, manager.page_size)
+    service = EngineService(engine, metrics, max_queue=config.max_queue, publisher=publisher)
     service.start()
     return service, name
 

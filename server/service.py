@@ -22,6 +22,8 @@ from kvlab.engine.outputs import FINISH_REASONS
 from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import StepRecorder
 from kvlab.policies import Request, StepLoop
+from kvlab.policies.kv_events import KVEventLog
+from kvlab.server.kv_events import KVEventPublisher
 from kvlab.server.metrics import ServerMetrics
 
 log = logging.getLogger("kvlab.server")
@@ -77,18 +79,26 @@ class _Abort:
 
 
 @dataclass(slots=True)
+class _Reset:
+    done: threading.Event = field(default_factory=threading.Event)
+    success: bool = False
+
+
+@dataclass(slots=True)
 class EngineService:
     """An LLMEngine served by a background thread.
 
     `submit` queues a request and returns its stream; `abort` stops one; `stop` lets running
     requests finish for up to a timeout, aborts the rest and joins the thread. `max_queue`
     bounds the requests not yet running (waiting or just submitted): past it, `submit` raises
-    Overloaded. `metrics` is updated after every step.
+    Overloaded. `metrics` is updated after every step; with a `publisher`, the manager's
+    prefix-cache changes are published after every step (vLLM's KV events).
     """
 
     engine: LLMEngine
     metrics: ServerMetrics
     max_queue: int = 1024
+    publisher: KVEventPublisher | None = None
     _inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _wake: threading.Event = field(default_factory=threading.Event)
     _streams: dict[int, Stream] = field(default_factory=dict)
@@ -109,6 +119,8 @@ class EngineService:
     def start(self) -> None:
         """Start the engine thread."""
         self._loop = StepLoop(self.engine.scheduler, [])
+        if self.publisher is not None:
+            self.engine.manager.events = KVEventLog()
         self._thread = threading.Thread(target=self._run, name="kvlab-engine", daemon=True)
         self._thread.start()
 
@@ -137,6 +149,14 @@ class EngineService:
         self._inbox.put(_Abort(request_id))
         self._wake.set()
 
+    def reset_prefix_cache(self, timeout_s: float = 10.0) -> bool:
+        """Empty the prefix cache between two steps (vLLM's dev endpoint); False while any
+        request runs or waits, or when the engine thread does not answer within `timeout_s`."""
+        command = _Reset()
+        self._inbox.put(command)
+        self._wake.set()
+        return command.done.wait(timeout_s) and command.success
+
     def begin_stop(self, timeout_s: float) -> None:
         """Take no new requests; let running ones finish for `timeout_s`, then abort the rest
         (their streams end with finish_reason "abort"). Returns at once."""
@@ -153,6 +173,8 @@ class EngineService:
         self.begin_stop(timeout_s)
         if self._thread is not None:
             self._thread.join()
+        if self.publisher is not None:
+            self.publisher.close()
         usage = self.engine.manager.usage()
         if usage.num_used_pages or usage.num_host_used_pages:
             log.error("pages still held at exit: %d device, %d host", usage.num_used_pages,
@@ -190,6 +212,9 @@ class EngineService:
             now = clock.now()
             output, finished = engine.step(loop, now, clock)
             self._emit(output.requests, finished, output.failed)
+            events = engine.manager.events
+            if self.publisher is not None and events is not None:
+                self.publisher.publish(events.take())
             self.metrics.observe_state(loop.scheduler)
             self.metrics.observe_batch(output)
 
@@ -203,7 +228,11 @@ class EngineService:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(command, _Submit):
+            if isinstance(command, _Reset):
+                idle = not loop.scheduler.has_unfinished() and not num_submitted
+                command.success = idle and self.engine.manager.reset_prefix_cache()
+                command.done.set()
+            elif isinstance(command, _Submit):
                 num_submitted += 1
                 stream = command.stream
                 stream.request.arrival_s = now_s

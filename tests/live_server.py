@@ -11,6 +11,7 @@ import uvicorn
 
 from kvlab.engine.config import EngineConfig
 from kvlab.server import EngineService, ServeConfig, build_app, start_service
+from kvlab.server.kv_events import KVEventsConfig
 
 
 @dataclass
@@ -29,18 +30,21 @@ class LiveServer:
         self.service.stop(5.0)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
 def start_live_server(engine: EngineConfig, *, api_key: str | None = None,
-                      max_queue: int = 1024) -> LiveServer:
-    """Serve `engine` on a free port; returns once uvicorn accepts connections."""
-    service, name = start_service(ServeConfig(engine=engine, max_queue=max_queue))
+                      max_queue: int = 1024, kv_events: KVEventsConfig | None = None
+                      ) -> LiveServer:
+    """Serve `engine` on a free port (publishing KV events with `kv_events`); returns once
+    uvicorn accepts connections."""
+    service, name = start_service(ServeConfig(engine=engine, max_queue=max_queue,
+                                              kv_events=kv_events))
     app = build_app(service, model_name=name, api_key=api_key)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()

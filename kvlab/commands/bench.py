@@ -62,6 +62,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                          help="give up on a request after this long (default 600)")
     sending.add_argument("--no-metrics", action="store_true",
                          help="do not read /metrics (a server without one)")
+    sending.add_argument("--kv-events", default=None, metavar="ENDPOINT",
+                         help="subscribe to the server's KV events (ZMQ, vLLM's "
+                         "--kv-events-config publisher) at tcp://HOST:PORT during the run and "
+                         "save them beside the result as <stem>.kv_events.jsonl, with the "
+                         "prompts' token ids (what `kvlab validate --lockstep` replays)")
+    sending.add_argument("--reset-prefix-cache", action="store_true",
+                         help="empty the server's prefix cache before the run (POST "
+                         "/reset_prefix_cache: kvlab serve; vLLM with VLLM_SERVER_DEV_MODE=1)")
     out = parser.add_argument_group("report and results")
     add_report_arguments(out, save_help="write the result JSON (vLLM's keys) and the "
                          "per-request and metrics tables")
@@ -106,14 +114,19 @@ def run(args: argparse.Namespace) -> int:
     with _progress(len(trace), show_progress(args)) as bar:
         result = bench_serve(trace, client, card=card, vocab_size=vocab, seed=args.seed,
                              num_warmups=args.num_warmups, metadata=extra,
-                             on_finish=lambda _: bar.update(1))
+                             on_finish=lambda _: bar.update(1), kv_events=args.kv_events,
+                             reset_cache=args.reset_prefix_cache)
     summary = result.summary(**options)
     _print_failures(result)
     for error in result.metrics_errors[:3]:
         print(f"warning: could not read the server's metrics: {error}")
     print(format_report(summary))
+    if result.kv_events is not None:
+        print(describe_stream(result.kv_events))
     if args.save_result or args.append_result:
         _save(args, result, summary)
+    if result.kv_events is not None:
+        check_stream(result.kv_events)
     return 0
 
 
@@ -162,6 +175,10 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise KvlabError(f"{flag} {value:g}: expected a finite number of seconds > 0")
     if not 0 <= args.temperature < float("inf"):
         raise KvlabError(f"--temperature {args.temperature:g}: expected a number >= 0")
+    if args.kv_events is not None:
+        from kvlab.bench.kv_events import normalize_endpoint
+
+        normalize_endpoint(args.kv_events)
 
 
 def _metadata_pairs(items: list[str] | None) -> dict[str, str]:
@@ -192,14 +209,42 @@ def _print_failures(result: Any) -> None:
             print(f"Error {index}: {record.error}")
 
 
+def describe_stream(stream: Any) -> str:
+    """One line: what the KV event subscription received."""
+    kinds: dict[str, int] = {}
+    for batch in stream.batches:
+        for event in batch.events:
+            kinds[event["type"]] = kinds.get(event["type"], 0) + 1
+    counted = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "no events"
+    lost = f"; {len(stream.missing_seqs)} batches lost" if stream.missing_seqs else ""
+    return f"KV events from {stream.endpoint}: {len(stream.batches)} batches ({counted}){lost}"
+
+
+def check_stream(stream: Any) -> None:
+    """A KvlabError when the subscription received nothing (after the result is saved)."""
+    from kvlab.errors import KvlabError
+
+    if not stream.batches:
+        raise KvlabError(f"--kv-events {stream.endpoint}: no KV events arrived during the run; "
+                         "start the server with --kv-events-config '{\"enable_kv_cache_events"
+                         "\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:PORT\"}' "
+                         "and prefix caching on, and connect to its host and port")
+
+
 def _save(args: argparse.Namespace, result: Any, summary: dict) -> None:
+    from pathlib import Path
+
+    from kvlab.bench.kv_events import save_stream, stream_path
     from kvlab.metrics import save_results
 
-    document = result.to_json(summary, detailed=args.save_detailed)
+    detailed = args.save_detailed or result.kv_events is not None  # lockstep reads the arrays
+    document = result.to_json(summary, detailed=detailed)
     paths = save_results(
         document, result.run, result_dir=args.result_dir,
         result_filename=args.result_filename, table_format=args.table_format,
         tables={"requests": result.requests_table(), "metrics": result.metrics_table()},
         append=args.append_result,
     )
+    if result.kv_events is not None:
+        paths.append(save_stream(result.kv_events, stream_path(Path(paths[0]))))
     print("Saved " + ", ".join(str(path) for path in paths))

@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--profile-path", default=None, metavar="FILE",
                       help="write every step's profile row here at exit (CSV, or .parquet): "
                       "what `kvlab calibrate` fits")
+    http.add_argument("--kv-events-config", default=None, metavar="JSON",
+                      help="publish the prefix cache's changes as vLLM's KV events, with "
+                      "vLLM's JSON: '{\"enable_kv_cache_events\": true, \"publisher\": "
+                      "\"zmq\", \"endpoint\": \"tcp://*:5557\", \"topic\": \"\"}' (needs "
+                      "prefix caching on)")
     machine = parser.add_argument_group("device and memory")
     add_device_arguments(machine)
     machine.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
@@ -60,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         args.num_gpu_blocks_override is None
     ):
         args.kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_MEMORY
+    kv_events = None
+    if args.kv_events_config is not None:
+        from kvlab.server.kv_events import parse_kv_events_config
+
+        kv_events = parse_kv_events_config(args.kv_events_config)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = EngineConfig(model=args.model, device=args.device, serving=serving_config(args),
                           attention_backend=args.attention_backend, dtype=args.dtype)
@@ -67,4 +77,5 @@ def run(args: argparse.Namespace) -> int:
         engine=engine, host=args.host, port=args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, max_queue=args.max_queue,
         shutdown_timeout_s=args.shutdown_timeout, profile_path=args.profile_path,
+        kv_events=kv_events,
     ))

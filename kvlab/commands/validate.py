@@ -18,6 +18,12 @@ bench serve` does (in turn, so that a drift of the machine meets both); one cost
 fitted on all calibration runs (`kvlab calibrate --from-bench`); the simulator runs each
 validated window's requests on the server's configuration (its /metrics: block size, blocks;
 `--preset vllm|kvlab` for the scheduler) and the table compares simulator and server.
+
+With `--base-url URL --kv-events ENDPOINT --lockstep` it compares memory decisions instead, block
+by block: the trace's requests are benchmarked once while the server's KV events are recorded,
+kvlab's manager replays them on the server's configuration and timeline, and the report gives
+the share of prefix-cache changes (blocks stored and removed) matched in order, the first
+divergence and the cause of every mismatch (kvlab.fidelity.kv_lockstep).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 from typing import Any
+
+from kvlab.commands.bench import check_client_flags
 
 DEFAULT_NUM_PROMPTS = 8
 # Calibration requests per validated request: 3 averaged the machine's drift enough for the
@@ -110,6 +118,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the server's scheduling conventions (default: kvlab for kvlab "
                         "serve, vllm otherwise)")
     add_client_arguments(server)
+    server.add_argument("--kv-events", default=None, metavar="ENDPOINT",
+                        help="with --lockstep: the server's KV event stream (tcp://HOST:PORT "
+                        "of its --kv-events-config publisher); compares kvlab's prefix-cache "
+                        "changes with the server's, block by block")
+    server.add_argument("--reset-prefix-cache", action="store_true",
+                        help="with --kv-events: empty the server's prefix cache before the run "
+                        "(kvlab serve; vLLM with VLLM_SERVER_DEV_MODE=1), so that both sides "
+                        "start empty")
 
 
 def default_calibration_run(device: str) -> str:
@@ -197,37 +213,24 @@ def _windows(args: argparse.Namespace, separate: bool) -> list:
 
 def _run_server(args: argparse.Namespace) -> int:
     """validate --base-url: the same table, simulator against a server's benchmark."""
-    import os
-
-    from kvlab.bench import ClientConfig, resolve_model, vocab_size_of, wait_ready
-    from kvlab.commands.bench import check_client_flags
     from kvlab.commands.common import show_progress
     from kvlab.errors import KvlabError
-    from kvlab.fidelity.server_validation import ServerTarget, validate_server
+    from kvlab.fidelity.server_validation import validate_server
     from kvlab.report import format_validation
     from kvlab.sim.calibrated import load_cost_model
-    from kvlab.specs import get_model
 
     if args.lockstep:
-        raise KvlabError("--lockstep replays the engine's own steps: not with --base-url")
+        if args.kv_events is None:
+            raise KvlabError("--lockstep with --base-url compares the server's KV events: give "
+                             "--kv-events ENDPOINT")
+        return _run_server_lockstep(args)
+    if args.kv_events is not None or args.reset_prefix_cache:
+        raise KvlabError("--kv-events and --reset-prefix-cache: only with --lockstep")
     check_client_flags(args)
     cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
     separate = cost_model is None and not args.calibrate_on_same_run
     windows = _windows(args, separate)
-    base_url = args.base_url.rstrip("/")
-    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
-    wait_ready(base_url, 0, api_key=api_key)
-    card = resolve_model(base_url, None, api_key)
-    try:
-        model = get_model(str(card["id"]))
-    except KvlabError:
-        model = get_model(args.model)
-    client = ClientConfig(base_url=base_url, model=str(card["id"]), api_key=api_key,
-                          max_concurrency=args.max_concurrency, ignore_eos=True,
-                          scrape_interval_s=args.metrics_interval)
-    target = ServerTarget(client=client, card=card,
-                          vocab_size=vocab_size_of(card, None, args.vocab_size), model=model,
-                          preset=args.preset, seed=args.seed)
+    target = _server_target(args)
     total = sum(len(t) + (len(c or ()) if separate else 0) for t, c in windows)
     from tqdm import tqdm
 
@@ -240,3 +243,77 @@ def _run_server(args: argparse.Namespace) -> int:
     if args.save_result:
         _save(args, result)
     return 0
+
+
+def _server_target(args: argparse.Namespace) -> Any:
+    """The server of --base-url, ready: its client config, model card and the model the
+    simulator runs (the served name when it is a preset or folder here, else --model)."""
+    import os
+
+    from kvlab.bench import ClientConfig, resolve_model, vocab_size_of, wait_ready
+    from kvlab.errors import KvlabError
+    from kvlab.fidelity.server_validation import ServerTarget
+    from kvlab.specs import get_model
+
+    check_client_flags(args)
+    base_url = args.base_url.rstrip("/")
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    wait_ready(base_url, 0, api_key=api_key)
+    card = resolve_model(base_url, None, api_key)
+    try:
+        model = get_model(str(card["id"]))
+    except KvlabError:
+        model = get_model(args.model)
+    client = ClientConfig(base_url=base_url, model=str(card["id"]), api_key=api_key,
+                          max_concurrency=args.max_concurrency, ignore_eos=True,
+                          scrape_interval_s=args.metrics_interval)
+    return ServerTarget(client=client, card=card,
+                        vocab_size=vocab_size_of(card, None, args.vocab_size), model=model,
+                        preset=args.preset, seed=args.seed)
+
+
+def _run_server_lockstep(args: argparse.Namespace) -> int:
+    """validate --base-url --kv-events --lockstep: one bench run of the trace's requests with
+    the server's KV events, kvlab's manager replaying it, the block-by-block report."""
+    import json
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from kvlab.bench import bench_serve
+    from kvlab.bench.kv_events import normalize_endpoint
+    from kvlab.commands.bench import check_stream, describe_stream
+    from kvlab.commands.common import load_trace_from_args, show_progress
+    from kvlab.errors import KvlabError
+    from kvlab.fidelity import server_sim_config
+    from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
+
+    endpoint = normalize_endpoint(args.kv_events)
+    trace = load_trace_from_args(args)
+    target = _server_target(args)
+    with tqdm(total=len(trace), unit="req", desc="server run", leave=False,
+              disable=not show_progress(args)) as bar:
+        result = bench_serve(trace, target.client, card=target.card,
+                             vocab_size=target.vocab_size, seed=args.seed,
+                             on_finish=lambda _: bar.update(1), kv_events=endpoint,
+                             reset_cache=args.reset_prefix_cache)
+    assert result.kv_events is not None
+    print(describe_stream(result.kv_events))
+    check_stream(result.kv_events)
+    config = server_sim_config(result.server, target.model, preset=args.preset)
+    report = kv_lockstep(result, config)
+    print(format_kv_lockstep(report))
+    if args.save_result:
+        name = args.result_filename or f"validate-kv-{datetime.now():%Y%m%d-%H%M%S}.json"
+        path = Path(args.result_dir) / name
+        document = {"reference": "server", "base_url": target.client.base_url,
+                    "kv_events": endpoint, "preset": args.preset or "auto",
+                    "num_requests": len(trace), "kv_lockstep": report.to_json()}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n",
+                            encoding="utf-8")
+        except OSError as exc:
+            raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        print(f"Saved {path}")
+    return 0 if report.identical else 1

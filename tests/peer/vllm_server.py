@@ -57,7 +57,7 @@ def _free_port() -> int:
 
 def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
                max_model_len: int = 2048, prefix_caching: bool = False,
-               extra: tuple[str, ...] = ()) -> PeerServer:
+               extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> PeerServer:
     """Start vLLM on a free port and wait until /health answers (25-30 s on this machine)."""
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="kvlab-peer-"))
@@ -71,7 +71,8 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         *extra,
     ]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_LOGGING_LEVEL": "WARNING",
+           **(env or {})}
     with log_path.open("w") as log:
         process = subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
                                    env=env)

@@ -40,7 +40,8 @@ def test_scale_must_divide_the_hash_block():
 
 
 def test_prompts_with_token_ids_cannot_shrink():
-    trace = Trace("t", "random", "test", [TraceRequest(0, 0.0, 4, 2, prompt_token_ids=(1, 2, 3, 4))])
+    request = TraceRequest(0, 0.0, 4, 2, prompt_token_ids=(1, 2, 3, 4))
+    trace = Trace("t", "random", "test", [request])
     with pytest.raises(KvlabError, match="token ids"):
         scale_lengths(trace, 2)
 

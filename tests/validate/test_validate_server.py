@@ -51,7 +51,8 @@ def test_validate_against_a_server_reports_sim_vs_server(live, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--lockstep"], "--lockstep replays the engine's own steps"),
+    (["--lockstep"], "--lockstep with --base-url compares the server's KV events: give "
+                     "--kv-events"),
     (["--max-concurrency", "0"], "--max-concurrency 0: expected 1 or more"),
     (["--metrics-interval", "0"], "--metrics-interval 0: expected"),
 ])
