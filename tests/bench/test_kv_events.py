@@ -10,6 +10,7 @@ import msgpack
 import pytest
 import zmq
 
+from kvlab.bench.client import reset_prefix_cache
 from kvlab.bench.kv_events import (
     KVEventSubscriber,
     decode_message,
@@ -26,6 +27,7 @@ from kvlab.server.kv_events import (
     parse_kv_events_config,
     to_vllm_events,
 )
+from tests.bench.metrics_server import serve_http
 from tests.live_server import free_port
 
 
@@ -161,3 +163,37 @@ def test_runs_split_where_the_chain_breaks():
     out = to_vllm_events(events, 1)
     assert [e["block_hashes"] for e in out] == [[1, 2], [3], [4]]
     assert [e["parent_block_hash"] for e in out] == [None, 9, 3]
+
+
+@pytest.mark.parametrize("status, hint", [(404, "VLLM_SERVER_DEV_MODE=1"),
+                                          (409, "refuses while requests run")])
+def test_reset_prefix_cache_errors_say_why(status, hint):
+    url, stop = serve_http(lambda method, path: (status, "application/json", b'{"x": 1}'))
+    try:
+        with pytest.raises(KvlabError, match=f"--reset-prefix-cache: .*HTTP {status}.*{hint}"):
+            reset_prefix_cache(url)
+    finally:
+        stop()
+
+
+def test_reset_prefix_cache_posts(tmp_path):
+    seen = []
+
+    def respond(method, path):
+        seen.append((method, path))
+        return 200, "application/json", b'{"success": true}'
+
+    url, stop = serve_http(respond)
+    try:
+        reset_prefix_cache(url)
+    finally:
+        stop()
+    assert seen == [("POST", "/reset_prefix_cache")]
+
+
+def test_serve_flag_error_is_one_line(capsys):
+    from kvlab.cli import main
+
+    assert main(["serve", "tiny-llama", "--kv-events-config", "{nope"]) != 0
+    err = capsys.readouterr().err
+    assert "--kv-events-config: not JSON" in err and "Traceback" not in err
