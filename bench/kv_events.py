@@ -95,8 +95,7 @@ class KVEventSubscriber:
         except ImportError:
             raise KvlabError("--kv-events needs pyzmq and msgpack: pip install "
                              "'kvlab[bench]'") from None
-        context = zmq.Context.instance()
-        socket = context.socket(zmq.SUB)
+        socket: Any = zmq.Context.instance().socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
         try:
             socket.connect(self.endpoint)

@@ -157,12 +157,19 @@ def _hashable(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def replay_trace(result: BenchResult, step_ends: list[float], budget: int) -> Trace:
+def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_size: int,
+                 stored_at: dict[int | None, list[float]]) -> Trace:
     """The requests the server ran, as it ran them: each arriving just as the server step that
-    produced its first token began (when the server admitted it; for a prompt longer than the
-    step's token `budget`, whose prefill took several steps, when the client sent it), with
-    its prompt's token ids and the output ids it streamed (so output blocks hash as the
-    server's). Requests the server refused (no token came back) are left out."""
+    admitted it began, with its prompt's token ids and the output ids it streamed (so output
+    blocks hash as the server's). Requests the server refused (no token came back) are left
+    out.
+
+    The admitting step is the earlier of the step whose chunks include the request's first
+    token and the first step since it was sent whose events stored a block of its prompt
+    (`stored_at`: key -> when the client received each batch storing it, in order; a prompt
+    whose prefill was split over steps stores its first blocks before its first token). A
+    prompt longer than the step's token `budget` with neither arrives when the client sent
+    it."""
     prompts = result.prompt_token_ids
     if prompts is None:
         raise KvlabError("the bench result holds no prompt token ids: run `kvlab bench serve` "
@@ -172,11 +179,10 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int) -> Tr
         outputs = record.output_token_ids
         if not record.chunk_times_s or not outputs or not prompt:
             continue
+        step = _admitting_step(record, prompt, step_ends, page_size, stored_at)
         arrival = record.arrival_s
-        if len(prompt) <= budget:
-            # the step whose chunks include its first: the last to end at or before it
-            step = bisect.bisect_right(step_ends, record.chunk_times_s[0]) - 1
-            arrival = step_ends[step - 1] if step > 0 else 0.0
+        if step is not None and (len(prompt) <= budget or step < _step_of(step_ends, record)):
+            arrival = max(record.arrival_s, step_ends[step - 1] if step > 0 else 0.0)
         requests.append(TraceRequest(
             request_id=record.request_id, arrival_s=arrival,
             input_len=len(prompt), output_len=len(outputs),
@@ -186,6 +192,29 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int) -> Tr
                          "must return them (vLLM and kvlab serve do with return_token_ids)")
     requests.sort(key=lambda r: (r.arrival_s, r.request_id))
     return Trace(name="bench replay", dataset_name="bench", source="bench", requests=requests)
+
+
+def _step_of(step_ends: list[float], record: Any) -> int:
+    """The step whose chunks include the request's first: the last to end at or before it."""
+    return bisect.bisect_right(step_ends, record.chunk_times_s[0]) - 1
+
+
+def _admitting_step(record: Any, prompt: list[int], step_ends: list[float], page_size: int,
+                    stored_at: dict[int | None, list[float]]) -> int | None:
+    step = _step_of(step_ends, record)
+    key, stored = 0, []
+    for start in range(0, len(prompt) - page_size + 1, page_size):
+        key = hash_page(key, prompt[start:start + page_size])
+        times = stored_at.get(key, ())
+        at = bisect.bisect_left(times, record.arrival_s)  # stored since it was sent
+        if at < len(times):
+            stored.append(times[at])
+    if stored:
+        at = bisect.bisect_left(step_ends, min(stored))
+        near = min((i for i in (at - 1, at) if 0 <= i < len(step_ends)),
+                   key=lambda i: abs(step_ends[i] - min(stored)))
+        step = min(step, near)
+    return step if step >= 0 else None
 
 
 def server_step_ends(result: BenchResult) -> list[float]:
@@ -235,12 +264,19 @@ class Replay:
     num_preemptions: int
 
 
-def replay_changes(result: BenchResult, config: SimConfig) -> Replay:
-    """kvlab's prefix-cache changes over the bench's requests (`replay_trace`) on `config`,
-    stepped on the server's timeline (`server_step_ends`)."""
+def replay_changes(result: BenchResult, config: SimConfig,
+                   server: list[Change] | None = None) -> Replay:
+    """kvlab's prefix-cache changes over the bench's requests (`replay_trace`, admitted when
+    the `server`'s changes say) on `config`, stepped on the server's timeline
+    (`server_step_ends`)."""
     ends = server_step_ends(result)
     budget = config.scheduler_config().max_num_batched_tokens
-    simulation = Simulation(replay_trace(result, ends, budget), config)
+    stored_at: dict[int | None, list[float]] = {}
+    for change in server or ():
+        if change.kind == STORED:
+            stored_at.setdefault(change.key, []).append(change.time_s)
+    trace = replay_trace(result, ends, budget, config.policy.block_size, stored_at)
+    simulation = Simulation(trace, config)
     log = simulation.manager.events = KVEventLog()
     loop = simulation.loop
     changes: list[Change] = []
@@ -270,7 +306,8 @@ def compare_changes(server: list[Change], kvlab: list[Change]) -> KVLockstepRepo
     kvlab_seq = [(c.kind, c.key) for c in kvlab]
     matcher = difflib.SequenceMatcher(None, server_seq, kvlab_seq, autojunk=False)
     blocks = matcher.get_matching_blocks()
-    matched_server, matched_kvlab = set(), set()
+    matched_server: set[int] = set()
+    matched_kvlab: set[int] = set()
     for block in blocks:
         matched_server.update(range(block.a, block.a + block.size))
         matched_kvlab.update(range(block.b, block.b + block.size))
@@ -346,7 +383,7 @@ def kv_lockstep(result: BenchResult, config: SimConfig) -> KVLockstepReport:
     server = server_changes(result.kv_events)
     while server and server[0].kind == CLEARED:  # a reset before the run: kvlab starts empty too
         server.pop(0)
-    replay = replay_changes(result, config)
+    replay = replay_changes(result, config, server)
     owners = _block_owners(replay.changes)  # names the server's blocks by who stored them
     server = [dataclasses.replace(c, request_id=owners.get(c.key)) for c in server]
     report = compare_changes(server, replay.changes)

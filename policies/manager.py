@@ -682,14 +682,15 @@ class KVCacheManager:
         keys, pages = hashes[start:num_full], state.pages[start:num_full]
         if cached.keys().isdisjoint(keys):  # the common case, in C
             cached.update(zip(keys, pages, strict=True))
-            new = range(start, num_full)
+            new: range | list[int] = range(start, num_full)
         else:  # some content is already cached in another page: keep that page
             state.regular = False
-            new = []
+            indices: list[int] = []  # the pages whose content was not cached yet
             for index in range(start, num_full):
                 if hashes[index] not in cached:
                     cached[hashes[index]] = state.pages[index]
-                    new.append(index)
+                    indices.append(index)
+            new = indices
         state.num_hashed = num_full
         if self.events is not None:
             self._record_stored(seq, hashes, new)

@@ -105,7 +105,7 @@ class KVEventPublisher:
             raise KvlabError("--kv-events-config needs pyzmq and msgpack: pip install "
                              "'kvlab[serve]'") from None
         self._msgpack = msgpack
-        self._socket = zmq.Context.instance().socket(zmq.PUB)
+        self._socket: Any = zmq.Context.instance().socket(zmq.PUB)
         self._socket.setsockopt(zmq.SNDHWM, config.hwm)
         self._socket.setsockopt(zmq.LINGER, 1000)
         try:

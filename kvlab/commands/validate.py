@@ -122,6 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --lockstep: the server's KV event stream (tcp://HOST:PORT "
                         "of its --kv-events-config publisher); compares kvlab's prefix-cache "
                         "changes with the server's, block by block")
+    server.add_argument("--from-bench", default=None, metavar="RESULT",
+                        help="with --lockstep: compare a saved `bench serve --kv-events` run "
+                        "(its JSON; the stream beside it) instead of running one")
     server.add_argument("--reset-prefix-cache", action="store_true",
                         help="with --kv-events: empty the server's prefix cache before the run "
                         "(kvlab serve; vLLM with VLLM_SERVER_DEV_MODE=1), so that both sides "
@@ -145,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.report import format_validation
     from kvlab.sim.calibrated import load_cost_model
 
+    if args.from_bench is not None:
+        from kvlab.commands.validate_kv import run_saved_lockstep
+
+        return run_saved_lockstep(args)
     if args.base_url is not None:
         return _run_server(args)
     if args.num_threads < 1:
@@ -223,7 +230,9 @@ def _run_server(args: argparse.Namespace) -> int:
         if args.kv_events is None:
             raise KvlabError("--lockstep with --base-url compares the server's KV events: give "
                              "--kv-events ENDPOINT")
-        return _run_server_lockstep(args)
+        from kvlab.commands.validate_kv import run_server_lockstep
+
+        return run_server_lockstep(args, _server_target(args))
     if args.kv_events is not None or args.reset_prefix_cache:
         raise KvlabError("--kv-events and --reset-prefix-cache: only with --lockstep")
     check_client_flags(args)
@@ -270,50 +279,3 @@ def _server_target(args: argparse.Namespace) -> Any:
     return ServerTarget(client=client, card=card,
                         vocab_size=vocab_size_of(card, None, args.vocab_size), model=model,
                         preset=args.preset, seed=args.seed)
-
-
-def _run_server_lockstep(args: argparse.Namespace) -> int:
-    """validate --base-url --kv-events --lockstep: one bench run of the trace's requests with
-    the server's KV events, kvlab's manager replaying it, the block-by-block report."""
-    import json
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from kvlab.bench import bench_serve
-    from kvlab.bench.kv_events import normalize_endpoint
-    from kvlab.commands.bench import check_stream, describe_stream
-    from kvlab.commands.common import load_trace_from_args, show_progress
-    from kvlab.errors import KvlabError
-    from kvlab.fidelity import server_sim_config
-    from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
-
-    endpoint = normalize_endpoint(args.kv_events)
-    trace = load_trace_from_args(args)
-    target = _server_target(args)
-    with tqdm(total=len(trace), unit="req", desc="server run", leave=False,
-              disable=not show_progress(args)) as bar:
-        result = bench_serve(trace, target.client, card=target.card,
-                             vocab_size=target.vocab_size, seed=args.seed,
-                             on_finish=lambda _: bar.update(1), kv_events=endpoint,
-                             reset_cache=args.reset_prefix_cache)
-    assert result.kv_events is not None
-    print(describe_stream(result.kv_events))
-    check_stream(result.kv_events)
-    config = server_sim_config(result.server, target.model, preset=args.preset)
-    report = kv_lockstep(result, config)
-    print(format_kv_lockstep(report))
-    if args.save_result:
-        name = args.result_filename or f"validate-kv-{datetime.now():%Y%m%d-%H%M%S}.json"
-        path = Path(args.result_dir) / name
-        document = {"reference": "server", "base_url": target.client.base_url,
-                    "kv_events": endpoint, "preset": args.preset or "auto",
-                    "num_requests": len(trace), "kv_lockstep": report.to_json()}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n",
-                            encoding="utf-8")
-        except OSError as exc:
-            raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        print(f"Saved {path}")
-    return 0 if report.identical else 1

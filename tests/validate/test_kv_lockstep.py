@@ -4,6 +4,8 @@ manager kvlab replays, so that every block change must match in order."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
@@ -135,7 +137,23 @@ def test_validate_lockstep_command(live_with_events, capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "Every block change matched, in order." in out
-    assert (tmp_path / "kv.json").is_file()
+    report = json.loads((tmp_path / "kv.json").read_text())["kv_lockstep"]
+    # the run itself is saved beside the report, and --from-bench reads it again
+    saved = tmp_path / "kv.bench.json"
+    assert (tmp_path / "kv.bench.kv_events.jsonl").is_file()
+    code = main(["validate", "--lockstep", "--from-bench", str(saved), "--save-result",
+                 "--result-dir", str(tmp_path), "--result-filename", "again.json"])
+    assert code == 0, capsys.readouterr().out
+    again = json.loads((tmp_path / "again.json").read_text())["kv_lockstep"]
+    assert again == report
+
+
+def test_from_bench_errors_name_the_file(tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    assert main(["validate", "--lockstep", "--from-bench", str(missing)]) != 0
+    assert f"{missing}: no such file" in capsys.readouterr().err
+    assert main(["validate", "--from-bench", str(missing)]) != 0
+    assert "--from-bench: with --lockstep" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, problem", [

@@ -1,0 +1,104 @@
+"""`kvlab validate --lockstep` against a server's KV events: run the trace against the server
+while recording its event stream (or read a saved run with `--from-bench`), replay it through
+kvlab's manager and print the block-by-block report (kvlab.fidelity.kv_lockstep)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+def run_server_lockstep(args: argparse.Namespace, target: Any) -> int:
+    """One bench run of the trace's requests against `target` (validate's ServerTarget) with
+    its KV events, then the report; with --save-result the bench result and its stream are
+    saved beside the report (`<stem>.bench.json`, what --from-bench reads again)."""
+    from tqdm import tqdm
+
+    from kvlab.bench import bench_serve
+    from kvlab.bench.kv_events import normalize_endpoint
+    from kvlab.commands.common import load_trace_from_args, show_progress
+
+    endpoint = normalize_endpoint(args.kv_events)
+    trace = load_trace_from_args(args)
+    with tqdm(total=len(trace), unit="req", desc="server run", leave=False,
+              disable=not show_progress(args)) as bar:
+        result = bench_serve(trace, target.client, card=target.card,
+                             vocab_size=target.vocab_size, seed=args.seed,
+                             on_finish=lambda _: bar.update(1), kv_events=endpoint,
+                             reset_cache=args.reset_prefix_cache)
+    path = _report_path(args)
+    if path is not None:
+        _save_bench(result, path)
+    return _report(args, result, target.model, path)
+
+
+def run_saved_lockstep(args: argparse.Namespace) -> int:
+    """validate --lockstep --from-bench RESULT: the report of a saved run."""
+    from kvlab.bench import load_bench_result
+    from kvlab.bench.kv_events import load_stream, stream_path
+    from kvlab.errors import KvlabError
+    from kvlab.specs import get_model
+
+    if not args.lockstep or args.base_url is not None:
+        raise KvlabError("--from-bench: with --lockstep and without --base-url")
+    result = load_bench_result(args.from_bench)
+    result.kv_events = load_stream(stream_path(Path(args.from_bench)))
+    try:
+        model = get_model(str(result.server.model))
+    except KvlabError:
+        model = get_model(args.model)
+    return _report(args, result, model, _report_path(args))
+
+
+def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None) -> int:
+    """Replay, print and save the report; 0 when every block change matched, else 1."""
+    import json
+
+    from kvlab.commands.bench import check_stream, describe_stream
+    from kvlab.errors import KvlabError
+    from kvlab.fidelity import server_sim_config
+    from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
+
+    stream = result.kv_events
+    print(describe_stream(stream))
+    check_stream(stream)
+    report = kv_lockstep(result, server_sim_config(result.server, model, preset=args.preset))
+    print(format_kv_lockstep(report))
+    if path is not None:
+        document = {"reference": "server", "base_url": result.run.metadata.get("base_url"),
+                    "kv_events": stream.endpoint, "preset": args.preset or "auto",
+                    "num_requests": len(result.requests), "kv_lockstep": report.to_json()}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n",
+                            encoding="utf-8")
+        except OSError as exc:
+            raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        print(f"Saved {path}")
+    return 0 if report.identical else 1
+
+
+def _report_path(args: argparse.Namespace) -> Path | None:
+    if not args.save_result:
+        return None
+    name = args.result_filename or f"validate-kv-{datetime.now():%Y%m%d-%H%M%S}.json"
+    return Path(args.result_dir) / name
+
+
+def _save_bench(result: Any, report_path: Path) -> None:
+    """The bench run beside the report: `<stem>.bench.json` (detailed, token ids), its tables
+    and `<stem>.bench.kv_events.jsonl`."""
+    from kvlab.bench.kv_events import save_stream, stream_path
+    from kvlab.metrics import save_results
+
+    stem = report_path.name[: -len(".json")] if report_path.name.endswith(".json") \
+        else report_path.name
+    paths = save_results(result.to_json(result.summary(), detailed=True), result.run,
+                         result_dir=report_path.parent, result_filename=f"{stem}.bench.json",
+                         tables={"requests": result.requests_table(),
+                                 "metrics": result.metrics_table()})
+    if result.kv_events is not None:
+        paths.append(save_stream(result.kv_events, stream_path(paths[0])))
+    print("Saved " + ", ".join(str(p) for p in paths))
