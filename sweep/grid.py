@@ -107,7 +107,8 @@ def split_values(name: str, text: str) -> list[str]:
     pieces = [piece.strip() for piece in text.split(",")]
     if name != "policy":
         return [piece for piece in pieces if piece]
-    kinds, specs = _policy_kinds(), []
+    kinds = _policy_kinds()
+    specs: list[str] = []
     for piece in filter(None, pieces):
         head = piece.split(":", 1)[0].strip()
         if specs and "=" in head and head.split("=", 1)[0].strip() not in kinds:
@@ -195,7 +196,8 @@ def _spec_from_yaml(path: Path, node: Any, data: dict[str, Any]) -> SweepSpec:
         if not isinstance(value, dict):
             raise fail(nodes[section], f"{section} must be a mapping of settings")
         sections[section] = value
-    base, grid = {}, {}
+    base: dict[str, Any] = {}
+    grid: dict[str, list[Any]] = {}
     for section, target in (("base", base), ("grid", grid)):
         entries = _entries(nodes[section]) if sections[section] else {}
         for name, value in sections[section].items():
