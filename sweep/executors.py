@@ -79,7 +79,8 @@ class PoolExecutor:
         self.workers = workers
         self.slots = 2 * workers
         self._pool: ProcessPoolExecutor | None = None
-        self._futures: dict[Future[dict[str, Any]], tuple[int, Mapping[str, Any]]] = {}
+        self._futures: dict[Future[dict[str, Any]],
+                            tuple[int, Mapping[str, Any], ProcessPoolExecutor]] = {}
 
     def _start(self) -> ProcessPoolExecutor:
         import multiprocessing
@@ -92,27 +93,34 @@ class PoolExecutor:
 
     def submit(self, task_id: int, settings: Mapping[str, Any]) -> None:
         """Send one point to the pool."""
-        future = self._start().submit(run_point, dict(settings))
-        self._futures[future] = (task_id, settings)
+        pool = self._start()
+        try:
+            future = pool.submit(run_point, dict(settings))
+        except BrokenProcessPool:  # a worker died since the last wait
+            self._discard(pool)
+            pool = self._start()
+            future = pool.submit(run_point, dict(settings))
+        self._futures[future] = (task_id, settings, pool)
 
     def wait(self) -> Finished:
         """The rows of the points that have finished (at least one)."""
         done, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
         finished: Finished = []
         for future in done:
-            task_id, settings = self._futures.pop(future)
+            task_id, settings, pool = self._futures.pop(future)
             try:
                 row = future.result()
             except BrokenProcessPool as err:
                 row = error_row(settings, f"worker process died while the pool ran this run "
                                 f"({err or 'BrokenProcessPool'}); rerun with --retry-failed")
-                self._discard_pool()
+                self._discard(pool)
             finished.append((task_id, row))
         return finished
 
-    def _discard_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+    def _discard(self, pool: ProcessPoolExecutor) -> None:
+        """Drop a broken pool (the next submit starts a new one)."""
+        pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is pool:
             self._pool = None
 
     def close(self) -> None:

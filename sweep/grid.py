@@ -175,9 +175,9 @@ def _line(node: Any) -> int:
     return int(node.start_mark.line) + 1
 
 
-def _entries(node: Any) -> dict[str, Any]:
-    """The value nodes of a YAML mapping node by key text."""
-    return {str(key.value): value for key, value in node.value}
+def _entries(node: Any) -> dict[str, tuple[Any, Any]]:
+    """The (key, value) nodes of a YAML mapping node by key text."""
+    return {str(key.value): (key, value) for key, value in node.value}
 
 
 def _spec_from_yaml(path: Path, node: Any, data: dict[str, Any]) -> SweepSpec:
@@ -188,22 +188,25 @@ def _spec_from_yaml(path: Path, node: Any, data: dict[str, Any]) -> SweepSpec:
 
     for key in data:
         if key not in FILE_KEYS:
-            raise fail(nodes[str(key)], f"unknown section {key!r}; expected "
+            raise fail(nodes[str(key)][0], f"unknown section {key!r}; expected "
                        f"{', '.join(FILE_KEYS)}")
     sections: dict[str, dict[str, Any]] = {}
     for section in ("base", "grid"):
         value = data.get(section) or {}
         if not isinstance(value, dict):
-            raise fail(nodes[section], f"{section} must be a mapping of settings")
+            raise fail(nodes[section][1], f"{section} must be a mapping of settings")
         sections[section] = value
     base: dict[str, Any] = {}
     grid: dict[str, list[Any]] = {}
     for section, target in (("base", base), ("grid", grid)):
-        entries = _entries(nodes[section]) if sections[section] else {}
+        entries = _entries(nodes[section][1]) if sections[section] else {}
         for name, value in sections[section].items():
-            at = entries[str(name)]
+            key_node, at = entries[str(name)]
             try:
-                check_name(str(name))
+                try:
+                    check_name(str(name))
+                except KvlabError as err:
+                    raise fail(key_node, str(err)) from None
                 if section == "base":
                     target[name] = setting_value(name, value)
                 else:
@@ -216,8 +219,8 @@ def _spec_from_yaml(path: Path, node: Any, data: dict[str, Any]) -> SweepSpec:
         return SweepSpec.create(base, grid, sample=data.get("sample"),
                                 sample_seed=data.get("sample_seed", 0))
     except KvlabError as err:
-        at = nodes.get("sample_seed" if "sample_seed" in str(err) else "sample", node)
-        raise fail(at, str(err)) from None
+        name = "sample_seed" if "sample_seed" in str(err) else "sample"
+        raise fail(nodes[name][1] if name in nodes else node, str(err)) from None
 
 
 def _yaml_grid_values(path: Path, name: str, value: Any, at: Any) -> list[Any]:

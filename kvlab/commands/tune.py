@@ -50,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.report import format_table
     from kvlab.sweep import SearchOptions, SweepStore, save_table, tune
 
-    slos = parse_goodput(args.slo)
+    slos: dict[str, float] = {}
+    for item in args.slo:
+        try:
+            slos.update(parse_goodput([item]))
+        except KvlabError:
+            raise KvlabError(f"--slo {item!r}: expected KEY:MILLISECONDS with KEY one of "
+                             "ttft, tpot, e2el, e.g. --slo ttft:2000") from None
     options = SearchOptions(args.start_rate, args.rate_tolerance, args.min_rate, args.max_rate)
     options.search()  # bad bounds fail before any run
     spec = sweep_spec(args)

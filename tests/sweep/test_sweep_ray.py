@@ -1,0 +1,40 @@
+"""The Ray executor on a local Ray instance of two CPUs gives the local pool's rows."""
+
+import pytest
+
+from kvlab.sweep import PoolExecutor, SweepStore, run_sweep
+
+from .sweep_cases import comparable, small_spec
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kvlab[sweep]')")
+
+
+@pytest.fixture
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_a_sweep_on_ray_gives_the_rows_of_the_local_pool(tmp_path, local_ray):
+    from kvlab.sweep.ray_executor import RayExecutor
+
+    # 12 runs, 6 of them failing (max_model_len over llama-2-7b's 4,096)
+    points = small_spec(policy=["paged", "contiguous:reserve=max", "buddy"],
+                        max_num_seqs=[8, 64], max_model_len=[2048, 100_000]).points()
+    on_ray, local = SweepStore(tmp_path / "ray"), SweepStore(tmp_path / "local")
+    executor = RayExecutor()
+    try:
+        report = run_sweep(points, on_ray, executor)
+    finally:
+        executor.close()
+    pool = PoolExecutor(2)
+    try:
+        run_sweep(points, local, pool)
+    finally:
+        pool.close()
+    assert (report.num_run, report.num_errors) == (12, 6)
+    assert comparable(on_ray.read()) == comparable(local.read())
+    assert ray.is_initialized()  # the executor leaves an instance it did not start running
