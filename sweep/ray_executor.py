@@ -53,9 +53,9 @@ class RayExecutor:
             try:
                 if address is None:
                     ray.init(num_cpus=num_cpus, include_dashboard=False,
-                             logging_level="WARNING")
+                             logging_level="ERROR")
                 else:
-                    ray.init(address=address, logging_level="WARNING")
+                    ray.init(address=address, logging_level="ERROR")
             except (ConnectionError, RuntimeError, ValueError) as err:
                 where = f"the Ray cluster at {address}" if address else "a local Ray instance"
                 message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)

@@ -23,7 +23,7 @@ from kvlab.commands.common import (
 if TYPE_CHECKING:
     from kvlab.sweep import Executor, SweepSpec
 
-# headline metrics printed for each run after a sweep
+# headline metrics printed for each run after a sweep (--show)
 SHOWN = ("output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
          "num_preemptions", "kv_token_state_perc")
 
@@ -122,6 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None, metavar="DIR",
                         help="the Parquet dataset (a folder) rows are appended to (default: "
                         "the sweep file's name with .parquet, or sweep.parquet)")
+    parser.add_argument("--show", default=",".join(SHOWN), metavar="KEY,...",
+                        help="summary keys printed for each run after the sweep (default "
+                        f"{','.join(SHOWN)}; every key is in the rows)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print how many runs the sweep has and would run, and stop")
 
@@ -154,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
                            retry_failed=args.retry_failed, progress=show_progress(args))
     finally:
         executor.close()
-    _print_runs(store, points, list(spec.grid))
+    _print_runs(store, points, list(spec.grid), [k.strip() for k in args.show.split(",")
+                                                 if k.strip()])
     stored = f"; {report.num_skipped} already in {store.path}" if report.num_skipped else ""
     failed = f", {report.num_errors} failed (rows with status error)" if report.num_errors \
         else ""
@@ -163,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_runs(store: Any, points: list[dict[str, Any]], swept: list[str]) -> None:
+def _print_runs(store: Any, points: list[dict[str, Any]], swept: list[str],
+                keys: list[str]) -> None:
     """This sweep's stored rows in grid order: the swept settings and headline metrics, or
     the error."""
     from kvlab.report import format_table
@@ -174,7 +179,7 @@ def _print_runs(store: Any, points: list[dict[str, Any]], swept: list[str]) -> N
         return
     rows = {row["run_key"]: row
             for row in frame.astype(object).where(frame.notna(), None).to_dict("records")}
-    shown = [name for name in SHOWN if name in frame.columns]
+    shown = [name for name in keys if name in frame.columns]
     table = []
     for key in (run_key(point) for point in points):
         if key in rows:
