@@ -23,7 +23,9 @@ class Executor(Protocol):
     least one finished row. `slots` is how many points to keep in flight to keep every worker
     busy."""
 
-    slots: int
+    @property
+    def slots(self) -> int:
+        """Points to keep in flight."""
 
     def submit(self, task_id: int, settings: Mapping[str, Any]) -> None:
         """Start running one point."""
@@ -88,7 +90,8 @@ class PoolExecutor:
         if self._pool is None:
             methods = multiprocessing.get_all_start_methods()
             context = multiprocessing.get_context("fork" if "fork" in methods else None)
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context,
+                                             initializer=_ignore_interrupts)
         return self._pool
 
     def submit(self, task_id: int, settings: Mapping[str, Any]) -> None:
@@ -124,10 +127,24 @@ class PoolExecutor:
             self._pool = None
 
     def close(self) -> None:
-        """Stop the workers; points still queued are cancelled."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Stop the workers: idle ones exit; with points still running (an interrupted
+        sweep), the workers are terminated."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if any(not future.done() for future in self._futures):
+            # the executor's own list of its processes: there is no public way to stop them
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        self._futures.clear()
+
+
+def _ignore_interrupts() -> None:
+    """In a pool worker: leave Ctrl-C to the sweep's process, which stops the workers."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def make_executor(name: str = "local", *, workers: int | None = None,

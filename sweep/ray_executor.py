@@ -121,7 +121,11 @@ class RayExecutor:
         return finished
 
     def close(self) -> None:
-        """Stop the local instance this executor started (a cluster keeps running)."""
+        """Cancel the tasks still running (an interrupted sweep) and stop the local instance
+        this executor started (a cluster keeps running)."""
+        for ref in list(self._refs):
+            self._ray.cancel(ref, force=True)
+        self._refs.clear()
         if self._started:
             self._ray.shutdown()
             self._started = False

@@ -51,26 +51,24 @@ def _group(settings: Mapping[str, Any], group: str) -> dict[str, Any]:
 def sim_config(settings: Mapping[str, Any]) -> SimConfig:
     """The SimConfig of checked settings, as `kvlab sim` builds it from the same flags: the
     policy's own keys (eviction, ...) are applied over `policy`, then `block_size` and
-    `enable_prefix_caching` as the flags do; unset settings take `kvlab sim`'s defaults."""
+    `enable_prefix_caching` as the flags do; unset settings keep the library's defaults
+    (`kvlab sim`'s)."""
     policy = parse_policy(settings.get("policy", "paged"))
     keys = _group(settings, "policy")
     if keys:
         policy = policy.with_options(**keys)
     serving = {k: v for k, v in _group(settings, "serving").items() if k not in _SERVING_KEYS}
+    if "seed" in settings:
+        serving["seed"] = settings["seed"]
     config = ServingConfig.create(
         policy,
         block_size=settings.get("block_size"),
         enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)),
-        seed=settings.get("seed", 0),
         **serving,
     )
-    return SimConfig(
-        model=settings.get("model", DEFAULT_MODEL),
-        hardware=settings.get("hardware", DEFAULT_HARDWARE),
-        serving=config,
-        tensor_parallel_size=settings.get("tensor_parallel_size", 1),
-        cost_model=settings.get("cost_model"),
-    )
+    machine = {"model": DEFAULT_MODEL, "hardware": DEFAULT_HARDWARE,
+               **_group(settings, "machine")}  # `kvlab sim`'s defaults
+    return SimConfig(serving=config, **machine)
 
 
 def load_settings_trace(settings: Mapping[str, Any]) -> Trace:
@@ -85,14 +83,15 @@ def load_settings_trace(settings: Mapping[str, Any]) -> Trace:
 
 
 def summary_options(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`kvlab.metrics.summarize`'s keyword arguments from checked settings (`kvlab sim`'s
-    report defaults where unset)."""
-    return {
-        "percentile_metrics": parse_percentile_metrics(
-            settings.get("percentile_metrics", "ttft,tpot,itl")),
-        "metric_percentiles": parse_metric_percentiles(settings.get("metric_percentiles", "99")),
-        "goodput_slos": settings.get("goodput"),
-    }
+    """`kvlab.metrics.summarize`'s keyword arguments from checked settings (its defaults,
+    `kvlab sim`'s, where unset)."""
+    options: dict[str, Any] = {}
+    if "percentile_metrics" in settings:
+        options["percentile_metrics"] = parse_percentile_metrics(settings["percentile_metrics"])
+    if "metric_percentiles" in settings:
+        options["metric_percentiles"] = parse_metric_percentiles(settings["metric_percentiles"])
+    options["goodput_slos"] = settings.get("goodput")
+    return options
 
 
 def simulate_settings(settings: Mapping[str, Any]) -> tuple[RunResult, dict[str, Any]]:
