@@ -17,7 +17,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[engine,dashboard,serve,bench,dev]"
+	$(BIN)/pip install --quiet -e ".[engine,dashboard,serve,bench,sweep,dev]"
 	touch $@ $(VENV)/.installed
 
 run: $(VENV)/.installed

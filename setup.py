@@ -17,6 +17,7 @@ FOLDERS = {
     "fidelity": "kvlab.fidelity",
     "server": "kvlab.server",
     "bench": "kvlab.bench",
+    "sweep": "kvlab.sweep",
     "dashboard": "kvlab.dashboard",
 }
 

@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from kvlab.dashboard.workload import Setup, load_setup_trace
+from kvlab.dashboard.workload import Setup, check_upload
 from kvlab.errors import KvlabError
 from kvlab.metrics import per_request_table, per_step_table, summarize
 from kvlab.policies import PolicySpec
 from kvlab.sim import simulate
-from kvlab.traces import Trace
+from kvlab.sweep import (
+    PARAM_PREFIX,
+    TIMING_COLUMNS,
+    SerialExecutor,
+    SweepSpec,
+    SweepStore,
+    run_points,
+)
+from kvlab.traces import Trace, guess_dataset_name
+from kvlab.traces.bundled import bundled_dataset_name
 
 PERCENTILES = (50, 90, 99)
 HEADLINE = (
@@ -28,6 +40,10 @@ HEADLINE = (
     ("mean_kv_usage_perc", "mean KV usage", "{:.1f}%"),
     ("kv_token_state_perc", "KV holding tokens", "{:.1f}%"),
 )
+# The serving config's fields a simulated setup carries into a sweep's settings
+SERVING_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                    "enable_chunked_prefill", "gpu_memory_utilization", "num_gpu_blocks_override",
+                    "swap_space_bytes")
 # Parameters a sweep can vary: name -> (where it lives, how a typed value is read)
 SWEEP_PARAMETERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "block_size": ("policy", int),
@@ -100,29 +116,85 @@ def parse_values(name: str, text: str) -> list[Any]:
 def sweep(setup: Setup, policy: PolicySpec, x: str, x_values: Sequence[Any], y: str | None,
           y_values: Sequence[Any], *, goodput_slos: dict[str, float] | None = None,
           on_point: Callable[[int, int], object] | None = None) -> pd.DataFrame:
-    """Simulate every point of the grid x_values (x y_values) and return one summary row each.
+    """Simulate every point of the grid x_values (x y_values) in this process, through
+    `kvlab sweep`'s library, and return one row each: x, y, the summary's numbers, `error`.
 
-    `on_point(done, total)` is called after each point (progress bars).
+    Points are in grid order, x varying fastest; `on_point(done, total)` is called after each
+    (progress bars). A bad value raises before any run; a run that fails is a row with its
+    error.
     """
-    points = [(vx, vy) for vy in (y_values if y else [None]) for vx in x_values]
-    rows = []
-    for index, (vx, vy) in enumerate(points):
-        point_setup, point_policy = setup, policy
-        for name, value in ((x, vx), (y, vy)):
-            if name is None:
-                continue
-            if SWEEP_PARAMETERS[name][0] == "policy":
-                point_policy = point_policy.with_options(**{name: value})
-            else:
-                point_setup = point_setup.with_value(name, value)
-        trace = load_setup_trace(point_setup)
-        summary = run_view(trace, point_setup, point_policy, goodput_slos).summary
-        row = {x: vx, **({y: vy} if y else {})}
-        row.update({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-        rows.append(row)
-        if on_point is not None:
-            on_point(index + 1, len(points))
-    return pd.DataFrame(rows)
+    grid = {y: list(y_values), x: list(x_values)} if y else {x: list(x_values)}
+    if "block_size" in grid:  # the swept page size replaces the base policy's
+        policy = policy.with_options(block_size=PolicySpec().block_size)
+    with setup_settings(setup, policy, goodput_slos) as base:
+        if "request_rate" in grid:
+            base.pop("time_scale", None)
+        if "time_scale" in grid:
+            base.pop("request_rate", None)
+        points = SweepSpec.create(base, grid).points()
+        rows: list[dict[str, Any]] = [{} for _ in points]
+        for done, (index, row) in enumerate(run_points(points, SerialExecutor()), start=1):
+            rows[index] = row
+            if on_point is not None:
+                on_point(done, len(points))
+    table = []
+    for row in rows:
+        line = {x: row[PARAM_PREFIX + x], **({y: row[PARAM_PREFIX + y]} if y else {})}
+        line.update({k: v for k, v in row.items() if k not in TIMING_COLUMNS and k not in line
+                     and not k.startswith(PARAM_PREFIX) and isinstance(v, (int, float))})
+        line["error"] = row["error"]
+        table.append(line)
+    return pd.DataFrame(table)
+
+
+@contextmanager
+def setup_settings(setup: Setup, policy: PolicySpec,
+                   goodput_slos: dict[str, float] | None = None) -> Iterator[dict[str, Any]]:
+    """The sweep settings of a setup running `policy` (an uploaded trace is a temporary file
+    while the context lasts)."""
+    serving = setup.serving
+    settings: dict[str, Any] = {
+        "num_prompts": setup.num_prompts, "seed": setup.seed, "model": setup.model,
+        "hardware": setup.hardware, "tensor_parallel_size": setup.tensor_parallel_size,
+        "policy": policy.to_string(),
+        **{name: getattr(serving, name) for name in SERVING_SETTINGS},
+    }
+    if setup.request_rate is not None:
+        settings["request_rate"] = setup.request_rate
+    else:
+        settings["time_scale"] = setup.time_scale
+    if goodput_slos:
+        settings["goodput"] = goodput_slos
+    if setup.upload is None:
+        settings.update(dataset_name=bundled_dataset_name(setup.trace), dataset_path=setup.trace)
+        yield settings
+        return
+    check_upload(setup.trace, setup.upload)
+    with tempfile.TemporaryDirectory(prefix="kvlab-upload-") as folder:
+        path = Path(folder) / Path(setup.trace).name
+        path.write_bytes(setup.upload)
+        dataset = guess_dataset_name(path) if setup.dataset_name == "auto" else setup.dataset_name
+        settings.update(dataset_name=dataset, dataset_path=str(path))
+        yield settings
+
+
+def load_sweep_folder(path: str) -> tuple[pd.DataFrame, list[str]]:
+    """A `kvlab sweep` Parquet dataset and the parameters it varies: each `param.NAME` column
+    is renamed NAME (replacing the summary's column of that name), and the axes are the
+    parameters with more than one value, in column order."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise KvlabError(f"{folder}: no such folder; give the --output folder of a kvlab sweep")
+    frame = SweepStore(folder).read()
+    params = [c for c in frame.columns if c.startswith(PARAM_PREFIX)]
+    if frame.empty or not params:
+        raise KvlabError(f"{folder}: no sweep rows (part-*.parquet files of kvlab sweep)")
+    names = {c: c[len(PARAM_PREFIX):] for c in params}
+    frame = frame.drop(columns=[n for n in names.values() if n in frame.columns])
+    frame = frame.rename(columns=names)
+    axes = [name for name in names.values()
+            if frame[name].astype(str).nunique(dropna=False) > 1]
+    return frame, axes
 
 
 def numeric_metrics(table: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:

@@ -1,4 +1,5 @@
-"""Sweep page: a grid over one or two parameters, shown as a heatmap of a chosen metric."""
+"""Sweep page: a grid over one or two parameters run here, or the rows of a `kvlab sweep`
+folder, shown as a heatmap of a chosen metric over categorical axes."""
 
 from __future__ import annotations
 
@@ -6,13 +7,20 @@ import pandas as pd
 import streamlit as st
 
 from kvlab.dashboard import figures
-from kvlab.dashboard.runs import SWEEP_PARAMETERS, numeric_metrics, parse_values, sweep
+from kvlab.dashboard.runs import (
+    SWEEP_PARAMETERS,
+    load_sweep_folder,
+    numeric_metrics,
+    parse_values,
+    sweep,
+)
 from kvlab.dashboard.widgets import chart, current_setup, table, user_errors
 from kvlab.dashboard.workload import Setup
 from kvlab.errors import KvlabError
 from kvlab.policies import parse_policy
 
 RESULT = "sweep_result"
+RUN_HERE, READ_FOLDER = "run a grid here", "read a kvlab sweep folder"
 NONE = "(none)"
 DEFAULT_VALUES = {"block_size": "8,16,32", "request_rate": "2,4,8", "time_scale": "1,2,4",
                   "watermark": "0,0.01,0.05", "max_num_seqs": "64,128,256",
@@ -26,6 +34,11 @@ MAX_POINTS = 64
 def main() -> None:
     """Render the Sweep page."""
     st.title("kvlab · Sweep parameters")
+    source = st.radio("Source", [RUN_HERE, READ_FOLDER], key="sweep_source", horizontal=True,
+                      help="run a small grid here, or chart the rows of `kvlab sweep`")
+    if source == READ_FOLDER:
+        _read_folder()
+        return
     setup = current_setup()
     policy_text = st.text_input("Base policy", "paged", key="sweep_policy",
                                 help="the swept parameters override it")
@@ -40,7 +53,8 @@ def main() -> None:
         if y else ""
     st.caption("request_rate resamples arrivals as Poisson; eviction, preemption, victim and "
                "block_sizing take policy names (`kvlab policies`); the other setup fields come "
-               "from the sidebar.")
+               "from the sidebar. Larger grids, any `kvlab sim` flag, a process pool or Ray: "
+               "`kvlab sweep`, then read its folder here.")
     clicked = st.button("Run", key="sweep_run", type="primary")
     if clicked:
         with user_errors():
@@ -50,9 +64,51 @@ def main() -> None:
         st.info("Press **Run** to simulate every point of the grid.")
         return
     x, y, grid = st.session_state[RESULT]
-    metrics = numeric_metrics(grid, exclude=[x, *([y] if y else [])])
+    _show(grid, x, y, [x, *([y] if y else [])])
+
+
+def _read_folder() -> None:
+    """Chart a `kvlab sweep` folder: X and Y among the parameters it varies, the others fixed
+    at a chosen value each."""
+    path = st.text_input("Sweep folder", "", key="sweep_folder",
+                         help="the --output folder of `kvlab sweep` (a Parquet dataset)")
+    if not path:
+        st.info("Give the folder `kvlab sweep` wrote (e.g. sweep.parquet).")
+        return
+    with user_errors():
+        frame, axes = load_sweep_folder(path)
+    failed = frame[frame["status"] == "error"] if "status" in frame else frame.iloc[:0]
+    st.caption(f"{len(frame)} rows, {len(failed)} failed; parameters varied: "
+               f"{', '.join(axes) or 'none'}")
+    if not axes:
+        table(frame, "sweep_folder_table")
+        return
+    cols = st.columns(2)
+    x = cols[0].selectbox("X parameter", axes, key="sweep_folder_x")
+    others = [a for a in axes if a != x]
+    y_name = cols[1].selectbox("Y parameter", [NONE, *others], key="sweep_folder_y",
+                               index=1 if others else 0)
+    y = None if y_name == NONE else y_name
+    chosen = frame
+    for name in (a for a in others if a != y):
+        values = sorted(frame[name].astype(str).unique())
+        value = st.selectbox(f"{name} (fixed)", values, key=f"sweep_folder_fix_{name}")
+        chosen = chosen[chosen[name].astype(str) == value]
+    _show(chosen, x, y, axes)
+
+
+def _show(grid: pd.DataFrame, x: str, y: str | None, parameters: list[str]) -> None:
+    """The heatmap of a chosen metric over x (and y), categorical axes, and the rows."""
+    metrics = numeric_metrics(grid, exclude=[*parameters, "run_cpu_s", "seed"])
+    if not metrics:
+        st.warning("No run succeeded: nothing to chart (the errors are in the table).")
+        table(grid, "sweep_table")
+        return
     default = metrics.index("request_throughput") if "request_throughput" in metrics else 0
     metric = st.selectbox("Metric", metrics, index=default, key="sweep_metric")
+    errors = grid["error"].dropna() if "error" in grid else pd.Series(dtype=object)
+    if len(errors):
+        st.warning(f"{len(errors)} runs failed; the first: {errors.iloc[0]}")
     chart(figures.heatmap_figure(grid, x, y, metric), "sweep_heatmap")
     table(grid, "sweep_table")
 

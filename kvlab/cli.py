@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("capacity", "KV tokens, pages and concurrency of a model on a device, per "
                  "block size"),
     "presets": ("presets", "list model and hardware presets with their key figures"),
+    "sweep": ("sweep", "simulate a grid of settings (local pool or Ray) into a Parquet dataset"),
+    "tune": ("tune", "the highest request rate each configuration serves within SLOs"),
     "traces": ("traces", "inspect request traces (kvlab traces info PATH)"),
     "dashboard": ("dashboard", "start the Streamlit policy explorer on localhost"),
 }

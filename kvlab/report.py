@@ -220,3 +220,25 @@ def _number(value: float | None) -> str:
     if math.isfinite(value) and value == int(value) and abs(value) < 1e9:
         return str(int(value))
     return f"{value:.2f}"
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str], *, max_rows: int = 40) -> str:
+    """Rows as an aligned text table of `columns` (a sweep's or a tuning's results): floats
+    with 2 decimals, missing values '-'; past `max_rows`, a line says how many are left out."""
+    def cell(value: object) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        return _value(value)
+
+    shown = list(rows[:max_rows])
+    cells = [[cell(row.get(column)) for column in columns] for row in shown]
+    widths = [max(len(column), *(len(line[i]) for line in cells)) if cells else len(column)
+              for i, column in enumerate(columns)]
+    lines = ["  ".join(f"{column:>{width}}" for column, width in zip(columns, widths,
+                                                                      strict=True))]
+    lines.append("  ".join("-" * width for width in widths))
+    lines.extend("  ".join(f"{value:>{width}}" for value, width in zip(line, widths, strict=True))
+                 for line in cells)
+    if len(rows) > max_rows:
+        lines.append(f"... {len(rows) - max_rows} more rows")
+    return "\n".join(lines)

@@ -195,6 +195,13 @@ def _num_good(arrays: _RequestArrays, slos_ms: dict[str, float]) -> int:
     return int(good.sum())
 
 
+def count_good_requests(result: RunResult, slos_ms: dict[str, float]) -> int:
+    """The run's completed requests meeting every SLO (milliseconds keyed ttft/tpot/e2el), as
+    `request_goodput` counts them; over all requests it is vLLM's goodput as a share."""
+    _check_goodput(slos_ms)
+    return _num_good(_request_arrays(result.requests), slos_ms)
+
+
 def step_columns(steps: StepRecorder) -> dict[str, np.ndarray]:
     """The recorder's columns as numpy arrays (copies), in STEP_COLUMNS order."""
     return {name: np.array(steps.columns[name]) for name in STEP_COLUMNS}

@@ -59,6 +59,23 @@ class RampUp:
 RAMP_UP_STRATEGIES = ("linear", "exponential")
 
 
+def ramp_up_from(strategy: str | None, start_rps: float | None,
+                 end_rps: float | None) -> RampUp | None:
+    """The RampUp of a strategy and its two rates, None without a strategy; vLLM's rule: the
+    strategy needs both rates, and the rates need the strategy."""
+    if strategy is None:
+        if start_rps is not None or end_rps is not None:
+            raise KvlabError("ramp_up_start_rps/ramp_up_end_rps need ramp_up_strategy",
+                             parameters=("ramp_up_start_rps", "ramp_up_end_rps",
+                                         "ramp_up_strategy"))
+        return None
+    if start_rps is None or end_rps is None:
+        raise KvlabError(f"ramp_up_strategy {strategy} needs ramp_up_start_rps and "
+                         "ramp_up_end_rps",
+                         parameters=("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps"))
+    return RampUp(strategy, start_rps, end_rps)
+
+
 def ramp_arrivals(num_requests: int, ramp_up: RampUp, *, burstiness: float = 1.0,
                   seed: int = 0) -> np.ndarray:
     """Seeded arrival times under a ramp-up, first at 0: the gap before request i is

@@ -90,8 +90,35 @@ def add_workload_arguments(
         data.add_argument(flag, type=kind, default=None, help=text)
 
 
-def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str) -> None:
-    """vLLM's report and result-file flags."""
+def add_machine_arguments(machine: argparse._ArgumentGroup) -> None:
+    """The simulated machine's flags (`kvlab sim`, `sweep`, `tune`): model, hardware,
+    tensor parallelism and the cost model."""
+    from kvlab.specs.presets import DEFAULT_HARDWARE, DEFAULT_MODEL
+
+    machine.add_argument(
+        "--model", default=DEFAULT_MODEL,
+        help="model preset, spec file or Hugging Face model folder (see `kvlab presets`; "
+        f"default {DEFAULT_MODEL})"
+    )
+    machine.add_argument(
+        "--hardware", default=DEFAULT_HARDWARE,
+        help=f"hardware preset or spec file (see `kvlab presets`; default {DEFAULT_HARDWARE})"
+    )
+    machine.add_argument("--tensor-parallel-size", type=int, default=1,
+                         help="devices the model's layers are split over; each holds 1/N of "
+                         "the weights and KV heads (default 1)")
+    machine.add_argument(
+        "--cost-model",
+        default=None,
+        metavar="FILE",
+        help="calibrated cost model from `kvlab calibrate` (default: the roofline of "
+        "--model and --hardware)",
+    )
+
+
+def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str = "",
+                         files: bool = True) -> None:
+    """vLLM's report and result-file flags (`files` False: the report's flags only)."""
     out.add_argument(
         "--percentile-metrics",
         default="ttft,tpot,itl",
@@ -106,6 +133,9 @@ def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str) -> Non
         metavar="KEY:MS",
         help="SLOs for request goodput, e.g. ttft:500 tpot:50",
     )
+    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    if not files:
+        return
     out.add_argument("--save-result", action="store_true", help=save_help)
     out.add_argument("--result-dir", default=".",
                      help="folder for the saved result and tables (default: here)")
@@ -116,7 +146,6 @@ def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str) -> Non
     )
     out.add_argument("--table-format", default="csv", choices=("csv", "parquet"),
                      help="format of the per-request and per-step tables (default csv)")
-    out.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
 def add_device_arguments(machine: argparse._ArgumentGroup) -> None:
@@ -170,20 +199,10 @@ def load_trace_from_args(args: argparse.Namespace) -> Any:
 
 
 def _ramp_up(args: argparse.Namespace) -> Any:
-    """The RampUp of --ramp-up-*, None without --ramp-up-strategy; vLLM's rule: the strategy
-    needs both rates, and the rates need the strategy."""
-    from kvlab.errors import KvlabError
-    from kvlab.traces import RampUp
+    """The RampUp of --ramp-up-*, None without --ramp-up-strategy."""
+    from kvlab.traces.arrivals import ramp_up_from
 
-    start, end = args.ramp_up_start_rps, args.ramp_up_end_rps
-    if args.ramp_up_strategy is None:
-        if start is not None or end is not None:
-            raise KvlabError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy")
-        return None
-    if start is None or end is None:
-        raise KvlabError(f"--ramp-up-strategy {args.ramp_up_strategy} needs "
-                         "--ramp-up-start-rps and --ramp-up-end-rps")
-    return RampUp(args.ramp_up_strategy, start, end)
+    return ramp_up_from(args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps)
 
 
 def add_serving_arguments(

@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
+    add_machine_arguments,
     add_report_arguments,
     add_serving_arguments,
     add_workload_arguments,
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab sim` (no heavy imports here)."""
-    from kvlab.specs.presets import DEFAULT_HARDWARE, DEFAULT_MODEL
-
     add_workload_arguments(
         parser.add_argument_group("workload"),
         num_prompts=None,
@@ -38,25 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     machine = parser.add_argument_group("model, hardware and memory")
-    machine.add_argument(
-        "--model", default=DEFAULT_MODEL,
-        help="model preset, spec file or Hugging Face model folder (see `kvlab presets`; "
-        f"default {DEFAULT_MODEL})"
-    )
-    machine.add_argument(
-        "--hardware", default=DEFAULT_HARDWARE,
-        help=f"hardware preset or spec file (see `kvlab presets`; default {DEFAULT_HARDWARE})"
-    )
-    machine.add_argument("--tensor-parallel-size", type=int, default=1,
-                         help="devices the model's layers are split over; each holds 1/N of "
-                         "the weights and KV heads (default 1)")
-    machine.add_argument(
-        "--cost-model",
-        default=None,
-        metavar="FILE",
-        help="calibrated cost model from `kvlab calibrate` (default: the roofline of "
-        "--model and --hardware)",
-    )
+    add_machine_arguments(machine)
     add_serving_arguments(
         parser.add_argument_group("policy and scheduler"), machine, compare=True
     )

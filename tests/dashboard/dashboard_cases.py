@@ -37,3 +37,12 @@ def step_table(**columns) -> pd.DataFrame:
     base["duration_s"] = [1.0, 1.0, 1.0]
     base.update(columns)
     return pd.DataFrame(base)
+
+
+def small_sweep_folder(path, **grid):
+    """A kvlab sweep folder of 20-request runs over `grid`."""
+    from kvlab.sweep import SerialExecutor, SweepSpec, SweepStore, run_sweep
+
+    spec = SweepSpec.create({"num_prompts": 20, "time_scale": 8.0}, grid)
+    run_sweep(spec.points(), SweepStore(path), SerialExecutor())
+    return path

@@ -109,6 +109,22 @@ def test_sweep_draws_a_heatmap_of_the_chosen_metric(app):
     assert series(app) == [["mean_ttft_ms"]]
 
 
+def test_sweep_charts_a_kvlab_sweep_folder_with_the_other_parameters_fixed(app, tmp_path):
+    from dashboard_cases import small_sweep_folder
+
+    folder = small_sweep_folder(tmp_path / "rows", policy=["paged", "buddy"],
+                                max_num_seqs=[4, 64], eviction=["none", "lru"])
+    app.switch_page("sweep.py").run()
+    app.radio(key="sweep_source").set_value("read a kvlab sweep folder").run()
+    checked(app.text_input(key="sweep_folder").set_value(str(folder)).run())
+    assert app.selectbox(key="sweep_folder_x").value == "policy"
+    assert app.selectbox(key="sweep_folder_y").value == "max_num_seqs"
+    assert app.selectbox(key="sweep_folder_fix_eviction").options == ["lru", "none"]
+    assert series(app) == [["request_throughput"]]
+    checked(app.selectbox(key="sweep_folder_fix_eviction").set_value("lru").run())
+    assert "8 rows, 0 failed" in app.caption[0].value
+
+
 def test_validate_overlays_simulator_and_engine(app, tmp_path):
     result = tmp_path / "validate.json"
     result.write_text(json.dumps({"metrics": {

@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 import pytest
-from dashboard_cases import SMALL, small_setup
+from dashboard_cases import SMALL, small_setup, small_sweep_folder
 
 from kvlab.dashboard.compare import parse_policies
 from kvlab.dashboard.runs import (
@@ -128,3 +128,23 @@ def test_a_sweep_over_policy_choices_runs_each_policy():
         ["recompute", "none"], ["swap", "none"], ["recompute", "lru"], ["swap", "lru"]]
     with pytest.raises(KvlabError, match="eviction='sometimes'; valid:"):
         sweep(setup, PolicySpec(), "eviction", ["sometimes"], None, [])
+
+
+def test_a_sweep_folder_loads_with_the_parameters_it_varies_as_axes(tmp_path):
+    from kvlab.dashboard.runs import load_sweep_folder
+
+    folder = small_sweep_folder(tmp_path / "rows", policy=["paged", "buddy"],
+                                max_num_seqs=[4, 64], seed=[0])
+    frame, axes = load_sweep_folder(str(folder))
+    assert axes == ["policy", "max_num_seqs"]  # seed and the base settings do not vary
+    assert sorted(frame["policy"]) == ["buddy", "buddy", "paged", "paged"]
+    assert len(frame) == 4 and "param.policy" not in frame
+
+
+def test_a_folder_that_is_not_a_sweep_is_named(tmp_path):
+    from kvlab.dashboard.runs import load_sweep_folder
+
+    with pytest.raises(KvlabError, match="no such folder"):
+        load_sweep_folder(str(tmp_path / "missing"))
+    with pytest.raises(KvlabError, match="no sweep rows"):
+        load_sweep_folder(str(tmp_path))

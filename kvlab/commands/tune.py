@@ -1,0 +1,89 @@
+"""`kvlab tune`: for each candidate configuration (the points of a grid, as `kvlab sweep`'s),
+the highest request rate at which enough requests meet every SLO, by bisection on the rate
+with the simulator; prints the candidates ranked and saves the table and every probe."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvlab.commands.common import show_progress
+from kvlab.commands.sweep import add_spec_arguments, executor_from_args, output_folder, sweep_spec
+
+SHOWN = ("max_request_rate", "capped", "slo_attainment", "request_goodput",
+         "output_throughput", "p99_ttft_ms", "p99_tpot_ms", "num_probes", "status")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `kvlab tune`."""
+    from kvlab.sweep import DEFAULT_MIN_ATTAINMENT, SearchOptions
+
+    slo = parser.add_argument_group("service-level objectives and the rate search")
+    slo.add_argument("--slo", action="append", default=None, metavar="KEY:MS", required=True,
+                     help="a latency SLO a good request meets, KEY one of ttft, tpot, e2el, in "
+                     "ms (vLLM's goodput); repeat for more, e.g. --slo ttft:2000 --slo tpot:100")
+    slo.add_argument("--min-attainment", type=float, default=100 * DEFAULT_MIN_ATTAINMENT,
+                     metavar="PERCENT",
+                     help="a rate is met when at least this share of all requests is good "
+                     f"(default {100 * DEFAULT_MIN_ATTAINMENT:g})")
+    defaults = SearchOptions()
+    slo.add_argument("--start-rate", type=float, default=defaults.start_rate,
+                     help=f"first request rate tried, requests/s (default {defaults.start_rate:g})")
+    slo.add_argument("--min-rate", type=float, default=defaults.min_rate,
+                     help=f"lowest rate tried before giving up (default {defaults.min_rate:g})")
+    slo.add_argument("--max-rate", type=float, default=defaults.max_rate,
+                     help=f"highest rate tried (default {defaults.max_rate:g})")
+    slo.add_argument("--rate-tolerance", type=float, default=defaults.rate_tolerance,
+                     help="stop when the lowest failed rate is within this share of the "
+                     f"highest met one (default {defaults.rate_tolerance:g})")
+    add_spec_arguments(parser, what="candidate")
+    parser.add_argument("-o", "--output", default=None, metavar="DIR",
+                        help="folder of the ranked table (tune.parquet, tune.csv, tune.json) "
+                        "and every probe (probes/, a Parquet dataset a re-run reuses; "
+                        "default: the sweep file's name with .tune, or tune)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune, print the ranked table and save it."""
+    from kvlab.errors import KvlabError
+    from kvlab.metrics import parse_goodput
+    from kvlab.report import format_table
+    from kvlab.sweep import SearchOptions, SweepStore, save_table, tune
+
+    slos: dict[str, float] = {}
+    for item in args.slo:
+        try:
+            slos.update(parse_goodput([item]))
+        except KvlabError:
+            raise KvlabError(f"--slo {item!r}: expected KEY:MILLISECONDS with KEY one of "
+                             "ttft, tpot, e2el, e.g. --slo ttft:2000") from None
+    options = SearchOptions(args.start_rate, args.rate_tolerance, args.min_rate, args.max_rate)
+    options.search()  # bad bounds fail before any run
+    spec = sweep_spec(args)
+    if "goodput" in spec.base:
+        raise KvlabError("--goodput: tune's SLOs are --slo (they set the goodput)")
+    candidates = spec.points()
+    folder = output_folder(args, ".tune", default="tune")
+    store = SweepStore(folder / "probes")
+    executor = executor_from_args(args)
+    try:
+        table = tune(candidates, slos, executor, store=store,
+                     min_attainment=args.min_attainment / 100, options=options,
+                     force=args.force, progress=show_progress(args))
+    finally:
+        executor.close()
+    slo_text = ", ".join(f"{name} <= {ms:g} ms" for name, ms in slos.items())
+    print(f"Highest request rate with >= {args.min_attainment:g}% of requests meeting "
+          f"{slo_text}:")
+    params = [column for column in table.columns if column.startswith("param.")]
+    rows: list[dict[str, Any]] = [
+        {**row, **{column[len("param."):]: row[column] for column in params}}
+        for row in table.astype(object).where(table.notna(), None).to_dict("records")]
+    columns = ["rank", *(column[len("param."):] for column in params), *SHOWN]
+    print(format_table(rows, columns))
+    errors = [row for row in rows if row.get("error")]
+    for row in errors[:3]:
+        print(f"rank {row['rank']}: error: {row['error']}")
+    paths = save_table(table, folder)
+    print("Saved " + ", ".join(str(path) for path in paths) + f"; probes in {store.path}")
+    return 0

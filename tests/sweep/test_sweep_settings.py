@@ -1,0 +1,91 @@
+"""Sweep settings: every `kvlab sim` flag is one, each value is read and checked the library's
+way, and a run's key does not depend on the order its settings were given in."""
+
+import argparse
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlab.commands import sim
+from kvlab.errors import KvlabError
+from kvlab.sweep import SETTINGS, check_settings, run_key, setting_value
+
+# `kvlab sim` flags that are about its own output, not about the run
+NOT_RUN_SETTINGS = {"compare", "save_result", "result_dir", "result_filename", "table_format",
+                    "disable_tqdm", "help"}
+
+
+def test_every_sim_flag_is_a_sweep_setting():
+    parser = argparse.ArgumentParser()
+    sim.add_arguments(parser)
+    dests = {action.dest for action in parser._actions} - NOT_RUN_SETTINGS
+    assert dests - set(SETTINGS) == set()
+
+
+def test_the_other_settings_are_the_policy_keys_and_the_swap_space():
+    parser = argparse.ArgumentParser()
+    sim.add_arguments(parser)
+    extra = set(SETTINGS) - {action.dest for action in parser._actions}
+    assert extra == {"reserve", "block_sizing", "eviction", "preemption", "victim",
+                     "watermark", "host_pages", "swap_space_bytes"}
+
+
+@pytest.mark.parametrize(("name", "text", "value"), [
+    ("max_num_seqs", "64", 64),
+    ("request_rate", "inf", float("inf")),
+    ("request_rate", "none", None),
+    ("time_scale", 2, 2.0),
+    ("enable_prefix_caching", "yes", True),
+    ("max_model_len", "null", None),
+    ("swap_space_bytes", "512MiB", 512 * 2**20),
+    ("swap_space_bytes", 4, 4 * 2**30),
+    ("goodput", {"ttft": 500}, {"ttft": 500.0}),
+    ("goodput", "ttft:500 tpot:50", {"ttft": 500.0, "tpot": 50.0}),
+    ("metric_percentiles", [50, 99], "50,99"),
+])
+def test_values_are_read_as_their_setting(name, text, value):
+    assert setting_value(name, text) == value
+
+
+@pytest.mark.parametrize(("name", "value", "problem"), [
+    ("max_num_seqs", "many", "max_num_seqs 'many': expected a whole number"),
+    ("max_num_seqs", 0, "max_num_seqs is 0; expected a whole number >= 1"),
+    ("max_num_seqs", 2.5, "expected a whole number"),
+    ("eviction", "sometimes", "eviction='sometimes'; valid:"),
+    ("policy", "pagd", "unknown kind 'pagd'"),
+    ("model", "llama-9", "llama-9"),
+    ("dataset_name", "azur", "dataset_name 'azur': expected one of"),
+    ("request_rate", -1, "request_rate -1.0: expected requests per second > 0"),
+    ("gpu_memory_utilization", 1.5, "expected a fraction in (0, 1]"),
+    ("enable_chunked_prefill", "maybe", "expected true or false"),
+    ("colour", "red", "unknown setting 'colour'"),
+])
+def test_a_bad_value_names_the_setting_and_the_problem(name, value, problem):
+    with pytest.raises(KvlabError, match=re.escape(problem)):
+        setting_value(name, value)
+
+
+settings_strategy = st.dictionaries(
+    st.sampled_from(["max_num_seqs", "max_num_batched_tokens", "num_prompts", "seed"]),
+    st.integers(1, 10_000), min_size=1)
+
+
+@given(settings_strategy, st.randoms())
+def test_the_run_key_does_not_depend_on_the_settings_order(settings, rng):
+    names = list(settings)
+    rng.shuffle(names)
+    shuffled = {name: settings[name] for name in names}
+    assert run_key(check_settings(shuffled)) == run_key(check_settings(settings))
+
+
+@given(settings_strategy, settings_strategy)
+def test_different_settings_have_different_keys(one, other):
+    if check_settings(one) != check_settings(other):
+        assert run_key(check_settings(one)) != run_key(check_settings(other))
+
+
+def test_the_same_value_written_two_ways_is_one_run():
+    assert run_key(check_settings({"time_scale": 2})) == run_key(check_settings(
+        {"time_scale": "2.0"}))
