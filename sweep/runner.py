@@ -41,7 +41,8 @@ ATTAINMENT_COLUMN = "slo_attainment"  # the share of all requests meeting every 
 JSON_KEYS = ("failed_reasons",)
 _SERVING_KEYS = ("policy", "block_size", "enable_prefix_caching")
 _RAMP_UP_KEYS = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
-_TRACE_ARGUMENTS = ("num_prompts", "request_rate", "burstiness", "time_scale", "seed")
+_TRACE_ARGUMENTS = ("num_prompts", "request_rate", "burstiness", "time_scale", "length_scale",
+                    "seed")
 
 
 def _group(settings: Mapping[str, Any], group: str) -> dict[str, Any]:

@@ -175,6 +175,7 @@ def _settings() -> dict[str, Setting]:
                 lambda v: check_arrival_options(v, 1.0, 1.0)),
         Setting("burstiness", "trace", _float, lambda v: check_arrival_options(None, v, 1.0)),
         Setting("time_scale", "trace", _float, lambda v: check_arrival_options(None, 1.0, v)),
+        Setting("length_scale", "trace", _int, _whole("length_scale", 1)),
         Setting("ramp_up_strategy", "trace", _optional(_str),
                 _choice("ramp_up_strategy", RAMP_UP_STRATEGIES)),
         Setting("ramp_up_start_rps", "trace", optional_float, _positive("ramp_up_start_rps")),

@@ -27,6 +27,10 @@ CASES = [
       "random_output_len": 40, "policy": "contiguous", "reserve": "pow2", "max_model_len": 1024,
       "enable_chunked_prefill": False, "ramp_up_strategy": "linear", "ramp_up_start_rps": 1,
       "ramp_up_end_rps": 30, "seed": 7}),
+    (["--dataset-name", "mooncake", "--num-prompts", "30", "--length-scale", "16",
+      "--model", "tiny-llama", "--enable-prefix-caching"],
+     {"dataset_name": "mooncake", "num_prompts": 30, "length_scale": 16, "model": "tiny-llama",
+      "enable_prefix_caching": True}),
 ]
 
 
