@@ -79,7 +79,10 @@ def build_app(service: EngineService, *, model_name: str, api_key: str | None = 
 
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable) -> Response:
-        if api_key is not None and request.url.path.startswith("/v1"):
+        # /reset_prefix_cache changes state: it wants the key too (vLLM serves it only in
+        # its dev mode)
+        if api_key is not None and (request.url.path.startswith("/v1")
+                                    or request.url.path == "/reset_prefix_cache"):
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return JSONResponse(

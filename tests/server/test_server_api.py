@@ -168,6 +168,10 @@ def test_v1_routes_want_the_api_key_and_the_others_do_not(live):
         assert response.json()["error"]["type"] == "AuthenticationError"
     assert httpx.get(live.base_url + "/v1/models").status_code == 401
     assert httpx.get(live.base_url + "/metrics").status_code == 200
+    # the one state-changing route outside /v1 wants the key too
+    assert httpx.post(live.base_url + "/reset_prefix_cache").status_code == 401
+    reset = httpx.post(live.base_url + "/reset_prefix_cache", headers=HEADERS)
+    assert reset.status_code == 200 and reset.json() == {"success": True}
 
 
 def _metric(live, name: str) -> float:
