@@ -137,9 +137,16 @@ def default_calibration_run(device: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Calibrate (unless given a model), run engine and simulator, print and save the table."""
+    """Calibrate (unless given a model), run engine and simulator, print and save the table
+    (against a server: `_run_server`; a saved run's KV lockstep: --from-bench)."""
+    if args.from_bench is not None:
+        from kvlab.commands.validate_kv import run_saved_lockstep
 
-    import torch
+        return run_saved_lockstep(args)
+    if args.base_url is not None:
+        return _run_server(args)
+
+    import torch  # the engine's side only
 
     from kvlab.commands.common import show_progress
     from kvlab.commands.run import engine_config
@@ -148,12 +155,6 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.report import format_validation
     from kvlab.sim.calibrated import load_cost_model
 
-    if args.from_bench is not None:
-        from kvlab.commands.validate_kv import run_saved_lockstep
-
-        return run_saved_lockstep(args)
-    if args.base_url is not None:
-        return _run_server(args)
     if args.num_threads < 1:
         raise KvlabError(f"--num-threads {args.num_threads}: expected 1 or more")
     if args.replay != "fast":
