@@ -63,6 +63,17 @@ class StepRecorder:
         for column, value in zip(self._ints, ints, strict=True):
             column.append(value)
 
+    def extend_columns(self, starts_s: Sequence[float], durations_s: Sequence[float],
+                       ints: Sequence[Sequence[int]]) -> None:
+        """Append rows given by column: their start times, durations (the wall times too, as
+        the simulator records them) and each of `INT_COLUMNS` as a sequence, in that order."""
+        columns = self.columns
+        columns["start_s"].extend(starts_s)
+        columns["duration_s"].extend(durations_s)
+        columns["wall_time_s"].extend(durations_s)
+        for column, values in zip(self._ints, ints, strict=True):
+            column.extend(values)
+
     def extend(self, other: StepRecorder) -> None:
         """Append every row of another recorder."""
         for name, column in other.columns.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -326,6 +327,57 @@ class KVCacheManager:
             num_claimed += 1
         self._num_live_slots += num_claimed + adjust
         return num_claimed
+
+    def num_decode_steps_ahead(self, requests: list[Request], max_steps: int) -> int:
+        """How many steps (at most `max_steps`) of one decode token for each of `requests`
+        take `allocate_decodes`' fast path only: each request a plain decode whose slot is
+        unclaimed, with no page to register, copy or share ahead, and every page it fills next
+        taken from the free list (no eviction). 0 when any request is not such a decode."""
+        free = self._free_list
+        if free is None or max_steps <= 0:
+            return 0
+        page_size, seqs = self.page_size, self._seqs
+        crossings: list[int] = []  # for every page to take: the step that takes it
+        for request in reversed(requests):  # the newest first: the likeliest not to decode
+            done = request.num_computed_tokens
+            state = seqs.get(request.request_id)
+            if (request.prompt_len + request.num_output_tokens - done != 1 or not done
+                    or state is None or state.hash_outputs or state.num_tokens != done):
+                return 0
+            held = len(state.pages) * page_size
+            if state.fast_limit != held:  # a page to register or a shared tail ahead
+                return 0
+            crossings += range(held - done, max_steps, page_size)
+        if len(crossings) <= len(free):
+            return max_steps
+        crossings.sort()
+        return crossings[len(free)]  # the first step whose page the free list lacks
+
+    def advance_decodes(self, requests: list[Request], num_steps: int) -> list[int]:
+        """Claim `num_steps` decode tokens for each request, exactly as `num_steps` calls of
+        `allocate_decodes(requests, 0, len(requests))` would, one step after another (the same
+        pages in the same order); `num_decode_steps_ahead` must allow them. Returns the pages
+        taken by the end of each step, cumulated. The caller commits the tokens."""
+        page_size, free, seqs = self.page_size, self._free_list, self._seqs
+        assert free is not None
+        states = [seqs[request.request_id] for request in requests]
+        crossings = sorted(
+            (step, index)
+            for index, (request, state) in enumerate(zip(requests, states, strict=True))
+            for step in range(len(state.pages) * page_size - request.num_computed_tokens,
+                              num_steps, page_size)
+        )
+        taken = [0] * num_steps
+        for step, index in crossings:  # step by step, in batch order, as one by one
+            state = states[index]
+            state.pages.append(free.popleft())
+            state.num_blocks += 1
+            taken[step] += 1
+        for request, state in zip(requests, states, strict=True):
+            state.num_tokens = request.num_computed_tokens + num_steps
+            state.fast_limit = len(state.pages) * page_size
+        self._num_live_slots += len(requests) * num_steps
+        return list(itertools.accumulate(taken))
 
     def free(self, seq: Request) -> None:
         """Release everything the sequence holds, on device and host."""

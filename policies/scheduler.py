@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections import deque
 from collections.abc import Sequence
@@ -146,6 +147,54 @@ class Scheduler:
                 self.manager.free(request)
             self.running = [r for r in self.running if r.status is running_status]
         return finished
+
+    def decode_run_limit(self, max_steps: int) -> int:
+        """How many steps (at most `max_steps`) the running batch would take as nothing but its
+        own decodes, one token each: no request waiting or swapped out, the batch within the
+        token budget, none finishing before the last of these steps (some may finish in it),
+        memory from the free list
+        (`KVCacheManager.num_decode_steps_ahead`); arrivals are the caller's to check. Such a
+        run is committed at once by `advance_decode_run` (the simulator's fast path). 0 where
+        fewer than two such steps could run: one step gains nothing over stepping."""
+        running = self.running
+        if (self.waiting or self.swapped or not running
+                or len(running) > self.config.max_num_batched_tokens):
+            return 0
+        left = min(r.max_output_tokens - r.num_output_tokens for r in running)
+        limit = self.manager.num_decode_steps_ahead(running, min(max_steps, left)) \
+            if left >= 2 else 0
+        return limit if limit >= 2 else 0
+
+    def advance_decode_run(self, ends_s: Sequence[float]) -> DecodeRun:
+        """Schedule and commit `len(ends_s)` steps of one decode token per running request,
+        step j ending at `ends_s[j]`: the same pages, token counts, stamps and inter-token gaps
+        as `schedule` and `update` step by step, and the requests that reach their output
+        length in the last step finished and freed (`decode_run_limit` must allow them)."""
+        running, num_steps = self.running, len(ends_s)
+        dones = [request.num_computed_tokens for request in running]
+        pages_taken = self.manager.advance_decodes(running, num_steps)
+        num_seqs = len(running)
+        gaps = array("d", [ends_s[0] - request.last_token_s for request in running])
+        for previous, end in itertools.pairwise(ends_s):
+            gaps.extend(array("d", [end - previous]) * num_seqs)
+        self.itls_s.extend(gaps)
+        last = ends_s[-1]
+        finished = []
+        for request in running:
+            request.num_computed_tokens += num_steps
+            request.num_output_tokens += num_steps
+            request.last_token_s = last
+            if request.num_output_tokens >= request.max_output_tokens:
+                request.status = RequestStatus.FINISHED_LENGTH
+                request.finish_s = last
+                finished.append(request)
+        if finished:  # as `update`: freed in batch order, then gone from the running list
+            for request in finished:
+                self.manager.free(request)
+            self.running = [r for r in running if r.status is RequestStatus.RUNNING]
+        run = DecodeRun(self.step_id, num_seqs, sum(dones), max(dones), pages_taken, finished)
+        self.step_id += num_steps
+        return run
 
     def abort(self, request: Request, now_s: float = 0.0) -> None:
         """Stop a request wherever it is and free its memory."""
@@ -296,6 +345,28 @@ class Scheduler:
                 f"{self.manager.num_total_pages} ({self.manager.explain_pages_needed(request)})"
             )
         return None
+
+
+@dataclass(slots=True, frozen=True)
+class DecodeRun:
+    """Steps of one decode token per running request, committed at once: the first step's id,
+    the batch size, the sum and the largest of the requests' computed tokens before the first
+    step, the pages taken by the end of each step (cumulated) and the requests that finished in
+    the last step."""
+
+    first_step_id: int
+    num_seqs: int
+    sum_computed: int
+    max_computed: int
+    pages_taken: list[int]
+    finished: list[Request]
+
+    def shape(self, step: int) -> tuple[int, int]:
+        """(context tokens, padded context tokens) of step `step` of the run (from 0), as
+        `schedule` counts them for a batch of decodes."""
+        num_seqs = self.num_seqs
+        context = self.sum_computed + num_seqs * (step + 1)
+        return context, num_seqs * (self.max_computed + step + 1)
 
 
 class _Step:

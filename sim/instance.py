@@ -7,6 +7,14 @@ nothing running, waiting or swapped the instance sleeps until the arrival proces
 the next arrival. Lockstep validation replays an engine's step durations through this loop,
 so the order of calls here is part of the contract: one `cost_model.step_time_s(output)` per
 step, in order.
+
+The fast path: where the running batch would take several steps of nothing but its own decodes
+(no arrival before their start, nothing waiting or swapped, nobody finishing before the last
+of them, pages from the free list: `Scheduler.decode_run_limit`), those steps are timed one by
+one and committed at once (`StepLoop.commit_decode_run`), with exactly the records, stamps
+and pages that stepping would give (tests/sim/test_decode_runs.py compares the two on whole
+traces). Most steps of a
+simulation are such steps; committing them together removes the Python work per token.
 """
 
 from __future__ import annotations
@@ -17,8 +25,10 @@ from typing import Any
 import simpy
 
 from kvlab.policies import Scheduler, SchedulerOutput, StepLoop
-from kvlab.sim.cost_model import CostModel
+from kvlab.sim.cost_model import CostModel, StepShape
 from kvlab.sim.link import HostLink
+
+MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
 
 
 class SimInstance:
@@ -32,12 +42,14 @@ class SimInstance:
         link: HostLink,
         *,
         on_finished: Callable[[int], None] | None = None,
+        decode_runs: bool = True,
     ) -> None:
         self.env = env
         self.loop = loop
         self.cost_model = cost_model
         self.link = link
         self.on_finished = on_finished  # called with the number of requests a step ended
+        self.decode_runs = decode_runs  # take the fast path (False: every step one by one)
         self._wake: simpy.Event | None = None
 
     @property
@@ -62,8 +74,50 @@ class SimInstance:
                 self._wake = env.event()
                 yield self._wake
                 continue
+            durations = self._plan_decode_run(now) if self.decode_runs else None
+            if durations:
+                yield from self._run_decodes(now, durations)
+                continue
             output = loop.schedule(now)
             yield from self._execute(output, now)
+
+    def _plan_decode_run(self, now_s: float) -> list[float] | None:
+        """The durations of the decode-only steps the batch takes from `now_s` until an
+        arrival would join it (None where fewer than two could run: stepping costs the same)."""
+        scheduler = self.loop.scheduler
+        limit = scheduler.decode_run_limit(MAX_DECODE_RUN)
+        if limit < 2:
+            return None
+        next_arrival = self.loop.next_arrival_s()
+        horizon = float("inf") if next_arrival is None else next_arrival
+        running = scheduler.running
+        num_seqs = len(running)
+        computed = [request.num_computed_tokens for request in running]
+        sum_computed, max_computed = sum(computed), max(computed)
+        step_time_s = self.cost_model.step_time_s
+        durations, time_s = [], now_s
+        for step in range(limit):
+            if step and time_s >= horizon:  # a step starting here admits the arrival first
+                break
+            shape = StepShape(0, num_seqs, sum_computed + num_seqs * (step + 1), num_seqs, 0,
+                              num_seqs * (max_computed + step + 1))
+            duration = step_time_s(shape)
+            durations.append(duration)
+            time_s = time_s + duration
+        return durations  # the cost model timed these steps: they run here, not again
+
+    def _run_decodes(self, now_s: float, durations: list[float]
+                     ) -> Generator[simpy.Event, Any, None]:
+        """Carry out a planned decode run: its steps' time, one timeout each (the same clock
+        as stepping), then its commit."""
+        env, starts, ends = self.env, [], []
+        for duration in durations:
+            starts.append(env.now)
+            yield env.timeout(duration)
+            ends.append(env.now)
+        finished = self.loop.commit_decode_run(starts, ends)
+        if self.on_finished is not None and finished:
+            self.on_finished(len(finished))
 
     def _execute(
         self, output: SchedulerOutput, start_s: float

@@ -28,6 +28,7 @@ def simulate(
     cost_model: CostModel | None = None,
     preemption_costs: PreemptionCosts | None = None,
     progress: bool = False,
+    decode_runs: bool = True,
 ) -> RunResult:
     """Run every request of `trace` to completion (or failure) and collect the run's records.
 
@@ -36,8 +37,11 @@ def simulate(
     `preemption_costs` answers the manager's swap-versus-recompute question under
     preemption=auto (default: `cost_model`; a replay of measured step durations passes the
     engine's measured costs here). `progress` shows a tqdm bar of finished requests on stderr.
+    `decode_runs` False steps every step one by one instead of committing runs of plain decode
+    steps at once (the same result; for tests and profiling).
     """
-    simulation = Simulation(trace, config, cost_model=cost_model, preemption_costs=preemption_costs)
+    simulation = Simulation(trace, config, cost_model=cost_model,
+                            preemption_costs=preemption_costs, decode_runs=decode_runs)
     return simulation.run(progress=progress)
 
 
@@ -55,6 +59,7 @@ class Simulation:
         *,
         cost_model: CostModel | None = None,
         preemption_costs: PreemptionCosts | None = None,
+        decode_runs: bool = True,
     ) -> None:
         self.trace = trace
         self.config = config
@@ -88,7 +93,8 @@ class Simulation:
         self.env = simpy.Environment()
         self.link = HostLink(self.env, cost_model)
         self.loop = StepLoop(self.scheduler, self.requests)
-        self.instance = SimInstance(self.env, self.loop, cost_model, self.link)
+        self.instance = SimInstance(self.env, self.loop, cost_model, self.link,
+                                    decode_runs=decode_runs)
 
     def run(self, *, progress: bool = False) -> RunResult:
         """Simulate until every request has finished; check conservation; return the records."""

@@ -1,0 +1,90 @@
+"""The simulator's fast path (runs of plain decode steps committed at once) gives exactly the
+result of stepping every step: the same step rows, request stamps, inter-token gaps and pages,
+on whole traces and on random small ones (policies, memory, prefix caching, preemption)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.policies import StepLoop
+from kvlab.policies.serving import ServingConfig
+from kvlab.sim import SimConfig, simulate
+from kvlab.sim.simulator import Simulation
+from kvlab.traces import load_trace
+
+
+def _outcome(request):
+    return (request.request_id, request.status, request.first_token_s, request.finish_s,
+            request.num_output_tokens, request.num_preemptions, request.num_swaps_out,
+            request.num_cached_tokens, request.error)
+
+
+def assert_same_run(trace, config):
+    stepped = simulate(trace, config, decode_runs=False)
+    fast = simulate(trace, config)
+    for name, column in stepped.steps.columns.items():
+        np.testing.assert_array_equal(np.asarray(fast.steps.columns[name]), np.asarray(column),
+                                      err_msg=name)
+    np.testing.assert_array_equal(fast.itls_s, stepped.itls_s)
+    assert [_outcome(r) for r in fast.requests] == [_outcome(r) for r in stepped.requests]
+    assert fast.duration_s == stepped.duration_s
+    return fast
+
+
+def _config(policy="paged", **serving):
+    return SimConfig(model="llama-2-7b", hardware="a100-80g",
+                     serving=ServingConfig.create(policy, **serving))
+
+
+def test_bundled_azure_excerpt_at_its_rate():
+    assert_same_run(load_trace("azure", num_prompts=400), _config())
+
+
+def test_mooncake_with_prefix_caching_and_evictions():
+    fast = assert_same_run(load_trace("mooncake", num_prompts=120, length_scale=8),
+                           _config("paged:eviction=lru", num_gpu_blocks_override=400,
+                                   enable_prefix_caching=True))
+    assert fast.steps.columns["num_cached_free_pages"]
+
+
+def test_preemption_and_swapping_under_a_small_memory():
+    trace = load_trace("random", num_prompts=60, seed=2, random_input_len=200,
+                       random_output_len=300, random_range_ratio=0.5, request_rate=20.0)
+    fast = assert_same_run(trace, _config("paged:preemption=swap", num_gpu_blocks_override=120,
+                                          max_num_seqs=16))
+    assert sum(r.num_preemptions for r in fast.requests) > 0
+
+
+def test_the_fast_path_is_taken(monkeypatch):
+    """Most steps of a decode-heavy run go through it (else the comparisons above prove
+    nothing)."""
+    calls = []
+    commit = StepLoop.commit_decode_run
+    monkeypatch.setattr(StepLoop, "commit_decode_run",
+                        lambda loop, s, e: calls.append(len(s)) or commit(loop, s, e))
+    simulation = Simulation(load_trace("azure", num_prompts=200), _config())
+    simulation.run()
+    assert sum(calls) > len(simulation.loop.steps) / 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy=st.sampled_from(["paged", "paged:eviction=lru", "paged:preemption=swap",
+                            "paged:block_sizing=geometric", "buddy", "contiguous:reserve=pow2"]),
+    block_size=st.sampled_from([1, 4, 16]),
+    num_pages=st.integers(40, 400),
+    max_num_seqs=st.sampled_from([2, 8, 64]),
+    rate=st.sampled_from([2.0, 20.0, 200.0]),
+    seed=st.integers(0, 1000),
+)
+def test_random_small_runs_match_stepping(policy, block_size, num_pages, max_num_seqs, rate,
+                                          seed):
+    trace = load_trace("random", num_prompts=24, seed=seed, random_input_len=24,
+                       random_output_len=40, random_range_ratio=0.9, request_rate=rate,
+                       random_prefix_len=16, num_prefix_groups=3)
+    config = _config(policy, block_size=block_size, num_gpu_blocks_override=num_pages * 16
+                     // block_size, max_num_seqs=max_num_seqs, max_model_len=256,
+                     enable_prefix_caching="eviction" in policy)
+    assert_same_run(trace, config)
