@@ -61,9 +61,10 @@ def page_map_at(trace: Trace, config: SimConfig, step_id: int, start_s: float,
     """Replay `trace` under `config` to the middle of step `step_id` (started at `start_s`,
     lasting `duration_s`) and return who holds each page then.
 
-    Memory then is the state after that step's decisions, the same moment the step table records.
+    Memory then is the state after that step's decisions, the same moment the step table records
+    (every step stepped: the fast path commits a run of steps only at its end).
     """
-    sim = Simulation(trace, config)
+    sim = Simulation(trace, config, decode_runs=False)
     env, instance = sim.env, sim.instance
     env.process(arrival_process(env, (r.arrival_s for r in sim.requests), instance.wake))
     env.process(instance.run())

@@ -330,8 +330,8 @@ class KVCacheManager:
 
     def num_decode_steps_ahead(self, requests: list[Request], max_steps: int) -> int:
         """How many steps (at most `max_steps`) of one decode token for each of `requests`
-        take `allocate_decodes`' fast path only: each request a plain decode whose slot is
-        unclaimed, with no page to register, copy or share ahead, and every page it fills next
+        take `allocate_decodes`' fast path only: each request a plain decode (an output token
+        already out) whose slot is unclaimed, with no page to register, copy or share ahead, and every page it fills next
         taken from the free list (no eviction). 0 when any request is not such a decode."""
         free = self._free_list
         if free is None or max_steps <= 0:
@@ -341,7 +341,9 @@ class KVCacheManager:
         for request in reversed(requests):  # the newest first: the likeliest not to decode
             done = request.num_computed_tokens
             state = seqs.get(request.request_id)
-            if (request.prompt_len + request.num_output_tokens - done != 1 or not done
+            # (no output yet: the last token of a prompt, a prefill that stamps a first token)
+            if (request.prompt_len + request.num_output_tokens - done != 1
+                    or not request.num_output_tokens
                     or state is None or state.hash_outputs or state.num_tokens != done):
                 return 0
             held = len(state.pages) * page_size

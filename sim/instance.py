@@ -20,6 +20,7 @@ simulation are such steps; committing them together removes the Python work per 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import simpy
@@ -29,6 +30,13 @@ from kvlab.sim.cost_model import CostModel, StepShape
 from kvlab.sim.link import HostLink
 
 MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
+
+
+@dataclass(slots=True)
+class DecodeStepShape(StepShape):
+    """The shape of a fast-path step, with its id, as the scheduler's output of it has."""
+
+    step_id: int = 0
 
 
 class SimInstance:
@@ -94,13 +102,13 @@ class SimInstance:
         num_seqs = len(running)
         computed = [request.num_computed_tokens for request in running]
         sum_computed, max_computed = sum(computed), max(computed)
-        step_time_s = self.cost_model.step_time_s
+        step_time_s, first_step_id = self.cost_model.step_time_s, scheduler.step_id
         durations, time_s = [], now_s
         for step in range(limit):
             if step and time_s >= horizon:  # a step starting here admits the arrival first
                 break
-            shape = StepShape(0, num_seqs, sum_computed + num_seqs * (step + 1), num_seqs, 0,
-                              num_seqs * (max_computed + step + 1))
+            shape = DecodeStepShape(0, num_seqs, sum_computed + num_seqs * (step + 1), num_seqs, 0,
+                              num_seqs * (max_computed + step + 1), first_step_id + step)
             duration = step_time_s(shape)
             durations.append(duration)
             time_s = time_s + duration
