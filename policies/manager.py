@@ -331,8 +331,9 @@ class KVCacheManager:
     def num_decode_steps_ahead(self, requests: list[Request], max_steps: int) -> int:
         """How many steps (at most `max_steps`) of one decode token for each of `requests`
         take `allocate_decodes`' fast path only: each request a plain decode (an output token
-        already out) whose slot is unclaimed, with no page to register, copy or share ahead, and every page it fills next
-        taken from the free list (no eviction). 0 when any request is not such a decode."""
+        already out) whose slot is unclaimed, with no page to register, copy or share ahead,
+        and every page it fills next taken from the free list (no eviction). 0 when any
+        request is not such a decode."""
         free = self._free_list
         if free is None or max_steps <= 0:
             return 0
