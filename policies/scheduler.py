@@ -174,7 +174,9 @@ class Scheduler:
         dones = [request.num_computed_tokens for request in running]
         pages_taken = self.manager.advance_decodes(running, num_steps)
         num_seqs = len(running)
-        gaps = array("d", [ends_s[0] - request.last_token_s for request in running])
+        # every request has a token out (num_decode_steps_ahead): last_token_s is set
+        gaps = array("d", [ends_s[0] - request.last_token_s for request in running
+                           if request.last_token_s is not None])
         for previous, end in itertools.pairwise(ends_s):
             gaps.extend(array("d", [end - previous]) * num_seqs)
         self.itls_s.extend(gaps)
