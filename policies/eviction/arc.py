@@ -151,13 +151,29 @@ class ARCEviction:
     def pop_victims(self, num_pages: int) -> tuple[list[int], list]:
         """`pop_victim` `num_pages` times: (pages, their keys). Raises LookupError when fewer
         are cached."""
-        if num_pages > len(self):
+        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
+        if num_pages > len(t1) + len(t2):
             raise LookupError(f"{num_pages} pages to evict but {len(self)} cached")
-        pop = self.pop_victim
+        # pop_victim's body inlined: this is the eviction hot path (a call per page costs more
+        # than the work).
+        p, capacity = self._p, self._capacity
         pages: list[int] = []
         keys: list = []
         for _ in range(num_pages):
-            page, key = pop()
+            if t1 and (len(t1) > p or not t2):
+                page, key = t1.popitem(last=False)
+                if b2:
+                    b2.pop(key, None)
+                b1[key] = None
+                if len(b1) > capacity:
+                    b1.popitem(last=False)
+            else:
+                page, key = t2.popitem(last=False)
+                if b1:
+                    b1.pop(key, None)
+                b2[key] = None
+                if len(b2) > capacity:
+                    b2.popitem(last=False)
             pages.append(page)
             keys.append(key)
         return pages, keys

@@ -111,13 +111,23 @@ class SLRUEviction:
     def pop_victims(self, num_pages: int) -> tuple[list[int], list]:
         """`pop_victim` `num_pages` times: (pages, their keys). Raises LookupError when fewer
         are cached."""
-        if num_pages > len(self):
+        probation, protected = self._probation, self._protected
+        if num_pages > len(probation) + len(protected):
             raise LookupError(f"{num_pages} pages to evict but {len(self)} cached")
-        pop = self.pop_victim
+        # pop_victim and _demote_overflow inlined: this is the eviction hot path (a call per
+        # page costs more than the work).
+        share = self.protected_share
         pages: list[int] = []
         keys: list = []
         for _ in range(num_pages):
-            page, key = pop()
+            if probation:
+                page, key = probation.popitem(last=False)
+                while len(protected) > int(share * (len(protected) + len(probation))):
+                    demoted, demoted_key = protected.popitem(last=False)
+                    probation[demoted] = demoted_key
+                    self.num_demotions += 1
+            else:
+                page, key = protected.popitem(last=False)
             pages.append(page)
             keys.append(key)
         return pages, keys
