@@ -7,4 +7,12 @@ allocator may reclaim it. The eviction policy holds exactly those pages and pick
 
 from __future__ import annotations
 
-from kvlab.policies.eviction import cost, fifo, lfu, lru, none  # noqa: F401  (registers them)
+from kvlab.policies.eviction import (  # noqa: F401  (registers them)
+    arc,
+    cost,
+    fifo,
+    lfu,
+    lru,
+    none,
+    slru,
+)

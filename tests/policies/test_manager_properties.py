@@ -23,7 +23,7 @@ ALLOCATIONS = [
     "contiguous:reserve=pow2",
     "contiguous:reserve=oracle",
 ]
-EVICTIONS = ["none", "lru", "fifo", "lfu", "cost"]
+EVICTIONS = ["none", "lru", "fifo", "lfu", "cost", "arc", "slru"]
 PREEMPTIONS = ["recompute", "swap", "auto"]
 VICTIMS = ["last-arrived", "last-admitted", "longest", "fewest-pages"]
 COMBOS = [

@@ -61,7 +61,7 @@ def test_bad_spec_names_the_problem_and_the_choices(text, expected):
 def test_bad_eviction_lists_every_registered_choice():
     with pytest.raises(KvlabError) as err:
         parse_policy("paged:eviction=mru")
-    for name in ("none", "lru", "fifo", "lfu", "cost"):
+    for name in ("none", "lru", "fifo", "lfu", "cost", "arc", "slru"):
         assert name in str(err.value)
 
 
