@@ -71,7 +71,8 @@ def test_the_fast_path_is_taken(monkeypatch):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    policy=st.sampled_from(["paged", "paged:eviction=lru", "paged:preemption=swap",
+    policy=st.sampled_from(["paged", "paged:eviction=lru", "paged:eviction=arc",
+                            "paged:eviction=slru", "paged:preemption=swap",
                             "paged:block_sizing=geometric", "buddy", "contiguous:reserve=pow2"]),
     block_size=st.sampled_from([1, 4, 16]),
     num_pages=st.integers(40, 400),
