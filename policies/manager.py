@@ -363,21 +363,23 @@ class KVCacheManager:
         taken by the end of each step, cumulated. The caller commits the tokens."""
         page_size, free, seqs = self.page_size, self._free_list, self._seqs
         assert free is not None
-        states = [seqs[request.request_id] for request in requests]
-        crossings = sorted(
-            (step, index)
-            for index, (request, state) in enumerate(zip(requests, states, strict=True))
-            for step in range(len(state.pages) * page_size - request.num_computed_tokens,
-                              num_steps, page_size)
-        )
+        crossings, crossing_states = [], []
+        for index, request in enumerate(requests):
+            state = seqs[request.request_id]
+            done = request.num_computed_tokens
+            first = len(state.pages) * page_size - done  # the step that fills its last page
+            if first < num_steps:
+                crossings += [(step, index) for step in range(first, num_steps, page_size)]
+                crossing_states.append(state)
+            state.num_tokens = done + num_steps
+        crossings.sort()  # step by step, in batch order, as one by one
         taken = [0] * num_steps
-        for step, index in crossings:  # step by step, in batch order, as one by one
-            state = states[index]
+        for step, index in crossings:
+            state = seqs[requests[index].request_id]
             state.pages.append(free.popleft())
             state.num_blocks += 1
             taken[step] += 1
-        for request, state in zip(requests, states, strict=True):
-            state.num_tokens = request.num_computed_tokens + num_steps
+        for state in crossing_states:  # the others' limit is still the end of their pages
             state.fast_limit = len(state.pages) * page_size
         self._num_live_slots += len(requests) * num_steps
         return list(itertools.accumulate(taken))

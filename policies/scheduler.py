@@ -171,30 +171,35 @@ class Scheduler:
         as `schedule` and `update` step by step, and the requests that reach their output
         length in the last step finished and freed (`decode_run_limit` must allow them)."""
         running, num_steps = self.running, len(ends_s)
-        dones = [request.num_computed_tokens for request in running]
         pages_taken = self.manager.advance_decodes(running, num_steps)
         num_seqs = len(running)
-        # every request has a token out (num_decode_steps_ahead): last_token_s is set
-        gaps = array("d", [ends_s[0] - request.last_token_s for request in running
-                           if request.last_token_s is not None])
-        for previous, end in itertools.pairwise(ends_s):
-            gaps.extend(array("d", [end - previous]) * num_seqs)
-        self.itls_s.extend(gaps)
-        last = ends_s[-1]
+        first_end, last = ends_s[0], ends_s[-1]
+        gaps = array("d")
         finished = []
-        for request in running:
-            request.num_computed_tokens += num_steps
+        sum_computed = max_computed = 0
+        for request in running:  # one pass: the first step's gaps, the stamps, the counts
+            done = request.num_computed_tokens
+            sum_computed += done
+            if done > max_computed:
+                max_computed = done
+            # every request has a token out (num_decode_steps_ahead): last_token_s is set
+            gaps.append(first_end - request.last_token_s)  # type: ignore[operator]
+            request.num_computed_tokens = done + num_steps
             request.num_output_tokens += num_steps
             request.last_token_s = last
             if request.num_output_tokens >= request.max_output_tokens:
                 request.status = RequestStatus.FINISHED_LENGTH
                 request.finish_s = last
                 finished.append(request)
+        for previous, end in itertools.pairwise(ends_s):
+            gaps.extend(array("d", [end - previous]) * num_seqs)
+        self.itls_s.extend(gaps)
         if finished:  # as `update`: freed in batch order, then gone from the running list
             for request in finished:
                 self.manager.free(request)
             self.running = [r for r in running if r.status is RequestStatus.RUNNING]
-        run = DecodeRun(self.step_id, num_seqs, sum(dones), max(dones), pages_taken, finished)
+        run = DecodeRun(self.step_id, num_seqs, sum_computed, max_computed, pages_taken,
+                        finished)
         self.step_id += num_steps
         return run
 
