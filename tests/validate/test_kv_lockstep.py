@@ -166,3 +166,18 @@ def test_validate_flag_errors(live_with_events, capsys, flags, problem):
     server, _ = live_with_events
     assert main(["validate", "--base-url", server.base_url, *flags]) != 0
     assert problem in capsys.readouterr().err
+
+
+def test_bytes_hashes_key_as_ints_do(tmp_path):
+    """vLLM publishes bytes hashes unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is on; saved and
+    loaded again they are hex strings: the content keys stay the same either way."""
+    from kvlab.bench.kv_events import load_stream, save_stream
+
+    as_ints = _stream([_stored([1, 2], None, [1, 2, 3, 4])],
+                      [{"type": "BlockRemoved", "block_hashes": [2]}])
+    as_bytes = _stream([_stored([b"\x01", b"\x02"], None, [1, 2, 3, 4])],
+                       [{"type": "BlockRemoved", "block_hashes": [b"\x02"]}])
+    saved = load_stream(save_stream(as_bytes, tmp_path / "s.kv_events.jsonl"))
+    keys = [[(c.kind, c.key) for c in server_changes(s)] for s in (as_ints, as_bytes, saved)]
+    assert keys[0] == keys[1] == keys[2]
+    assert None not in [key for _, key in keys[0]]
