@@ -350,7 +350,8 @@ class KVCacheManager:
             held = len(state.pages) * page_size
             if state.fast_limit != held:  # a page to register or a shared tail ahead
                 return 0
-            crossings += range(held - done, max_steps, page_size)
+            if held - done < max_steps:
+                crossings += range(held - done, max_steps, page_size)
         if len(crossings) <= len(free):
             return max_steps
         crossings.sort()
@@ -375,7 +376,7 @@ class KVCacheManager:
         crossings.sort()  # step by step, in batch order, as one by one
         taken = [0] * num_steps
         for step, index in crossings:
-            state = seqs[requests[index].request_id]
+            state = seqs[requests[index].request_id]  # one lookup per page, not per request
             state.pages.append(free.popleft())
             state.num_blocks += 1
             taken[step] += 1
