@@ -158,7 +158,7 @@ def _hashable(value: Any) -> Any:
 
 
 def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_size: int,
-                 stored_at: dict[int | None, list[float]]) -> Trace:
+                 stored_at: dict[int | None, list[float]], exact_steps: bool = False) -> Trace:
     """The requests the server ran, as it ran them: each arriving just as the server step that
     admitted it began, with its prompt's token ids and the output ids it streamed (so output
     blocks hash as the server's). Requests the server refused (no token came back) are left
@@ -169,7 +169,9 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
     (`stored_at`: key -> when the client received each batch storing it, in order; a prompt
     whose prefill was split over steps stores its first blocks before its first token). A
     prompt longer than the step's token `budget` with neither arrives when the client sent
-    it."""
+    it. With `exact_steps` (the server's own step ends) a request arrives at its step's start
+    even where the client sent it a little later: the server took it in between two steps,
+    after the one before had ended."""
     prompts = result.prompt_token_ids
     if prompts is None:
         raise KvlabError("the bench result holds no prompt token ids: run `kvlab bench serve` "
@@ -182,7 +184,9 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
         step = _admitting_step(record, prompt, step_ends, page_size, stored_at)
         arrival = record.arrival_s
         if step is not None and (len(prompt) <= budget or step < _step_of(step_ends, record)):
-            arrival = max(record.arrival_s, step_ends[step - 1] if step > 0 else 0.0)
+            arrival = step_ends[step - 1] if step > 0 else 0.0
+            if not exact_steps:  # a step's start as the client saw it: never before the send
+                arrival = max(arrival, record.arrival_s)
         requests.append(TraceRequest(
             request_id=record.request_id, arrival_s=arrival,
             input_len=len(prompt), output_len=len(outputs),
@@ -218,14 +222,30 @@ def _admitting_step(record: Any, prompt: list[int], step_ends: list[float], page
 
 
 def server_step_ends(result: BenchResult) -> list[float]:
-    """When the client saw each of the server's steps end (the first chunk of each group of
-    chunks that arrived together; grouped to the server's own step count where it exports
-    one), strictly increasing."""
+    """When each of the server's steps ended, on the run's clock, strictly increasing: from
+    its event batches where it published one every step (kvlab serve does), else when the
+    client saw them end (the first chunk of each group of chunks that arrived together,
+    grouped to the server's own step count where it exports one)."""
+    stream = result.kv_events
+    if stream is not None and publishes_every_step(result):
+        # the publisher's clock: the client's own for a server on the same machine
+        return _increasing([b.ts - stream.started_at for b in stream.batches])
     views = [_OneTokenChunks.of(record) for record in result.requests]
     groups = group_steps(views, server_step_count(result), STEP_GAP_FRACTIONS, causal=True)
+    return _increasing(sorted(group[0][0] for group in groups if group))
+
+
+def publishes_every_step(result: BenchResult) -> bool:
+    """Whether the server's stream holds a batch for each step it counted during the run."""
+    steps = server_step_count(result)
+    return bool(steps) and result.kv_events is not None and (
+        len(result.kv_events.batches) >= steps)
+
+
+def _increasing(times: list[float]) -> list[float]:
+    """Two steps that came in one read are still two steps, a microsecond apart."""
     ends: list[float] = []
-    for time_s in sorted(group[0][0] for group in groups if group):
-        # Two steps whose chunks came in one read: still two steps, a microsecond apart.
+    for time_s in times:
         ends.append(max(time_s, ends[-1] + 1e-6) if ends else time_s)
     return ends
 
@@ -275,7 +295,8 @@ def replay_changes(result: BenchResult, config: SimConfig,
     for change in server or ():
         if change.kind == STORED:
             stored_at.setdefault(change.key, []).append(change.time_s)
-    trace = replay_trace(result, ends, budget, config.policy.block_size, stored_at)
+    trace = replay_trace(result, ends, budget, config.policy.block_size, stored_at,
+                         exact_steps=publishes_every_step(result))
     simulation = Simulation(trace, config)
     log = simulation.manager.events = KVEventLog()
     loop = simulation.loop
@@ -381,6 +402,9 @@ def kv_lockstep(result: BenchResult, config: SimConfig) -> KVLockstepReport:
         raise KvlabError("the bench result has no KV event stream: run `kvlab bench serve` "
                          "with --kv-events", parameters=("kv_events",))
     server = server_changes(result.kv_events)
+    if publishes_every_step(result):  # a change happened at its batch's step end, exactly
+        ends = server_step_ends(result)
+        server = [dataclasses.replace(c, time_s=ends[c.step]) for c in server]
     while server and server[0].kind == CLEARED:  # a reset before the run: kvlab starts empty too
         server.pop(0)
     replay = replay_changes(result, config, server)

@@ -2,10 +2,12 @@
 wire format (`--kv-events-config`, the same JSON vLLM takes), so that any consumer of vLLM's
 events (a router, `kvlab bench serve --kv-events`) reads kvlab serve's too.
 
-Each step's changes go out as one message: topic, an 8-byte big-endian sequence number, and
-the msgpack array [ts, events, data_parallel_rank]; a stored run of one request's chained
-blocks is one BlockStored (block_hashes, parent_block_hash, token_ids, block_size, ...), each
-removed block one BlockRemoved. Block hashes are kvlab's page hashes (content hashes).
+Each step's changes go out as one message, every step, an empty one too (so that a consumer
+sees the server's steps: KV lockstep replays on them), stamped with the step's end: topic, an
+8-byte big-endian sequence number, and the msgpack array [ts, events, data_parallel_rank]; a
+stored run of one request's chained blocks is one BlockStored (block_hashes,
+parent_block_hash, token_ids, block_size, ...), each removed block one BlockRemoved. Block
+hashes are kvlab's page hashes (content hashes).
 """
 
 from __future__ import annotations
@@ -116,16 +118,18 @@ class KVEventPublisher:
                 from None
         self._topic = config.topic.encode()
         self._block_size = block_size
-        self._queue: queue.SimpleQueue[list[BlockEvent] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[list[BlockEvent], float] | None] = (
+            queue.SimpleQueue())
         self._seq = 0
         self._thread = threading.Thread(target=self._send_all, name="kv-events", daemon=True)
         self._thread.start()
         log.info("publishing KV events on %s", config.endpoint)
 
-    def publish(self, events: list[BlockEvent]) -> None:
-        """Queue one step's changes (engine thread; nothing for an empty step)."""
-        if events:
-            self._queue.put(events)
+    def publish(self, events: list[BlockEvent], ts: float | None = None) -> None:
+        """Queue one step's changes (engine thread), stamped `ts` (epoch seconds; default:
+        when they are sent): the step's end. A step without changes is published too, as an
+        empty batch (vLLM skips those): a consumer then sees every step's end."""
+        self._queue.put((events, time.time() if ts is None else ts))
 
     def close(self) -> None:
         """Send what is queued, then close the socket."""
@@ -133,8 +137,9 @@ class KVEventPublisher:
         self._thread.join()
 
     def _send_all(self) -> None:
-        while (events := self._queue.get()) is not None:
-            payload = [time.time(), to_vllm_events(events, self._block_size), 0]
+        while (item := self._queue.get()) is not None:
+            events, ts = item
+            payload = [ts, to_vllm_events(events, self._block_size), 0]
             frames = (self._topic, self._seq.to_bytes(8, "big"),
                       self._msgpack.packb(payload, use_bin_type=True))
             self._socket.send_multipart(frames)

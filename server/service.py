@@ -13,6 +13,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -211,10 +212,11 @@ class EngineService:
                 continue
             now = clock.now()
             output, finished = engine.step(loop, now, clock)
+            ended = time.time()  # before its tokens go out: no client sees them earlier
             self._emit(output.requests, finished, output.failed)
             events = engine.manager.events
             if self.publisher is not None and events is not None:
-                self.publisher.publish(events.take())
+                self.publisher.publish(events.take(), ended)
             self.metrics.observe_state(loop.scheduler)
             self.metrics.observe_batch(output)
 

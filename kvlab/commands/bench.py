@@ -224,7 +224,7 @@ def check_stream(stream: Any) -> None:
     """A KvlabError when the subscription received nothing (after the result is saved)."""
     from kvlab.errors import KvlabError
 
-    if not stream.batches:
+    if not stream.num_events:
         raise KvlabError(f"--kv-events {stream.endpoint}: no KV events arrived during the run; "
                          "start the server with --kv-events-config '{\"enable_kv_cache_events"
                          "\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:PORT\"}' "

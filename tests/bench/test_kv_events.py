@@ -85,16 +85,17 @@ def test_publisher_to_subscriber_round_trip(tmp_path):
     run = [BlockEvent("stored", 11, 5, None, (1, 2)), BlockEvent("stored", 12, 5, 11, (3, 4)),
            BlockEvent("stored", 13, 6, None, (9, 9)), BlockEvent("removed", 11)]
     publisher.publish(run)
-    publisher.publish([])  # an empty step sends nothing
+    publisher.publish([])  # a step without changes: an empty batch (a consumer sees the step)
     publisher.publish([BlockEvent("cleared", 0)])
     stream = subscriber.stop(started)
     publisher.close()
-    assert [b.seq for b in stream.batches] == [0, 1] and not stream.missing_seqs
+    assert [b.seq for b in stream.batches] == [0, 1, 2] and not stream.missing_seqs
     first = stream.batches[0].events
     assert [e["type"] for e in first] == ["BlockStored", "BlockStored", "BlockRemoved"]
     assert first[0]["block_hashes"] == [11, 12] and first[0]["token_ids"] == [1, 2, 3, 4]
     assert first[1]["parent_block_hash"] is None and first[1]["block_hashes"] == [13]
-    assert stream.batches[1].events == [{"type": "AllBlocksCleared"}]
+    assert stream.batches[1].events == []
+    assert stream.batches[2].events == [{"type": "AllBlocksCleared"}]
     assert 0 <= stream.batches[0].recv_s < 5
     path = save_stream(stream, stream_path(tmp_path / "run.json"))
     assert path.name == "run.kv_events.jsonl"

@@ -116,14 +116,13 @@ def test_kvlab_serve_matches_block_for_block(live_with_events):
     assert report.identical, format_kv_lockstep(report)
 
 
-def test_kvlab_serve_concurrent_changes_line_up(live_with_events):
-    """Several in flight: the client's view of the server's steps can shift changes by a step
-    or so, the more the busier the machine (97-100% quiet, 88% under a parallel test run), so
-    only what load cannot change is asserted here: every server block is known after the
-    reset, and most changes line up (the measured rates are in docs/validation.md)."""
+def test_kvlab_serve_matches_with_many_in_flight(live_with_events):
+    """kvlab serve publishes a batch every step, so the replay steps on the server's own step
+    ends and admits each request in the step that stored its first blocks: identical with
+    several requests in flight too, however loaded the machine."""
     report = _lockstep(*live_with_events, max_concurrency=None)
-    assert "unknown" not in report.unmatched and "duplicate" not in report.unmatched
-    assert report.match_rate > 0.5, format_kv_lockstep(report)
+    assert report.num_server_batches >= report.num_replay_steps > 0
+    assert report.identical, format_kv_lockstep(report)
 
 
 def test_validate_lockstep_command(live_with_events, capsys, tmp_path):
