@@ -238,8 +238,9 @@ def server_step_ends(result: BenchResult) -> list[float]:
 def publishes_every_step(result: BenchResult) -> bool:
     """Whether the server's stream holds a batch for each step it counted during the run."""
     steps = server_step_count(result)
-    return bool(steps) and result.kv_events is not None and (
-        len(result.kv_events.batches) >= steps)
+    if not steps or result.kv_events is None:
+        return False
+    return len(result.kv_events.batches) >= steps
 
 
 def _increasing(times: list[float]) -> list[float]:
