@@ -11,16 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from engine_hf_models import save_hf_model, save_tokenizer, tiny_llama_config
+from server_cases import API_KEY, CHAT_TEMPLATE, VOCAB_SIZE, engine_config
 
-from kvlab.engine.config import EngineConfig
-from kvlab.policies.serving import ServingConfig
 from tests.live_server import LiveServer, start_live_server
-
-__all__ = ["LiveServer", "start_live_server"]  # the server tests import them from here
-
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-API_KEY = "test-key"
-VOCAB_SIZE = 82
 
 
 @pytest.fixture(scope="session")
@@ -36,13 +29,6 @@ def chat_model(tmp_path_factory) -> Path:
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     return folder
-
-
-def engine_config(model: Path | str, policy: str = "paged:block_size=4,eviction=lru",
-                  num_pages: int = 64, **serving: object) -> EngineConfig:
-    """A small engine: `num_pages` pages of 4 tokens, so that requests compete for memory."""
-    return EngineConfig(model=str(model), serving=ServingConfig.create(
-        policy, num_gpu_blocks_override=num_pages, max_model_len=128, **serving))
 
 
 @pytest.fixture(scope="module")

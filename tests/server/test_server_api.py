@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from conftest import API_KEY
+from server_cases import API_KEY
 from transformers import AutoTokenizer
 
 from kvlab.engine import LLM, SamplingParams

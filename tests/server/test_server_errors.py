@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import API_KEY, engine_config, start_live_server
+from server_cases import API_KEY, engine_config
+
+from tests.live_server import start_live_server
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 GOOD = {"prompt": [5, 6, 7], "max_tokens": 2}

@@ -11,9 +11,10 @@ import random
 
 import httpx
 import pytest
-from conftest import API_KEY, engine_config, start_live_server
+from server_cases import API_KEY, engine_config
 
 from kvlab.engine import LLM, SamplingParams
+from tests.live_server import start_live_server
 
 NUM_REQUESTS = 1000
 CONCURRENCY = 64

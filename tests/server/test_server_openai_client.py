@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import API_KEY
+from server_cases import API_KEY
 
 openai = pytest.importorskip("openai", reason="the openai package is a dev extra")
 
