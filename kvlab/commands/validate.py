@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.bench import check_client_flags
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEFAULT_NUM_PROMPTS = 8
 # Calibration requests per validated request: 3 averaged the machine's drift enough for the
@@ -183,16 +186,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _save(args: argparse.Namespace, result: Any) -> None:
-    import json
+    save_document(report_path(args, "validate"), result.to_json())
+
+
+def report_path(args: argparse.Namespace, default_stem: str) -> Path:
+    """Where a validate report goes: --result-dir / (--result-filename, else
+    `<default_stem>-<date>.json`)."""
     from pathlib import Path
+
+    name = args.result_filename or f"{default_stem}-{datetime.now():%Y%m%d-%H%M%S}.json"
+    return Path(args.result_dir) / name
+
+
+def save_document(path: Path, document: dict[str, Any]) -> None:
+    """Write a report as JSON (parents created) and say so; a KvlabError naming the path."""
+    import json
 
     from kvlab.errors import KvlabError
 
-    name = args.result_filename or (f"validate-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
-    path = Path(args.result_dir) / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(result.to_json(), indent=2, allow_nan=False, default=str)
+        text = json.dumps(document, indent=2, allow_nan=False, default=str)
         path.write_text(text + "\n", encoding="utf-8")
     except OSError as exc:
         raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc

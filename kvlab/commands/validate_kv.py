@@ -5,7 +5,6 @@ kvlab's manager and print the block-by-block report (kvlab.fidelity.kv_lockstep)
 from __future__ import annotations
 
 import argparse
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +53,8 @@ def run_saved_lockstep(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None) -> int:
     """Replay, print and save the report; 0 when every block change matched, else 1."""
-    import json
-
     from kvlab.commands.bench import check_stream, describe_stream
-    from kvlab.errors import KvlabError
+    from kvlab.commands.validate import save_document
     from kvlab.fidelity import server_sim_config
     from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
 
@@ -70,21 +67,14 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
         document = {"reference": "server", "base_url": result.run.metadata.get("base_url"),
                     "kv_events": stream.endpoint, "preset": args.preset or "auto",
                     "num_requests": len(result.requests), "kv_lockstep": report.to_json()}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n",
-                            encoding="utf-8")
-        except OSError as exc:
-            raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
-        print(f"Saved {path}")
+        save_document(path, document)
     return 0 if report.identical else 1
 
 
 def _report_path(args: argparse.Namespace) -> Path | None:
-    if not args.save_result:
-        return None
-    name = args.result_filename or f"validate-kv-{datetime.now():%Y%m%d-%H%M%S}.json"
-    return Path(args.result_dir) / name
+    from kvlab.commands.validate import report_path
+
+    return report_path(args, "validate-kv") if args.save_result else None
 
 
 def _save_bench(result: Any, report_path: Path) -> None:
