@@ -17,7 +17,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import difflib
-import itertools
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from kvlab.sim.simulator import Simulation
 from kvlab.traces import Trace, TraceRequest
 
 if TYPE_CHECKING:
-    from kvlab.bench import BenchResult
+    from kvlab.bench import BenchRequest, BenchResult
     from kvlab.bench.kv_events import KVEventStream
     from kvlab.sim import SimConfig
 
@@ -181,9 +180,9 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
         outputs = record.output_token_ids
         if not record.chunk_times_s or not outputs or not prompt:
             continue
-        step = _admitting_step(record, prompt, step_ends, page_size, stored_at)
+        step, first_token_step = _admitting_step(record, prompt, step_ends, page_size, stored_at)
         arrival = record.arrival_s
-        if step is not None and (len(prompt) <= budget or step < _step_of(step_ends, record)):
+        if step is not None and (len(prompt) <= budget or step < first_token_step):
             arrival = step_ends[step - 1] if step > 0 else 0.0
             if not exact_steps:  # a step's start as the client saw it: never before the send
                 arrival = max(arrival, record.arrival_s)
@@ -198,15 +197,12 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
     return Trace(name="bench replay", dataset_name="bench", source="bench", requests=requests)
 
 
-def _step_of(step_ends: list[float], record: Any) -> int:
-    """The step whose chunks include the request's first: the last to end at or before it."""
-    return bisect.bisect_right(step_ends, record.chunk_times_s[0]) - 1
-
-
 def _admitting_step(record: Any, prompt: list[int], step_ends: list[float], page_size: int,
-                    stored_at: dict[int | None, list[float]]) -> int | None:
-    step = _step_of(step_ends, record)
-    key, stored = 0, []
+                    stored_at: dict[int | None, list[float]]) -> tuple[int | None, int]:
+    """(the step that admitted the request, None where neither says; the step whose chunks
+    include its first token: the last to end at or before it)."""
+    first_token_step = bisect.bisect_right(step_ends, record.chunk_times_s[0]) - 1
+    step, key, stored = first_token_step, 0, []
     for start in range(0, len(prompt) - page_size + 1, page_size):
         key = hash_page(key, prompt[start:start + page_size])
         times = stored_at.get(key, ())
@@ -214,11 +210,12 @@ def _admitting_step(record: Any, prompt: list[int], step_ends: list[float], page
         if at < len(times):
             stored.append(times[at])
     if stored:
-        at = bisect.bisect_left(step_ends, min(stored))
+        first_stored = min(stored)
+        at = bisect.bisect_left(step_ends, first_stored)
         near = min((i for i in (at - 1, at) if 0 <= i < len(step_ends)),
-                   key=lambda i: abs(step_ends[i] - min(stored)))
+                   key=lambda i: abs(step_ends[i] - first_stored))
         step = min(step, near)
-    return step if step >= 0 else None
+    return (step if step >= 0 else None), first_token_step
 
 
 def server_step_ends(result: BenchResult) -> list[float]:
@@ -230,7 +227,7 @@ def server_step_ends(result: BenchResult) -> list[float]:
     if stream is not None and publishes_every_step(result):
         # the publisher's clock: the client's own for a server on the same machine
         return _increasing([b.ts - stream.started_at for b in stream.batches])
-    views = [_OneTokenChunks.of(record) for record in result.requests]
+    views = [_one_token_chunks(record) for record in result.requests]
     groups = group_steps(views, server_step_count(result), STEP_GAP_FRACTIONS, causal=True)
     return _increasing(sorted(group[0][0] for group in groups if group))
 
@@ -251,29 +248,17 @@ def _increasing(times: list[float]) -> list[float]:
     return ends
 
 
-@dataclass(slots=True)
-class _OneTokenChunks:
-    """A request's stream as one chunk per token: a chunk that brought n tokens (a server
+def _one_token_chunks(record: BenchRequest) -> BenchRequest:
+    """The request's record with one chunk per token: a chunk that brought n tokens (a server
     that fell behind sent n steps' tokens at once) stands for n steps, the n - 1 before it
     spread evenly since the chunk before."""
-
-    arrival_s: float
-    chunk_times_s: list[float]
-
-    @classmethod
-    def of(cls, record: Any) -> _OneTokenChunks:
-        times, previous = [], record.arrival_s
-        for time_s, num_tokens in zip(record.chunk_times_s, record.chunk_tokens, strict=True):
-            extra = max(0, num_tokens - 1)
-            times += [previous + (time_s - previous) * (k + 1) / (extra + 1)
-                      for k in range(extra)]
-            times.append(time_s)
-            previous = time_s
-        return cls(record.arrival_s, times)
-
-    def itls_s(self) -> list[float]:
-        """Gaps between consecutive chunks."""
-        return [b - a for a, b in itertools.pairwise(self.chunk_times_s)]
+    times, previous = [], record.arrival_s
+    for time_s, num_tokens in zip(record.chunk_times_s, record.chunk_tokens, strict=True):
+        extra = max(0, num_tokens - 1)
+        times += [previous + (time_s - previous) * (k + 1) / (extra + 1) for k in range(extra)]
+        times.append(time_s)
+        previous = time_s
+    return dataclasses.replace(record, chunk_times_s=times, chunk_tokens=[1] * len(times))
 
 
 @dataclass(slots=True)
@@ -286,11 +271,13 @@ class Replay:
 
 
 def replay_changes(result: BenchResult, config: SimConfig,
-                   server: list[Change] | None = None) -> Replay:
+                   server: list[Change] | None = None, ends: list[float] | None = None
+                   ) -> Replay:
     """kvlab's prefix-cache changes over the bench's requests (`replay_trace`, admitted when
-    the `server`'s changes say) on `config`, stepped on the server's timeline
-    (`server_step_ends`)."""
-    ends = server_step_ends(result)
+    the `server`'s changes say) on `config`, stepped on the server's timeline (`ends`,
+    default `server_step_ends`)."""
+    if ends is None:
+        ends = server_step_ends(result)
     budget = config.scheduler_config().max_num_batched_tokens
     stored_at: dict[int | None, list[float]] = {}
     for change in server or ():
@@ -403,12 +390,12 @@ def kv_lockstep(result: BenchResult, config: SimConfig) -> KVLockstepReport:
         raise KvlabError("the bench result has no KV event stream: run `kvlab bench serve` "
                          "with --kv-events", parameters=("kv_events",))
     server = server_changes(result.kv_events)
+    ends = server_step_ends(result)
     if publishes_every_step(result):  # a change happened at its batch's step end, exactly
-        ends = server_step_ends(result)
         server = [dataclasses.replace(c, time_s=ends[c.step]) for c in server]
     while server and server[0].kind == CLEARED:  # a reset before the run: kvlab starts empty too
         server.pop(0)
-    replay = replay_changes(result, config, server)
+    replay = replay_changes(result, config, server, ends)
     owners = _block_owners(replay.changes)  # names the server's blocks by who stored them
     server = [dataclasses.replace(c, request_id=owners.get(c.key)) for c in server]
     report = compare_changes(server, replay.changes)
