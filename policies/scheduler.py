@@ -369,11 +369,16 @@ class DecodeRun:
     finished: list[Request]
 
     def shape(self, step: int) -> tuple[int, int]:
-        """(context tokens, padded context tokens) of step `step` of the run (from 0), as
-        `schedule` counts them for a batch of decodes."""
-        num_seqs = self.num_seqs
-        context = self.sum_computed + num_seqs * (step + 1)
-        return context, num_seqs * (self.max_computed + step + 1)
+        """(context tokens, padded context tokens) of step `step` of the run (from 0)."""
+        return decode_step_context(self.num_seqs, self.sum_computed, self.max_computed, step)
+
+
+def decode_step_context(num_seqs: int, sum_computed: int, max_computed: int, step: int
+                        ) -> tuple[int, int]:
+    """(context tokens, padded context tokens) of the `step`-th step (from 0) of a batch of
+    `num_seqs` decodes whose computed tokens summed to `sum_computed`, the most
+    `max_computed`, before the first: as `schedule` counts them for a batch of decodes."""
+    return (sum_computed + num_seqs * (step + 1), num_seqs * (max_computed + step + 1))
 
 
 class _Step:

@@ -26,6 +26,7 @@ from typing import Any
 import simpy
 
 from kvlab.policies import Scheduler, SchedulerOutput, StepLoop
+from kvlab.policies.scheduler import decode_step_context
 from kvlab.sim.cost_model import CostModel, StepShape
 from kvlab.sim.link import HostLink
 
@@ -107,8 +108,9 @@ class SimInstance:
         for step in range(limit):
             if step and time_s >= horizon:  # a step starting here admits the arrival first
                 break
-            shape = DecodeStepShape(0, num_seqs, sum_computed + num_seqs * (step + 1), num_seqs, 0,
-                              num_seqs * (max_computed + step + 1), first_step_id + step)
+            context, padded = decode_step_context(num_seqs, sum_computed, max_computed, step)
+            shape = DecodeStepShape(0, num_seqs, context, num_seqs, 0, padded,
+                                    first_step_id + step)
             duration = step_time_s(shape)
             durations.append(duration)
             time_s = time_s + duration
