@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
+from kvlab.metrics.results import result_stem
 
 STREAM_FORMAT = "kvlab-kv-events-1"
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
@@ -220,9 +221,7 @@ def load_stream(path: str | Path) -> KVEventStream:
 
 def stream_path(result_path: Path) -> Path:
     """Where the stream of the result at `result_path` lives: `<stem>.kv_events.jsonl`."""
-    name = result_path.name
-    stem = name[: -len(".json")] if name.endswith(".json") else name
-    return result_path.with_name(f"{stem}.kv_events.jsonl")
+    return result_path.with_name(f"{result_stem(result_path)}.kv_events.jsonl")
 
 
 def _hex(value: Any) -> Any:

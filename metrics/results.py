@@ -96,6 +96,12 @@ def save_step_profile(steps: StepRecorder, path: Path) -> Path:
     return path
 
 
+def result_stem(path: Path) -> str:
+    """A result file's name without `.json`: what the files saved beside it start with."""
+    name = path.name
+    return name[: -len(".json")] if name.endswith(".json") else name
+
+
 def save_results(
     summary: dict,
     result: RunResult,
@@ -120,7 +126,7 @@ def save_results(
     now = datetime.now()
     name = result_filename or default_result_filename(summary, now=now)
     json_path = Path(result_dir) / name
-    stem = json_path.name[: -len(".json")] if json_path.name.endswith(".json") else json_path.name
+    stem = result_stem(json_path)
     if tables is None:
         tables = {"requests": per_request_table(result), "steps": per_step_table(result)}
     table_paths = {key: json_path.with_name(f"{stem}.{key}.{table_format}") for key in tables}

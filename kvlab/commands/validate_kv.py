@@ -80,15 +80,8 @@ def _report_path(args: argparse.Namespace) -> Path | None:
 def _save_bench(result: Any, report_path: Path) -> None:
     """The bench run beside the report: `<stem>.bench.json` (detailed, token ids), its tables
     and `<stem>.bench.kv_events.jsonl`."""
-    from kvlab.bench.kv_events import save_stream, stream_path
-    from kvlab.metrics import save_results
+    from kvlab.commands.bench import save_bench_result
+    from kvlab.metrics.results import result_stem
 
-    stem = report_path.name[: -len(".json")] if report_path.name.endswith(".json") \
-        else report_path.name
-    paths = save_results(result.to_json(result.summary(), detailed=True), result.run,
-                         result_dir=report_path.parent, result_filename=f"{stem}.bench.json",
-                         tables={"requests": result.requests_table(),
-                                 "metrics": result.metrics_table()})
-    if result.kv_events is not None:
-        paths.append(save_stream(result.kv_events, stream_path(paths[0])))
-    print("Saved " + ", ".join(str(p) for p in paths))
+    save_bench_result(result, result.summary(), result_dir=report_path.parent,
+                      result_filename=f"{result_stem(report_path)}.bench.json", detailed=True)
