@@ -29,7 +29,8 @@ def nelder_mead(
     """Minimise `objective` from `x0` with the standard simplex moves (reflect 1, expand 2,
     contract 0.5, shrink 0.5); the first simplex steps `step` along each axis. Stops when the
     simplex's values differ by less than `tolerance`, or with the move that reaches
-    `max_evaluations` (a shrink may pass it by the number of parameters)."""
+    `max_evaluations` (a move that begins one short of it and ends in a shrink passes it by
+    the number of parameters + 1: reflect, contract, shrink)."""
     x0 = np.asarray(x0, dtype=np.float64)
     simplex = [x0] + [x0 + step * np.eye(x0.size)[i] for i in range(x0.size)]
     values = [objective(x) for x in simplex]
