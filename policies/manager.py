@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
@@ -15,6 +16,7 @@ from kvlab.policies.outputs import MemOps, MemoryUsage
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec, parse_policy
+from kvlab.policies.tiers import PrefixTier, TiersConfig
 
 # Returned when a decision needs no physical work. Shared: callers must never mutate a MemOps
 # they get from the manager (the scheduler copies them into its own per-step MemOps).
@@ -51,6 +53,9 @@ class _Plan:
     # The pages as power-of-two runs, largest first, instead of one block: a request alone in
     # memory whose own blocks would not fit (see `_plan_new`).
     as_runs: bool = False
+    # Prefix hits below the device, after `hit_pages`: (level, tier page), loaded into the
+    # block's first pages.
+    tier_hits: list[tuple[int, int]] | None = None
 
 
 class KVCacheManager:
@@ -71,9 +76,12 @@ class KVCacheManager:
         "_num_dup_slots",
         "_num_live_slots",
         "_owners",
+        "_pending_through",
         "_pop_victims",
         "_reserve",
+        "_reuse",
         "_seqs",
+        "_tier_writes",
         "allocator",
         "block_sizing",
         "caching",
@@ -87,7 +95,10 @@ class KVCacheManager:
         "num_total_pages",
         "page_size",
         "policy",
+        "store_threshold",
+        "tiers",
         "watermark_pages",
+        "write_through",
     )
 
     def __init__(
@@ -98,6 +109,8 @@ class KVCacheManager:
         max_model_len: int,
         num_host_pages: int | None = None,
         costs: PreemptionCosts | None = None,
+        tiers: list[PrefixTier] | None = None,
+        tier_config: TiersConfig | None = None,
     ) -> None:
         self.policy = parse_policy(policy)
         if num_pages < 1:
@@ -138,12 +151,27 @@ class KVCacheManager:
         self._num_dup_slots = 0  # ...minus this: tokens counted twice because a page is shared
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
-        # The last lookup: (request, cache epoch, hit pages). The epoch counts keys that left
-        # the cache; a lookup from another epoch may name a page that holds other content now.
-        self._last_lookup: tuple[int, int, list[int]] | None = None
+        # The last lookup: (request, cache epoch, hit pages[, tier hits, tier epoch]). The epoch
+        # counts keys that left the cache; a lookup from another epoch may name a page that
+        # holds other content now.
+        self._last_lookup: tuple | None = None
         self._cache_epoch = 0
         # Set to a KVEventLog to record every prefix-cache change (vLLM's KV events).
         self.events: KVEventLog | None = None
+        self._init_tiers(tiers, tier_config)
+
+    def _init_tiers(self, tiers: list[PrefixTier] | None, config: TiersConfig | None) -> None:
+        """The tiers below the device (policies/tiers.py); None: none, and no cost anywhere."""
+        if tiers and not self.caching:
+            raise KvlabError("memory tiers hold prefix-cache pages: enable prefix caching "
+                             "(an eviction policy other than none)", parameters=("kv_tiers",))
+        config = config or TiersConfig()
+        self.tiers: list[PrefixTier] | None = list(tiers) if tiers else None
+        self.write_through = config.write_policy == "write-through"
+        self.store_threshold = config.store_threshold
+        self._tier_writes: list[tuple[int, int, int, int]] = []  # this step's, in order
+        self._pending_through: list[tuple[int, Hashable]] = []  # (page, key) to write next step
+        self._reuse: dict[Hashable, int] = {}  # key -> prefix hits on it (store_threshold > 0)
 
     # ----------------------------------------------------------------------------- queries
 
@@ -205,7 +233,31 @@ class KVCacheManager:
                 break
             pages.append(page)
         self._last_lookup = (seq.request_id, self._cache_epoch, pages)
+        if self.tiers is not None and len(pages) < limit:
+            below = self._tier_chain(hashes[len(pages):limit])
+            self._last_lookup = (seq.request_id, self._cache_epoch, pages, below,
+                                 self._tier_epoch())
+            return (len(pages) + len(below)) * self.page_size
         return len(pages) * self.page_size
+
+    def _tier_chain(self, keys: list) -> list[tuple[int, int]]:
+        """(level, tier page) of each key in turn, from the highest tier holding it, up to the
+        first key no tier holds."""
+        assert self.tiers is not None
+        chain = []
+        for key in keys:
+            for level, tier in enumerate(self.tiers, 1):
+                page = tier.page_of(key)
+                if page is not None:
+                    chain.append((level, page))
+                    break
+            else:
+                break
+        return chain
+
+    def _tier_epoch(self) -> int:
+        assert self.tiers is not None
+        return sum(tier.epoch for tier in self.tiers)
 
     def _num_lookup_pages(self, seq: Request) -> int:
         """Pages a lookup may hit: full, hashed, and leaving the last token to compute."""
@@ -287,6 +339,8 @@ class KVCacheManager:
         if state is None and self.caching:
             self.num_prefix_queries += self._num_lookup_pages(seq)
             self.num_prefix_hits += len(plan.hit_pages)
+            if self.store_threshold:
+                self._count_reuse(seq, len(plan.hit_pages) + len(plan.tier_hits or ()))
         return self._execute(seq, seq.num_computed_tokens + num_new_tokens, state, plan)
 
     def allocate_decodes(self, requests: list[Request], start: int, budget: int) -> int:
@@ -335,7 +389,7 @@ class KVCacheManager:
         and every page it fills next taken from the free list (no eviction). 0 when any
         request is not such a decode."""
         free = self._free_list
-        if free is None or max_steps <= 0:
+        if free is None or max_steps <= 0 or self._pending_through:
             return 0
         page_size, seqs = self.page_size, self._seqs
         crossings: list[int] = []  # for every page to take: the step that takes it
@@ -399,11 +453,15 @@ class KVCacheManager:
         if self._seqs or self.host.num_used_pages:
             return False
         events, self.events = self.events, None  # one cleared event, not one per page
+        tiers, self.tiers = self.tiers, None  # forgotten, not written below
         try:
             self._evict(len(self.evictor))
         finally:
-            self.events = events
+            self.events, self.tiers = events, tiers
         assert not self._cached, "a cached prefix outlived its pages"
+        for tier in tiers or ():
+            tier.clear()
+        self._pending_through.clear()
         self._last_lookup = None
         if events is not None:
             events.cleared()
@@ -431,6 +489,84 @@ class KVCacheManager:
             min(src.num_hashed, len(hashes)), hashes, False, 0, self._hashes_outputs(child),
         )
         self._num_live_slots += src.num_tokens
+
+    # ----------------------------------------------------------------------------- tiers
+
+    def begin_step(self) -> None:
+        """A step's decisions start: write through the pages registered by the step before
+        (their KV is computed now), unless their content left the device since."""
+        pending = self._pending_through
+        if not pending:
+            return
+        self._pending_through = []
+        assert self.tiers is not None
+        first, cached = self.tiers[0], self._cached
+        for page, key in pending:
+            if cached.get(key) == page and key not in first and self._reuse_ok(key):
+                self._store(0, page, key, 1)
+
+    def end_step(self, ops: MemOps) -> None:
+        """A step's decisions are made: append its tier writes to `ops` (in the order they
+        were decided) and release the tier pages its loads read."""
+        if self._tier_writes:
+            ops.tier_writes.extend(self._tier_writes)
+            self._tier_writes = []
+        for tier in self.tiers or ():
+            tier.unpin_all()
+
+    def check_tiers(self) -> None:
+        """Conservation in every tier (AssertionError otherwise); nothing pinned between steps."""
+        for tier in self.tiers or ():
+            tier.check()
+            assert not tier.num_pinned_pages, f"{tier.kind} tier pages left pinned"
+
+    def _pin_tier_hits(self, hits: list[tuple[int, int]]) -> None:
+        assert self.tiers is not None
+        for level, page in hits:
+            self.tiers[level - 1].pin(page)
+
+    def _load_tier_hits(self, state: _SeqState, hits: list[tuple[int, int]]) -> MemOps:
+        """The loads of a new sequence's hits below the device into the pages after its
+        device hits (which the plan took for them)."""
+        start = state.num_hit_pages
+        pages = state.pages[start : start + len(hits)]
+        return MemOps(tier_loads=[(level, tier_page, 0, page)
+                                  for (level, tier_page), page in zip(hits, pages, strict=True)])
+
+    def _write_back(self, pages: list[int], keys: list) -> None:
+        """Device pages whose content is being dropped: store what the first tier lacks."""
+        assert self.tiers is not None
+        first = self.tiers[0]
+        for page, key in zip(pages, keys, strict=True):
+            if key not in first and self._reuse_ok(key):
+                self._store(0, page, key, 1)
+
+    def _store(self, src_level: int, src_page: int, key: Hashable, level: int) -> None:
+        """Write `key` (held by `src_page` of `src_level`) to tier `level`; the page it takes
+        there, if it held other content, first moves that content to the next tier."""
+        assert self.tiers is not None
+        if level > len(self.tiers):
+            return
+        tier = self.tiers[level - 1]
+        if key in tier:
+            return
+        placed = tier.put(key)
+        if placed is None:  # every page is read by a load of this step: skip the write
+            return
+        page, victim = placed
+        if victim is not None and level < len(self.tiers):
+            tier.stats.num_demotions += 1
+            self._store(level, page, victim, level + 1)
+        self._tier_writes.append((src_level, src_page, level, page))
+
+    def _reuse_ok(self, key: Hashable) -> bool:
+        """Whether the content was hit often enough to be written below (store_threshold)."""
+        return not self.store_threshold or self._reuse.get(key, 0) >= self.store_threshold
+
+    def _count_reuse(self, seq: Request, num_hit_pages: int) -> None:
+        reuse = self._reuse
+        for key in seq.page_hashes(self.page_size)[:num_hit_pages]:
+            reuse[key] = reuse.get(key, 0) + 1
 
     # ----------------------------------------------------------------------------- swapping
 
@@ -500,6 +636,8 @@ class KVCacheManager:
             self._cache_epoch += 1
             if self.events is not None:
                 self.events.removed([key])
+            if self.tiers is not None:
+                self._write_back([page], [key])
         state.pages.append(page)
         state.num_blocks += 1
         # Every held page is registered here (else the limit would be below the table's end):
@@ -512,31 +650,38 @@ class KVCacheManager:
     def _plan(self, seq: Request, num_new_tokens: int, state: _SeqState | None) -> _Plan | None:
         total = seq.num_computed_tokens + num_new_tokens
         if state is None:
-            return self._plan_new(seq, total, self._hit_pages(seq), watermark=True)
+            hits, below = self._hit_pages(seq)
+            plan = self._plan_new(seq, total, hits, watermark=True)
+            if plan is not None and below:
+                plan.tier_hits = below
+            return plan
         return self._plan_growth(seq, total, state)
 
-    def _hit_pages(self, seq: Request) -> list[int]:
-        """The cached pages a new sequence starts from: its `num_computed_tokens`, looked up
-        again unless the last lookup was this sequence's and no key has left the cache since."""
+    def _hit_pages(self, seq: Request) -> tuple[list[int], list[tuple[int, int]]]:
+        """The cached pages a new sequence starts from, on the device and (level, tier page)
+        below it: its `num_computed_tokens`, looked up again unless the last lookup was this
+        sequence's and no key has left the cache (or a tier) since."""
         num_computed = seq.num_computed_tokens
         if not num_computed:
-            return []
+            return [], []
         last = self._last_lookup
-        if last is None or last[0] != seq.request_id or last[1] != self._cache_epoch:
+        if (last is None or last[0] != seq.request_id or last[1] != self._cache_epoch
+                or (len(last) > 3 and last[4] != self._tier_epoch())):
             self.num_computed_prefix_tokens(seq)
             last = self._last_lookup
             assert last is not None
-        pages = last[2]
+        pages, below = last[2], last[3] if len(last) > 3 else []
         num_pages, partial = divmod(num_computed, self.page_size)
-        if partial or num_pages > len(pages):
+        if partial or num_pages > len(pages) + len(below):
             # Raised, not asserted: under `python -O` the pages would be shared with a
             # sequence whose content differs.
             raise ValueError(
                 f"request {seq.request_id}: num_computed_tokens is {num_computed}, but the "
-                f"prefix cache holds {len(pages) * self.page_size} of its tokens now (whole "
-                "pages); set it from num_computed_prefix_tokens() (or to 0) just before allocate"
+                f"prefix cache holds {(len(pages) + len(below)) * self.page_size} of its "
+                "tokens now (whole pages); set it from num_computed_prefix_tokens() (or to 0) "
+                "just before allocate"
             )
-        return pages[:num_pages]
+        return pages[:num_pages], below[: max(0, num_pages - len(pages))]
 
     def _plan_new(
         self, seq: Request, total: int, hits: list[int], *, watermark: bool
@@ -618,6 +763,8 @@ class KVCacheManager:
     def _execute(self, seq: Request, total: int, state: _SeqState | None, plan: _Plan) -> MemOps:
         ops = NO_OPS
         if state is None:
+            if plan.tier_hits:
+                self._pin_tier_hits(plan.tier_hits)
             state = self._take_hits(seq, plan.hit_pages)
         if plan.as_runs:
             state.pages += self._take_runs(plan.num_block_pages)
@@ -634,6 +781,8 @@ class KVCacheManager:
                 block = block[1:]
             state.pages.extend(block)
             state.num_blocks += 1
+        if plan.tier_hits:
+            ops = self._load_tier_hits(state, plan.tier_hits)
         if total > state.num_tokens:
             self._num_live_slots += total - state.num_tokens
             state.num_tokens = total
@@ -722,6 +871,8 @@ class KVCacheManager:
         self._cache_epoch += 1
         if self.events is not None:
             self.events.removed(keys)
+        if self.tiers is not None:
+            self._write_back(pages, keys)
         return pages
 
     def _hashes_outputs(self, seq: Request) -> bool:
@@ -752,6 +903,9 @@ class KVCacheManager:
         state.num_hashed = num_full
         if self.events is not None:
             self._record_stored(seq, hashes, new)
+        if self.write_through and self.tiers is not None:
+            pages = state.pages
+            self._pending_through += [(pages[index], hashes[index]) for index in new]
 
     def _record_stored(self, seq: Request, hashes: list, indices: range | list[int]) -> None:
         """Stored events for the pages at `indices` of `seq`'s table, just registered."""

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from kvlab.policies.request import Request
 
+# (source level, source page, destination level, destination page); level 0 is the device.
+TierCopy = tuple[int, int, int, int]
+
 
 @dataclass(slots=True)
 class MemOps:
@@ -18,20 +21,31 @@ class MemOps:
     later copy or swap-in in the same step). Dynamic block sizes need no page moves here: a block
     table addresses blocks wherever they lie. A transfer is one run of consecutive pages on both
     sides, which is what a link's per-transfer latency is charged on.
+
+    Memory tiers (policies/tiers.py) add two lists of (source level, source page, destination
+    level, destination page), level 0 being the device and level i the i-th tier:
+    `tier_writes` (device pages stored to the first tier, tier pages moved down) run first of
+    all, in list order, while every source still holds its content; `tier_loads` (tier pages
+    into fresh device pages of the prefix hits below the device) run last.
     """
 
     copies: list[tuple[int, int]] = field(default_factory=list)
     swap_outs: list[tuple[int, int]] = field(default_factory=list)
     swap_ins: list[tuple[int, int]] = field(default_factory=list)
+    tier_writes: list[TierCopy] = field(default_factory=list)
+    tier_loads: list[TierCopy] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.copies or self.swap_outs or self.swap_ins)
+        return bool(self.copies or self.swap_outs or self.swap_ins or self.tier_writes
+                    or self.tier_loads)
 
     def extend(self, other: MemOps) -> None:
         """Append another decision's work after this one's."""
         self.copies.extend(other.copies)
         self.swap_outs.extend(other.swap_outs)
         self.swap_ins.extend(other.swap_ins)
+        self.tier_writes.extend(other.tier_writes)
+        self.tier_loads.extend(other.tier_loads)
 
     @property
     def num_swap_out_transfers(self) -> int:

@@ -79,6 +79,8 @@ class ShadowMemory:
         self.tables: dict[int, list[int]] = {}  # each live sequence's table as last seen
         self.written: dict[int, int] = {}  # tokens whose KV each live sequence has written
         self.swapped: dict[int, tuple[Request, list[int], int]] = {}  # host pages, tokens
+        # level -> slot -> content, for the memory tiers below the device (level 0 is it)
+        self.levels: dict[int, dict[int, object]] = {0: self.device}
 
     # ------------------------------------------------------------------ decisions
     def num_pages_written(self, seq: Request) -> int:
@@ -230,20 +232,34 @@ class ShadowMemory:
         return table[index // self.page_size] * self.page_size + index % self.page_size
 
     def execute(self, ops: MemOps) -> None:
-        """Carry out MemOps in the documented order: swap-outs, copies, swap-ins."""
-        ps = self.page_size
+        """Carry out MemOps in the documented order: tier writes, swap-outs, copies, swap-ins,
+        tier loads."""
+        self._copy_levels(ops.tier_writes)
         for pairs, src, dst in (
             (ops.swap_outs, self.device, self.host),
             (ops.copies, self.device, self.device),
             (ops.swap_ins, self.host, self.device),
         ):
             for src_page, dst_page in pairs:
-                for offset in range(ps):
-                    value = src.get(src_page * ps + offset)
-                    if value is None:
-                        dst.pop(dst_page * ps + offset, None)
-                    else:
-                        dst[dst_page * ps + offset] = value
+                self._copy_page(src, src_page, dst, dst_page)
+        self._copy_levels(ops.tier_loads)
+
+    def _copy_levels(self, copies: list[tuple[int, int, int, int]]) -> None:
+        levels = self.levels
+        for src_level, src_page, dst_level, dst_page in copies:
+            self._require(src_level != dst_level, f"a tier copy within level {src_level}")
+            src = levels.setdefault(src_level, {})
+            self._copy_page(src, src_page, levels.setdefault(dst_level, {}), dst_page)
+
+    def _copy_page(self, src: dict[int, object], src_page: int, dst: dict[int, object],
+                   dst_page: int) -> None:
+        ps = self.page_size
+        for offset in range(ps):
+            value = src.get(src_page * ps + offset)
+            if value is None:
+                dst.pop(dst_page * ps + offset, None)
+            else:
+                dst[dst_page * ps + offset] = value
 
     @staticmethod
     def _require(condition: bool, message: str) -> None:

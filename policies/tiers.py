@@ -1,0 +1,322 @@
+"""Memory tiers below device pages: the prefix cache spilled to host DRAM, local SSD or a
+remote pool, each tier a bounded, content-addressed store of pages with its own eviction.
+
+A tier holds copies of cached prefix pages, keyed by the same page hashes as the device's
+prefix cache (`Request.page_hashes`). The manager (policies/manager.py) decides what moves:
+a page evicted from the device is written to the first tier (write-back; with write-through
+every page is written as soon as its KV is computed), a page a tier evicts moves down to the
+next tier, and a prefix lookup that runs out of device pages goes on through the tiers, so a
+hit below the device becomes a load into a fresh device page before the request's prefill.
+Tiers are inclusive: a page loaded back stays in its tier. Pages are the device's pages (the
+same token slots and bytes), so a tier's capacity in bytes is a number of pages
+(`TierSpec.num_pages`).
+
+Spec grammar (`parse_tiers`, the CLI's `--kv-tiers`): tiers in order, comma-separated, each
+`KIND:SIZE[:OPTION=VALUE...]`, e.g. `host:512GiB,ssd:4TiB:eviction=arc`. KIND is host, ssd or
+remote; SIZE a byte size (256MiB, 2GiB, 1.5TB) or a page count (`4096p`); options: eviction
+(lru, fifo, lfu, arc, slru, cost), read and write (bandwidth, GB/s), latency (microseconds).
+Unset link figures are the hardware's (the simulator fills them in).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kvlab.errors import KvlabError
+from kvlab.policies import registry
+from kvlab.policies.interfaces import Eviction
+
+TIER_KINDS = ("host", "ssd", "remote")
+WRITE_POLICIES = ("write-back", "write-through")
+OVERLAP_MODES = ("none", "layerwise")
+_PAGES_SUFFIX = "p"
+
+
+@dataclass(slots=True, frozen=True)
+class TierSpec:
+    """One tier: its kind, its size (bytes, or pages when `size_pages` is set), its eviction
+    policy and, optionally, its link figures (bytes/s one way, seconds per transfer); None
+    means the hardware preset's figure for the kind."""
+
+    kind: str
+    size_bytes: int = 0
+    size_pages: int | None = None
+    eviction: str = "lru"
+    read_bandwidth: float | None = None
+    write_bandwidth: float | None = None
+    latency_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in TIER_KINDS:
+            raise _tier_error(f"tier kind {self.kind!r}: expected one of {', '.join(TIER_KINDS)}")
+        if self.size_pages is None and self.size_bytes <= 0:
+            raise _tier_error(f"{self.kind} tier: size {self.size_bytes} bytes; expected > 0")
+        if self.size_pages is not None and self.size_pages < 1:
+            raise _tier_error(f"{self.kind} tier: {self.size_pages} pages; expected >= 1")
+        if self.eviction not in registry.names("eviction"):
+            raise _tier_error(f"{self.kind} tier: eviction {self.eviction!r}; expected one of "
+                              + ", ".join(registry.names("eviction")))
+        entry = registry.get("eviction", self.eviction)
+        if not entry.factory().caches:
+            raise _tier_error(f"{self.kind} tier: eviction {self.eviction!r} caches nothing; "
+                              "a tier needs a caching policy (lru, fifo, lfu, arc, slru, cost)")
+        for name in ("read_bandwidth", "write_bandwidth", "latency_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= (0.0 if name == "latency_s" else 1.0):
+                raise _tier_error(f"{self.kind} tier: {name} {value!r}; expected a positive figure")
+
+    def num_pages(self, page_bytes: int) -> int:
+        """The tier's capacity in device pages of `page_bytes` bytes (at least one)."""
+        if self.size_pages is not None:
+            return self.size_pages
+        if page_bytes <= 0:
+            raise _tier_error(f"page of {page_bytes} bytes: expected > 0")
+        pages = self.size_bytes // page_bytes
+        if pages < 1:
+            raise _tier_error(f"{self.kind} tier of {self.size_bytes} bytes holds no page of "
+                              f"{page_bytes} bytes; make it larger")
+        return pages
+
+    def to_string(self) -> str:
+        """This tier in the spec grammar (`parse_tier` reads it back)."""
+        size = f"{self.size_pages}{_PAGES_SUFFIX}" if self.size_pages is not None \
+            else str(self.size_bytes)
+        parts = [self.kind, size]
+        if self.eviction != "lru":
+            parts.append(f"eviction={self.eviction}")
+        for key, name, scale in (("read", "read_bandwidth", 1e9), ("write", "write_bandwidth", 1e9),
+                                 ("latency", "latency_s", 1e-6)):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{key}={value / scale:g}")
+        return ":".join(parts)
+
+
+@dataclass(slots=True, frozen=True)
+class TiersConfig:
+    """The tiers below device memory, in order, and how pages reach them.
+
+    `write_policy`: write-back (a page is written to the first tier when the device evicts it)
+    or write-through (as soon as its KV is computed; eviction then writes only what was
+    skipped). `store_threshold`: write only pages whose content was hit at least that many
+    times (vLLM's reuse gating; 0 writes every page). `overlap`: none (a step waits for its
+    loads, then computes) or layerwise (loads stream layer by layer under the forward pass).
+    """
+
+    tiers: tuple[TierSpec, ...] = ()
+    write_policy: str = "write-back"
+    store_threshold: int = 0
+    overlap: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.write_policy not in WRITE_POLICIES:
+            raise KvlabError(f"kv tier write policy {self.write_policy!r}: expected one of "
+                             f"{', '.join(WRITE_POLICIES)}", parameters=("kv_tier_write",))
+        if self.overlap not in OVERLAP_MODES:
+            raise KvlabError(f"kv tier overlap {self.overlap!r}: expected one of "
+                             f"{', '.join(OVERLAP_MODES)}", parameters=("kv_tier_overlap",))
+        threshold = self.store_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise KvlabError(f"kv tier store threshold {threshold!r}: expected a whole number "
+                             ">= 0", parameters=("kv_tier_store_threshold",))
+        kinds = [tier.kind for tier in self.tiers]
+        if kinds.count("remote") > 1:
+            raise _tier_error("more than one remote tier; a cluster shares one remote pool")
+
+    def __bool__(self) -> bool:
+        return bool(self.tiers)
+
+    def to_string(self) -> str:
+        """The tiers in the spec grammar ("" for none)."""
+        return ",".join(tier.to_string() for tier in self.tiers)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready: the spec string and the write settings (`from_json` reads it back)."""
+        return {"tiers": self.to_string(), "write_policy": self.write_policy,
+                "store_threshold": self.store_threshold, "overlap": self.overlap}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> TiersConfig:
+        """The config a `to_json` dict describes (None or {}: no tiers)."""
+        if not data:
+            return cls()
+        data = dict(data)
+        return cls(tiers=parse_tiers(data.pop("tiers", "")), **data)
+
+    def with_tiers(self, tiers: tuple[TierSpec, ...]) -> TiersConfig:
+        """A copy with other tiers (the same write settings)."""
+        return replace(self, tiers=tiers)
+
+
+def parse_tiers(text: str) -> tuple[TierSpec, ...]:
+    """Tiers from the spec grammar (module docstring); "" or "none" is no tier."""
+    text = text.strip()
+    if text in ("", "none"):
+        return ()
+    return tuple(parse_tier(part) for part in text.split(","))
+
+
+def parse_tier(text: str) -> TierSpec:
+    """One `KIND:SIZE[:OPTION=VALUE...]` tier."""
+    from kvlab.policies.serving import parse_memory_size  # serving imports this module
+
+    parts = [part.strip() for part in text.strip().split(":")]
+    if len(parts) < 2 or not parts[1]:
+        raise _tier_error(f"tier {text!r}: expected KIND:SIZE[:OPTION=VALUE...], e.g. "
+                          "host:512GiB or ssd:4TiB:eviction=arc")
+    kind, size = parts[0], parts[1]
+    settings: dict[str, Any] = {}
+    if size.lower().endswith(_PAGES_SUFFIX) and size[:-1].isdigit():
+        settings["size_pages"] = int(size[:-1])
+    else:
+        settings["size_bytes"] = parse_memory_size(size, "kv_tiers")
+    for option in parts[2:]:
+        key, _, value = option.partition("=")
+        settings.update(_tier_option(text, key.strip(), value.strip()))
+    return TierSpec(kind, **settings)
+
+
+def _tier_option(text: str, key: str, value: str) -> dict[str, Any]:
+    if key == "eviction":
+        return {"eviction": value}
+    scales = {"read": ("read_bandwidth", 1e9), "write": ("write_bandwidth", 1e9),
+              "latency": ("latency_s", 1e-6)}
+    if key not in scales:
+        raise _tier_error(f"tier {text!r}: unknown option {key!r}; expected eviction=, read= "
+                          "(GB/s), write= (GB/s) or latency= (microseconds)")
+    name, scale = scales[key]
+    try:
+        number = float(value)
+    except ValueError:
+        raise _tier_error(f"tier {text!r}: {key}={value!r} is not a number") from None
+    return {name: number * scale}
+
+
+def _tier_error(message: str) -> KvlabError:
+    return KvlabError(message, parameters=("kv_tiers",))
+
+
+@dataclass(slots=True)
+class TierStats:
+    """What one tier did over a run, in pages."""
+
+    num_hits: int = 0  # prefix pages found here (and loaded to the device)
+    num_stores: int = 0  # pages written here (from the device or the tier above)
+    num_evictions: int = 0  # pages whose content this tier dropped (or moved down)
+    num_demotions: int = 0  # of those, moved to the next tier
+
+    def to_json(self) -> dict[str, int]:
+        """The counters by name."""
+        return {"num_hits": self.num_hits, "num_stores": self.num_stores,
+                "num_evictions": self.num_evictions, "num_demotions": self.num_demotions}
+
+
+@dataclass(slots=True)
+class PrefixTier:
+    """A tier's pages at run time: which content each holds, its free pages, its eviction
+    policy, and the pages pinned by a load of the step being decided (not evictable until
+    `unpin_all`). A remote pool is one PrefixTier shared by the managers of a cluster."""
+
+    spec: TierSpec
+    num_total_pages: int
+    evictor: Eviction = field(init=False)
+    stats: TierStats = field(default_factory=TierStats)
+    epoch: int = 0  # counts contents dropped: a lookup from an older epoch may be stale
+    _free: deque[int] = field(init=False)
+    _page_of: dict[Hashable, int] = field(default_factory=dict)
+    _key_of: dict[int, Hashable] = field(default_factory=dict)
+    _pinned: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.evictor = registry.get("eviction", self.spec.eviction).factory()
+        self._free = deque(range(self.num_total_pages))
+
+    @property
+    def kind(self) -> str:
+        """host, ssd or remote."""
+        return self.spec.kind
+
+    @property
+    def num_used_pages(self) -> int:
+        """Pages holding content (pinned ones included)."""
+        return self.num_total_pages - len(self._free)
+
+    @property
+    def num_free_pages(self) -> int:
+        """Pages holding nothing."""
+        return len(self._free)
+
+    @property
+    def num_pinned_pages(self) -> int:
+        """Pages a load of the current step reads."""
+        return len(self._pinned)
+
+    def page_of(self, key: Hashable) -> int | None:
+        """The page holding `key`, or None."""
+        return self._page_of.get(key)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._page_of
+
+    def pin(self, page: int) -> None:
+        """A load reads `page` this step: count the hit and keep it from being evicted."""
+        if page in self.evictor:
+            self.evictor.remove(page)
+            self._pinned.append(page)
+        self.evictor.on_hit(page)
+        self.stats.num_hits += 1
+
+    def unpin_all(self) -> None:
+        """The step's loads are decided: the pages read become the most recently used."""
+        evictor, key_of = self.evictor, self._key_of
+        for page in self._pinned:
+            evictor.add(page, 0, key_of[page])
+        self._pinned.clear()
+
+    def put(self, key: Hashable) -> tuple[int, Hashable | None] | None:
+        """Give `key` a page: a free one, else the eviction policy's victim (whose key is
+        returned, for the caller to move down); None when every page is pinned."""
+        assert key not in self._page_of, "content stored twice in one tier"
+        victim_key: Hashable | None = None
+        if self._free:
+            page = self._free.popleft()
+        elif len(self.evictor):
+            page, victim_key = self.evictor.pop_victim()
+            del self._page_of[victim_key]
+            self.stats.num_evictions += 1
+            self.epoch += 1
+        else:
+            return None
+        self._page_of[key] = page
+        self._key_of[page] = key
+        self.evictor.add(page, 0, key)
+        self.stats.num_stores += 1
+        return page, victim_key
+
+    def clear(self) -> None:
+        """Drop every page's content (no page may be pinned)."""
+        assert not self._pinned, "clear a tier while a load reads it"
+        self.evictor = registry.get("eviction", self.spec.eviction).factory()
+        self._free = deque(range(self.num_total_pages))
+        self._page_of.clear()
+        self._key_of.clear()
+        self.epoch += 1
+
+    def check(self) -> None:
+        """Conservation: every page free, or holding one key (and cached, or pinned)."""
+        used = len(self._page_of)
+        assert used + len(self._free) == self.num_total_pages, "a tier page was lost"
+        assert len(self.evictor) + len(self._pinned) == used, "a tier page left its evictor"
+        assert len(set(self._free)) == len(self._free), "a tier page is free twice"
+
+
+def build_tiers(config: TiersConfig, page_bytes: int,
+                shared: dict[str, PrefixTier] | None = None) -> list[PrefixTier]:
+    """The run-time tiers of one instance; a kind in `shared` (a cluster's remote pool) is
+    that object, shared, instead of a new one."""
+    shared = shared or {}
+    return [shared.get(spec.kind) or PrefixTier(spec, spec.num_pages(page_bytes))
+            for spec in config.tiers]

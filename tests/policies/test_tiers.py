@@ -1,0 +1,117 @@
+"""Tier specs (the `--kv-tiers` grammar) and one tier's pages: put, evict, pin, conserve."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlab.errors import KvlabError
+from kvlab.policies.tiers import (
+    PrefixTier,
+    TiersConfig,
+    TierSpec,
+    build_tiers,
+    parse_tier,
+    parse_tiers,
+)
+
+
+def test_the_grammar_reads_sizes_pages_and_options():
+    host, ssd, remote = parse_tiers("host:512GiB, ssd:4TiB:eviction=arc:read=7:write=5,"
+                                    "remote:1000p:latency=20")
+    assert host == TierSpec("host", size_bytes=512 * 2**30)
+    assert ssd.size_bytes == 4 * 2**40 and ssd.eviction == "arc"
+    assert ssd.read_bandwidth == pytest.approx(7e9) and ssd.write_bandwidth == pytest.approx(5e9)
+    assert remote.size_pages == 1000 and remote.latency_s == pytest.approx(20e-6)
+    assert parse_tiers("") == () and parse_tiers("none") == ()
+
+
+@given(
+    kind=st.sampled_from(["host", "ssd", "remote"]),
+    size=st.integers(1, 2**45),
+    pages=st.booleans(),
+    eviction=st.sampled_from(["lru", "fifo", "lfu", "arc", "slru", "cost"]),
+    read=st.none() | st.integers(1, 400).map(float),
+)
+def test_a_tier_round_trips_through_its_string(kind, size, pages, eviction, read):
+    spec = TierSpec(kind, size_bytes=0 if pages else size, size_pages=size if pages else None,
+                    eviction=eviction, read_bandwidth=None if read is None else read * 1e9)
+    again = parse_tier(spec.to_string())
+    assert again.to_string() == spec.to_string()
+    assert again.kind == kind and again.eviction == eviction
+    assert again.size_pages == spec.size_pages and again.size_bytes == spec.size_bytes
+
+
+def test_the_config_round_trips_through_json():
+    config = TiersConfig(parse_tiers("host:1GiB,ssd:10GiB:eviction=lfu"),
+                         write_policy="write-through", store_threshold=2, overlap="layerwise")
+    assert TiersConfig.from_json(config.to_json()) == config
+    assert TiersConfig.from_json(None) == TiersConfig() and not TiersConfig()
+
+
+@pytest.mark.parametrize("text, words", [
+    ("disk:1GiB", "tier kind 'disk'"),
+    ("host", "expected KIND:SIZE"),
+    ("host:lots", "expected a size"),
+    ("host:0", "expected > 0"),
+    ("host:1GiB:eviction=none", "caches nothing"),
+    ("host:1GiB:eviction=mru", "expected one of"),
+    ("host:1GiB:speed=3", "unknown option 'speed'"),
+    ("host:1GiB:read=fast", "is not a number"),
+    ("host:1GiB:read=0", "expected a positive figure"),
+])
+def test_bad_tiers_say_what_was_expected(text, words):
+    with pytest.raises(KvlabError, match=words) as caught:
+        parse_tiers(text)
+    assert caught.value.parameters == ("kv_tiers",)
+
+
+@pytest.mark.parametrize("settings, parameter", [
+    ({"write_policy": "sometimes"}, "kv_tier_write"),
+    ({"overlap": "always"}, "kv_tier_overlap"),
+    ({"store_threshold": -1}, "kv_tier_store_threshold"),
+])
+def test_bad_write_settings_name_their_setting(settings, parameter):
+    with pytest.raises(KvlabError) as caught:
+        TiersConfig(**settings)
+    assert caught.value.parameters == (parameter,)
+
+
+def test_two_remote_pools_are_refused():
+    with pytest.raises(KvlabError, match="one remote pool"):
+        TiersConfig(parse_tiers("remote:1GiB,remote:2GiB"))
+
+
+def test_capacity_in_pages_of_the_device():
+    spec = TierSpec("host", size_bytes=10 * 2**20)
+    assert spec.num_pages(2**20) == 10
+    with pytest.raises(KvlabError, match="holds no page"):
+        spec.num_pages(2**30)
+
+
+def test_a_full_tier_evicts_by_its_policy_and_pinned_pages_stay():
+    tier = PrefixTier(TierSpec("host", size_pages=2), 2)
+    assert tier.put("a") == (0, None) and tier.put("b") == (1, None)
+    tier.pin(tier.page_of("a"))  # a load reads "a" this step: "b" is the only victim
+    assert tier.put("c") == (1, "b")
+    tier.pin(tier.page_of("c"))
+    assert tier.put("d") is None  # every page is read this step: the write is skipped
+    tier.check()
+
+
+def test_pins_end_with_the_step_and_make_the_page_recent():
+    tier = PrefixTier(TierSpec("host", size_pages=2), 2)
+    tier.put("a"), tier.put("b")
+    tier.pin(tier.page_of("a"))
+    tier.unpin_all()
+    assert tier.put("c") == (1, "b")  # "a" was read last: LRU keeps it
+    assert tier.stats.num_hits == 1 and tier.stats.num_evictions == 1
+    tier.check()
+
+
+def test_a_shared_kind_is_the_same_object_for_every_instance():
+    config = TiersConfig(parse_tiers("host:4p,remote:8p"))
+    first = build_tiers(config, page_bytes=1)
+    second = build_tiers(config, page_bytes=1, shared={"remote": first[1]})
+    assert second[1] is first[1] and second[0] is not first[0]
