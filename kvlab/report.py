@@ -105,6 +105,31 @@ def _request_rate_row(summary: dict) -> list[str]:
     return []
 
 
+TIER_ROWS = (
+    ("pages", "pages:"),
+    ("hit_rate_perc", "hit rate (%):"),
+    ("hit_pages", "hit pages:"),
+    ("stored_pages", "stored pages:"),
+    ("evicted_pages", "evicted pages:"),
+    ("demoted_pages", "pages moved down:"),
+    ("link_busy_s", "link busy (s):"),
+)
+
+
+def _tier_rows(summary: dict) -> list[tuple[str, str]]:
+    """(key, label) of the memory tiers' rows, tier by tier (none without tiers)."""
+    tiers = summary.get("kv_tiers")
+    if not isinstance(tiers, dict) or not tiers.get("tiers"):
+        return []
+    rows = [("device_prefix_hit_rate_perc", "Device prefix hit rate (%):")]
+    for spec in str(tiers["tiers"]).split(","):
+        kind = spec.split(":")[0]
+        name = {"ssd": "SSD"}.get(kind, kind.capitalize())
+        rows += [(f"{kind}_tier_{key}", f"{name} tier {label}")
+                 for key, label in TIER_ROWS]
+    return rows
+
+
 def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> str:
     """The summary as vLLM's printed report, with a KV Cache and a Run section after it.
 
@@ -125,7 +150,8 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
         if rows:
             lines.append(_header(METRIC_NAMES[metric][1], "-"))
             lines.extend(_row(label, summary[key]) for key, label in rows)
-    for section, section_rows in (("KV Cache", KV_CACHE_ROWS), ("Run", RUN_ROWS)):
+    for section, section_rows in (("KV Cache", KV_CACHE_ROWS), ("KV Tiers", _tier_rows(summary)),
+                                  ("Run", RUN_ROWS)):
         present = [(k, label) for k, label in section_rows if summary.get(k) is not None]
         if present:
             lines.append(_header(section, "-"))
@@ -143,6 +169,8 @@ def _comparison_rows(summaries: Sequence[dict]) -> list[tuple[str, str]]:
             seen.update(_latency_rows(summary, metric))
         rows.extend(seen.items())
     rows.extend(KV_CACHE_ROWS)
+    for summary in summaries:
+        rows.extend(row for row in _tier_rows(summary) if row not in rows)
     return [(k, label) for k, label in rows if any(s.get(k) is not None for s in summaries)]
 
 

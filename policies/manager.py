@@ -6,6 +6,7 @@ import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
+from itertools import compress, repeat
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -82,6 +83,7 @@ class KVCacheManager:
         "_reuse",
         "_seqs",
         "_tier_writes",
+        "_write_backs",
         "allocator",
         "block_sizing",
         "caching",
@@ -170,6 +172,9 @@ class KVCacheManager:
         self.write_through = config.write_policy == "write-through"
         self.store_threshold = config.store_threshold
         self._tier_writes: list[tuple[int, int, int, int]] = []  # this step's, in order
+        # Device pages evicted since the last write-back, with their keys: stored in batches
+        # (before the next tier lookup, and at the end of the step).
+        self._write_backs: tuple[list[int], list] = ([], [])
         self._pending_through: list[tuple[int, Hashable]] = []  # (page, key) to write next step
         self._reuse: dict[Hashable, int] = {}  # key -> prefix hits on it (store_threshold > 0)
 
@@ -234,6 +239,7 @@ class KVCacheManager:
             pages.append(page)
         self._last_lookup = (seq.request_id, self._cache_epoch, pages)
         if self.tiers is not None and len(pages) < limit:
+            self._flush_write_backs()  # content evicted this step is found below
             below = self._tier_chain(hashes[len(pages):limit])
             self._last_lookup = (seq.request_id, self._cache_epoch, pages, below,
                                  self._tier_epoch())
@@ -244,10 +250,19 @@ class KVCacheManager:
         """(level, tier page) of each key in turn, from the highest tier holding it, up to the
         first key no tier holds."""
         assert self.tiers is not None
-        chain = []
+        maps = [tier.pages_by_key for tier in self.tiers]
+        chain: list[tuple[int, int]] = []
+        if len(maps) == 1:  # one tier: the common case, one dict lookup per key
+            get = maps[0].get
+            for key in keys:
+                page = get(key)
+                if page is None:
+                    break
+                chain.append((1, page))
+            return chain
         for key in keys:
-            for level, tier in enumerate(self.tiers, 1):
-                page = tier.page_of(key)
+            for level, held in enumerate(maps, 1):
+                page = held.get(key)
                 if page is not None:
                     chain.append((level, page))
                     break
@@ -500,14 +515,15 @@ class KVCacheManager:
             return
         self._pending_through = []
         assert self.tiers is not None
-        first, cached = self.tiers[0], self._cached
-        for page, key in pending:
-            if cached.get(key) == page and key not in first and self._reuse_ok(key):
-                self._store(0, page, key, 1)
+        cached = self._cached
+        live = [(page, key) for page, key in pending if cached.get(key) == page]
+        if live:
+            self._store(0, [page for page, _ in live], [key for _, key in live], 1)
 
     def end_step(self, ops: MemOps) -> None:
         """A step's decisions are made: append its tier writes to `ops` (in the order they
         were decided) and release the tier pages its loads read."""
+        self._flush_write_backs()
         if self._tier_writes:
             ops.tier_writes.extend(self._tier_writes)
             self._tier_writes = []
@@ -520,10 +536,12 @@ class KVCacheManager:
             tier.check()
             assert not tier.num_pinned_pages, f"{tier.kind} tier pages left pinned"
 
-    def _pin_tier_hits(self, hits: list[tuple[int, int]]) -> None:
+    def _pin_tier_hits(self, seq: Request, hits: list[tuple[int, int]]) -> None:
         assert self.tiers is not None
-        for level, page in hits:
-            self.tiers[level - 1].pin(page)
+        start = seq.num_computed_tokens // self.page_size - len(hits)
+        keys = seq.page_hashes(self.page_size)[start : start + len(hits)]
+        for (level, page), key in zip(hits, keys, strict=True):
+            self.tiers[level - 1].pin(page, key)
 
     def _load_tier_hits(self, state: _SeqState, hits: list[tuple[int, int]]) -> MemOps:
         """The loads of a new sequence's hits below the device into the pages after its
@@ -534,34 +552,44 @@ class KVCacheManager:
                                   for (level, tier_page), page in zip(hits, pages, strict=True)])
 
     def _write_back(self, pages: list[int], keys: list) -> None:
-        """Device pages whose content is being dropped: store what the first tier lacks."""
-        assert self.tiers is not None
-        first = self.tiers[0]
-        for page, key in zip(pages, keys, strict=True):
-            if key not in first and self._reuse_ok(key):
-                self._store(0, page, key, 1)
+        """Device pages whose content is being dropped: store what the first tier lacks (in a
+        batch, soon: the pages keep their content until the step's work runs)."""
+        pending_pages, pending_keys = self._write_backs
+        pending_pages += pages
+        pending_keys += keys
 
-    def _store(self, src_level: int, src_page: int, key: Hashable, level: int) -> None:
-        """Write `key` (held by `src_page` of `src_level`) to tier `level`; the page it takes
-        there, if it held other content, first moves that content to the next tier."""
-        assert self.tiers is not None
-        if level > len(self.tiers):
-            return
-        tier = self.tiers[level - 1]
-        if key in tier:
-            return
-        placed = tier.put(key)
-        if placed is None:  # every page is read by a load of this step: skip the write
-            return
-        page, victim = placed
-        if victim is not None and level < len(self.tiers):
-            tier.stats.num_demotions += 1
-            self._store(level, page, victim, level + 1)
-        self._tier_writes.append((src_level, src_page, level, page))
+    def _flush_write_backs(self) -> None:
+        pages, keys = self._write_backs
+        if pages:
+            self._write_backs = ([], [])
+            self._store(0, pages, keys, 1)
 
-    def _reuse_ok(self, key: Hashable) -> bool:
-        """Whether the content was hit often enough to be written below (store_threshold)."""
-        return not self.store_threshold or self._reuse.get(key, 0) >= self.store_threshold
+    def _store(self, src_level: int, src_pages: list[int], keys: list, level: int) -> None:
+        """Write `keys` (held by `src_pages` of `src_level`) to tier `level`, skipping what it
+        holds already (and, from the device, what was not hit often enough); the pages they
+        take there, where they held other content, first move it to the next tier. A tier
+        whose pages are all read by loads of this step skips the write."""
+        tiers = self.tiers
+        assert tiers is not None
+        tier = tiers[level - 1]
+        held = tier.pages_by_key
+        # Keys are unique here (one device page per key, one tier page per key); the common
+        # case, none of them held below yet, is checked in C.
+        if src_level == 0 and self.store_threshold:
+            threshold, reuse = self.store_threshold, self._reuse
+            keep = [key not in held and reuse.get(key, 0) >= threshold for key in keys]
+            keys, src_pages = list(compress(keys, keep)), list(compress(src_pages, keep))
+        elif not held.keys().isdisjoint(keys):
+            keep = [key not in held for key in keys]
+            keys, src_pages = list(compress(keys, keep)), list(compress(src_pages, keep))
+        if not keys:
+            return
+        stored, pages, victim_pages, victim_keys = tier.put_many(keys)
+        if victim_keys and level < len(tiers):
+            tier.stats.num_demotions += len(victim_keys)
+            self._store(level, victim_pages, victim_keys, level + 1)
+        sources = src_pages[len(src_pages) - len(stored):]  # put_many keeps the last keys
+        self._tier_writes += zip(repeat(src_level), sources, repeat(level), pages)
 
     def _count_reuse(self, seq: Request, num_hit_pages: int) -> None:
         reuse = self._reuse
@@ -764,7 +792,7 @@ class KVCacheManager:
         ops = NO_OPS
         if state is None:
             if plan.tier_hits:
-                self._pin_tier_hits(plan.tier_hits)
+                self._pin_tier_hits(seq, plan.tier_hits)
             state = self._take_hits(seq, plan.hit_pages)
         if plan.as_runs:
             state.pages += self._take_runs(plan.num_block_pages)

@@ -19,6 +19,7 @@ from kvlab.policies.scheduler import (
     check_whole_number,
 )
 from kvlab.policies.spec import PolicySpec, parse_policy
+from kvlab.policies.tiers import TiersConfig
 
 GiB = 2**30
 DEFAULT_SWAP_SPACE_BYTES = 4 * GiB  # vLLM v0's swap_space default, per device
@@ -60,8 +61,10 @@ class ServingConfig:
     switches). `max_model_len` None means the model's own limit (`resolve_max_model_len`).
     KV memory: `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
     `gpu_memory_utilization` of the device minus weights and activations. `swap_space_bytes`
-    bounds the host swap pages unless the policy's `host_pages` does. `seed` shapes sampling and
-    synthetic workloads and is recorded with results. Checked on construction.
+    bounds the host swap pages unless the policy's `host_pages` does. `kv_tiers` are the memory
+    tiers below the device that the prefix cache spills to (policies/tiers.py; none by
+    default). `seed` shapes sampling and synthetic workloads and is recorded with results.
+    Checked on construction.
     """
 
     policy: PolicySpec = field(default_factory=PolicySpec)
@@ -74,6 +77,7 @@ class ServingConfig:
     kv_cache_memory_bytes: int | None = None
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
     seed: int = 0
+    kv_tiers: TiersConfig = field(default_factory=TiersConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, PolicySpec):
@@ -91,6 +95,13 @@ class ServingConfig:
                 f"gpu_memory_utilization is {utilization!r}; expected a fraction in (0, 1]",
                 parameters=("gpu_memory_utilization",),
             )
+        if not isinstance(self.kv_tiers, TiersConfig):
+            raise TypeError("ServingConfig.kv_tiers is a TiersConfig")
+        if self.kv_tiers and not self.policy.prefix_caching:
+            raise KvlabError(
+                "memory tiers (kv_tiers) hold prefix-cache pages: enable prefix caching "
+                f"(policy {self.policy.to_string()!r} caches nothing)",
+                parameters=("kv_tiers", "enable_prefix_caching"))
         limit = self.max_model_len
         if (limit is not None and not self.enable_chunked_prefill
                 and self.max_num_batched_tokens < limit):
@@ -170,14 +181,15 @@ class ServingConfig:
         return num_pages if swap_space_pages is None else min(num_pages, swap_space_pages)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, the policy as a dict (`from_json` reads it back)."""
-        return asdict(self)
+        """Every field, the policy and the tiers as dicts (`from_json` reads it back)."""
+        return {**asdict(self), "kv_tiers": self.kv_tiers.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServingConfig:
         """The config a `to_json` dict describes."""
         data = dict(data)
-        return cls(policy=PolicySpec.from_json(data.pop("policy", {})), **data)
+        tiers = TiersConfig.from_json(data.pop("kv_tiers", None))
+        return cls(policy=PolicySpec.from_json(data.pop("policy", {})), kv_tiers=tiers, **data)
 
 
 def _prefill_budget_error(budget: int, max_model_len: int) -> KvlabError:

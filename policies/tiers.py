@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvlab.errors import KvlabError
@@ -113,18 +113,20 @@ class TiersConfig:
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
-            raise KvlabError(f"kv tier write policy {self.write_policy!r}: expected one of "
+            raise KvlabError(f"kv_tier_write {self.write_policy!r}: expected one of "
                              f"{', '.join(WRITE_POLICIES)}", parameters=("kv_tier_write",))
         if self.overlap not in OVERLAP_MODES:
-            raise KvlabError(f"kv tier overlap {self.overlap!r}: expected one of "
+            raise KvlabError(f"kv_tier_overlap {self.overlap!r}: expected one of "
                              f"{', '.join(OVERLAP_MODES)}", parameters=("kv_tier_overlap",))
         threshold = self.store_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-            raise KvlabError(f"kv tier store threshold {threshold!r}: expected a whole number "
+            raise KvlabError(f"kv_tier_store_threshold {threshold!r}: expected a whole number "
                              ">= 0", parameters=("kv_tier_store_threshold",))
         kinds = [tier.kind for tier in self.tiers]
-        if kinds.count("remote") > 1:
-            raise _tier_error("more than one remote tier; a cluster shares one remote pool")
+        for kind in set(kinds):
+            if kinds.count(kind) > 1:
+                raise _tier_error(f"more than one {kind} tier; give each kind once (a "
+                                  "cluster shares one remote pool)")
 
     def __bool__(self) -> bool:
         return bool(self.tiers)
@@ -196,7 +198,7 @@ def _tier_option(text: str, key: str, value: str) -> dict[str, Any]:
 
 
 def _tier_error(message: str) -> KvlabError:
-    return KvlabError(message, parameters=("kv_tiers",))
+    return KvlabError(f"kv_tiers: {message}", parameters=("kv_tiers",))
 
 
 @dataclass(slots=True)
@@ -214,25 +216,28 @@ class TierStats:
                 "num_evictions": self.num_evictions, "num_demotions": self.num_demotions}
 
 
-@dataclass(slots=True)
 class PrefixTier:
-    """A tier's pages at run time: which content each holds, its free pages, its eviction
-    policy, and the pages pinned by a load of the step being decided (not evictable until
-    `unpin_all`). A remote pool is one PrefixTier shared by the managers of a cluster."""
+    """A tier's pages at run time: which content each holds, its eviction policy, and the
+    pages pinned by a load of the step being decided (not evictable until `unpin_all`). A
+    remote pool is one PrefixTier shared by the managers of a cluster.
 
-    spec: TierSpec
-    num_total_pages: int
-    evictor: Eviction = field(init=False)
-    stats: TierStats = field(default_factory=TierStats)
-    epoch: int = 0  # counts contents dropped: a lookup from an older epoch may be stale
-    _free: deque[int] = field(init=False)
-    _page_of: dict[Hashable, int] = field(default_factory=dict)
-    _key_of: dict[int, Hashable] = field(default_factory=dict)
-    _pinned: list[int] = field(default_factory=list)
+    A tier page is never freed alone (content leaves only by eviction, which reuses the page
+    at once), so the free pages are always the tail of the page range.
+    """
 
-    def __post_init__(self) -> None:
-        self.evictor = registry.get("eviction", self.spec.eviction).factory()
-        self._free = deque(range(self.num_total_pages))
+    __slots__ = ("_num_handed_out", "_page_of", "_pinned", "epoch", "evictor",
+                 "num_total_pages", "spec", "stats")
+
+    def __init__(self, spec: TierSpec, num_total_pages: int) -> None:
+        self.spec = spec
+        self.num_total_pages = num_total_pages
+        self.stats = TierStats()
+        self.epoch = 0  # counts contents dropped: a lookup from an older epoch may be stale
+        self._num_handed_out = 0
+        self._page_of: dict[Hashable, int] = {}
+        # the same policies as the device's, over tier pages (a tier page holds no owner)
+        self.evictor: Eviction = registry.get("eviction", spec.eviction).factory()
+        self._pinned: list[tuple[int, Hashable]] = []
 
     @property
     def kind(self) -> str:
@@ -242,12 +247,12 @@ class PrefixTier:
     @property
     def num_used_pages(self) -> int:
         """Pages holding content (pinned ones included)."""
-        return self.num_total_pages - len(self._free)
+        return self._num_handed_out
 
     @property
     def num_free_pages(self) -> int:
         """Pages holding nothing."""
-        return len(self._free)
+        return self.num_total_pages - self._num_handed_out
 
     @property
     def num_pinned_pages(self) -> int:
@@ -258,59 +263,103 @@ class PrefixTier:
         """The page holding `key`, or None."""
         return self._page_of.get(key)
 
+    @property
+    def pages_by_key(self) -> dict[Hashable, int]:
+        """key -> the page holding it (read-only: the manager's fast lookups)."""
+        return self._page_of
+
     def __contains__(self, key: Hashable) -> bool:
         return key in self._page_of
 
-    def pin(self, page: int) -> None:
-        """A load reads `page` this step: count the hit and keep it from being evicted."""
-        if page in self.evictor:
-            self.evictor.remove(page)
-            self._pinned.append(page)
-        self.evictor.on_hit(page)
+    def pin(self, page: int, key: Hashable) -> None:
+        """A load reads `page` (holding `key`) this step: count the hit and keep the page
+        from being evicted."""
         self.stats.num_hits += 1
+        evictor = self.evictor
+        if page in evictor:  # else pinned already, by another load of this step
+            evictor.remove(page)
+            self._pinned.append((page, key))
+        evictor.on_hit(page)
 
     def unpin_all(self) -> None:
-        """The step's loads are decided: the pages read become the most recently used."""
-        evictor, key_of = self.evictor, self._key_of
-        for page in self._pinned:
-            evictor.add(page, 0, key_of[page])
-        self._pinned.clear()
+        """The step's loads are decided: the pages read become the most recently used (by
+        LRU; other policies order them their own way)."""
+        pinned, evictor = self._pinned, self.evictor
+        if not pinned:
+            return
+        if (add_pages := getattr(evictor, "add_pages", None)) is not None:
+            add_pages([page for page, _ in pinned], [key for _, key in pinned])
+        else:
+            for page, key in pinned:
+                evictor.add(page, 0, key)
+        pinned.clear()
 
     def put(self, key: Hashable) -> tuple[int, Hashable | None] | None:
         """Give `key` a page: a free one, else the eviction policy's victim (whose key is
         returned, for the caller to move down); None when every page is pinned."""
-        assert key not in self._page_of, "content stored twice in one tier"
-        victim_key: Hashable | None = None
-        if self._free:
-            page = self._free.popleft()
-        elif len(self.evictor):
-            page, victim_key = self.evictor.pop_victim()
-            del self._page_of[victim_key]
-            self.stats.num_evictions += 1
-            self.epoch += 1
-        else:
+        stored = self.put_many([key])
+        if not stored[0]:
             return None
-        self._page_of[key] = page
-        self._key_of[page] = key
-        self.evictor.add(page, 0, key)
-        self.stats.num_stores += 1
-        return page, victim_key
+        return stored[1][0], stored[3][0] if stored[3] else None
+
+    def put_many(self, keys: list) -> tuple[list, list[int], list[int], list]:
+        """Give each of `keys` (none held here, no two alike) a page: free pages first, then
+        the eviction policy's victims, in its order. Returns (the keys stored, their pages,
+        the victims' pages, the victims' keys): when fewer pages are free or evictable than
+        keys, the last keys are the ones stored (as one put after another would keep them),
+        and a victim is always content from before this call."""
+        first_free = self._num_handed_out
+        num_free = min(len(keys), self.num_total_pages - first_free)
+        num_victims = min(len(keys) - num_free, len(self.evictor))
+        keys = keys[len(keys) - num_free - num_victims :]
+        pages = list(range(first_free, first_free + num_free))
+        self._num_handed_out += num_free
+        victim_pages: list[int] = []
+        victim_keys: list = []
+        if num_victims:
+            victim_pages, victim_keys = self._pop_victims(num_victims)
+            pages += victim_pages
+            self.stats.num_evictions += num_victims
+            self.epoch += 1
+        self._page_of.update(zip(keys, pages, strict=True))
+        evictor = self.evictor
+        if (add_pages := getattr(evictor, "add_pages", None)) is not None:
+            add_pages(pages, keys)
+        else:
+            for page, key in zip(pages, keys, strict=True):
+                evictor.add(page, 0, key)
+        self.stats.num_stores += len(keys)
+        return keys, pages, victim_pages, victim_keys
+
+    def _pop_victims(self, num_victims: int) -> tuple[list[int], list]:
+        """The next `num_victims` evictable pages and their keys, their content forgotten."""
+        evictor = self.evictor
+        pop = getattr(evictor, "pop_victims", None)
+        if pop is not None:
+            victim_pages, victim_keys = pop(num_victims)
+        else:
+            victim_pages, victim_keys = [], []
+            for _ in range(num_victims):
+                page, key = evictor.pop_victim()
+                victim_pages.append(page)
+                victim_keys.append(key)
+        deque(map(self._page_of.pop, victim_keys), maxlen=0)
+        return victim_pages, victim_keys
 
     def clear(self) -> None:
         """Drop every page's content (no page may be pinned)."""
         assert not self._pinned, "clear a tier while a load reads it"
         self.evictor = registry.get("eviction", self.spec.eviction).factory()
-        self._free = deque(range(self.num_total_pages))
+        self._num_handed_out = 0
         self._page_of.clear()
-        self._key_of.clear()
         self.epoch += 1
 
     def check(self) -> None:
         """Conservation: every page free, or holding one key (and cached, or pinned)."""
         used = len(self._page_of)
-        assert used + len(self._free) == self.num_total_pages, "a tier page was lost"
+        assert used == self._num_handed_out, "a tier page was lost (or holds two keys)"
+        assert len(set(self._page_of.values())) == used, "a tier page holds two keys"
         assert len(self.evictor) + len(self._pinned) == used, "a tier page left its evictor"
-        assert len(set(self._free)) == len(self._free), "a tier page is free twice"
 
 
 def build_tiers(config: TiersConfig, page_bytes: int,
@@ -320,3 +369,25 @@ def build_tiers(config: TiersConfig, page_bytes: int,
     shared = shared or {}
     return [shared.get(spec.kind) or PrefixTier(spec, spec.num_pages(page_bytes))
             for spec in config.tiers]
+
+
+def tier_summary(tiers: list[PrefixTier], num_prefix_queries: int, num_device_hits: int,
+                 busy_s: list[float] | None = None) -> dict[str, Any]:
+    """A run's tier counters as flat summary keys: the device's own prefix hit rate, then per
+    tier (`<kind>_tier_...`) its pages, hits (and their share of the pages looked up), stores,
+    evictions, moves down and, from the simulator, its link's busy seconds."""
+    def rate(hits: int) -> float:
+        return 100.0 * hits / num_prefix_queries if num_prefix_queries else 0.0
+
+    summary: dict[str, Any] = {"device_prefix_hit_rate_perc": rate(num_device_hits)}
+    for index, tier in enumerate(tiers):
+        stats, key = tier.stats, f"{tier.kind}_tier"
+        summary[f"{key}_pages"] = tier.num_total_pages
+        summary[f"{key}_hit_pages"] = stats.num_hits
+        summary[f"{key}_hit_rate_perc"] = rate(stats.num_hits)
+        summary[f"{key}_stored_pages"] = stats.num_stores
+        summary[f"{key}_evicted_pages"] = stats.num_evictions
+        summary[f"{key}_demoted_pages"] = stats.num_demotions
+        if busy_s is not None:
+            summary[f"{key}_link_busy_s"] = busy_s[index]
+    return summary

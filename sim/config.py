@@ -70,6 +70,35 @@ class SimConfig:
         other.capacity = other._capacity()
         return other
 
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one KV page on one device (all layers, K and V)."""
+        return self.model_spec.kv_bytes_per_token(self.tensor_parallel_size) * \
+            self.serving.page_size
+
+    def tier_links(self) -> list[tuple[float, float, float]]:
+        """(read bytes/s, write bytes/s, seconds per transfer) of each memory tier's link: the
+        tier's own figures where its spec gives them, else the hardware's for its kind."""
+        links = []
+        for tier in self.serving.kv_tiers.tiers:
+            read, write, latency = self.hardware_spec.tier_link(tier.kind)
+            links.append((tier.read_bandwidth or read, tier.write_bandwidth or write,
+                          latency if tier.latency_s is None else tier.latency_s))
+        return links
+
+    def tier_warnings(self) -> list[str]:
+        """A host tier larger than the host memory the hardware preset gives a device."""
+        host_bytes = self.hardware_spec.host_memory_bytes
+        warnings = []
+        for tier in self.serving.kv_tiers.tiers:
+            size = tier.num_pages(self.page_bytes) * self.page_bytes
+            if tier.kind == "host" and host_bytes is not None and size > host_bytes:
+                warnings.append(
+                    f"host tier of {size / 2**30:.0f} GiB is more than the "
+                    f"{host_bytes / 2**30:.0f} GiB of host memory per device of "
+                    f"{self.hardware_spec.name}")
+        return warnings
+
     def scheduler_config(self) -> SchedulerConfig:
         """The scheduler's limits."""
         return self.serving.scheduler_config(self.max_model_len)
@@ -94,6 +123,7 @@ class SimConfig:
             "enable_chunked_prefill": serving.enable_chunked_prefill,
             "enable_prefix_caching": policy.prefix_caching,
             "seed": serving.seed,
+            **({"kv_tiers": serving.kv_tiers.to_json()} if serving.kv_tiers else {}),
         }
 
     def _capacity(self) -> KVCapacity:

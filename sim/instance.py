@@ -28,7 +28,7 @@ import simpy
 from kvlab.policies import Scheduler, SchedulerOutput, StepLoop
 from kvlab.policies.scheduler import decode_step_context
 from kvlab.sim.cost_model import CostModel, StepShape
-from kvlab.sim.link import HostLink
+from kvlab.sim.link import HostLink, TierLinks
 
 MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
 
@@ -52,11 +52,13 @@ class SimInstance:
         *,
         on_finished: Callable[[int], None] | None = None,
         decode_runs: bool = True,
+        tier_links: TierLinks | None = None,
     ) -> None:
         self.env = env
         self.loop = loop
         self.cost_model = cost_model
         self.link = link
+        self.tier_links = tier_links  # the links to the memory tiers (None: no tiers)
         self.on_finished = on_finished  # called with the number of requests a step ended
         self.decode_runs = decode_runs  # take the fast path (False: every step one by one)
         self._wake: simpy.Event | None = None
@@ -138,9 +140,14 @@ class SimInstance:
         device_s = cost_model.step_time_s(output)
         if ops:
             device_s += cost_model.copy_time_s(len(ops.copies))
+            tiers = self.tier_links
+            if tiers is not None and ops.tier_writes:
+                tiers.start_writes(ops)  # first: they read pages this step overwrites
             link_s = self.link.swap_time_s(ops)
             if link_s > 0.0:
                 yield from self.link.transfer(ops, link_s)
+            if tiers is not None and ops.tier_loads:
+                device_s = yield from tiers.load(ops, device_s)
         yield env.timeout(device_s)
         end_s = env.now
         # wall time as the engine's virtual clock records it: the step's whole span

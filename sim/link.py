@@ -11,7 +11,9 @@ simulator charges it the same way; the link being busy never hides behind comput
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Generator
+from operator import itemgetter
 from typing import Any
 
 import simpy
@@ -49,3 +51,69 @@ class HostLink:
             yield self._env.timeout(seconds)
         self.busy_s += seconds
         self.num_transfers += ops.num_swap_out_transfers + ops.num_swap_in_transfers
+
+
+class TierLinks:
+    """The links to an instance's memory tiers (host DRAM over PCIe, NVMe, RDMA to a remote
+    pool), one SimPy resource each, carrying the tier writes and loads of its steps.
+
+    A step's copies over one link are one batched transfer: latency + pages x page bytes /
+    bandwidth (reads for loads, writes for stores, the lower tier's writes for a page moved
+    down). The host tier's link is
+    the swap link itself (one PCIe link carries both). Writes are asynchronous: a step starts
+    them and goes on (vLLM's offloading stores after the forward pass), but they hold the link,
+    so a later load queues behind them. Loads are waited for: with overlap "none" the step
+    computes after its loads; with "layerwise" the forward pass runs as the layers arrive, so
+    the step lasts max(loads, compute) plus one layer's share of the shorter.
+    """
+
+    def __init__(self, env: simpy.Environment, tiers: list[Any],
+                 links: list[tuple[float, float, float]], *, page_bytes: int,
+                 host_link: HostLink, overlap: str, num_layers: int) -> None:
+        self._env = env
+        self._page_bytes = page_bytes
+        self._links = links  # per level from 1: (read bytes/s, write bytes/s, latency)
+        self._resources = [host_link.resource if tier.kind == "host"
+                           else simpy.Resource(env, capacity=1) for tier in tiers]
+        self.kinds = [tier.kind for tier in tiers]
+        self._layerwise = overlap == "layerwise"
+        self._num_layers = max(1, num_layers)
+        self.busy_s = [0.0] * len(tiers)  # seconds each link spent on tier transfers
+        self.num_pages_loaded = [0] * len(tiers)
+        self.num_pages_written = [0] * len(tiers)
+
+    def transfer_time_s(self, level: int, num_pages: int, *, write: bool) -> float:
+        """Seconds the link of `level` needs for `num_pages` pages: one batched transfer, as
+        vLLM's offloading connector copies a step's blocks in one call."""
+        read_bw, write_bw, latency = self._links[level - 1]
+        return latency + num_pages * self._page_bytes / (write_bw if write else read_bw)
+
+    def start_writes(self, ops: MemOps) -> None:
+        """Start the step's tier writes, one process per destination link."""
+        for level, num_pages in Counter(map(itemgetter(2), ops.tier_writes)).items():
+            self.num_pages_written[level - 1] += num_pages
+            seconds = self.transfer_time_s(level, num_pages, write=True)
+            self._env.process(self._hold(level, seconds))
+
+    def load(self, ops: MemOps, device_s: float) -> Generator[simpy.Event, Any, float]:
+        """SimPy process body: carry out the step's tier loads (all links at once); returns
+        the compute seconds left after them (all of `device_s` without layerwise overlap)."""
+        start = self._env.now
+        loads = []
+        for level, num_pages in Counter(map(itemgetter(0), ops.tier_loads)).items():
+            self.num_pages_loaded[level - 1] += num_pages
+            seconds = self.transfer_time_s(level, num_pages, write=False)
+            loads.append(self._env.process(self._hold(level, seconds)))
+        yield self._env.all_of(loads)
+        if not self._layerwise:
+            return device_s
+        waited = self._env.now - start
+        # layer l computes once its KV arrives: the longer of the two, plus one layer of the other
+        return max(device_s - waited, 0.0) + min(waited, device_s) / self._num_layers
+
+    def _hold(self, level: int, seconds: float) -> Generator[simpy.Event, Any, None]:
+        with self._resources[level - 1].request() as request:
+            yield request
+            yield self._env.timeout(seconds)
+        self.busy_s[level - 1] += seconds
+

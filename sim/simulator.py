@@ -12,11 +12,12 @@ import simpy
 from kvlab.metrics import RunResult
 from kvlab.policies import KVCacheManager, PolicySpec, Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
+from kvlab.policies.tiers import build_tiers, tier_summary
 from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel, RooflineCostModel
 from kvlab.sim.instance import SimInstance
-from kvlab.sim.link import HostLink
+from kvlab.sim.link import HostLink, TierLinks
 from kvlab.sim.requests import to_requests
 from kvlab.traces import Trace
 
@@ -76,12 +77,16 @@ class Simulation:
             )
         self.cost_model = cost_model
         scheduler_config = config.scheduler_config()
+        tier_config = config.serving.kv_tiers
+        self.tiers = build_tiers(tier_config, config.page_bytes) if tier_config else None
         self.manager = KVCacheManager(
             self.policy,
             self.capacity.num_pages,
             max_model_len=scheduler_config.max_model_len,
             num_host_pages=config.serving.num_host_pages(self.capacity.num_pages),
             costs=cost_model if preemption_costs is None else preemption_costs,
+            tiers=self.tiers,
+            tier_config=tier_config,
         )
         self.scheduler = Scheduler(scheduler_config, self.manager)
         self.requests = to_requests(trace)
@@ -92,9 +97,13 @@ class Simulation:
             request.arrival_s += self.api_latency_s
         self.env = simpy.Environment()
         self.link = HostLink(self.env, cost_model)
+        self.tier_links = None if self.tiers is None else TierLinks(
+            self.env, self.tiers, config.tier_links(), page_bytes=config.page_bytes,
+            host_link=self.link, overlap=tier_config.overlap,
+            num_layers=config.model_spec.num_layers)
         self.loop = StepLoop(self.scheduler, self.requests)
         self.instance = SimInstance(self.env, self.loop, cost_model, self.link,
-                                    decode_runs=decode_runs)
+                                    decode_runs=decode_runs, tier_links=self.tier_links)
 
     def run(self, *, progress: bool = False) -> RunResult:
         """Simulate until every request has finished; check conservation; return the records."""
@@ -122,8 +131,17 @@ class Simulation:
             num_total_pages=capacity.num_pages,
             kv_cache_size_tokens=capacity.num_tokens,
             num_host_pages=self.manager.num_host_pages,
-            metadata={**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim"},
+            metadata={**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim",
+                      **self._tier_stats()},
         )
+
+    def _tier_stats(self) -> dict[str, Any]:
+        """Per tier, flat keys for the summary: pages, hits, stores, evictions, link time."""
+        if self.tiers is None or self.tier_links is None:
+            return {}
+        manager = self.manager
+        return tier_summary(self.tiers, manager.num_prefix_queries, manager.num_prefix_hits,
+                            self.tier_links.busy_s)
 
 
 def compare(
@@ -156,6 +174,7 @@ def _check_conservation(requests: Sequence[Request], manager: KVCacheManager) ->
     assert not unfinished, f"requests {unfinished[:5]} never finished"
     unexplained = [r.request_id for r in requests if r.error is None and r.finish_s is None]
     assert not unexplained, f"requests {unexplained[:5]} ended without a stamp or a reason"
+    manager.check_tiers()
     usage = manager.usage()
     assert usage.num_used_pages == 0, f"{usage.num_used_pages} pages still in use at the end"
     assert usage.num_host_used_pages == 0, f"{usage.num_host_used_pages} host pages still in use"

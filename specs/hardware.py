@@ -17,6 +17,11 @@ class HardwareSpec:
     a device's link to its peers (NVLink, HCCS) that tensor-parallel all-reduces use, None meaning
     the peers talk over the host link. `step_overhead_s` is the eager per-step cost that does not
     overlap the device's work (kernel launches, input preparation, sampling).
+
+    Memory tiers below the device (policies/tiers.py) use: `host_memory_bytes`, the box's host
+    DRAM per device (a bound on the host tier; None: unknown), the host link for the host
+    tier, `ssd_*` for a local NVMe tier (one device's share of the box's drives) and
+    `remote_*` for a pool on other nodes over RDMA (one device's share of the box's NICs).
     """
 
     name: str
@@ -29,6 +34,27 @@ class HardwareSpec:
     step_overhead_s: float
     interconnect_bandwidth: float | None = None
     interconnect_latency_s: float | None = None
+    host_memory_bytes: int | None = None
+    # One PCIe Gen4 NVMe drive per device: ~7 GB/s reads, ~5 GB/s writes, ~100 us a request
+    # [estimate: data sheets of current enterprise drives].
+    ssd_read_bandwidth: float = 7e9
+    ssd_write_bandwidth: float = 5e9
+    ssd_latency_s: float = 100e-6
+    # Mooncake's transfer engine: 190 GB/s over 8x400 Gbps RoCE per box, so ~23.75 GB/s per
+    # device with one 400 Gbps NIC each (FACTS.md); latency [estimate].
+    remote_bandwidth: float = 23.75e9
+    remote_latency_s: float = 20e-6
+
+    def tier_link(self, kind: str) -> tuple[float, float, float]:
+        """(read bytes/s, write bytes/s, seconds per transfer) of a tier of `kind` here."""
+        if kind == "host":
+            return self.host_link_bandwidth, self.host_link_bandwidth, self.host_link_latency_s
+        if kind == "ssd":
+            return self.ssd_read_bandwidth, self.ssd_write_bandwidth, self.ssd_latency_s
+        if kind == "remote":
+            return self.remote_bandwidth, self.remote_bandwidth, self.remote_latency_s
+        raise KvlabError(f"tier kind {kind!r}: expected host, ssd or remote",
+                         parameters=("kv_tiers",))
 
     @property
     def peer_bandwidth(self) -> float:

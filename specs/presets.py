@@ -105,6 +105,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 
 # Per-transfer host-link latency: one async copy call plus DMA setup, ~10 us on CUDA [estimate].
 # Eager step overhead: Python and kernel-launch time a step does not overlap [estimate].
+# Host DRAM per device (a bound for the host tier): an 8-device box with 1 TB (Atlas 800T A2)
+# or 2 TB (HGX) of DRAM [estimate: common configurations]. RDMA per device: one 200 Gbps port
+# per 910B, ~21.75 GB/s by Mooncake's 87 GB/s on 4x200 Gbps; one 400 Gbps NIC per GPU,
+# ~23.75 GB/s by its 190 GB/s on 8x400 Gbps (FACTS.md).
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     spec.name: spec
     for spec in (
@@ -115,7 +119,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
         HardwareSpec(
             name="ascend-910b", hbm_bytes=64 * GiB, hbm_bandwidth=1.6e12, peak_flops=354e12,
             host_link_bandwidth=32e9, host_link_latency_s=20e-6, num_devices=1,
-            step_overhead_s=5e-3,
+            step_overhead_s=5e-3, remote_bandwidth=21.75e9,
         ),
         # Atlas 800T A2: eight 910B (same per-device figures) joined by HCCS, a full mesh;
         # ~196 GB/s each way per NPU (392 GB/s bidirectional) [secondary], HCCL latency [estimate].
@@ -123,6 +127,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             name="atlas-800t-a2", hbm_bytes=64 * GiB, hbm_bandwidth=1.6e12, peak_flops=354e12,
             host_link_bandwidth=32e9, host_link_latency_s=20e-6, num_devices=8,
             step_overhead_s=5e-3, interconnect_bandwidth=196e9, interconnect_latency_s=20e-6,
+            host_memory_bytes=128 * GiB, remote_bandwidth=21.75e9,
         ),
         # A100 80GB SXM data sheet: 2.039 TB/s, 312 dense bf16 TFLOPS, PCIe Gen4 (~32 GB/s each
         # way), NVLink 600 GB/s (300 each way); one GPU of an 8-GPU HGX box.
@@ -130,6 +135,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             name="a100-80g", hbm_bytes=80 * GiB, hbm_bandwidth=2.039e12, peak_flops=312e12,
             host_link_bandwidth=32e9, host_link_latency_s=10e-6, num_devices=8,
             step_overhead_s=3e-3, interconnect_bandwidth=300e9, interconnect_latency_s=10e-6,
+            host_memory_bytes=256 * GiB,
         ),
         # H100 SXM data sheet: 3.35 TB/s, 989 dense bf16 TFLOPS, PCIe Gen5 (~64 GB/s each way),
         # NVLink 900 GB/s (450 each way); 8-GPU HGX box.
@@ -137,6 +143,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             name="h100-80g", hbm_bytes=80 * GiB, hbm_bandwidth=3.35e12, peak_flops=989e12,
             host_link_bandwidth=64e9, host_link_latency_s=10e-6, num_devices=8,
             step_overhead_s=3e-3, interconnect_bandwidth=450e9, interconnect_latency_s=10e-6,
+            host_memory_bytes=256 * GiB,
         ),
         # H200 SXM data sheet: 141 GB (nvidia-smi: 143771 MiB), 4.8 TB/s (a device copy measures
         # ~4.3), ~989 dense bf16 TFLOPS (bf16 GEMM measures 770-800); links as H100.
@@ -144,6 +151,7 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
             name="h200-141g", hbm_bytes=143771 * MiB, hbm_bandwidth=4.8e12, peak_flops=989e12,
             host_link_bandwidth=64e9, host_link_latency_s=10e-6, num_devices=8,
             step_overhead_s=3e-3, interconnect_bandwidth=450e9, interconnect_latency_s=10e-6,
+            host_memory_bytes=256 * GiB,
         ),
         # A modest server CPU, meant to be calibrated: 64 GB DRAM at ~50 GB/s, ~1 TFLOPS bf16
         # (AVX-512/AMX class). "Swapping" is a memcpy in the same DRAM, so the host link is the

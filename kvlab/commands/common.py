@@ -266,6 +266,7 @@ def add_serving_arguments(
         "--num-gpu-blocks-override", type=int, default=None,
         help="KV pages per device, whatever the memory says",
     )
+    add_tier_arguments(memory)
     if engine:
         memory.add_argument(
             "--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory_bytes",
@@ -280,6 +281,42 @@ def add_serving_arguments(
         )
 
 
+def add_tier_arguments(memory: argparse._ArgumentGroup) -> None:
+    """The memory-tier flags (policies/tiers.py): the tiers, their write policy, the reuse
+    threshold and load overlap."""
+    from kvlab.policies.tiers import OVERLAP_MODES, WRITE_POLICIES
+
+    memory.add_argument(
+        "--kv-tiers", default="", metavar="TIERS",
+        help="prefix-cache tiers below device memory, in order: KIND:SIZE[:OPTION=VALUE...] "
+        "comma-separated, KIND host, ssd or remote, SIZE bytes (512GiB) or pages (4096p), "
+        "options eviction=lru|fifo|lfu|arc|slru|cost, read=/write= GB/s, latency= us; e.g. "
+        "host:512GiB,ssd:4TiB:eviction=arc (turns prefix caching on; default: none)")
+    memory.add_argument(
+        "--kv-tier-write", default="write-back", choices=WRITE_POLICIES,
+        help="write-back: a page goes to the first tier when the device evicts it; "
+        "write-through: as soon as its KV is computed (default write-back)")
+    memory.add_argument(
+        "--kv-tier-store-threshold", type=int, default=0, metavar="K",
+        help="write to the tiers only pages hit at least K times (vLLM's reuse gating; "
+        "default 0: every page)")
+    memory.add_argument(
+        "--kv-tier-overlap", default="none", choices=OVERLAP_MODES,
+        help="none: a step computes after its tier loads; layerwise: loads stream under the "
+        "forward pass layer by layer (default none)")
+
+
+def tiers_config(args: argparse.Namespace) -> Any:
+    """The TiersConfig of the tier flags (no tiers when the command has none)."""
+    from kvlab.policies.tiers import TiersConfig, parse_tiers
+
+    if not getattr(args, "kv_tiers", ""):
+        return TiersConfig()
+    return TiersConfig(parse_tiers(args.kv_tiers), write_policy=args.kv_tier_write,
+                       store_threshold=args.kv_tier_store_threshold,
+                       overlap=args.kv_tier_overlap)
+
+
 def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
     """The ServingConfig the flags of `add_serving_arguments` describe (`policy` instead of
     --policy: one of --compare's), resolved and checked once."""
@@ -291,10 +328,12 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
                                                        bare_unit="gib")
         if args.kv_cache_memory_bytes is not None:
             memory["kv_cache_memory_bytes"] = parse_memory_size(args.kv_cache_memory_bytes)
+    tiers = tiers_config(args)
     return ServingConfig.create(
         args.policy if policy is None else policy,
         block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching or bool(tiers),
+        kv_tiers=tiers,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

@@ -90,6 +90,8 @@ def _warn_config(config: SimConfig) -> None:
             config.hardware_spec, policy.block_size, enable_prefix_caching=policy.prefix_caching,
             enable_chunked_prefill=config.serving.enable_chunked_prefill):
         print(f"warning: {warning}", file=sys.stderr)
+    for warning in config.tier_warnings():
+        print(f"warning: --kv-tiers: {warning}", file=sys.stderr)
     if config.calibrated is None:
         return
     where = f"--cost-model {config.cost_model}"

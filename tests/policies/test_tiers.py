@@ -93,9 +93,9 @@ def test_capacity_in_pages_of_the_device():
 def test_a_full_tier_evicts_by_its_policy_and_pinned_pages_stay():
     tier = PrefixTier(TierSpec("host", size_pages=2), 2)
     assert tier.put("a") == (0, None) and tier.put("b") == (1, None)
-    tier.pin(tier.page_of("a"))  # a load reads "a" this step: "b" is the only victim
+    tier.pin(tier.page_of("a"), "a")  # a load reads "a" this step: "b" is the only victim
     assert tier.put("c") == (1, "b")
-    tier.pin(tier.page_of("c"))
+    tier.pin(tier.page_of("c"), "c")
     assert tier.put("d") is None  # every page is read this step: the write is skipped
     tier.check()
 
@@ -103,7 +103,7 @@ def test_a_full_tier_evicts_by_its_policy_and_pinned_pages_stay():
 def test_pins_end_with_the_step_and_make_the_page_recent():
     tier = PrefixTier(TierSpec("host", size_pages=2), 2)
     tier.put("a"), tier.put("b")
-    tier.pin(tier.page_of("a"))
+    tier.pin(tier.page_of("a"), "a")
     tier.unpin_all()
     assert tier.put("c") == (1, "b")  # "a" was read last: LRU keeps it
     assert tier.stats.num_hits == 1 and tier.stats.num_evictions == 1
