@@ -25,6 +25,7 @@ from kvlab.engine.kv_cache import (
     determine_num_pages,
     model_dtype,
     num_swap_pages,
+    num_tier_pages,
     startup_lines,
 )
 from kvlab.engine.loader import load_model
@@ -42,6 +43,7 @@ from kvlab.policies import (
     SchedulerOutput,
     StepLoop,
 )
+from kvlab.policies.tiers import PrefixTier
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -99,6 +101,7 @@ class LLMEngine:
         num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len)
         dtype = model_dtype(self.model)
         swap_pages = num_swap_pages(self.model_config, serving, dtype)
+        tier_pages = num_tier_pages(self.model_config, serving, dtype)
         self.kv_cache = KVCache.for_model(
             self.model_config,
             num_pages=num_pages,
@@ -107,6 +110,7 @@ class LLMEngine:
             dtype=dtype,
             platform=self.platform,
             backend=backend,
+            num_tier_pages=tier_pages,
         )
         self.runner = ModelRunner(
             self.model, self.kv_cache, self.platform, lambda r: self.manager.block_table(r)
@@ -121,12 +125,16 @@ class LLMEngine:
         if spec.preemption == "auto" and costs is None:
             costs = measure_preemption_costs(self.runner, self.max_model_len)
         self.preemption_costs = costs
+        # the host tier's pages are the cache's tier pages (none without a tier)
+        self.tiers = [PrefixTier(tier, tier_pages) for tier in serving.kv_tiers.tiers] or None
         self.manager = KVCacheManager(
             spec,
             num_pages,
             max_model_len=self.max_model_len,
             num_host_pages=self.kv_cache.num_host_pages,
             costs=costs,
+            tiers=self.tiers,
+            tier_config=serving.kv_tiers,
         )
         self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)
         self.startup_lines = startup_lines(num_pages, spec.block_size, self.max_model_len)

@@ -192,11 +192,43 @@ def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return batches
 
 
+def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:
+    """Pages of the host tier of the serving config (0 without one); a KvlabError for a tier
+    the engine does not run (ssd, remote: the simulator's only)."""
+    tiers = serving.kv_tiers.tiers
+    if not tiers:
+        return 0
+    others = [tier.kind for tier in tiers if tier.kind != "host"]
+    if others:
+        raise KvlabError(
+            f"kv_tiers: the engine runs a host tier only, not {', '.join(others)} (simulate "
+            "those with `kvlab sim --kv-tiers`)", parameters=("kv_tiers",))
+    return tiers[0].num_pages(page_bytes_all_layers(config, serving.page_size, dtype))
+
+
+def tier_copy_batches(copies: list[tuple[int, int, int, int]]) -> list[list[tuple[int, int]]]:
+    """(source page, destination page) batches of ordered copies between two memories: a
+    batch ends before a destination repeats, so that a gather-then-scatter of each batch
+    equals its copies one by one (the later write of a page wins)."""
+    batches: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    written: set[int] = set()
+    for _, src, _, dst in copies:
+        if dst in written:
+            batches.append(current)
+            current, written = [], set()
+        current.append((src, dst))
+        written.add(dst)
+    if current:
+        batches.append(current)
+    return batches
+
+
 def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
                 page_bytes: int) -> None:
     """A KvlabError, before allocating, when the pages cannot fit in the device's free memory:
-    the device pages, and on cpu the host swap pages too (the same RAM). On an accelerator the
-    swap pages' host RAM is not checked here."""
+    the device pages, and on cpu the host pages too (swap and host tier: the same RAM). On an
+    accelerator the host pages' RAM is not checked here."""
     device_bytes = num_pages * page_bytes
     host_bytes = num_host_pages * page_bytes
     on_cpu = platform.device.type == "cpu"
@@ -204,15 +236,17 @@ def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
     if device_bytes + (host_bytes if on_cpu else 0) > free:
         raise KvlabError(
             f"{num_pages:,} KV pages need {device_bytes / GiB:.1f} GiB"
-            + (f" (and {num_host_pages:,} swap pages {host_bytes / GiB:.1f} GiB)"
+            + (f" (and {num_host_pages:,} swap and host-tier pages {host_bytes / GiB:.1f} GiB)"
                if on_cpu and host_bytes else "")
             + f", more than the {free / GiB:.1f} GiB free on {platform.device}; lower "
-            "num_gpu_blocks_override, kv_cache_memory_bytes or swap_space_bytes",
-            parameters=("num_gpu_blocks_override", "kv_cache_memory_bytes", "swap_space_bytes"))
+            "num_gpu_blocks_override, kv_cache_memory_bytes, swap_space_bytes or kv_tiers",
+            parameters=("num_gpu_blocks_override", "kv_cache_memory_bytes", "swap_space_bytes",
+                        "kv_tiers"))
 
 
 class KVCache:
-    """Per-layer K and V pages on the device and the host swap space, same layout.
+    """Per-layer K and V pages on the device, the host swap space and the host tier (prefix
+    pages below the device, policies/tiers.py), same layout.
 
     Each tensor is [num_pages, page_size, num_kv_heads, head_dim]; the host tensors are pinned
     where the platform has DMA. `backend` is the kvlab.kernels backend that moves pages.
@@ -230,15 +264,17 @@ class KVCache:
         dtype: torch.dtype,
         platform: Platform,
         backend: Any,
+        num_tier_pages: int = 0,
     ) -> None:
         self.num_pages = num_pages
         self.num_host_pages = num_host_pages
+        self.num_tier_pages = num_tier_pages
         self.page_size = page_size
         self.backend = backend
         shape = (num_pages, page_size, num_kv_heads, head_dim)
         host_shape = (num_host_pages, page_size, num_kv_heads, head_dim)
         page_bytes = 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
-        _check_fits(platform, num_pages, num_host_pages, page_bytes)
+        _check_fits(platform, num_pages, num_host_pages + num_tier_pages, page_bytes)
         # Zeros, not empty: a kernel that loads a whole page and masks scores must not meet NaN.
         device = platform.device
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -250,6 +286,12 @@ class KVCache:
         self.host_v_caches = [
             torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)
         ]
+        tier_shape = (num_tier_pages, page_size, num_kv_heads, head_dim)
+        pin_tier = platform.pin_memory and num_tier_pages > 0
+        self.tier_k_caches = [torch.zeros(tier_shape, dtype=dtype, pin_memory=pin_tier)
+                              for _ in range(num_layers if num_tier_pages else 0)]
+        self.tier_v_caches = [torch.zeros(tier_shape, dtype=dtype, pin_memory=pin_tier)
+                              for _ in range(num_layers if num_tier_pages else 0)]
 
     @classmethod
     def for_model(
@@ -262,6 +304,7 @@ class KVCache:
         dtype: torch.dtype,
         platform: Platform,
         backend: Any,
+        num_tier_pages: int = 0,
     ) -> KVCache:
         """The cache for one model's layers and KV heads."""
         return cls(
@@ -274,6 +317,7 @@ class KVCache:
             dtype=dtype,
             platform=platform,
             backend=backend,
+            num_tier_pages=num_tier_pages,
         )
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -281,11 +325,16 @@ class KVCache:
         return list(zip(self.k_caches, self.v_caches, strict=True))
 
     def execute_mem_ops(self, mem_ops: MemOps) -> None:
-        """Carry out a step's memory work in MemOps' order: swap-outs, copies, then swap-ins.
+        """Carry out a step's memory work in MemOps' order: host-tier writes, swap-outs,
+        copies, swap-ins, then host-tier loads.
 
-        A device page freed by a swap-out may be the destination of a copy or a swap-in in the
-        same step, so swap-outs go first; copies run as if one by one in list order.
+        Tier writes read device pages this step may overwrite, so they go first; a device page
+        freed by a swap-out may be the destination of a copy, a swap-in or a tier load in the
+        same step, so swap-outs go before those; copies run as if one by one in list order.
         """
+        for batch in tier_copy_batches(mem_ops.tier_writes):
+            self._move(batch, self.k_caches, self.v_caches, self.tier_k_caches,
+                       self.tier_v_caches)
         if mem_ops.swap_outs:
             pairs = torch.tensor(mem_ops.swap_outs, dtype=torch.long)
             for layer in range(len(self.k_caches)):
@@ -310,6 +359,18 @@ class KVCache:
                     self.v_caches[layer],
                     pairs,
                 )
+        for batch in tier_copy_batches(mem_ops.tier_loads):
+            self._move(batch, self.tier_k_caches, self.tier_v_caches, self.k_caches,
+                       self.v_caches)
+
+    def _move(self, pairs: list[tuple[int, int]], src_k: list[torch.Tensor],
+              src_v: list[torch.Tensor], dst_k: list[torch.Tensor],
+              dst_v: list[torch.Tensor]) -> None:
+        """Copy pages (src, dst) from one memory to another, every layer."""
+        table = torch.tensor(pairs, dtype=torch.long)
+        for layer in range(len(src_k)):
+            self.backend.swap_pages(src_k[layer], src_v[layer], dst_k[layer], dst_v[layer],
+                                    table)
 
     @property
     def num_bytes(self) -> int:

@@ -12,6 +12,7 @@ from kvlab.engine.outputs import RequestOutput, request_output
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.policies.serving import DEFAULT_SWAP_SPACE_BYTES, ServingConfig, parse_memory_size
+from kvlab.policies.tiers import TiersConfig, parse_tiers
 
 PromptLike = str | Sequence[int] | Mapping[str, Any]
 
@@ -23,8 +24,10 @@ class LLM:
     a spec such as "paged:eviction=lru,preemption=swap"; `block_size` overrides its page size.
     KV memory: `num_gpu_blocks_override` pages, else `kv_cache_memory` (bytes or "256MiB"), else
     on cuda/npu `gpu_memory_utilization` of the device minus weights and activations (4 GiB on
-    cpu). The two startup lines (KV cache size, maximum concurrency) are printed to stderr once
-    unless `verbose` is False.
+    cpu). `kv_tiers` puts a host tier below the device's prefix cache ("host:2GiB", or a
+    TiersConfig; the engine runs host tiers only) and turns prefix caching on. The two startup
+    lines (KV cache size, maximum concurrency) are printed to stderr once unless `verbose` is
+    False.
     """
 
     def __init__(
@@ -46,13 +49,17 @@ class LLM:
         dtype: str | None = None,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = False,
+        kv_tiers: Any = None,
         preemption_costs: Any = None,
         verbose: bool = True,
     ) -> None:
+        tiers = kv_tiers if isinstance(kv_tiers, TiersConfig) else \
+            TiersConfig(parse_tiers(kv_tiers or ""))
         serving = ServingConfig.create(
             policy,
             block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching,
+            enable_prefix_caching=enable_prefix_caching or bool(tiers),
+            kv_tiers=tiers,
             gpu_memory_utilization=gpu_memory_utilization,
             num_gpu_blocks_override=num_gpu_blocks_override,
             kv_cache_memory_bytes=None

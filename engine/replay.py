@@ -10,6 +10,7 @@ from kvlab.engine.engine import EngineRun, LLMEngine
 from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import RunResult
 from kvlab.policies import Request
+from kvlab.policies.tiers import tier_summary
 
 if TYPE_CHECKING:  # traces are duck-typed here: the engine does not depend on kvlab.traces
     from kvlab.traces import Trace
@@ -63,6 +64,11 @@ def trace_requests(engine: LLMEngine, trace: Trace) -> list[Request]:
 def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -> RunResult:
     """The RunResult of an engine run of `trace` (run_trace's second half)."""
     metadata = {**engine_metadata(engine), **trace.result_metadata(), "replay": replay}
+    manager = engine.manager
+    if manager.tiers is not None:
+        manager.check_tiers()
+        metadata.update(tier_summary(manager.tiers, manager.num_prefix_queries,
+                                     manager.num_prefix_hits))
     return RunResult(
         requests=run.requests,
         steps=run.steps,
@@ -99,4 +105,5 @@ def engine_metadata(engine: LLMEngine) -> dict[str, Any]:
         "enable_prefix_caching": policy.prefix_caching,
         "preemption_costs": costs.to_json() if hasattr(costs, "to_json") else None,
         "seed": serving.seed,
+        **({"kv_tiers": serving.kv_tiers.to_json()} if serving.kv_tiers else {}),
     }
