@@ -310,3 +310,32 @@ def _hit_rate(a: MetricsSample, b: MetricsSample) -> float | None:
     queries = b.get("vllm:prefix_cache_queries_total") - a.get("vllm:prefix_cache_queries_total")
     hits = b.get("vllm:prefix_cache_hits_total") - a.get("vllm:prefix_cache_hits_total")
     return 100 * hits / queries if queries > 0 else None
+
+
+TIER_KINDS = ("host", "ssd", "remote")
+
+
+def tier_figure(table: pd.DataFrame, label_column: str = "kv_tiers") -> go.Figure:
+    """Memory tiers compared, one group per configuration: the prompt tokens each level
+    served (the device's prefix cache, then each tier, stacked: together the prefix hit rate)
+    on the left axis, and the request goodput (or, without SLOs, the output throughput) as a
+    line on the right."""
+    labels = [str(v) for v in table[label_column]]
+    fig = go.Figure()
+    device = table["prefix_cache_hit_rate_perc"]  # without tiers every hit is the device's
+    if "device_prefix_hit_rate_perc" in table:
+        device = table["device_prefix_hit_rate_perc"].fillna(device)
+    fig.add_trace(go.Bar(x=labels, y=device, name="device hits (%)"))
+    for kind in TIER_KINDS:
+        column = f"{kind}_tier_hit_rate_perc"
+        if column in table and table[column].notna().any():
+            fig.add_trace(go.Bar(x=labels, y=table[column].fillna(0.0), name=f"{kind} hits (%)"))
+    rate = "request_goodput" if "request_goodput" in table and \
+        table["request_goodput"].notna().any() else "output_throughput"
+    fig.add_trace(go.Scatter(x=labels, y=table[rate], name=metric_label(rate), yaxis="y2",
+                             mode="lines+markers"))
+    fig.update_layout(barmode="stack", yaxis2={"overlaying": "y", "side": "right",
+                                               "title": metric_label(rate)},
+                      xaxis_type="category")
+    return _layout(fig, "Prefix hits by memory level, and " + metric_label(rate),
+                   "memory tiers", "prompt tokens served from cache (%)")

@@ -59,6 +59,8 @@ SWEEP_PARAMETERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "max_num_batched_tokens": ("setup", int),
     "tensor_parallel_size": ("setup", int),
     "gpu_memory_utilization": ("setup", float),
+    # tiers below the device, `+` between tiers of one value (e.g. host:64GiB+ssd:1TiB)
+    "kv_tiers": ("tiers", str),
 }
 
 

@@ -27,7 +27,8 @@ DEFAULT_VALUES = {"block_size": "8,16,32", "request_rate": "2,4,8", "time_scale"
                   "max_num_batched_tokens": "2048,4096,8192", "tensor_parallel_size": "1,2,4",
                   "gpu_memory_utilization": "0.5,0.7,0.9", "eviction": "lru,fifo,lfu",
                   "preemption": "recompute,swap", "victim": "last-arrived,longest,fewest-pages",
-                  "block_sizing": "fixed,geometric"}
+                  "block_sizing": "fixed,geometric",
+                  "kv_tiers": "none,host:64GiB,host:256GiB,host:1TiB"}
 MAX_POINTS = 64
 
 

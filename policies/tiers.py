@@ -11,7 +11,8 @@ Tiers are inclusive: a page loaded back stays in its tier. Pages are the device'
 same token slots and bytes), so a tier's capacity in bytes is a number of pages
 (`TierSpec.num_pages`).
 
-Spec grammar (`parse_tiers`, the CLI's `--kv-tiers`): tiers in order, comma-separated, each
+Spec grammar (`parse_tiers`, the CLI's `--kv-tiers`): tiers in order, separated by commas or
+`+` (one sweep value: `--grid kv_tiers=host:64GiB,host:64GiB+ssd:1TiB` is two runs), each
 `KIND:SIZE[:OPTION=VALUE...]`, e.g. `host:512GiB,ssd:4TiB:eviction=arc`. KIND is host, ssd or
 remote; SIZE a byte size (256MiB, 2GiB, 1.5TB) or a page count (`4096p`); options: eviction
 (lru, fifo, lfu, arc, slru, cost), read and write (bandwidth, GB/s), latency (microseconds).
@@ -20,6 +21,7 @@ Unset link figures are the hardware's (the simulator fills them in).
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
@@ -158,7 +160,7 @@ def parse_tiers(text: str) -> tuple[TierSpec, ...]:
     text = text.strip()
     if text in ("", "none"):
         return ()
-    return tuple(parse_tier(part) for part in text.split(","))
+    return tuple(parse_tier(part) for part in re.split(r"[,+]", text))
 
 
 def parse_tier(text: str) -> TierSpec:

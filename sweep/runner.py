@@ -23,6 +23,7 @@ from kvlab.metrics import (
 )
 from kvlab.policies import parse_policy
 from kvlab.policies.serving import ServingConfig
+from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim import SimConfig, simulate
 from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from kvlab.sweep.settings import SETTINGS, run_key
@@ -61,15 +62,28 @@ def sim_config(settings: Mapping[str, Any]) -> SimConfig:
     serving = {k: v for k, v in _group(settings, "serving").items() if k not in _SERVING_KEYS}
     if "seed" in settings:
         serving["seed"] = settings["seed"]
+    tiers = tiers_config(settings)
     config = ServingConfig.create(
         policy,
         block_size=settings.get("block_size"),
-        enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)),
+        enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)) or bool(tiers),
+        kv_tiers=tiers,
         **serving,
     )
     machine = {"model": DEFAULT_MODEL, "hardware": DEFAULT_HARDWARE,
                **_group(settings, "machine")}  # `kvlab sim`'s defaults
     return SimConfig(serving=config, **machine)
+
+
+def tiers_config(settings: Mapping[str, Any]) -> TiersConfig:
+    """The memory tiers of checked settings (none unless `kv_tiers` names some), as the
+    `--kv-tier*` flags build them; tiers turn prefix caching on, as the flags do."""
+    tiers = _group(settings, "tiers")
+    text = tiers.pop("kv_tiers", "")
+    options = {"write_policy": tiers.pop("kv_tier_write", "write-back"),
+               "store_threshold": tiers.pop("kv_tier_store_threshold", 0),
+               "overlap": tiers.pop("kv_tier_overlap", "none")}
+    return TiersConfig(parse_tiers(text), **options)
 
 
 def load_settings_trace(settings: Mapping[str, Any]) -> Trace:

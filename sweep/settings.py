@@ -25,14 +25,15 @@ from kvlab.metrics import parse_goodput, parse_metric_percentiles, parse_percent
 from kvlab.policies import PolicySpec, parse_policy
 from kvlab.policies.scheduler import check_whole_number
 from kvlab.policies.serving import ServingConfig, parse_memory_size
+from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim.calibrated import load_cost_model
 from kvlab.specs import get_hardware, get_model
 from kvlab.traces import DATASET_NAMES, resolve_trace_path
 from kvlab.traces.arrivals import RAMP_UP_STRATEGIES, check_arrival_options
 
 # Where a setting goes: the trace loader, the machine (SimConfig), the serving config, the
-# policy spec's own keys, or the summary's options.
-GROUPS = ("trace", "machine", "serving", "policy", "summary")
+# policy spec's own keys, the memory tiers, or the summary's options.
+GROUPS = ("trace", "machine", "serving", "policy", "tiers", "summary")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,12 @@ def _settings() -> dict[str, Setting]:
         Setting("victim", "policy", _str, _policy_key("victim")),
         Setting("watermark", "policy", _float, _policy_key("watermark")),
         Setting("host_pages", "policy", optional_int, _policy_key("host_pages")),
+        # the memory tiers below the device (kvlab.policies.tiers; "none": no tier)
+        Setting("kv_tiers", "tiers", _str, parse_tiers),
+        Setting("kv_tier_write", "tiers", _str, lambda v: TiersConfig(write_policy=v)),
+        Setting("kv_tier_store_threshold", "tiers", _int,
+                lambda v: TiersConfig(store_threshold=v)),
+        Setting("kv_tier_overlap", "tiers", _str, lambda v: TiersConfig(overlap=v)),
         # the summary's options: the same for every run of a sweep
         Setting("percentile_metrics", "summary", _text_list, parse_percentile_metrics,
                 sweepable=False),

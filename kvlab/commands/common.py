@@ -291,7 +291,8 @@ def add_tier_arguments(memory: argparse._ArgumentGroup) -> None:
         help="prefix-cache tiers below device memory, in order: KIND:SIZE[:OPTION=VALUE...] "
         "comma-separated, KIND host, ssd or remote, SIZE bytes (512GiB) or pages (4096p), "
         "options eviction=lru|fifo|lfu|arc|slru|cost, read=/write= GB/s, latency= us; e.g. "
-        "host:512GiB,ssd:4TiB:eviction=arc (turns prefix caching on; default: none)")
+        "host:512GiB,ssd:4TiB:eviction=arc (`+` separates tiers too; turns prefix caching on; "
+        "default: none)")
     memory.add_argument(
         "--kv-tier-write", default="write-back", choices=WRITE_POLICIES,
         help="write-back: a page goes to the first tier when the device evicts it; "

@@ -72,7 +72,7 @@ def test_a_bad_trace_file_shows_its_problem_without_a_traceback(app, tmp_path):
 
 
 def test_every_widget_has_a_key(app):
-    for page in (None, "compare.py", "sweep.py", "validate.py", "live.py"):
+    for page in (None, "compare.py", "sweep.py", "tiers.py", "validate.py", "live.py"):
         if page:
             app.switch_page(page).run()
         for kind in WIDGETS:
@@ -189,3 +189,26 @@ def test_results_of_changed_inputs_are_marked_stale_until_run(app):
     assert "Stale" in app.warning[0].value
     checked(app.button(key="explore_run").click().run())
     assert not app.warning
+
+
+def test_tiers_stacks_the_hits_of_each_memory_level(app):
+    app.selectbox(key="trace").set_value("mooncake")
+    app.selectbox(key="model").set_value("llama-3.1-8b")
+    app.selectbox(key="hardware").set_value("h200-141g")
+    app.session_state["num_prompts"] = 200
+    app.switch_page("tiers.py").run()
+    app.text_input(key="tiers_values").set_value("none,host:64GiB,host:16GiB+ssd:256GiB")
+    checked(app.button(key="tiers_run").click().run())
+    assert series(app) == [["device hits (%)", "host hits (%)", "ssd hits (%)",
+                            "request goodput (req/s)"]]
+    rows = app.dataframe[0].value
+    assert list(rows["kv_tiers"]) == ["none", "host:64GiB", "host:16GiB+ssd:256GiB"]
+    assert rows["prefix_cache_hit_rate_perc"].iloc[1] > rows["prefix_cache_hit_rate_perc"].iloc[0]
+
+
+def test_tiers_shows_a_bad_configuration_as_an_error(app):
+    app.switch_page("tiers.py").run()
+    app.text_input(key="tiers_values").set_value("host:64GiB,disk:1TiB")
+    app.button(key="tiers_run").click().run()
+    assert not app.exception
+    assert "tier kind 'disk'" in app.error[0].value

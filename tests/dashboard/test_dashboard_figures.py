@@ -160,3 +160,22 @@ def test_a_bar_chart_titles_its_metric_in_words():
     fig = figures.metric_bar_figure(table, "request_goodput", "label")
     assert fig.layout.title.text == "request goodput (req/s)"
     assert fig.layout.xaxis.title.text == "run"
+
+
+def test_tier_figure_stacks_each_levels_hits_under_the_goodput_line():
+    import pandas as pd
+
+    from kvlab.dashboard.figures import tier_figure
+
+    table = pd.DataFrame({
+        "kv_tiers": ["none", "host:64GiB"],
+        "prefix_cache_hit_rate_perc": [2.0, 9.0],
+        "device_prefix_hit_rate_perc": [None, 2.5],
+        "host_tier_hit_rate_perc": [None, 6.5],
+        "request_goodput": [0.5, 0.7],
+    })
+    fig = tier_figure(table)
+    assert [trace.name for trace in fig.data] == ["device hits (%)", "host hits (%)",
+                                                  "request goodput (req/s)"]
+    assert list(fig.data[0].y) == [2.0, 2.5] and list(fig.data[1].y) == [0.0, 6.5]
+    assert fig.layout.barmode == "stack"

@@ -25,6 +25,7 @@ def test_the_grammar_reads_sizes_pages_and_options():
     assert ssd.read_bandwidth == pytest.approx(7e9) and ssd.write_bandwidth == pytest.approx(5e9)
     assert remote.size_pages == 1000 and remote.latency_s == pytest.approx(20e-6)
     assert parse_tiers("") == () and parse_tiers("none") == ()
+    assert parse_tiers("host:1GiB+ssd:2GiB") == parse_tiers("host:1GiB,ssd:2GiB")
 
 
 @given(
