@@ -67,8 +67,9 @@ def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -
     manager = engine.manager
     if manager.tiers is not None:
         manager.check_tiers()
-        metadata.update(tier_summary(manager.tiers, manager.num_prefix_queries,
-                                     manager.num_prefix_hits))
+        prompt_tokens = sum(r.prompt_len for r in run.requests if r.first_scheduled_s is not None)
+        metadata.update(tier_summary(manager.tiers, manager.first_hit_pages, engine.page_size,
+                                     prompt_tokens))
     return RunResult(
         requests=run.requests,
         steps=run.steps,

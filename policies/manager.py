@@ -73,6 +73,7 @@ class KVCacheManager:
         "_cache_epoch",
         "_cached",
         "_free_list",
+        "_last_hit_levels",
         "_last_lookup",
         "_num_dup_slots",
         "_num_live_slots",
@@ -90,6 +91,7 @@ class KVCacheManager:
         "costs",
         "events",
         "evictor",
+        "first_hit_pages",
         "host",
         "max_model_len",
         "num_prefix_hits",
@@ -177,6 +179,10 @@ class KVCacheManager:
         self._write_backs: tuple[list[int], list] = ([], [])
         self._pending_through: list[tuple[int, Hashable]] = []  # (page, key) to write next step
         self._reuse: dict[Hashable, int] = {}  # key -> prefix hits on it (store_threshold > 0)
+        # pages a new sequence's allocation hit, per level (device, then each tier), and their
+        # sums over requests' first admissions (`count_first_hits`)
+        self._last_hit_levels: list[int] = []
+        self.first_hit_pages: list[int] = [0] * (1 + len(self.tiers or ()))
 
     # ----------------------------------------------------------------------------- queries
 
@@ -356,6 +362,10 @@ class KVCacheManager:
             self.num_prefix_hits += len(plan.hit_pages)
             if self.store_threshold:
                 self._count_reuse(seq, len(plan.hit_pages) + len(plan.tier_hits or ()))
+            if self.tiers is not None:
+                self._last_hit_levels = [len(plan.hit_pages), *([0] * len(self.tiers))]
+                for level, _ in plan.tier_hits or ():
+                    self._last_hit_levels[level] += 1
         return self._execute(seq, seq.num_computed_tokens + num_new_tokens, state, plan)
 
     def allocate_decodes(self, requests: list[Request], start: int, budget: int) -> int:
@@ -529,6 +539,13 @@ class KVCacheManager:
             self._tier_writes = []
         for tier in self.tiers or ():
             tier.unpin_all()
+
+    def count_first_hits(self) -> None:
+        """The sequence just allocated is at its first admission: add its hits, level by
+        level, to `first_hit_pages` (the basis of `Request.num_cached_tokens`)."""
+        for level, pages in enumerate(self._last_hit_levels):
+            self.first_hit_pages[level] += pages
+        self._last_hit_levels = []
 
     def check_tiers(self) -> None:
         """Conservation in every tier (AssertionError otherwise); nothing pinned between steps."""

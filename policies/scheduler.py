@@ -339,6 +339,8 @@ class Scheduler:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now_s
                 request.num_cached_tokens = hit
+                if manager.tiers is not None:
+                    manager.count_first_hits()
             running.append(request)
             step.add(request, num_new, ops)
 

@@ -373,20 +373,22 @@ def build_tiers(config: TiersConfig, page_bytes: int,
             for spec in config.tiers]
 
 
-def tier_summary(tiers: list[PrefixTier], num_prefix_queries: int, num_device_hits: int,
-                 busy_s: list[float] | None = None) -> dict[str, Any]:
-    """A run's tier counters as flat summary keys: the device's own prefix hit rate, then per
-    tier (`<kind>_tier_...`) its pages, hits (and their share of the pages looked up), stores,
-    evictions, moves down and, from the simulator, its link's busy seconds."""
-    def rate(hits: int) -> float:
-        return 100.0 * hits / num_prefix_queries if num_prefix_queries else 0.0
+def tier_summary(tiers: list[PrefixTier], first_hit_pages: list[int], page_size: int,
+                 num_prompt_tokens: int, busy_s: list[float] | None = None) -> dict[str, Any]:
+    """A run's tier counters as flat summary keys. Hit rates are shares of the prompt tokens
+    of the requests scheduled, hit at their first admission, as `prefix_cache_hit_rate_perc`
+    counts them (which is their sum): the device's own, then each tier's (`<kind>_tier_...`);
+    then per tier its pages, pages hit (every admission, re-admissions after a preemption
+    too), stored, evicted, moved down and, from the simulator, its link's busy seconds."""
+    def rate(pages: int) -> float:
+        return 100.0 * pages * page_size / num_prompt_tokens if num_prompt_tokens else 0.0
 
-    summary: dict[str, Any] = {"device_prefix_hit_rate_perc": rate(num_device_hits)}
+    summary: dict[str, Any] = {"device_prefix_hit_rate_perc": rate(first_hit_pages[0])}
     for index, tier in enumerate(tiers):
         stats, key = tier.stats, f"{tier.kind}_tier"
         summary[f"{key}_pages"] = tier.num_total_pages
+        summary[f"{key}_hit_rate_perc"] = rate(first_hit_pages[index + 1])
         summary[f"{key}_hit_pages"] = stats.num_hits
-        summary[f"{key}_hit_rate_perc"] = rate(stats.num_hits)
         summary[f"{key}_stored_pages"] = stats.num_stores
         summary[f"{key}_evicted_pages"] = stats.num_evictions
         summary[f"{key}_demoted_pages"] = stats.num_demotions

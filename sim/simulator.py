@@ -139,9 +139,9 @@ class Simulation:
         """Per tier, flat keys for the summary: pages, hits, stores, evictions, link time."""
         if self.tiers is None or self.tier_links is None:
             return {}
-        manager = self.manager
-        return tier_summary(self.tiers, manager.num_prefix_queries, manager.num_prefix_hits,
-                            self.tier_links.busy_s)
+        prompt_tokens = sum(r.prompt_len for r in self.requests if r.first_scheduled_s is not None)
+        return tier_summary(self.tiers, self.manager.first_hit_pages, self.capacity.page_size,
+                            prompt_tokens, self.tier_links.busy_s)
 
 
 def compare(
