@@ -57,7 +57,7 @@ def main() -> None:
         st.info("Press **Run** to simulate each tier configuration on the sidebar's workload.")
         return
     grid = st.session_state[RESULT]
-    errors = grid["error"].dropna() if "error" in grid else []
+    errors = grid["error"].dropna()
     if len(errors):
         st.warning(f"{len(errors)} configurations failed; the first: {errors.iloc[0]}")
     chart(figures.tier_figure(grid[grid["error"].isna()]), "tiers_chart")
