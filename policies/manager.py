@@ -57,6 +57,8 @@ class _Plan:
     # Prefix hits below the device, after `hit_pages`: (level, tier page), loaded into the
     # block's first pages.
     tier_hits: list[tuple[int, int]] | None = None
+    # Pages after those whose KV another instance sends (`Request.kv_transfer_tokens`).
+    num_transfer_pages: int = 0
 
 
 class KVCacheManager:
@@ -695,29 +697,41 @@ class KVCacheManager:
     def _plan(self, seq: Request, num_new_tokens: int, state: _SeqState | None) -> _Plan | None:
         total = seq.num_computed_tokens + num_new_tokens
         if state is None:
-            hits, below = self._hit_pages(seq)
+            hits, below, num_transfer = self._hit_pages(seq)
             plan = self._plan_new(seq, total, hits, watermark=True)
-            if plan is not None and below:
-                plan.tier_hits = below
+            if plan is not None:
+                plan.tier_hits = below or None
+                plan.num_transfer_pages = num_transfer
             return plan
         return self._plan_growth(seq, total, state)
 
-    def _hit_pages(self, seq: Request) -> tuple[list[int], list[tuple[int, int]]]:
+    def _hit_pages(self, seq: Request) -> tuple[list[int], list[tuple[int, int]], int]:
         """The cached pages a new sequence starts from, on the device and (level, tier page)
-        below it: its `num_computed_tokens`, looked up again unless the last lookup was this
-        sequence's and no key has left the cache (or a tier) since."""
+        below it, and how many pages after them another instance sends: its
+        `num_computed_tokens`, looked up again unless the last lookup was this sequence's and
+        no key has left the cache (or a tier) since; tokens past the hit may be computed only
+        as far as its `kv_transfer_tokens`."""
         num_computed = seq.num_computed_tokens
         if not num_computed:
-            return [], []
+            return [], [], 0
         last = self._last_lookup
-        if (last is None or last[0] != seq.request_id or last[1] != self._cache_epoch
+        if not self.caching:
+            last = (seq.request_id, self._cache_epoch, [])
+        elif (last is None or last[0] != seq.request_id or last[1] != self._cache_epoch
                 or (len(last) > 3 and last[4] != self._tier_epoch())):
             self.num_computed_prefix_tokens(seq)
             last = self._last_lookup
             assert last is not None
         pages, below = last[2], last[3] if len(last) > 3 else []
         num_pages, partial = divmod(num_computed, self.page_size)
-        if partial or num_pages > len(pages) + len(below):
+        num_hit = len(pages) + len(below)
+        if seq.kv_transfer_tokens and num_computed > num_hit * self.page_size:
+            if num_computed > seq.kv_transfer_tokens:
+                raise ValueError(
+                    f"request {seq.request_id}: num_computed_tokens is {num_computed}, past "
+                    f"its {seq.kv_transfer_tokens} transferred tokens")
+            return pages, below, -(-num_computed // self.page_size) - num_hit
+        if partial or num_pages > num_hit:
             # Raised, not asserted: under `python -O` the pages would be shared with a
             # sequence whose content differs.
             raise ValueError(
@@ -726,7 +740,7 @@ class KVCacheManager:
                 "tokens now (whole pages); set it from num_computed_prefix_tokens() (or to 0) "
                 "just before allocate"
             )
-        return pages[:num_pages], below[: max(0, num_pages - len(pages))]
+        return pages[:num_pages], below[: max(0, num_pages - len(pages))], 0
 
     def _plan_new(
         self, seq: Request, total: int, hits: list[int], *, watermark: bool
@@ -828,6 +842,10 @@ class KVCacheManager:
             state.num_blocks += 1
         if plan.tier_hits:
             ops = self._load_tier_hits(state, plan.tier_hits)
+        if plan.num_transfer_pages:
+            start = state.num_hit_pages + len(plan.tier_hits or ())
+            received = state.pages[start : start + plan.num_transfer_pages]
+            ops = MemOps(tier_loads=ops.tier_loads, transfer_ins=received)
         if total > state.num_tokens:
             self._num_live_slots += total - state.num_tokens
             state.num_tokens = total

@@ -26,7 +26,9 @@ class MemOps:
     level, destination page), level 0 being the device and level i the i-th tier:
     `tier_writes` (device pages stored to the first tier, tier pages moved down) run first of
     all, in list order, while every source still holds its content; `tier_loads` (tier pages
-    into fresh device pages of the prefix hits below the device) run last.
+    into fresh device pages of the prefix hits below the device) run last, and with them
+    `transfer_ins`: the device pages that receive a request's KV from another instance
+    (prefill/decode disaggregation: `Request.kv_transfer_tokens`).
     """
 
     copies: list[tuple[int, int]] = field(default_factory=list)
@@ -34,10 +36,11 @@ class MemOps:
     swap_ins: list[tuple[int, int]] = field(default_factory=list)
     tier_writes: list[TierCopy] = field(default_factory=list)
     tier_loads: list[TierCopy] = field(default_factory=list)
+    transfer_ins: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.copies or self.swap_outs or self.swap_ins or self.tier_writes
-                    or self.tier_loads)
+                    or self.tier_loads or self.transfer_ins)
 
     def extend(self, other: MemOps) -> None:
         """Append another decision's work after this one's."""
@@ -46,6 +49,7 @@ class MemOps:
         self.swap_ins.extend(other.swap_ins)
         self.tier_writes.extend(other.tier_writes)
         self.tier_loads.extend(other.tier_loads)
+        self.transfer_ins.extend(other.transfer_ins)
 
     @property
     def num_swap_out_transfers(self) -> int:

@@ -69,6 +69,9 @@ class Request:
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first schedule
     num_swaps_out: int = 0
+    # Tokens whose KV arrives from another instance when this one admits the request (a
+    # prefill instance's work under prefill/decode disaggregation); 0 once it is recomputed.
+    kv_transfer_tokens: int = 0
     error: str | None = None
     first_scheduled_s: float | None = None
     first_token_s: float | None = None

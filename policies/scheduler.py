@@ -280,7 +280,7 @@ class Scheduler:
             self.swapped.append(victim)
         else:
             manager.free(victim)
-            victim.num_computed_tokens = 0
+            victim.num_computed_tokens = victim.kv_transfer_tokens = 0  # all recomputed here
             victim.status = RequestStatus.WAITING
             self.waiting.appendleft(victim)
         victim.num_preemptions += 1
@@ -318,6 +318,8 @@ class Scheduler:
                 step.failed.append(request)
                 continue
             hit = manager.num_computed_prefix_tokens(request)
+            if request.kv_transfer_tokens > hit:  # the rest of its KV comes from elsewhere
+                hit = request.kv_transfer_tokens
             num_new = request.num_tokens - hit
             if num_new > step.budget:
                 if not config.enable_chunked_prefill:
@@ -328,7 +330,7 @@ class Scheduler:
             if ops is None and hit and not running:
                 # Alone, a request always fits once every cached page is evictable; its own
                 # prefix hits pin pages and can fragment contiguous memory, so drop them.
-                request.num_computed_tokens = hit = 0
+                request.num_computed_tokens = hit = request.kv_transfer_tokens = 0
                 num_new = min(request.num_tokens, step.budget)
                 ops = manager.allocate(request, num_new)
             if ops is None:
