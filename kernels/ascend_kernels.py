@@ -44,9 +44,9 @@ def write_kv_kernel(
         slot = tl.load(slot_ptr + tok).to(tl.int64)
         if slot >= 0:
             base = slot * (NUM_KV_HEADS * HEAD_DIM)
-            tok64 = tl.zeros([], tl.int64) + tok  # the loop index is a plain int when interpreted
-            k = tl.load(key_ptr + tok64 * stride_key_tok + h * stride_key_head + d, mask=mask)
-            v = tl.load(value_ptr + tok64 * stride_value_tok + h * stride_value_head + d, mask=mask)
+            # 32-bit: one step's keys are far below 2^31 elements
+            k = tl.load(key_ptr + tok * stride_key_tok + h * stride_key_head + d, mask=mask)
+            v = tl.load(value_ptr + tok * stride_value_tok + h * stride_value_head + d, mask=mask)
             tl.store(k_cache_ptr + base + row, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(v_cache_ptr + base + row, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
