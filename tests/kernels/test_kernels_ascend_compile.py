@@ -68,6 +68,9 @@ def test_a_tile_larger_than_the_unified_buffer_fails_the_check():
 
 
 def test_ub_and_l1_sizes_are_the_910b3s_as_bishengir_states_them(rows):
+    from kvlab.kernels import ascendc_tiling
+
     sizes = rows[0].result.target_bytes
-    assert sizes["UB_SIZE"] == UB_BYTES == 192 * 1024
+    assert sizes["UB_SIZE"] == UB_BYTES == ascendc_tiling.UB_BYTES == 192 * 1024
     assert sizes["L1_SIZE"] == L1_BYTES == 512 * 1024
+    assert sizes["UB_ALIGN_SIZE"] == ascendc_tiling.UB_ALIGN_BYTES == 32
