@@ -173,7 +173,8 @@ class AscendBackend:
         _gather_or_index(
             (src_k, src_v), stage, pairs[:, 0].to(src_k.device, torch.int64), order_src
         )
-        moved = tuple(t.to(dst_k.device, dst_k.dtype) for t in stage)
+        # the one transfer between the two sides (host <-> device)
+        moved = (stage[0].to(dst_k.device, dst_k.dtype), stage[1].to(dst_k.device, dst_k.dtype))
         order_dst = torch.arange(num_pairs, device=dst_k.device)
         _gather_or_index(
             moved, (dst_k, dst_v), order_dst, pairs[:, 1].to(dst_k.device, torch.int64)

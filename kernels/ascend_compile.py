@@ -75,7 +75,7 @@ def bishengir_compile_path() -> Path:
         raise KvlabError(
             "the Ascend static check needs ascendnpu-ir (make ascend-env installs it)"
         ) from err
-    path = Path(package.__file__).parent / "bin" / "bishengir-compile"
+    path = Path(str(package.__file__)).parent / "bin" / "bishengir-compile"
     if not path.is_file():
         raise KvlabError(f"ascendnpu-ir is installed but {path} is missing")
     return path
