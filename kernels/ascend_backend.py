@@ -74,6 +74,9 @@ class AscendBackend:
 
     name = "ascend"
 
+    def __init__(self) -> None:
+        self._last_extents: tuple[AttentionMetadata, ExtentTable] | None = None
+
     def check_device(self, device: torch.device) -> None:
         """A KvlabError when these kernels cannot run on `device` in this environment."""
         if device.type == "cpu" and not interpreting():
@@ -133,7 +136,7 @@ class AscendBackend:
         assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
         assert query.stride(-1) == 1, "head_dim must be contiguous"
         out = torch.empty_like(query) if out is None else out
-        extents = build_extents(meta.block_tables, meta.seq_lens, meta.page_size)
+        extents = self._extents(meta)
         decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
         if decode_ids:
@@ -141,6 +144,16 @@ class AscendBackend:
         if prefill_ids:
             _prefill(query, k_cache, v_cache, meta, extents, prefill_ids, scale, out)
         return out
+
+    def _extents(self, meta: AttentionMetadata) -> ExtentTable:
+        """The batch's extent table, built once per step: every layer gets the same metadata
+        object, which nothing changes after AttentionMetadata.build."""
+        if self._last_extents is None or self._last_extents[0] is not meta:
+            self._last_extents = (
+                meta,
+                build_extents(meta.block_tables, meta.seq_lens, meta.page_size),
+            )
+        return self._last_extents[1]
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
         """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
@@ -289,7 +302,8 @@ def _gather_or_index(
 def _staging(like: Tensor, num_pages: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Two contiguous `[num_pages, *page_shape]` buffers for K and V pages in transit."""
     shape = (num_pages, *like.shape[1:])
-    pin = device.type == "cpu" and torch.cuda.is_available()  # never pin where nothing DMAs
+    # host staging is page-locked where an accelerator copies it by DMA, never elsewhere
+    pin = device.type == "cpu" and torch.accelerator.is_available()
     return (
         torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin),
         torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin),

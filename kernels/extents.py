@@ -34,12 +34,16 @@ class ExtentTable:
         """Width of the padded tables (columns)."""
         return int(self.start_pages.shape[1])
 
+    def has_runs(self) -> bool:
+        """True when some extent is longer than one page (one host sync)."""
+        return bool((self.num_pages > 1).any())
+
 
 def build_extents(block_tables: Tensor, seq_lens: Tensor, page_size: int) -> ExtentTable:
     """The extent table of `block_tables [num_seqs, max_pages]` for contexts of `seq_lens`.
 
-    Runs on the tables' device with tensor ops only (no per-sequence loop), so a device block
-    table never travels to the host.
+    Runs on the tables' device with tensor ops only (no per-sequence loop, no host sync): the
+    tables are as wide as the block tables, whose width bounds any sequence's extent count.
     """
     num_seqs, max_pages = block_tables.shape
     device = block_tables.device
@@ -53,7 +57,7 @@ def build_extents(block_tables: Tensor, seq_lens: Tensor, page_size: int) -> Ext
     starts = valid & ~follows
     extent_id = torch.cumsum(starts.to(torch.int64), dim=1) - 1  # extent each page belongs to
     num_extents = starts.sum(dim=1)
-    width = max(int(num_extents.max()) if num_seqs else 0, 1)
+    width = max(max_pages, 1)
     start_pages = torch.zeros(num_seqs, width, dtype=torch.int64, device=device)
     lengths = torch.zeros(num_seqs, width, dtype=torch.int64, device=device)
     rows = torch.arange(num_seqs, device=device)[:, None].expand(num_seqs, max_pages)

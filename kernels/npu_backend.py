@@ -26,7 +26,7 @@ from torch import Tensor
 
 from kvlab.errors import KvlabError
 from kvlab.kernels.ascendc_ops import AscendcOps, load_ascendc_ops
-from kvlab.kernels.extents import build_extents
+from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
@@ -64,6 +64,7 @@ class NpuBackend:
         self._ops = _import_torch_npu()
         self._ascendc: AscendcOps | None = load_ascendc_ops()  # None until built on the machine
         self._causal_masks: dict[torch.device, Tensor] = {}
+        self._last_extents: tuple[AttentionMetadata, ExtentTable, bool] | None = None
 
     def write_kv(
         self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
@@ -158,9 +159,9 @@ class NpuBackend:
         if self._ascendc is not None and self._ascendc.can_decode(
             query.shape[1], num_kv_heads, query.shape[2]
         ):
-            extents = build_extents(meta.block_tables, meta.seq_lens, meta.page_size)
+            extents, has_runs = self._extents(meta)
             # runs of pages (dynamic block sizes): kvlab's kernel reads each run as one DMA
-            if extents.max_extents < meta.block_tables.shape[1]:
+            if has_runs:
                 self._ascendc.paged_decode(
                     query, k_cache, v_cache, extents, meta.seq_lens, scale, out
                 )
@@ -212,6 +213,14 @@ class NpuBackend:
             block_size=page_size,
         )
         return output
+
+    def _extents(self, meta: AttentionMetadata) -> tuple[ExtentTable, bool]:
+        """The batch's extent table and whether it has runs, once per step: every layer's call
+        gets the same metadata object, and only the first pays the host sync."""
+        if self._last_extents is None or self._last_extents[0] is not meta:
+            extents = build_extents(meta.block_tables, meta.seq_lens, meta.page_size)
+            self._last_extents = (meta, extents, extents.has_runs())
+        return self._last_extents[1], self._last_extents[2]
 
     def _causal_mask(self, device: torch.device) -> Tensor:
         """The 2048 x 2048 int8 mask sparse_mode=3 expects, built once per device."""

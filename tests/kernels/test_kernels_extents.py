@@ -25,6 +25,13 @@ def test_runs_of_contiguous_pages_become_one_extent_each():
     assert _as_lists(extents, 1) == [(3, 1), (2, 1), (1, 1), (0, 1)]
 
 
+def test_has_runs_tells_runs_from_single_pages():
+    seq_lens = torch.tensor([40, 40])
+    single = build_extents(torch.tensor([[3, 1, 7], [0, 2, 4]], dtype=torch.int32), seq_lens, 16)
+    runs = build_extents(torch.tensor([[3, 1, 7], [4, 5, 9]], dtype=torch.int32), seq_lens, 16)
+    assert not single.has_runs() and runs.has_runs()
+
+
 def test_padding_past_the_context_is_not_an_extent():
     # the padding page 0 after page 7 would extend nothing, but page 8 after 7 would
     tables = torch.tensor([[6, 7, 8, 9]], dtype=torch.int32)
