@@ -6,6 +6,9 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <utility>
+#include <vector>
+
 #include "acl/acl.h"
 #include "acl/acl_rt.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
