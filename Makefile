@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch on this machine's disk; an unpinned torch would download a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: run test lint bench clean vllm-peer test-peer
+.PHONY: run test lint bench clean vllm-peer test-peer ascend-env test-ascend ascend-static-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,39 @@ vllm-peer: $(PEER)/.installed $(PEER_MODEL)/config.json
 
 test-peer: vllm-peer
 	$(BIN)/python -m pytest -q -m peer
+
+# Ascend: triton-ascend replaces the `triton` package's files, so it lives in a venv of its own
+# (never .venv), with ascendnpu-ir's bishengir-compile for the static Ascend910B3 check. No
+# CANN here: kernels run in Triton's interpreter on CPU tensors, and compile up to bishengir's
+# last step (hivmc, CANN only). Tests that need it are marked `ascend` (make test-ascend).
+ASCEND := .peer/ascend
+ASCEND_PACKAGES := "$(TORCH)" "triton-ascend==3.2.0" "ascendnpu-ir==1.2.0" "numpy<2.4" pybind11
+# numpy < 2.4: with 2.4 the interpreter fails on loop bounds loaded from memory
+ASCEND_TEST_PACKAGES := safetensors "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+ASCEND_ENV := TRITON_INTERPRET=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
+ASCEND_TESTS := tests/kernels/test_kernels_ascend.py tests/kernels/test_kernels_extents.py \
+	tests/kernels/test_kernels_ascend_tiles.py \
+	tests/kernels/test_kernels_ascend_compile.py tests/kernels/test_kernels_ascendc_tiling.py \
+	tests/engine/test_engine_ascend_backend.py
+
+$(ASCEND)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(ASCEND)
+	$(ASCEND)/bin/pip install --quiet --upgrade pip
+	$(ASCEND)/bin/pip install --quiet $(ASCEND_PACKAGES) $(ASCEND_TEST_PACKAGES)
+	# kvlab without extras: the `engine` extra would pull the plain triton back in
+	$(ASCEND)/bin/pip install --quiet -e . "numpy<2.4"
+	touch $@
+
+ascend-env: $(ASCEND)/.installed
+
+test-ascend: ascend-env
+	$(ASCEND_ENV) $(ASCEND)/bin/python -m pytest -q -o addopts="-p no:cacheprovider" \
+		-W "ignore::DeprecationWarning:triton.runtime.interpreter" \
+		-m "not slow and not cuda and not npu and not peer" $(ASCEND_TESTS)
+
+# the per-kernel, per-page-size table of the static check (UB bytes of bishengir's memory plan)
+ascend-static-check: ascend-env
+	$(ASCEND_ENV) $(ASCEND)/bin/python benchmarks/ascend_static_check.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -12,8 +12,8 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
         [num_seqs + 1] int32, host lists seq_lens_cpu / query_lens_cpu, max_seq_len,
         max_query_len, page_size.
 
-    get_backend(name) -> KernelBackend          "torch" | "triton" | "npu"; an unknown name, or
-                                                 npu without torch_npu -> KvlabError
+    get_backend(name) -> KernelBackend          "torch" | "triton" | "npu" | "ascend"; an unknown
+                                                 name, or npu without torch_npu -> KvlabError
     backend_names() -> list[str]                 every name get_backend accepts
     available_backends() -> list[str]            those whose packages are installed here
 
@@ -24,7 +24,14 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
     npu     torch_npu's npu_scatter_pa_kv_cache, _npu_paged_attention (decode-only batches) and
             npu_fused_infer_attention_score (TND, sparse_mode=3); fp16/bf16 caches, page size a
             multiple of 16 up to 512, 128 recommended (kernels/npu_backend.py); not yet run on
-            Ascend hardware, tested against an emulation of the documented ops
+            Ascend hardware, tested against an emulation of the documented ops; with kvlab's
+            AscendC kernels built (kernels/ascendc/, kernels/ascendc_ops.py), page copy, the
+            batched host<->device swap and decodes over runs of pages use them
+    ascend  kvlab's Triton kernels for triton-ascend (kernels/ascend_backend.py): reshape-and-
+            cache, decode and prefill over extent tables (kernels/extents.py: runs of contiguous
+            pages, read as one DMA each), page copy and swap; fp16/bf16/fp32, page sizes 16..512
+            in multiples of 16; CPU tensors under TRITON_INTERPRET=1; compiled for Ascend910B3
+            up to bishengir's CANN-only last step by `make test-ascend`, not yet run on an NPU
 
     KernelBackend (each backend's module is imported only when get_backend selects it):
         name: str

@@ -73,6 +73,12 @@ _BACKENDS: dict[str, _BackendEntry] = {
         "torch_npu",
         "torch_npu fused ops (Ascend NPU with CANN)",
     ),
+    "ascend": _BackendEntry(
+        "kvlab.kernels.ascend_backend",
+        "AscendBackend",
+        "triton",
+        "kvlab's Triton kernels for Ascend (triton-ascend; CPU with TRITON_INTERPRET=1)",
+    ),
 }
 
 

@@ -2,15 +2,19 @@
 
 - write_kv: `npu_scatter_pa_kv_cache(..., cache_mode="Norm")`, the ND cache layout
   `[num_pages, page_size, num_kv_heads, head_dim]`.
-- decode-only batches: `_npu_paged_attention` over the block tables, context lengths on the host.
+- decode-only batches: `_npu_paged_attention` over the block tables, context lengths on the
+  host; when kvlab's AscendC kernels are built (kernels/ascendc/) and the longest sequence's
+  pages come in runs (dynamic block sizes, contiguous regions), kvlab's extent-aware decode.
 - any batch with a prefill chunk: `npu_fused_infer_attention_score` in the "TND" layout with
   `sparse_mode=3` (causal aligned to the bottom-right corner, i.e. to the end of each context),
   the caches viewed as `[num_pages, page_size, num_kv_heads * head_dim]`.
-- copy_pages and swap_pages: torch index copies, which torch_npu runs on the device.
+- copy_pages and swap_pages: torch_npu has no copy/swap-blocks op; kvlab's AscendC page copy
+  and batched swap (aclrtMemcpyBatchAsync over coalesced runs) when built, else torch index
+  copies, which torch_npu runs on the device.
 
-torch_npu is imported when the backend is constructed, never at module import. Not yet run on
-Ascend hardware: tests run this code against tests/kernels/npu_emulation.py, a torch emulation
-of each op's documented contract.
+torch_npu is imported when the backend is constructed, never at module import; so is the
+AscendC library. Not yet run on Ascend hardware: tests run this code against
+tests/kernels/npu_emulation.py, a torch emulation of each op's documented contract.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch
 from torch import Tensor
 
 from kvlab.errors import KvlabError
+from kvlab.kernels.ascendc_ops import AscendcOps, load_ascendc_ops
+from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
@@ -56,7 +62,9 @@ class NpuBackend:
 
     def __init__(self) -> None:
         self._ops = _import_torch_npu()
+        self._ascendc: AscendcOps | None = load_ascendc_ops()  # None until built on the machine
         self._causal_masks: dict[torch.device, Tensor] = {}
+        self._last_extents: tuple[AttentionMetadata, ExtentTable, bool] | None = None
 
     def write_kv(
         self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
@@ -109,13 +117,31 @@ class NpuBackend:
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
         """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
-        copy_pages_by_index(k_cache, v_cache, pairs)
+        if self._ascendc is None or pairs.shape[0] == 0:
+            copy_pages_by_index(k_cache, v_cache, pairs)
+            return
+        pairs = pairs.to(k_cache.device, torch.int64)
+        src_ids, dst_ids = pairs[:, 0], pairs[:, 1]
+        if not bool(torch.isin(dst_ids, src_ids).any()):
+            self._ascendc.copy_pages(k_cache, v_cache, src_ids, dst_ids)
+            return
+        # a page both read and written would race between cores: stage the sources first
+        shape = (len(pairs), *k_cache.shape[1:])
+        stage = (k_cache.new_empty(shape), v_cache.new_empty(shape))
+        order = torch.arange(len(pairs), device=k_cache.device)
+        self._ascendc.move_pages((k_cache, v_cache), stage, src_ids, order)
+        self._ascendc.move_pages(stage, (k_cache, v_cache), order, dst_ids)
 
     def swap_pages(
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
-        """Copy pages `pairs[n, 2]` of (src, dst) between caches, with torch index copies."""
-        swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
+        """Copy pages `pairs[n, 2]` of (src, dst) between caches: one batch of coalesced runs
+        with kvlab's AscendC swap when built, else torch index copies."""
+        one_side_host = _is_host(src_k) != _is_host(dst_k)
+        if self._ascendc is None or not one_side_host or pairs.shape[0] == 0:
+            swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
+            return
+        self._ascendc.swap_pages(src_k, src_v, dst_k, dst_v, pairs.cpu())
 
     def _decode(
         self,
@@ -130,6 +156,16 @@ class NpuBackend:
         """One new token per sequence: the decode-only fast path, written into `out`."""
         if out is None or not out.is_contiguous() or out.dtype != query.dtype:
             out = torch.empty_like(query)
+        if self._ascendc is not None and self._ascendc.can_decode(
+            query.shape[1], num_kv_heads, query.shape[2]
+        ):
+            extents, has_runs = self._extents(meta)
+            # runs of pages (dynamic block sizes): kvlab's kernel reads each run as one DMA
+            if has_runs:
+                self._ascendc.paged_decode(
+                    query, k_cache, v_cache, extents, meta.seq_lens, scale, out
+                )
+                return out
         self._ops._npu_paged_attention(
             query=query,
             key_cache=k_cache,
@@ -178,6 +214,14 @@ class NpuBackend:
         )
         return output
 
+    def _extents(self, meta: AttentionMetadata) -> tuple[ExtentTable, bool]:
+        """The batch's extent table and whether it has runs, once per step: every layer's call
+        gets the same metadata object, and only the first pays the host sync."""
+        if self._last_extents is None or self._last_extents[0] is not meta:
+            extents = build_extents(meta.block_tables, meta.seq_lens, meta.page_size)
+            self._last_extents = (meta, extents, extents.has_runs())
+        return self._last_extents[1], self._last_extents[2]
+
     def _causal_mask(self, device: torch.device) -> Tensor:
         """The 2048 x 2048 int8 mask sparse_mode=3 expects, built once per device."""
         mask = self._causal_masks.get(device)
@@ -186,6 +230,11 @@ class NpuBackend:
             mask = torch.triu(ones, diagonal=1).to(device)
             self._causal_masks[device] = mask
         return mask
+
+
+def _is_host(cache: Tensor) -> bool:
+    """True for a cache in host memory (swap space), False for one on the NPU."""
+    return cache.device.type == "cpu"
 
 
 def _import_torch_npu() -> Any:

@@ -153,7 +153,8 @@ def add_device_arguments(machine: argparse._ArgumentGroup) -> None:
     machine.add_argument("--device", default="cpu",
                          help="cpu, cuda, cuda:N or npu (default cpu)")
     machine.add_argument("--attention-backend", default="torch",
-                         help="kernel backend: torch (reference), triton, npu (default torch)")
+                         help="kernel backend: torch (reference), triton, npu, ascend "
+                         "(default torch)")
     machine.add_argument("--dtype", default=None,
                          help="float32, float16 or bfloat16 (default: the checkpoint's)")
 

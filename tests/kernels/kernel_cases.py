@@ -38,14 +38,24 @@ def make_case(
     shuffle: bool = True,
     poison: float = float("nan"),
     seed: int = 0,
+    run_pages: int = 1,
 ) -> PagedCase:
-    """A batch whose pages are scattered (shuffled) over a cache whose other slots hold `poison`."""
+    """A batch whose pages are scattered (shuffled) over a cache whose other slots hold `poison`.
+
+    `run_pages` > 1 shuffles runs of that many contiguous pages instead of single pages, as a
+    dynamic block size (runs of 2^k pages) lays a sequence out.
+    """
     gen = torch.Generator().manual_seed(seed)
     pages_per_seq = [-(-n // page_size) for n in seq_lens]
     num_pages = sum(pages_per_seq) + 3  # spare pages that no table names
     # its own generator, so shuffling changes where the data sits but not the data
     page_gen = torch.Generator().manual_seed(seed + 1)
-    order = torch.randperm(num_pages, generator=page_gen) if shuffle else torch.arange(num_pages)
+    num_pages = -(-num_pages // run_pages) * run_pages
+    if shuffle:
+        runs = torch.randperm(num_pages // run_pages, generator=page_gen)
+        order = (runs[:, None] * run_pages + torch.arange(run_pages)).flatten()
+    else:
+        order = torch.arange(num_pages)
     shape = (num_pages, page_size, num_kv_heads, head_dim)
     k_cache = torch.full(shape, poison, dtype=dtype)
     v_cache = torch.full(shape, poison, dtype=dtype)

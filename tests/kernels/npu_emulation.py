@@ -241,3 +241,107 @@ def fake_torch_npu() -> types.ModuleType:
     for fn in (npu_scatter_pa_kv_cache, npu_fused_infer_attention_score, _npu_paged_attention):
         setattr(module, fn.__name__, logged(fn))
     return module
+
+
+# kvlab's own AscendC ops (kernels/ascendc/torch_ops.cpp), emulated from their schema and the
+# rules their kernels rely on: what the torch op checks, plus the tiling contract the kernels
+# trust (UB fit, tiles dividing pages, at most 16 query heads per KV head).
+_UB_BYTES = 192 * 1024
+_VECTOR_CORES = 40
+
+
+class FakeAscendcOps:
+    """A stand-in for `torch.ops.kvlab_ascendc`; `calls` logs which op ran."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.num_runs: list[int] = []  # runs per swap_pages call
+
+    def copy_pages(
+        self, dst_k, dst_v, src_k, src_v, src_ids, dst_ids, tile_elems, buffer_num, block_dim
+    ) -> None:
+        op = "kvlab_ascendc::copy_pages"
+        self.calls.append("copy_pages")
+        for cache in (dst_k, dst_v, src_k, src_v):
+            _require(cache.dtype in _HALF_DTYPES, f"{op}: caches must be float16/bfloat16")
+            _require(cache.is_contiguous(), f"{op}: caches must be contiguous")
+        _require(src_k.shape[1:] == dst_k.shape[1:], f"{op}: page shapes differ")
+        _require(src_ids.dtype == dst_ids.dtype == torch.int64, f"{op}: page ids must be int64")
+        _require(src_ids.numel() == dst_ids.numel(), f"{op}: one destination per source page")
+        page_elems = src_k[0].numel()
+        _require(page_elems % tile_elems == 0, f"{op}: a page must be whole tiles")
+        _require(tile_elems * src_k.element_size() % 32 == 0, f"{op}: tiles of 32-byte blocks")
+        _require(
+            tile_elems * src_k.element_size() * buffer_num <= _UB_BYTES, f"{op}: tiles overflow UB"
+        )
+        _require(1 <= block_dim <= _VECTOR_CORES, f"{op}: block_dim {block_dim} cores")
+        if src_k.data_ptr() == dst_k.data_ptr():  # cores race on a page both read and written
+            _require(
+                not bool(torch.isin(dst_ids, src_ids).any()),
+                f"{op}: sources and destinations overlap",
+            )
+        for src, dst in ((src_k, dst_k), (src_v, dst_v)):
+            dst[dst_ids] = src[src_ids]
+
+    def paged_decode(
+        self,
+        out,
+        query,
+        k_cache,
+        v_cache,
+        ext_start,
+        ext_pages,
+        ext_count,
+        seq_lens,
+        scale,
+        tile_tokens,
+        buffer_num,
+        block_dim,
+    ) -> None:
+        op = "kvlab_ascendc::paged_decode"
+        self.calls.append("paged_decode")
+        _require(query.dim() == 3 and query.is_contiguous(), f"{op}: query [seqs, heads, dim]")
+        _require(k_cache.dim() == 4 and k_cache.is_contiguous(), f"{op}: caches 4-D contiguous")
+        _require(out.shape == query.shape and out.is_contiguous(), f"{op}: out must be like query")
+        _require(query.dtype == k_cache.dtype, f"{op}: query and caches: one dtype")
+        _require(k_cache.dtype in _HALF_DTYPES, f"{op}: caches must be float16/bfloat16")
+        for t in (ext_start, ext_pages, ext_count, seq_lens):
+            _require(t.dtype == torch.int32 and t.is_contiguous(), f"{op}: tables must be int32")
+        num_kv_heads, head_dim = k_cache.shape[2:]
+        group = query.shape[1] // num_kv_heads
+        _require(1 <= group <= 16, f"{op}: at most 16 query heads per KV head")
+        _require(k_cache.shape[1] % tile_tokens == 0, f"{op}: a tile must divide the page")
+        _require(buffer_num == 2 and 1 <= block_dim <= _VECTOR_CORES, f"{op}: launch arguments")
+        page_size = k_cache.shape[1]
+        for seq in range(query.shape[0]):
+            count = int(ext_count[seq])
+            pages = torch.cat(
+                [
+                    torch.arange(int(first), int(first) + int(n))
+                    for first, n in zip(ext_start[seq, :count], ext_pages[seq, :count], strict=True)
+                ]
+            )
+            length = int(seq_lens[seq])
+            _require(len(pages) * page_size >= length, f"{op}: extents shorter than the context")
+            k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:length].float()
+            v = v_cache[pages].reshape(-1, num_kv_heads, head_dim)[:length].float()
+            visible = torch.ones(1, length, dtype=torch.bool)
+            out[seq : seq + 1] = _attend(query[seq : seq + 1], k, v, scale, visible).to(out.dtype)
+
+    def swap_pages(self, src_k, src_v, dst_k, dst_v, src_offsets, dst_offsets, sizes) -> None:
+        op = "kvlab_ascendc::swap_pages"
+        self.calls.append("swap_pages")
+        self.num_runs.append(sizes.numel())
+        for t in (src_offsets, dst_offsets, sizes):
+            _require(t.device.type == "cpu" and t.dtype == torch.int64, f"{op}: host int64 runs")
+        _require(src_offsets.shape == dst_offsets.shape == sizes.shape, f"{op}: one row per run")
+        for src, dst in ((src_k, dst_k), (src_v, dst_v)):
+            src_bytes, dst_bytes = src.view(-1).view(torch.uint8), dst.view(-1).view(torch.uint8)
+            for s, d, n in zip(
+                src_offsets.tolist(), dst_offsets.tolist(), sizes.tolist(), strict=True
+            ):
+                _require(
+                    s + n <= src_bytes.numel() and d + n <= dst_bytes.numel(),
+                    f"{op}: run out of range",
+                )
+                dst_bytes[d : d + n] = src_bytes[s : s + n]

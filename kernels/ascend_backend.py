@@ -1,0 +1,347 @@
+"""The `ascend` backend: kvlab's own Triton kernels for Ascend NPUs (triton-ascend).
+
+- write_kv: reshape-and-cache, one token per work item (kernels/ascend_kernels.py).
+- paged_attention: decodes (one new token) and prefill chunks as two kernels over an extent
+  table of the block tables (kernels/extents.py), so dynamic block sizes (runs of 2^k pages)
+  and contiguous regions are read as long DMA runs; GQA; page sizes 16..512, multiples of 16.
+- copy_pages: one kernel launch when no page is both read and written, else a gather into a
+  staging buffer and a scatter from it (copy-on-write chains copy the old content).
+- swap_pages: gather the pages into one contiguous staging buffer on the source side, move it
+  with one transfer, scatter on the destination side; a host side uses torch index copies.
+
+Tile sizes per page size are kernels/ascend_tiles.py's. Runs on an Ascend NPU with triton-ascend
+and CANN (unverified on hardware: compiled here only up to bishengir's last, CANN-only step),
+and on CPU tensors under TRITON_INTERPRET=1, where it is tested against the torch reference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+import triton
+from torch import Tensor
+
+from kvlab.errors import KvlabError
+from kvlab.kernels import ascend_kernels as k
+from kvlab.kernels.ascend_tiles import (
+    ASCEND910B3_AI_CORES,
+    ASCEND910B3_VECTOR_CORES,
+    MAX_PAGE_SIZE,
+    MIN_PAGE_SIZE,
+    attention_tiles,
+    decode_constants,
+    move_pages_constants,
+    num_programs,
+    prefill_constants,
+    write_kv_constants,
+)
+from kvlab.kernels.extents import ExtentTable, build_extents
+from kvlab.kernels.metadata import AttentionMetadata
+
+# triton-ascend has no fp64 and no fp8 arithmetic on the vector cores
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def has_triton_ascend() -> bool:
+    """True when the installed Triton is triton-ascend (it ships an `ascend` backend)."""
+    return importlib.util.find_spec("triton.backends.ascend") is not None
+
+
+def check_ascend_cache(page_size: int, dtype: torch.dtype) -> None:
+    """Raise KvlabError unless the ascend kernels take caches of this page size and dtype."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise KvlabError(
+            f"the ascend backend's kernels take float16, bfloat16 or float32 caches, not {dtype} "
+            "(triton-ascend has no fp64 or fp8 arithmetic); choose another --dtype"
+        )
+    if not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE or page_size % MIN_PAGE_SIZE:
+        raise KvlabError(
+            f"page size (--block-size) {page_size} does not suit the ascend backend: expected a "
+            f"multiple of {MIN_PAGE_SIZE} from {MIN_PAGE_SIZE} to {MAX_PAGE_SIZE} (128 is what "
+            "vLLM-Ascend uses)"
+        )
+
+
+class AscendBackend:
+    """triton-ascend kernels on an Ascend NPU; on CPU tensors under Triton's interpreter."""
+
+    name = "ascend"
+
+    def __init__(self) -> None:
+        self._last_extents: tuple[AttentionMetadata, ExtentTable] | None = None
+
+    def check_device(self, device: torch.device) -> None:
+        """A KvlabError when these kernels cannot run on `device` in this environment."""
+        if device.type == "cpu" and not interpreting():
+            raise KvlabError(
+                "attention_backend ascend on cpu needs Triton's interpreter: start kvlab with "
+                "TRITON_INTERPRET=1 in the environment (slow; for checking kernels), or use "
+                "attention_backend torch",
+                parameters=("attention_backend",),
+            )
+        if device.type == "npu" and not has_triton_ascend():
+            raise KvlabError(
+                "attention_backend ascend on npu needs triton-ascend (pip install "
+                "triton-ascend, in an environment without the plain triton package)",
+                parameters=("attention_backend",),
+            )
+
+    def write_kv(
+        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        _check_caches(k_cache, v_cache)
+        assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
+        num_tokens = key.shape[0]
+        if num_tokens == 0:
+            return
+        num_kv_heads, head_dim = k_cache.shape[2:]
+        k.write_kv_kernel[(num_programs(num_tokens, _vector_cores(key.device)),)](
+            key,
+            value,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            num_tokens,
+            key.stride(0),
+            key.stride(1),
+            value.stride(0),
+            value.stride(1),
+            **write_kv_constants(num_kv_heads, head_dim),
+        )
+
+    def paged_attention(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        *,
+        scale: float,
+        num_kv_heads: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        _check_caches(k_cache, v_cache)
+        assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
+        assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
+        assert query.shape[0] == meta.num_tokens, "one query row per new token"
+        assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+        assert query.stride(-1) == 1, "head_dim must be contiguous"
+        out = torch.empty_like(query) if out is None else out
+        extents = self._extents(meta)
+        decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
+        if decode_ids:
+            _decode(query, k_cache, v_cache, meta, extents, decode_ids, scale, out)
+        if prefill_ids:
+            _prefill(query, k_cache, v_cache, meta, extents, prefill_ids, scale, out)
+        return out
+
+    def _extents(self, meta: AttentionMetadata) -> ExtentTable:
+        """The batch's extent table, built once per step: every layer gets the same metadata
+        object, which nothing changes after AttentionMetadata.build."""
+        if self._last_extents is None or self._last_extents[0] is not meta:
+            self._last_extents = (
+                meta,
+                build_extents(meta.block_tables, meta.seq_lens, meta.page_size),
+            )
+        return self._last_extents[1]
+
+    def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
+        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        _check_caches(k_cache, v_cache)
+        if pairs.shape[0] == 0:
+            return
+        pairs = pairs.to(k_cache.device, torch.int64)
+        src_ids, dst_ids = pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
+        if not bool(torch.isin(dst_ids, src_ids).any()):
+            _move_pages((k_cache, v_cache), (k_cache, v_cache), src_ids, dst_ids)
+            return
+        # a page both read and written would race between programs: stage the sources first
+        stage = _staging(k_cache, pairs.shape[0], k_cache.device)
+        order = torch.arange(pairs.shape[0], device=k_cache.device)
+        _move_pages((k_cache, v_cache), stage, src_ids, order)
+        _move_pages(stage, (k_cache, v_cache), order, dst_ids)
+
+    def swap_pages(
+        self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
+    ) -> None:
+        """Copy pages `pairs[n, 2]` of (src, dst) between caches: gather, one transfer, scatter."""
+        _check_caches(src_k, src_v)
+        _check_caches(dst_k, dst_v)
+        assert src_k.shape[1:] == dst_k.shape[1:], "both caches need the same page shape"
+        if pairs.shape[0] == 0:
+            return
+        num_pairs = pairs.shape[0]
+        order_src = torch.arange(num_pairs, device=src_k.device)
+        stage = _staging(src_k, num_pairs, src_k.device)
+        _gather_or_index(
+            (src_k, src_v), stage, pairs[:, 0].to(src_k.device, torch.int64), order_src
+        )
+        # the one transfer between the two sides (host <-> device)
+        moved = (stage[0].to(dst_k.device, dst_k.dtype), stage[1].to(dst_k.device, dst_k.dtype))
+        order_dst = torch.arange(num_pairs, device=dst_k.device)
+        _gather_or_index(
+            moved, (dst_k, dst_v), order_dst, pairs[:, 1].to(dst_k.device, torch.int64)
+        )
+
+
+def _decode(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    extents: ExtentTable,
+    seq_ids: list[int],
+    scale: float,
+    out: Tensor,
+) -> None:
+    """Launch the decode kernel over the sequences with one new token."""
+    num_heads, head_dim = query.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    num_items = len(seq_ids) * num_kv_heads
+    k.decode_kernel[(num_programs(num_items, _ai_cores(query.device)),)](
+        query,
+        k_cache,
+        v_cache,
+        extents.start_pages,
+        extents.num_pages,
+        extents.num_extents,
+        meta.seq_lens,
+        meta.query_start_loc,
+        _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
+        out,
+        scale,
+        num_items,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        extents.start_pages.stride(0),
+        **decode_constants(meta.page_size, num_heads, num_kv_heads, head_dim),
+    )
+
+
+def _prefill(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    extents: ExtentTable,
+    seq_ids: list[int],
+    scale: float,
+    out: Tensor,
+) -> None:
+    """Launch the prefill-chunk kernel over the sequences with more than one new token."""
+    num_heads, head_dim = query.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    tiles = attention_tiles(meta.page_size, head_dim, num_heads // num_kv_heads)
+    max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
+    num_q_blocks = triton.cdiv(max_query_len, tiles.query_rows)
+    num_items = len(seq_ids) * num_q_blocks * num_heads
+    k.prefill_kernel[(num_programs(num_items, _ai_cores(query.device)),)](
+        query,
+        k_cache,
+        v_cache,
+        extents.start_pages,
+        extents.num_pages,
+        extents.num_extents,
+        meta.seq_lens,
+        meta.query_start_loc,
+        _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
+        out,
+        scale,
+        num_items,
+        num_q_blocks,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        extents.start_pages.stride(0),
+        **prefill_constants(meta.page_size, num_heads, num_kv_heads, head_dim),
+    )
+
+
+def _move_pages(
+    src: tuple[Tensor, Tensor], dst: tuple[Tensor, Tensor], src_ids: Tensor, dst_ids: Tensor
+) -> None:
+    """Page src_ids[i] of the src K/V pair -> page dst_ids[i] of the dst pair, one launch."""
+    constants = move_pages_constants(src[0][0].numel())
+    num_items = src_ids.shape[0] * constants["NUM_CHUNKS"]
+    k.move_pages_kernel[(num_programs(num_items, _vector_cores(src[0].device)),)](
+        src[0],
+        src[1],
+        dst[0],
+        dst[1],
+        src_ids,
+        dst_ids,
+        num_items,
+        **constants,
+    )
+
+
+def _gather_or_index(
+    src: tuple[Tensor, Tensor], dst: tuple[Tensor, Tensor], src_ids: Tensor, dst_ids: Tensor
+) -> None:
+    """Move pages with the kernel where both sides are kernel memory, else torch index copies."""
+    if _kernel_memory(src[0]) and _kernel_memory(dst[0]):
+        _move_pages(src, dst, src_ids.contiguous(), dst_ids.contiguous())
+        return
+    for s, d in zip(src, dst, strict=True):  # host pages: the CPU copies them
+        d.index_copy_(0, dst_ids, s.index_select(0, src_ids))
+
+
+def _staging(like: Tensor, num_pages: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Two contiguous `[num_pages, *page_shape]` buffers for K and V pages in transit."""
+    shape = (num_pages, *like.shape[1:])
+    # host staging is page-locked where an accelerator copies it by DMA, never elsewhere
+    pin = device.type == "cpu" and torch.accelerator.is_available()
+    return (
+        torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin),
+        torch.empty(shape, dtype=like.dtype, device=device, pin_memory=pin),
+    )
+
+
+def _kernel_memory(t: Tensor) -> bool:
+    """True when a Triton kernel can address `t`: device memory, or any memory when interpreting."""
+    return t.device.type != "cpu" or interpreting()
+
+
+def _ai_cores(device: torch.device) -> int:
+    """AI cores (Cube + Vector) of the device; the 910B3's count where no driver says."""
+    return _device_cores(device, "num_aicore", ASCEND910B3_AI_CORES)
+
+
+def _vector_cores(device: torch.device) -> int:
+    """Vector cores of the device; the 910B3's count where no driver says."""
+    return _device_cores(device, "num_vectorcore", ASCEND910B3_VECTOR_CORES)
+
+
+def _device_cores(device: torch.device, key: str, default: int) -> int:
+    if device.type != "npu":
+        return default
+    from triton.runtime import driver  # triton-ascend's NPU driver: present only with CANN
+
+    properties = driver.active.utils.get_device_properties(device.index or 0)
+    return int(properties.get(key, default))
+
+
+def _seq_ids_tensor(seq_ids: list[int], num_seqs: int, device: torch.device) -> Tensor:
+    """Device int32 ids of the sequences one launch covers (an arange when it covers all)."""
+    if len(seq_ids) == num_seqs:
+        return torch.arange(num_seqs, dtype=torch.int32, device=device)
+    return torch.tensor(seq_ids, dtype=torch.int32, device=device)
+
+
+def _check_caches(k_cache: Tensor, v_cache: Tensor) -> None:
+    check_ascend_cache(k_cache.shape[1], k_cache.dtype)
+    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
+    assert k_cache.shape == v_cache.shape, "K and V caches must have the same shape"
