@@ -15,13 +15,19 @@ one and committed at once (`StepLoop.commit_decode_run`), with exactly the recor
 and pages that stepping would give (tests/sim/test_decode_runs.py compares the two on whole
 traces). Most steps of a
 simulation are such steps; committing them together removes the Python work per token.
+
+Alone, an instance's requests are all in its StepLoop from the start, and the next of them is
+the horizon a decode run stops at. In a cluster (`kvlab.sim.cluster`) requests are routed to
+an instance only as they arrive, so any arrival of the whole cluster may join this instance's
+batch: an `ArrivalSource` then tells the instance when the next one is, and hands over (routes)
+every request arrived by the time a step starts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import simpy
 
@@ -40,8 +46,24 @@ class DecodeStepShape(StepShape):
     step_id: int = 0
 
 
+class ArrivalSource(Protocol):
+    """Where an instance's requests come from when they are not all in its StepLoop from the
+    start (a cluster's router)."""
+
+    def next_arrival_s(self) -> float | None:
+        """When the next request that may join this instance arrives (None: no more will)."""
+        ...
+
+    def deliver_until(self, now_s: float) -> None:
+        """Hand every request arrived by `now_s` to its instance's StepLoop (`submit`)."""
+        ...
+
+
 class SimInstance:
-    """The engine-step process of one instance: a `StepLoop` whose steps cost simulated time."""
+    """The engine-step process of one instance: a `StepLoop` whose steps cost simulated time.
+
+    `arrivals` None: the StepLoop holds every request from the start (one instance alone).
+    """
 
     def __init__(
         self,
@@ -53,6 +75,7 @@ class SimInstance:
         on_finished: Callable[[int], None] | None = None,
         decode_runs: bool = True,
         tier_links: TierLinks | None = None,
+        arrivals: ArrivalSource | None = None,
     ) -> None:
         self.env = env
         self.loop = loop
@@ -62,6 +85,12 @@ class SimInstance:
         self.on_finished = on_finished  # called with the number of requests a step ended
         self.decode_runs = decode_runs  # take the fast path (False: every step one by one)
         self._wake: simpy.Event | None = None
+        # Alone: the loop's own next arrival, and nothing to hand over (None keeps a step's
+        # work what it was before clusters).
+        self._next_arrival_s: Callable[[], float | None] = (
+            loop.next_arrival_s if arrivals is None else arrivals.next_arrival_s)
+        self._deliver_until: Callable[[float], None] | None = (
+            None if arrivals is None else arrivals.deliver_until)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -69,7 +98,8 @@ class SimInstance:
         return self.loop.scheduler
 
     def wake(self) -> None:
-        """Called by the arrival process: resume the instance if it sleeps for want of work."""
+        """Called by the arrival process (or a router): resume the instance if it sleeps for
+        want of work."""
         if self._wake is not None:
             self._wake.succeed()
             self._wake = None
@@ -77,10 +107,15 @@ class SimInstance:
     def run(self) -> Generator[simpy.Event, Any, None]:
         """SimPy process body: step until every request of the trace has finished."""
         env, loop = self.env, self.loop
+        deliver_until = self._deliver_until
         while True:
             now = env.now
+            if deliver_until is not None:
+                # before admitting: an arrival at exactly `now` is routed even where this
+                # instance's step end comes before the arrival process in SimPy's event order
+                deliver_until(now)
             if not loop.admit(now):
-                if loop.next_arrival_s() is None:
+                if self._next_arrival_s() is None:
                     return
                 self._wake = env.event()
                 yield self._wake
@@ -99,7 +134,7 @@ class SimInstance:
         limit = scheduler.decode_run_limit(MAX_DECODE_RUN)
         if limit < 2:
             return None
-        next_arrival = self.loop.next_arrival_s()
+        next_arrival = self._next_arrival_s()  # alone: the loop's; in a cluster: any
         horizon = float("inf") if next_arrival is None else next_arrival
         running = scheduler.running
         num_seqs = len(running)

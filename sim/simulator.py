@@ -12,12 +12,18 @@ import simpy
 from kvlab.metrics import RunResult
 from kvlab.policies import KVCacheManager, PolicySpec, Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
-from kvlab.policies.tiers import build_tiers, tier_summary
 from kvlab.sim.arrivals import arrival_process
+from kvlab.sim.assembly import (
+    build_manager,
+    build_tier_links,
+    default_cost_model,
+    instance_tiers,
+    tier_stats,
+)
 from kvlab.sim.config import SimConfig
-from kvlab.sim.cost_model import CostModel, RooflineCostModel
+from kvlab.sim.cost_model import CostModel
 from kvlab.sim.instance import SimInstance
-from kvlab.sim.link import HostLink, TierLinks
+from kvlab.sim.link import HostLink
 from kvlab.sim.requests import to_requests
 from kvlab.traces import Trace
 
@@ -67,28 +73,11 @@ class Simulation:
         self.policy = config.policy
         self.capacity = config.capacity
         if cost_model is None:
-            cost_model = config.calibrated
-        if cost_model is None:
-            cost_model = RooflineCostModel(
-                config.model_spec,
-                config.hardware_spec,
-                page_size=self.policy.block_size,
-                tensor_parallel_size=config.tensor_parallel_size,
-            )
+            cost_model = default_cost_model(config)
         self.cost_model = cost_model
-        scheduler_config = config.scheduler_config()
-        tier_config = config.serving.kv_tiers
-        self.tiers = build_tiers(tier_config, config.page_bytes) if tier_config else None
-        self.manager = KVCacheManager(
-            self.policy,
-            self.capacity.num_pages,
-            max_model_len=scheduler_config.max_model_len,
-            num_host_pages=config.serving.num_host_pages(self.capacity.num_pages),
-            costs=cost_model if preemption_costs is None else preemption_costs,
-            tiers=self.tiers,
-            tier_config=tier_config,
-        )
-        self.scheduler = Scheduler(scheduler_config, self.manager)
+        self.tiers = instance_tiers(config)
+        self.manager = build_manager(config, cost_model, preemption_costs, self.tiers)
+        self.scheduler = Scheduler(config.scheduler_config(), self.manager)
         self.requests = to_requests(trace)
         # A server's API delays each request on its way in (and its tokens on their way out):
         # the scheduler sees it that much later; latencies still count from the send (`run`).
@@ -97,10 +86,7 @@ class Simulation:
             request.arrival_s += self.api_latency_s
         self.env = simpy.Environment()
         self.link = HostLink(self.env, cost_model)
-        self.tier_links = None if self.tiers is None else TierLinks(
-            self.env, self.tiers, config.tier_links(), page_bytes=config.page_bytes,
-            host_link=self.link, overlap=tier_config.overlap,
-            num_layers=config.model_spec.num_layers)
+        self.tier_links = build_tier_links(self.env, config, self.tiers, self.link)
         self.loop = StepLoop(self.scheduler, self.requests)
         self.instance = SimInstance(self.env, self.loop, cost_model, self.link,
                                     decode_runs=decode_runs, tier_links=self.tier_links)
@@ -132,16 +118,8 @@ class Simulation:
             kv_cache_size_tokens=capacity.num_tokens,
             num_host_pages=self.manager.num_host_pages,
             metadata={**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim",
-                      **self._tier_stats()},
+                      **tier_stats(self.manager, self.tiers, self.tier_links, self.requests)},
         )
-
-    def _tier_stats(self) -> dict[str, Any]:
-        """Per tier, flat keys for the summary: pages, hits, stores, evictions, link time."""
-        if self.tiers is None or self.tier_links is None:
-            return {}
-        prompt_tokens = sum(r.prompt_len for r in self.requests if r.first_scheduled_s is not None)
-        return tier_summary(self.tiers, self.manager.first_hit_pages, self.capacity.page_size,
-                            prompt_tokens, self.tier_links.busy_s)
 
 
 def compare(
