@@ -1,0 +1,272 @@
+"""`simulate_cluster`: replay a trace through N simulated instances behind a router.
+
+All instances share one SimPy clock; each has its own KV-cache manager, scheduler, step loop,
+host link and step process (`SimInstance`), built from its `InstanceSpec` exactly as
+`simulate` builds its one instance. Requests are not handed out in advance: each is routed
+when it arrives, on the state of the instances at that moment, and submitted to the chosen
+instance's step loop, which it then joins by the shared time rule (a step starting at t admits
+every request arrived by t). Since any arrival may be routed to any instance, each instance's
+decode runs stop at the next arrival of the whole cluster (`_ClusterArrivals` is every
+instance's `ArrivalSource`), which keeps the fast path exact.
+
+An instance has a role ("mixed": prefill and decode, the only one so far) and its own config,
+so that disaggregated prefill/decode and per-instance memory tiers can be added per instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from kvlab.errors import KvlabError
+from kvlab.metrics import RunResult, StepRecorder
+from kvlab.policies import Request, Scheduler, StepLoop
+from kvlab.policies.preemption.modes import PreemptionCosts
+from kvlab.policies.scheduler import check_whole_number
+from kvlab.sim.arrivals import arrival_process
+from kvlab.sim.assembly import build_manager, default_cost_model
+from kvlab.sim.cluster_result import ClusterResult
+from kvlab.sim.config import SimConfig
+from kvlab.sim.cost_model import CostModel
+from kvlab.sim.instance import SimInstance
+from kvlab.sim.link import HostLink
+from kvlab.sim.requests import to_requests
+from kvlab.sim.router import Router, check_router, make_router
+from kvlab.sim.simulator import _check_conservation, _duration_s, _progress_bar
+from kvlab.traces import Trace
+
+# What an instance does. Prefill/decode disaggregation adds "prefill" and "decode".
+ROLES = ("mixed",)
+DEFAULT_ROUTER = "round-robin"
+
+
+@dataclass(slots=True)
+class InstanceSpec:
+    """One instance of a cluster: the config it runs and its role."""
+
+    config: SimConfig
+    role: str = "mixed"
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise KvlabError(f"instance role is {self.role!r}; expected one of "
+                             f"{', '.join(ROLES)}", parameters=("role",))
+
+
+def simulate_cluster(
+    trace: Trace,
+    config: SimConfig,
+    *,
+    num_instances: int = 1,
+    router: str = DEFAULT_ROUTER,
+    router_seed: int = 0,
+    cost_model: CostModel | None = None,
+    progress: bool = False,
+    decode_runs: bool = True,
+) -> ClusterResult:
+    """Run every request of `trace` on `num_instances` instances of `config` behind the
+    registered router `router` (`kvlab.sim.router`; `router_seed` seeds a random one).
+
+    `cost_model` times every instance's steps (default: the config's, as `simulate`);
+    `progress` and `decode_runs` are `simulate`'s. With one instance, every request's record
+    is the one `simulate` gives. Raises KvlabError for num_instances < 1 or an unknown router.
+    """
+    check_whole_number("num_instances", num_instances, 1)
+    check_whole_number("router_seed", router_seed, 0)
+    specs = [InstanceSpec(config) for _ in range(num_instances)]
+    cluster = Cluster(trace, specs, router=router, router_seed=router_seed,
+                      cost_model=cost_model, decode_runs=decode_runs)
+    return cluster.run(progress=progress)
+
+
+class ClusterInstance:
+    """One instance of a cluster: its parts, and what a router reads of it."""
+
+    __slots__ = ("config", "cost_model", "index", "instance", "link", "loop", "manager",
+                 "requests", "role", "scheduler")
+
+    def __init__(self, env: simpy.Environment, index: int, spec: InstanceSpec, *,
+                 cost_model: CostModel | None, preemption_costs: PreemptionCosts | None,
+                 decode_runs: bool, arrivals: _ClusterArrivals) -> None:
+        config = spec.config
+        self.index = index
+        self.role = spec.role
+        self.config = config
+        self.cost_model = default_cost_model(config) if cost_model is None else cost_model
+        self.manager = build_manager(config, self.cost_model, preemption_costs)
+        self.scheduler = Scheduler(config.scheduler_config(), self.manager)
+        self.loop = StepLoop(self.scheduler, [])
+        self.link = HostLink(env, self.cost_model)  # one host link per instance (per box)
+        self.instance = SimInstance(env, self.loop, self.cost_model, self.link,
+                                    decode_runs=decode_runs, arrivals=arrivals)
+        self.requests: list[Request] = []  # routed here, in arrival order
+
+    def num_requests(self) -> int:
+        """Requests held: routed and not yet admitted, waiting, running, swapped out."""
+        scheduler = self.scheduler
+        return (len(self.loop.arrivals) + len(scheduler.waiting) + len(scheduler.running)
+                + len(scheduler.swapped))
+
+    def num_cached_prefix_tokens(self, request: Request) -> int:
+        """Leading tokens of `request` in this instance's prefix cache now: the manager's
+        lookup, which changes no page, count or eviction order (only the memo of its last
+        lookup, which an admission looks up again for its own request)."""
+        return self.manager.num_computed_prefix_tokens(request)
+
+    def submit(self, request: Request) -> None:
+        """Route `request` here: it joins at this instance's next step start."""
+        self.requests.append(request)
+        self.loop.submit(request)
+        self.instance.wake()
+
+    def result(self, metadata: dict[str, Any]) -> RunResult:
+        """This instance's run: the requests routed to it and its steps."""
+        capacity = self.config.capacity
+        return RunResult(
+            requests=self.requests,
+            steps=self.loop.steps,
+            itls_s=np.frombuffer(self.scheduler.itls_s, dtype=np.float64).copy(),
+            duration_s=_duration_s(self.requests),
+            page_size=capacity.page_size,
+            num_total_pages=capacity.num_pages,
+            kv_cache_size_tokens=capacity.num_tokens,
+            num_host_pages=self.manager.num_host_pages,
+            metadata={**metadata, "num_prompts": len(self.requests), "instance": self.index},
+        )
+
+
+class _ClusterArrivals:
+    """The cluster's requests yet to arrive, routed to an instance as each arrives: every
+    instance's `ArrivalSource`."""
+
+    __slots__ = ("_next", "_requests", "instance_of", "instances", "router")
+
+    def __init__(self, requests: Sequence[Request], router: Router) -> None:
+        self._requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self._next = 0
+        self.router = router
+        self.instances: list[ClusterInstance] = []
+        self.instance_of: dict[int, int] = {}
+
+    def next_arrival_s(self) -> float | None:
+        """When the next request of the whole cluster arrives (None when all have)."""
+        requests, index = self._requests, self._next
+        return requests[index].arrival_s if index < len(requests) else None
+
+    def deliver_until(self, now_s: float) -> None:
+        """Route every request arrived by `now_s`, one by one in arrival order, each on the
+        state the ones before it left (a routed request counts in its instance's load)."""
+        requests, instances, choose = self._requests, self.instances, self.router.choose
+        index = self._next
+        while index < len(requests) and requests[index].arrival_s <= now_s:
+            request = requests[index]
+            position = choose(request, instances)
+            instances[position].submit(request)
+            self.instance_of[request.request_id] = position
+            index += 1
+            self._next = index
+
+    def process(self, env: simpy.Environment) -> Generator[simpy.Event, Any, None]:
+        """SimPy process body: route at each distinct arrival time; at the end, wake every
+        instance so that the idle ones see no more work is coming and stop."""
+        yield from arrival_process(env, (r.arrival_s for r in self._requests),
+                                   lambda: self.deliver_until(env.now))
+        for instance in self.instances:
+            instance.instance.wake()
+
+
+class Cluster:
+    """One trace on a cluster of simulated instances behind a router, built and ready to run
+    (once). The parts stay reachable after `run` (`instances`) for tests and tools."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        specs: Sequence[InstanceSpec],
+        *,
+        router: str = DEFAULT_ROUTER,
+        router_seed: int = 0,
+        cost_model: CostModel | None = None,
+        preemption_costs: PreemptionCosts | None = None,
+        decode_runs: bool = True,
+    ) -> None:
+        if not specs:
+            raise KvlabError("a cluster needs at least one instance", parameters=("num_instances",))
+        self.trace = trace
+        self.specs = list(specs)
+        self.router_name = check_router(router)
+        self.router_seed = router_seed
+        self.requests = to_requests(trace)
+        self.env = simpy.Environment()
+        self.arrivals = _ClusterArrivals(self.requests, make_router(router, seed=router_seed))
+        self.instances = [
+            ClusterInstance(self.env, index, spec, cost_model=cost_model,
+                            preemption_costs=preemption_costs, decode_runs=decode_runs,
+                            arrivals=self.arrivals)
+            for index, spec in enumerate(self.specs)
+        ]
+        self.arrivals.instances = self.instances
+        # As `Simulation`: the scheduler sees a request its API's latency after it was sent.
+        # One latency for the cluster: its router sits behind one API.
+        latencies = {float(getattr(i.cost_model, "api_latency_s", 0.0)) for i in self.instances}
+        assert len(latencies) == 1, f"instances with different API latencies {latencies}"
+        self.api_latency_s = latencies.pop()
+        for request in self.requests:
+            request.arrival_s += self.api_latency_s
+
+    def run(self, *, progress: bool = False) -> ClusterResult:
+        """Simulate until every request has finished; check conservation per instance and that
+        every request was routed once; return the records."""
+        env = self.env
+        bar = _progress_bar(len(self.requests), enabled=progress)
+        for instance in self.instances:
+            if bar is not None:
+                instance.instance.on_finished = bar.update
+            env.process(instance.instance.run())
+        env.process(self.arrivals.process(env))
+        try:
+            env.run()
+        finally:
+            if bar is not None:
+                bar.close()
+        for instance in self.instances:
+            _check_conservation(instance.requests, instance.manager)
+        routed = sorted(r.request_id for i in self.instances for r in i.requests)
+        assert routed == sorted(r.request_id for r in self.requests), "a request routed twice"
+        for request in self.requests:
+            request.arrival_s -= self.api_latency_s
+        return self._result()
+
+    def _result(self) -> ClusterResult:
+        """Every instance's run, and the whole cluster's as one run."""
+        first = self.instances[0]
+        metadata = {
+            **first.config.metadata(), **self.trace.result_metadata(), "backend": "sim",
+            "num_instances": len(self.instances), "router": self.router_name,
+            "router_seed": self.router_seed,
+        }
+        runs = [instance.result(metadata) for instance in self.instances]
+        shapes = {(run.page_size, run.num_total_pages, run.num_host_pages) for run in runs}
+        assert len(shapes) == 1, "the cluster's view needs instances of one memory shape"
+        steps = StepRecorder()
+        for run in runs:
+            steps.extend(run.steps)
+        whole = RunResult(
+            requests=self.requests,
+            steps=steps,
+            itls_s=np.concatenate([run.itls_s for run in runs]),
+            duration_s=_duration_s(self.requests),
+            page_size=runs[0].page_size,
+            num_total_pages=runs[0].num_total_pages,
+            kv_cache_size_tokens=runs[0].kv_cache_size_tokens,
+            num_host_pages=runs[0].num_host_pages,
+            metadata=metadata,
+        )
+        return ClusterResult(cluster=whole, instances=runs,
+                             instance_of=dict(self.arrivals.instance_of),
+                             roles=[instance.role for instance in self.instances],
+                             router=self.router_name, router_seed=self.router_seed)

@@ -1,0 +1,87 @@
+"""What a simulated cluster leaves behind: `ClusterResult` (one RunResult per instance and one
+for the whole cluster), its summary and its tables with an instance column."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvlab.metrics import RunResult, per_request_table, per_step_table, summarize
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The per-instance columns the report prints and the dashboard charts, in that order.
+INSTANCE_COLUMNS = ("instance", "role", "completed", "failed", "request_throughput",
+                    "output_throughput", "mean_ttft_ms", "prefix_cache_hit_rate_perc",
+                    "mean_kv_usage_perc", "peak_kv_usage_perc", "num_preemptions")
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    """The records of one cluster run.
+
+    `cluster` holds every request of the trace (in trace order), every instance's steps (instance
+    by instance) and inter-token gaps, and a duration from the first arrival to the last finish;
+    its KV-memory fields are one instance's (every instance has the same memory), so its KV
+    metrics are per instance: a mean over all instances' steps, a peak of any instance.
+    `instances[i]` is instance i's run: the requests routed to it. `instance_of` maps each
+    request id to the instance it was routed to.
+    """
+
+    cluster: RunResult
+    instances: list[RunResult]
+    instance_of: dict[int, int]
+    roles: list[str]
+    router: str
+    router_seed: int
+
+    @property
+    def num_instances(self) -> int:
+        """Instances in the cluster."""
+        return len(self.instances)
+
+
+def summarize_cluster(result: ClusterResult, **options: Any) -> dict[str, Any]:
+    """The cluster's summary (`summarize` of the whole run, `options` passed on: it records
+    num_instances, router and router_seed) with an `instances` list: each instance's summary,
+    its `instance` index and `role` first."""
+    summary = summarize(result.cluster, **options)
+    summary["instances"] = instance_summaries(result, **options)
+    return summary
+
+
+def instance_summaries(result: ClusterResult, **options: Any) -> list[dict[str, Any]]:
+    """One summary per instance, in index order, each starting with `instance` and `role`."""
+    return [{"instance": index, "role": role, **summarize(run, **options)}
+            for index, (run, role) in enumerate(zip(result.instances, result.roles,
+                                                    strict=True))]
+
+
+def instance_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The INSTANCE_COLUMNS of each instance summary (the report's per-instance table)."""
+    return [{column: summary.get(column) for column in INSTANCE_COLUMNS}
+            for summary in summaries]
+
+
+def cluster_request_table(result: ClusterResult) -> pd.DataFrame:
+    """One row per request (`per_request_table` of the whole run) with the `instance` it was
+    routed to, after its id."""
+    table = per_request_table(result.cluster)
+    instance_of = result.instance_of
+    table.insert(1, "instance", [instance_of[int(rid)] for rid in table["request_id"]])
+    return table
+
+
+def cluster_step_table(result: ClusterResult) -> pd.DataFrame:
+    """One row per engine step of every instance, instance by instance, with its `instance`
+    first (step ids count per instance)."""
+    import pandas as pd
+
+    tables = []
+    for index, run in enumerate(result.instances):
+        table = per_step_table(run)
+        table.insert(0, "instance", index)
+        tables.append(table)
+    return pd.concat(tables, ignore_index=True)
