@@ -63,6 +63,19 @@ RUN_ROWS = (
     ("cost_model", "Cost model:"),
     ("dataset", "Dataset:"),
     ("seed", "Seed:"),
+    ("num_instances", "Instances:"),  # a cluster's (kvlab sim --num-instances N)
+    ("router", "Router:"),
+)
+# A cluster's per-instance table: summary key -> column header
+INSTANCE_TABLE = (
+    ("instance", "instance"),
+    ("num_prompts", "requests"),
+    ("request_throughput", "req/s"),
+    ("output_throughput", "out tok/s"),
+    ("mean_ttft_ms", "mean TTFT ms"),
+    ("prefix_cache_hit_rate_perc", "prefix hit %"),
+    ("peak_kv_usage_perc", "peak KV %"),
+    ("num_preemptions", "preemptions"),
 )
 
 
@@ -204,6 +217,16 @@ def format_comparison(summaries: Sequence[dict], labels: Sequence[str]) -> str:
     if abbreviate:
         lines.extend(f"[{i}] {label}" for i, label in enumerate(labels, start=1))
     return "\n".join(lines)
+
+
+def format_instances(summaries: Sequence[dict], *, title: str = "Per Instance") -> str:
+    """A cluster's instance summaries as one table, one row per instance (requests completed,
+    throughputs, mean TTFT, prefix hit rate, peak KV usage, preemptions)."""
+    rows = [{header: summary.get(key) for key, header in INSTANCE_TABLE}
+            for summary in summaries]
+    body = format_table(rows, [header for _, header in INSTANCE_TABLE], max_rows=len(rows))
+    width = max(WIDTH, *(len(line) for line in body.splitlines()))
+    return "\n".join([_header(f" {title} ", "=", width), body, "=" * width])
 
 
 def format_validation(result: ValidationResult) -> str:

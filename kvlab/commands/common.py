@@ -345,3 +345,18 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
         seed=args.seed,
         **memory,
     )
+
+
+def add_cluster_arguments(cluster: argparse._ArgumentGroup) -> None:
+    """The simulated cluster's flags: how many instances of the machine, and the router that
+    sends each request to one of them (checked when the run starts: `kvlab.sim.router`)."""
+    from kvlab.sim.router import router_names  # the registry: no list of names here
+
+    cluster.add_argument("--num-instances", type=int, default=1, metavar="N",
+                         help="simulate N instances of the machine behind a router, each with "
+                         "its own KV cache (default 1: one instance, no router)")
+    cluster.add_argument("--router", default="round-robin", metavar="NAME",
+                         help="which instance each request goes to, decided as it arrives: "
+                         f"{', '.join(router_names())} (see README; default round-robin)")
+    cluster.add_argument("--router-seed", type=int, default=0, metavar="S",
+                         help="seed of a random router's draws (power-of-two; default 0)")

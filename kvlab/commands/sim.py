@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
+    add_cluster_arguments,
     add_machine_arguments,
     add_report_arguments,
     add_serving_arguments,
@@ -24,7 +25,7 @@ from kvlab.commands.common import (
 
 if TYPE_CHECKING:
     from kvlab.metrics import RunResult
-    from kvlab.sim import SimConfig
+    from kvlab.sim import ClusterResult, SimConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument_group("report and results"),
         save_help="write the summary JSON and per-request and per-step tables",
     )
+    add_cluster_arguments(parser.add_argument_group("cluster"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.sim import simulate
 
     options = summary_options(args)
+    _check_cluster(args)
+    if args.num_instances > 1:
+        return _run_cluster(args, options)
     configs = _configs(args)  # bad flags fail before the trace loads
     _warn_config(configs[0])
     trace = load_trace_from_args(args)
@@ -74,6 +79,49 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(summaries[0]))
     if args.save_result:
         _save(args, runs)
+    return 0
+
+
+def _check_cluster(args: argparse.Namespace) -> None:
+    """--num-instances, --router and --router-seed, before any work (the router is checked
+    with one instance too: a typo should not wait for a cluster run to show)."""
+    from kvlab.policies.scheduler import check_whole_number
+    from kvlab.sim.router import check_router
+
+    check_whole_number("num_instances", args.num_instances, 1)
+    check_router(args.router)
+    check_whole_number("router_seed", args.router_seed, 0)
+
+
+def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """`--num-instances N` > 1: each policy on N instances behind --router; the report of the
+    whole cluster, then a table of its instances."""
+    from kvlab.report import format_comparison, format_instances, format_report
+    from kvlab.sim import simulate_cluster, summarize_cluster
+
+    configs = _configs(args)
+    _warn_config(configs[0])
+    trace = load_trace_from_args(args)
+    progress = show_progress(args)
+    runs: list[tuple[ClusterResult, dict[str, Any]]] = []
+    for index, config in enumerate(configs):
+        prefix = f"[{index + 1}] " if args.compare else ""
+        for line in config.capacity.startup_lines(config.max_model_len):
+            print(f"{prefix}{line} (each of {args.num_instances} instances)")
+        result = simulate_cluster(trace, config, num_instances=args.num_instances,
+                                  router=args.router, router_seed=args.router_seed,
+                                  progress=progress)
+        runs.append((result, summarize_cluster(result, **options)))
+    summaries = [summary for _, summary in runs]
+    if args.compare:
+        print(format_comparison(summaries, [str(s["policy"]) for s in summaries]))
+        for index, summary in enumerate(summaries, start=1):
+            print(format_instances(summary["instances"], title=f"[{index}] Per Instance"))
+    else:
+        print(format_report(summaries[0]))
+        print(format_instances(summaries[0]["instances"]))
+    if args.save_result:
+        _save_clusters(args, runs)
     return 0
 
 
@@ -120,15 +168,10 @@ def _configs(args: argparse.Namespace) -> list[SimConfig]:
 
 def _save(args: argparse.Namespace, runs: list[tuple[RunResult, dict[str, Any]]]) -> None:
     """One summary JSON and two tables per policy; compared policies get numbered names."""
-    from kvlab.metrics import default_result_filename, save_results
+    from kvlab.metrics import save_results
 
-    base = args.result_filename or default_result_filename(runs[0][1])
-    stem = base[: -len(".json")] if base.endswith(".json") else base
-    for index, (result, summary) in enumerate(runs):
-        name = base
-        if args.compare:
-            label = re.sub(r"[^A-Za-z0-9._-]+", "_", str(summary["policy"])).strip("_")
-            name = f"{stem}-{index + 1}-{label}.json"
+    for name, (result, summary) in zip(_result_names(args, [s for _, s in runs]), runs,
+                                       strict=True):
         paths = save_results(
             summary,
             result,
@@ -137,3 +180,35 @@ def _save(args: argparse.Namespace, runs: list[tuple[RunResult, dict[str, Any]]]
             table_format=args.table_format,
         )
         print("Saved " + ", ".join(str(path) for path in paths))
+
+
+def _save_clusters(args: argparse.Namespace,
+                   runs: list[tuple[ClusterResult, dict[str, Any]]]) -> None:
+    """As `_save`, for clusters: the summary with its per-instance summaries, and tables of
+    every request and every instance's steps, each row with its instance."""
+    from kvlab.metrics import save_results
+    from kvlab.sim.cluster_result import cluster_request_table, cluster_step_table
+
+    for name, (result, summary) in zip(_result_names(args, [s for _, s in runs]), runs,
+                                       strict=True):
+        tables = {"requests": cluster_request_table(result), "steps": cluster_step_table(result)}
+        paths = save_results(summary, result.cluster, result_dir=args.result_dir,
+                             result_filename=name, table_format=args.table_format,
+                             tables=tables)
+        print("Saved " + ", ".join(str(path) for path in paths))
+
+
+def _result_names(args: argparse.Namespace, summaries: list[dict[str, Any]]) -> list[str]:
+    """The summary file name of each run: --result-filename (or vLLM's default); compared
+    policies get numbered names."""
+    from kvlab.metrics import default_result_filename
+
+    base = args.result_filename or default_result_filename(summaries[0])
+    if not args.compare:
+        return [base]
+    stem = base[: -len(".json")] if base.endswith(".json") else base
+    names = []
+    for index, summary in enumerate(summaries):
+        label = re.sub(r"[^A-Za-z0-9._-]+", "_", str(summary["policy"])).strip("_")
+        names.append(f"{stem}-{index + 1}-{label}.json")
+    return names
