@@ -18,6 +18,7 @@ PAGES = [
     st.Page("compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("sweep.py", title="Sweep", icon=":material/grid_on:"),
     st.Page("tiers.py", title="Tiers", icon=":material/layers:"),
+    st.Page("routers.py", title="Routers", icon=":material/hub:"),
     st.Page("validate.py", title="Validate", icon=":material/fact_check:"),
     st.Page("live.py", title="Live", icon=":material/monitor_heart:"),
 ]

@@ -339,3 +339,23 @@ def tier_figure(table: pd.DataFrame, label_column: str = "kv_tiers") -> go.Figur
                       xaxis_type="category")
     return _layout(fig, "Prefix hits by memory level, and " + metric_label(rate),
                    "memory tiers", "prompt tokens served from cache (%)")
+def instance_bar_figure(instances: pd.DataFrame, metric: str) -> go.Figure:
+    """One group of bars per router, one bar per instance in it, for one per-instance summary
+    metric (`num_prompts`: the requests routed there)."""
+    fig = go.Figure()
+    for instance, rows in instances.groupby("instance", sort=True):
+        fig.add_trace(go.Bar(x=rows["router"], y=rows[metric], name=f"instance {instance}"))
+    fig.update_layout(barmode="group")
+    label = "requests routed" if metric == "num_prompts" else metric_label(metric)
+    return _layout(fig, f"{label} per instance", "router", label)
+
+
+def instance_load_figure(steps: pd.DataFrame, *, max_points: int = MAX_POINTS) -> go.Figure:
+    """Requests running or waiting on each instance over time, one line per instance (a
+    cluster's step table: its `instance` column)."""
+    fig = go.Figure()
+    for instance, rows in steps.groupby("instance", sort=True):
+        thin = thin_steps(rows.reset_index(drop=True), max_points)
+        fig.add_trace(go.Scatter(x=thin["start_s"], y=thin["num_running"] + thin["num_waiting"],
+                                 name=f"instance {instance}", mode="lines"))
+    return _layout(fig, "Load per instance", "time (s)", "requests running + waiting")

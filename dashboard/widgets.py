@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvlab.dashboard.cluster_runs import ClusterView, cluster_view
 from kvlab.dashboard.pagemap import PageMap, page_map_at
 from kvlab.dashboard.runs import RunView, run_view
 from kvlab.dashboard.workload import DEFAULT_TRACE, Setup, load_setup_trace
@@ -159,6 +160,14 @@ def cached_run(key: str, policy: str, slos: tuple[tuple[str, float], ...],
                _setup: Setup) -> RunView:
     """A simulated run (cached by setup key, policy and SLOs)."""
     return run_view(cached_trace(key, _setup), _setup, policy, dict(slos))
+
+
+@st.cache_data(show_spinner="Simulating the cluster…", max_entries=32)
+def cached_cluster(key: str, policy: str, num_instances: int, router: str, router_seed: int,
+                   _setup: Setup) -> ClusterView:
+    """A simulated cluster run (cached by setup key, policy, instances and router)."""
+    return cluster_view(cached_trace(key, _setup), _setup, policy, num_instances, router,
+                        router_seed)
 
 
 @st.cache_data(show_spinner="Replaying to the chosen step…", max_entries=32)

@@ -72,7 +72,8 @@ def test_a_bad_trace_file_shows_its_problem_without_a_traceback(app, tmp_path):
 
 
 def test_every_widget_has_a_key(app):
-    for page in (None, "compare.py", "sweep.py", "tiers.py", "validate.py", "live.py"):
+    for page in (None, "compare.py", "sweep.py", "tiers.py", "routers.py", "validate.py",
+                 "live.py"):
         if page:
             app.switch_page(page).run()
         for kind in WIDGETS:
@@ -212,3 +213,21 @@ def test_tiers_shows_a_bad_configuration_as_an_error(app):
     app.button(key="tiers_run").click().run()
     assert not app.exception
     assert "tier kind 'disk'" in app.error[0].value
+
+
+def test_routers_compares_each_router_on_the_cluster(app):
+    app.switch_page("routers.py").run()
+    app.number_input(key="routers_num_instances").set_value(3)
+    app.multiselect(key="routers_chosen").set_value(["round-robin", "prefix-aware"])
+    checked(app.button(key="routers_run").click().run())
+    instances = ["instance 0", "instance 1", "instance 2"]
+    assert series(app) == [["prefix_cache_hit_rate_perc"], ["mean_ttft_ms"], instances,
+                           instances, instances]
+    assert app.dataframe[0].value["router"].tolist() == ["round-robin", "prefix-aware"]
+
+
+def test_routers_shows_a_bad_policy_as_an_error(app):
+    app.switch_page("routers.py").run()
+    app.text_input(key="routers_policy").set_value("paged:eviction=sometimes").run()
+    assert not app.exception
+    assert app.error[0].value.startswith("policy:")
