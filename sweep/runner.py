@@ -24,7 +24,7 @@ from kvlab.metrics import (
 from kvlab.policies import parse_policy
 from kvlab.policies.serving import ServingConfig
 from kvlab.policies.tiers import TiersConfig, parse_tiers
-from kvlab.sim import SimConfig, simulate
+from kvlab.sim import SimConfig, simulate, simulate_cluster, summarize_cluster
 from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from kvlab.sweep.settings import SETTINGS, run_key
 from kvlab.traces import Trace, load_trace
@@ -110,8 +110,13 @@ def summary_options(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def simulate_settings(settings: Mapping[str, Any]) -> tuple[RunResult, dict[str, Any]]:
-    """Simulate checked settings; the run's records and its summary."""
+    """Simulate checked settings; the run's records and its summary (with num_instances > 1,
+    the whole cluster's: `summarize_cluster`, its per-instance summaries a JSON column)."""
     config = sim_config(settings)  # a bad combination fails before the trace loads
+    cluster = _group(settings, "cluster")
+    if cluster.get("num_instances", 1) > 1:  # as `kvlab sim --num-instances N`
+        run = simulate_cluster(load_settings_trace(settings), config, **cluster)
+        return run.cluster, summarize_cluster(run, **summary_options(settings))
     result = simulate(load_settings_trace(settings), config)
     return result, summarize(result, **summary_options(settings))
 

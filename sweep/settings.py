@@ -27,13 +27,15 @@ from kvlab.policies.scheduler import check_whole_number
 from kvlab.policies.serving import ServingConfig, parse_memory_size
 from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim.calibrated import load_cost_model
+from kvlab.sim.router import check_router
 from kvlab.specs import get_hardware, get_model
 from kvlab.traces import DATASET_NAMES, resolve_trace_path
 from kvlab.traces.arrivals import RAMP_UP_STRATEGIES, check_arrival_options
 
 # Where a setting goes: the trace loader, the machine (SimConfig), the serving config, the
-# policy spec's own keys, the memory tiers, or the summary's options.
-GROUPS = ("trace", "machine", "serving", "policy", "tiers", "summary")
+# policy spec's own keys, the memory tiers, the summary's options, or the cluster
+# (simulate_cluster).
+GROUPS = ("trace", "machine", "serving", "policy", "tiers", "summary", "cluster")
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +229,10 @@ def _settings() -> dict[str, Setting]:
         Setting("metric_percentiles", "summary", _text_list, parse_metric_percentiles,
                 sweepable=False),
         Setting("goodput", "summary", _goodput, sweepable=False),
+        # the cluster (kvlab.sim.simulate_cluster): one instance unless num_instances > 1
+        Setting("num_instances", "cluster", _int, _whole("num_instances", 1)),
+        Setting("router", "cluster", _str, check_router),
+        Setting("router_seed", "cluster", _int, _whole("router_seed", 0)),
     ]
     return {setting.name: setting for setting in table}
 

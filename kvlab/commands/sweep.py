@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
+    add_cluster_arguments,
     add_machine_arguments,
     add_report_arguments,
     add_serving_arguments,
@@ -75,6 +76,7 @@ def _add_sim_settings(parser: argparse.ArgumentParser) -> None:
     add_serving_arguments(parser.add_argument_group("policy and scheduler (every run)"),
                           machine)
     add_report_arguments(parser.add_argument_group("report (every run)"), files=False)
+    add_cluster_arguments(parser.add_argument_group("cluster (every run)"))
     for action in parser._actions[before:]:
         if action.dest != "disable_tqdm":
             action.default = argparse.SUPPRESS

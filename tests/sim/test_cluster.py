@@ -103,7 +103,17 @@ def test_every_router_conserves_requests_and_pages(router, num_instances, policy
                result.cluster.requests)
 
 
-@pytest.mark.parametrize("router", ["round-robin", "prefix-aware", "power-of-two"])
+def assert_same_cluster_run(fast, stepped):
+    assert fast.instance_of == stepped.instance_of
+    assert outcomes(fast.cluster.requests) == outcomes(stepped.cluster.requests)
+    for fast_run, stepped_run in zip(fast.instances, stepped.instances, strict=True):
+        for name, column in stepped_run.steps.columns.items():
+            np.testing.assert_array_equal(np.asarray(fast_run.steps.columns[name]),
+                                          np.asarray(column), err_msg=name)
+        np.testing.assert_array_equal(fast_run.itls_s, stepped_run.itls_s)
+
+
+@pytest.mark.parametrize("router", router_names())
 def test_decode_runs_give_the_stepped_records_in_a_cluster(router, monkeypatch):
     calls = []
     commit = StepLoop.commit_decode_run
@@ -116,13 +126,30 @@ def test_decode_runs_give_the_stepped_records_in_a_cluster(router, monkeypatch):
     assert sum(calls) > len(fast.cluster.steps) / 3  # the fast path was taken
     stepped = simulate_cluster(trace, config, num_instances=3, router=router, router_seed=5,
                                decode_runs=False)
-    assert fast.instance_of == stepped.instance_of
-    assert outcomes(fast.cluster.requests) == outcomes(stepped.cluster.requests)
-    for fast_run, stepped_run in zip(fast.instances, stepped.instances, strict=True):
-        for name, column in stepped_run.steps.columns.items():
-            np.testing.assert_array_equal(np.asarray(fast_run.steps.columns[name]),
-                                          np.asarray(column), err_msg=name)
-        np.testing.assert_array_equal(fast_run.itls_s, stepped_run.itls_s)
+    assert_same_cluster_run(fast, stepped)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    router=st.sampled_from(router_names()),
+    num_instances=st.integers(2, 4),
+    policy=st.sampled_from(["paged:eviction=lru", "paged:preemption=swap", "buddy"]),
+    num_pages=st.integers(40, 300),
+    lengths=st.lists(st.tuples(st.integers(1, 120), st.integers(2, 80)), min_size=2,
+                     max_size=25),
+    gaps=st.lists(st.sampled_from([0.0, 0.003, 0.02, 0.1]), min_size=25, max_size=25),
+)
+def test_decode_runs_are_exact_on_random_clusters(router, num_instances, policy, num_pages,
+                                                  lengths, gaps):
+    arrivals = np.cumsum(gaps[: len(lengths)]).tolist()
+    groups = [tuple(1000 * (i % 2) + block for block in range(-(-input_len // 16)))
+              for i, (input_len, _) in enumerate(lengths)]
+    trace = make_trace(lengths, arrivals, hash_ids=groups)
+    config = small_config(policy, num_pages=num_pages, enable_prefix_caching=True)
+    runs = [simulate_cluster(trace, config, num_instances=num_instances, router=router,
+                             router_seed=1, decode_runs=decode_runs)
+            for decode_runs in (True, False)]
+    assert_same_cluster_run(*runs)
 
 
 def test_routing_repeats_for_a_seed_and_changes_with_it():

@@ -31,6 +31,12 @@ CASES = [
       "--model", "tiny-llama", "--enable-prefix-caching"],
      {"dataset_name": "mooncake", "num_prompts": 30, "length_scale": 16, "model": "tiny-llama",
       "enable_prefix_caching": True}),
+    (["--dataset-name", "mooncake", "--num-prompts", "40", "--length-scale", "8",
+      "--enable-prefix-caching", "--num-gpu-blocks-override", "400", "--num-instances", "3",
+      "--router", "power-of-two", "--router-seed", "2"],
+     {"dataset_name": "mooncake", "num_prompts": 40, "length_scale": 8,
+      "enable_prefix_caching": True, "num_gpu_blocks_override": 400, "num_instances": 3,
+      "router": "power-of-two", "router_seed": 2}),
 ]
 
 
@@ -80,3 +86,13 @@ def test_slo_attainment_is_the_share_of_all_requests_meeting_every_slo():
                                                             + loose["failed"])
     strict = run_point(check_settings({"num_prompts": 40, "goodput": {"ttft": 0.001}}))
     assert strict["slo_attainment"] == 0.0
+
+
+def test_a_cluster_row_keeps_each_instance_s_summary_as_json():
+    row = run_point(check_settings({"num_prompts": 30, "num_instances": 2,
+                                    "router": "least-loaded"}))
+    assert row["status"] == "ok", row["error"]
+    assert (row["num_instances"], row["router"]) == (2, "least-loaded")
+    instances = json.loads(row["instances"])
+    assert [s["instance"] for s in instances] == [0, 1]
+    assert sum(s["num_prompts"] for s in instances) == 30

@@ -61,6 +61,8 @@ def test_values_are_read_as_their_setting(name, text, value):
     ("gpu_memory_utilization", 1.5, "expected a fraction in (0, 1]"),
     ("enable_chunked_prefill", "maybe", "expected true or false"),
     ("colour", "red", "unknown setting 'colour'"),
+    ("num_instances", 0, "num_instances is 0; expected a whole number >= 1"),
+    ("router", "random", "router is 'random'; expected one of round-robin"),
 ])
 def test_a_bad_value_names_the_setting_and_the_problem(name, value, problem):
     with pytest.raises(KvlabError, match=re.escape(problem)):
