@@ -28,7 +28,14 @@ from kvlab.policies import Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.scheduler import check_whole_number
 from kvlab.sim.arrivals import arrival_process
-from kvlab.sim.assembly import build_manager, default_cost_model
+from kvlab.sim.assembly import (
+    build_manager,
+    build_tier_links,
+    default_cost_model,
+    instance_tiers,
+    scheduled_prompt_tokens,
+    tier_stats,
+)
 from kvlab.sim.cluster_result import ClusterResult
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel
@@ -83,11 +90,20 @@ def simulate_cluster(
     return cluster.run(progress=progress)
 
 
+def check_cluster_config(config: SimConfig, num_instances: int) -> None:
+    """A KvlabError for a config its cluster of `num_instances` cannot simulate: a remote tier
+    (each instance would get a pool of its own, which is not what a remote pool is)."""
+    if num_instances > 1 and any(t.kind == "remote" for t in config.serving.kv_tiers.tiers):
+        raise KvlabError("kv_tiers: a remote tier shared by the instances of a cluster is "
+                         "not simulated yet; give the instances host or ssd tiers, or use "
+                         "num_instances 1", parameters=("kv_tiers", "num_instances"))
+
+
 class ClusterInstance:
     """One instance of a cluster: its parts, and what a router reads of it."""
 
     __slots__ = ("config", "cost_model", "index", "instance", "link", "loop", "manager",
-                 "requests", "role", "scheduler")
+                 "requests", "role", "scheduler", "tier_links", "tiers")
 
     def __init__(self, env: simpy.Environment, index: int, spec: InstanceSpec, *,
                  cost_model: CostModel | None, preemption_costs: PreemptionCosts | None,
@@ -97,12 +113,17 @@ class ClusterInstance:
         self.role = spec.role
         self.config = config
         self.cost_model = default_cost_model(config) if cost_model is None else cost_model
-        self.manager = build_manager(config, self.cost_model, preemption_costs)
+        # Its own tiers (host, SSD); a remote pool shared by the instances would be passed
+        # here as `instance_tiers(config, shared)`.
+        self.tiers = instance_tiers(config)
+        self.manager = build_manager(config, self.cost_model, preemption_costs, self.tiers)
         self.scheduler = Scheduler(config.scheduler_config(), self.manager)
         self.loop = StepLoop(self.scheduler, [])
-        self.link = HostLink(env, self.cost_model)  # one host link per instance (per box)
+        self.link = HostLink(env, self.cost_model)  # one host link per instance (per device)
+        self.tier_links = build_tier_links(env, config, self.tiers, self.link)
         self.instance = SimInstance(env, self.loop, self.cost_model, self.link,
-                                    decode_runs=decode_runs, arrivals=arrivals)
+                                    decode_runs=decode_runs, tier_links=self.tier_links,
+                                    arrivals=arrivals)
         self.requests: list[Request] = []  # routed here, in arrival order
 
     def num_requests(self) -> int:
@@ -112,9 +133,11 @@ class ClusterInstance:
                 + len(scheduler.swapped))
 
     def num_cached_prefix_tokens(self, request: Request) -> int:
-        """Leading tokens of `request` in this instance's prefix cache now: the manager's
-        lookup, which changes no page, count or eviction order (only the memo of its last
-        lookup, which an admission looks up again for its own request)."""
+        """Leading tokens of `request` in this instance's prefix cache now, on the device or
+        in its tiers: the manager's lookup. Between steps (routing never runs inside one) it
+        changes no page, count or eviction order: only the memo of its last lookup, which an
+        admission looks up again for its own request, and a flush of tier write-backs that
+        every step's end has already done."""
         return self.manager.num_computed_prefix_tokens(request)
 
     def submit(self, request: Request) -> None:
@@ -135,7 +158,8 @@ class ClusterInstance:
             num_total_pages=capacity.num_pages,
             kv_cache_size_tokens=capacity.num_tokens,
             num_host_pages=self.manager.num_host_pages,
-            metadata={**metadata, "num_prompts": len(self.requests), "instance": self.index},
+            metadata={**metadata, "num_prompts": len(self.requests), "instance": self.index,
+                      **tier_stats(self.manager, self.tiers, self.tier_links, self.requests)},
         )
 
 
@@ -196,6 +220,8 @@ class Cluster:
     ) -> None:
         if not specs:
             raise KvlabError("a cluster needs at least one instance", parameters=("num_instances",))
+        for spec in specs:
+            check_cluster_config(spec.config, len(specs))
         self.trace = trace
         self.specs = list(specs)
         self.router_name = check_router(router)
@@ -255,6 +281,7 @@ class Cluster:
         steps = StepRecorder()
         for run in runs:
             steps.extend(run.steps)
+        metadata = {**metadata, **self._tier_stats()}
         whole = RunResult(
             requests=self.requests,
             steps=steps,
@@ -270,3 +297,26 @@ class Cluster:
                              instance_of=dict(self.arrivals.instance_of),
                              roles=[instance.role for instance in self.instances],
                              router=self.router_name, router_seed=self.router_seed)
+
+    def _tier_stats(self) -> dict[str, Any]:
+        """The instances' tier counters added up (pages, hits, stores, evictions, link time),
+        each level's hit rate over the prompt tokens of all the scheduled requests; none
+        without tiers. Each instance has its own tiers: a pool shared by them must be counted
+        once, not added up."""
+        instances = [i for i in self.instances if i.tiers is not None]
+        if not instances:
+            return {}
+        total: dict[str, Any] = {}
+        for instance in instances:
+            for key, value in tier_stats(instance.manager, instance.tiers, instance.tier_links,
+                                         instance.requests).items():
+                total[key] = total.get(key, 0) + value
+        # rates: first-admission hits of every level over every scheduled prompt token
+        prompt_tokens = scheduled_prompt_tokens(self.requests)
+        levels = ["device_prefix_hit_rate_perc"] + [
+            f"{tier.kind}_tier_hit_rate_perc" for tier in instances[0].tiers or ()]
+        page_size = instances[0].manager.page_size
+        for level, key in enumerate(levels):
+            pages = sum(i.manager.first_hit_pages[level] for i in instances)
+            total[key] = 100.0 * pages * page_size / prompt_tokens if prompt_tokens else 0.0
+        return total

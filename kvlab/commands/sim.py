@@ -98,8 +98,11 @@ def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
     whole cluster, then a table of its instances."""
     from kvlab.report import format_comparison, format_instances, format_report
     from kvlab.sim import simulate_cluster, summarize_cluster
+    from kvlab.sim.cluster import check_cluster_config
 
     configs = _configs(args)
+    for config in configs:  # before the trace loads
+        check_cluster_config(config, args.num_instances)
     _warn_config(configs[0])
     trace = load_trace_from_args(args)
     progress = show_progress(args)

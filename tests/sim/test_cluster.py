@@ -13,6 +13,7 @@ from kvlab.errors import KvlabError
 from kvlab.metrics import summarize
 from kvlab.policies import StepLoop
 from kvlab.policies.serving import ServingConfig
+from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim import SimConfig, simulate, simulate_cluster, summarize_cluster
 from kvlab.sim.cluster import Cluster, InstanceSpec
 from kvlab.sim.cluster_result import cluster_request_table, cluster_step_table
@@ -223,3 +224,44 @@ def test_a_cluster_runs_once_with_its_parts_reachable():
     result = cluster.run()
     assert [len(i.requests) for i in cluster.instances] == [10, 10]
     assert result.num_instances == 2
+
+
+def tier_config(tiers: str = "host:40GiB") -> SimConfig:
+    serving = ServingConfig.create("paged", enable_prefix_caching=True,
+                                   num_gpu_blocks_override=3000,
+                                   kv_tiers=TiersConfig(parse_tiers(tiers)))
+    return SimConfig(model="llama-3.1-8b", hardware="h200-141g", serving=serving)
+
+
+def test_one_instance_with_a_host_tier_is_simulate_under_prefix_aware_routing():
+    """The router's lookups reach the tiers and change nothing there."""
+    trace, config = load_trace("mooncake", num_prompts=200), tier_config()
+    alone = simulate(trace, config)
+    cluster = simulate_cluster(trace, config, num_instances=1, router="prefix-aware")
+    assert outcomes(cluster.cluster.requests) == outcomes(alone.requests)
+    expected = summarize(alone)
+    assert expected["host_tier_hit_pages"] > 0
+    assert summarize(cluster.cluster) == {**expected, "num_instances": 1,
+                                          "router": "prefix-aware", "router_seed": 0}
+
+
+def test_each_instance_has_its_own_tier_and_the_cluster_adds_them_up():
+    trace = load_trace("mooncake", num_prompts=200)
+    result = simulate_cluster(trace, tier_config(), num_instances=2, router="prefix-aware")
+    summary = summarize_cluster(result)
+    instances = summary["instances"]
+    assert summary["host_tier_pages"] == 2 * 20480
+    assert summary["host_tier_hit_pages"] == sum(s["host_tier_hit_pages"] for s in instances)
+    assert summary["host_tier_hit_rate_perc"] > 0
+    assert summary["device_prefix_hit_rate_perc"] + summary["host_tier_hit_rate_perc"] == \
+        pytest.approx(summary["prefix_cache_hit_rate_perc"])
+    fast_and_stepped = [simulate_cluster(trace, tier_config(), num_instances=2,
+                                         router="prefix-aware", decode_runs=decode_runs)
+                        for decode_runs in (True, False)]
+    assert_same_cluster_run(*fast_and_stepped)
+
+
+def test_a_remote_tier_in_a_cluster_is_refused_until_it_is_shared():
+    with pytest.raises(KvlabError, match="remote tier shared") as info:
+        simulate_cluster(mooncake(10), tier_config("remote:40GiB"), num_instances=2)
+    assert info.value.parameters == ("kv_tiers", "num_instances")
