@@ -65,10 +65,15 @@ RUN_ROWS = (
     ("seed", "Seed:"),
     ("num_instances", "Instances:"),  # a cluster's (kvlab sim --num-instances N)
     ("router", "Router:"),
+    ("pd", "Prefill:decode instances:"),  # disaggregated (kvlab sim --pd P:D)
+    ("pd_handoffs", "Requests handed to decode:"),
+    ("pd_transferred_pages", "KV pages sent to decode:"),
+    ("pd_link_busy_s", "Prefill links busy (s):"),
 )
 # A cluster's per-instance table: summary key -> column header
 INSTANCE_TABLE = (
     ("instance", "instance"),
+    ("role", "role"),
     ("num_prompts", "requests"),
     ("request_throughput", "req/s"),
     ("output_throughput", "out tok/s"),

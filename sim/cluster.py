@@ -9,8 +9,11 @@ every request arrived by t). Since any arrival may be routed to any instance, ea
 decode runs stop at the next arrival of the whole cluster (`_ClusterArrivals` is every
 instance's `ArrivalSource`), which keeps the fast path exact.
 
-An instance has a role ("mixed": prefill and decode, the only one so far) and its own config,
-so that disaggregated prefill/decode and per-instance memory tiers can be added per instance.
+An instance has a role and its own config: "mixed" instances prefill and decode; with
+prefill/decode disaggregation (`pd`), arrivals are routed to "prefill" instances only, which
+hand each request's KV to a "decode" instance (`kvlab.sim.disaggregation`). A remote memory
+tier is one pool shared by every instance (each reaches it over its own link); host and SSD
+tiers are each instance's own.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kvlab.metrics import RunResult, StepRecorder
 from kvlab.policies import Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.scheduler import check_whole_number
+from kvlab.policies.tiers import PrefixTier
 from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.assembly import (
     build_manager,
@@ -39,16 +43,28 @@ from kvlab.sim.assembly import (
 from kvlab.sim.cluster_result import ClusterResult
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel
-from kvlab.sim.instance import SimInstance
+from kvlab.sim.disaggregation import Handoffs
+from kvlab.sim.instance import ArrivalSource, SimInstance
 from kvlab.sim.link import HostLink
 from kvlab.sim.requests import to_requests
 from kvlab.sim.router import Router, check_router, make_router
 from kvlab.sim.simulator import _check_conservation, _duration_s, _progress_bar
 from kvlab.traces import Trace
 
-# What an instance does. Prefill/decode disaggregation adds "prefill" and "decode".
-ROLES = ("mixed",)
+# What an instance does: both stages, or one of them (prefill/decode disaggregation).
+ROLES = ("mixed", "prefill", "decode")
 DEFAULT_ROUTER = "round-robin"
+# TierStats' counters -> the summary keys `tier_summary` writes them under
+_STAT_KEYS = {"num_hits": "hit_pages", "num_stores": "stored_pages",
+              "num_evictions": "evicted_pages", "num_demotions": "demoted_pages"}
+
+
+def shared_remote_pool(config: SimConfig) -> dict[str, PrefixTier]:
+    """The cluster's remote pool, one for every instance ({} without a remote tier)."""
+    for tier in config.serving.kv_tiers.tiers:
+        if tier.kind == "remote":
+            return {"remote": PrefixTier(tier, tier.num_pages(config.page_bytes))}
+    return {}
 
 
 @dataclass(slots=True)
@@ -71,6 +87,8 @@ def simulate_cluster(
     num_instances: int = 1,
     router: str = DEFAULT_ROUTER,
     router_seed: int = 0,
+    pd: tuple[int, int] | None = None,
+    pd_link_bandwidth: float | None = None,
     cost_model: CostModel | None = None,
     progress: bool = False,
     decode_runs: bool = True,
@@ -78,44 +96,58 @@ def simulate_cluster(
     """Run every request of `trace` on `num_instances` instances of `config` behind the
     registered router `router` (`kvlab.sim.router`; `router_seed` seeds a random one).
 
+    `pd` (P, D) disaggregates: P prefill and D decode instances (num_instances then 1 or
+    P + D), the router choosing among the prefill ones; KV goes from prefill to decode at
+    `pd_link_bandwidth` bytes/s (default: the hardware's RDMA figure, `remote_bandwidth`).
     `cost_model` times every instance's steps (default: the config's, as `simulate`);
     `progress` and `decode_runs` are `simulate`'s. With one instance, every request's record
-    is the one `simulate` gives. Raises KvlabError for num_instances < 1 or an unknown router.
+    is the one `simulate` gives. Raises KvlabError for num_instances < 1, an unknown router
+    or a `pd` that contradicts num_instances.
     """
     check_whole_number("num_instances", num_instances, 1)
     check_whole_number("router_seed", router_seed, 0)
-    specs = [InstanceSpec(config) for _ in range(num_instances)]
+    if pd is None:
+        specs = [InstanceSpec(config) for _ in range(num_instances)]
+    else:
+        prefill, decode = pd
+        if num_instances not in (1, prefill + decode):
+            raise KvlabError(f"num_instances is {num_instances} but pd {prefill}:{decode} "
+                             f"makes {prefill + decode}; give one of them",
+                             parameters=("num_instances", "pd"))
+        specs = ([InstanceSpec(config, "prefill") for _ in range(prefill)]
+                 + [InstanceSpec(config, "decode") for _ in range(decode)])
     cluster = Cluster(trace, specs, router=router, router_seed=router_seed,
-                      cost_model=cost_model, decode_runs=decode_runs)
+                      cost_model=cost_model, decode_runs=decode_runs,
+                      pd_link_bandwidth=pd_link_bandwidth)
     return cluster.run(progress=progress)
 
 
-def check_cluster_config(config: SimConfig, num_instances: int) -> None:
-    """A KvlabError for a config its cluster of `num_instances` cannot simulate: a remote tier
-    (each instance would get a pool of its own, which is not what a remote pool is)."""
-    if num_instances > 1 and any(t.kind == "remote" for t in config.serving.kv_tiers.tiers):
-        raise KvlabError("kv_tiers: a remote tier shared by the instances of a cluster is "
-                         "not simulated yet; give the instances host or ssd tiers, or use "
-                         "num_instances 1", parameters=("kv_tiers", "num_instances"))
+def check_roles(roles: Sequence[str]) -> None:
+    """A KvlabError unless the roles make a cluster: all mixed, or prefill and decode ones."""
+    kinds = set(roles)
+    if kinds != {"mixed"} and kinds != {"prefill", "decode"}:
+        raise KvlabError(f"instance roles {sorted(kinds)}: a cluster is all mixed, or both "
+                         "prefill and decode instances (pd P:D)", parameters=("pd",))
 
 
 class ClusterInstance:
     """One instance of a cluster: its parts, and what a router reads of it."""
 
-    __slots__ = ("config", "cost_model", "index", "instance", "link", "loop", "manager",
-                 "requests", "role", "scheduler", "tier_links", "tiers")
+    __slots__ = ("config", "cost_model", "handoffs", "index", "instance", "link", "loop",
+                 "manager", "requests", "role", "scheduler", "tier_links", "tiers")
 
     def __init__(self, env: simpy.Environment, index: int, spec: InstanceSpec, *,
                  cost_model: CostModel | None, preemption_costs: PreemptionCosts | None,
-                 decode_runs: bool, arrivals: _ClusterArrivals) -> None:
+                 decode_runs: bool, arrivals: ArrivalSource,
+                 shared_tiers: dict[str, PrefixTier], handoffs: Handoffs | None) -> None:
         config = spec.config
         self.index = index
         self.role = spec.role
         self.config = config
+        self.handoffs = handoffs  # a prefill instance's way to its decode instances
         self.cost_model = default_cost_model(config) if cost_model is None else cost_model
-        # Its own tiers (host, SSD); a remote pool shared by the instances would be passed
-        # here as `instance_tiers(config, shared)`.
-        self.tiers = instance_tiers(config)
+        # its own host and SSD tiers; the remote pool is the cluster's one, shared
+        self.tiers = instance_tiers(config, shared_tiers)
         self.manager = build_manager(config, self.cost_model, preemption_costs, self.tiers)
         self.scheduler = Scheduler(config.scheduler_config(), self.manager)
         self.loop = StepLoop(self.scheduler, [])
@@ -142,9 +174,29 @@ class ClusterInstance:
 
     def submit(self, request: Request) -> None:
         """Route `request` here: it joins at this instance's next step start."""
+        if self.role == "prefill" and self.handoffs is not None:
+            self.handoffs.routed_to_prefill(request)
         self.requests.append(request)
         self.loop.submit(request)
         self.instance.wake()
+
+    def hand_over(self, request: Request) -> None:
+        """A request whose prompt KV another instance sent joins now, as a step starts (a
+        decode instance)."""
+        self.requests.append(request)
+        self.scheduler.add_request(request)
+
+    def wake(self) -> None:
+        """Resume its step process if it sleeps for want of work."""
+        self.instance.wake()
+
+    def has_work(self) -> bool:
+        """True while it holds a request or one routed here is yet to join."""
+        return self.loop.has_work()
+
+    def step_end_s(self) -> float | None:
+        """When its step under way ends (None between steps)."""
+        return self.instance.step_end_s
 
     def result(self, metadata: dict[str, Any]) -> RunResult:
         """This instance's run: the requests routed to it and its steps."""
@@ -168,6 +220,7 @@ class _ClusterArrivals:
     instance's `ArrivalSource`."""
 
     __slots__ = ("_next", "_requests", "instance_of", "instances", "router")
+    # `instances`: those arrivals are routed to (all, or the prefill ones)
 
     def __init__(self, requests: Sequence[Request], router: Router) -> None:
         self._requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
@@ -188,9 +241,9 @@ class _ClusterArrivals:
         index = self._next
         while index < len(requests) and requests[index].arrival_s <= now_s:
             request = requests[index]
-            position = choose(request, instances)
-            instances[position].submit(request)
-            self.instance_of[request.request_id] = position
+            chosen = instances[choose(request, instances)]
+            chosen.submit(request)
+            self.instance_of[request.request_id] = chosen.index
             index += 1
             self._next = index
 
@@ -217,11 +270,11 @@ class Cluster:
         cost_model: CostModel | None = None,
         preemption_costs: PreemptionCosts | None = None,
         decode_runs: bool = True,
+        pd_link_bandwidth: float | None = None,
     ) -> None:
         if not specs:
             raise KvlabError("a cluster needs at least one instance", parameters=("num_instances",))
-        for spec in specs:
-            check_cluster_config(spec.config, len(specs))
+        check_roles([spec.role for spec in specs])
         self.trace = trace
         self.specs = list(specs)
         self.router_name = check_router(router)
@@ -229,13 +282,22 @@ class Cluster:
         self.requests = to_requests(trace)
         self.env = simpy.Environment()
         self.arrivals = _ClusterArrivals(self.requests, make_router(router, seed=router_seed))
+        self.handoffs = self._handoffs(pd_link_bandwidth)
+        self.shared_tiers = shared_remote_pool(self.specs[0].config)
+        decode_positions = {index: position for position, index in enumerate(
+            i for i, spec in enumerate(self.specs) if spec.role == "decode")}
         self.instances = [
             ClusterInstance(self.env, index, spec, cost_model=cost_model,
                             preemption_costs=preemption_costs, decode_runs=decode_runs,
-                            arrivals=self.arrivals)
+                            arrivals=self._arrivals_of(index, decode_positions),
+                            shared_tiers=self.shared_tiers, handoffs=self.handoffs)
             for index, spec in enumerate(self.specs)
         ]
-        self.arrivals.instances = self.instances
+        self.arrivals.instances = [i for i in self.instances if i.role != "decode"]
+        if self.handoffs is not None:
+            self.handoffs.attach([i for i in self.instances if i.role == "prefill"],
+                                 [i for i in self.instances if i.role == "decode"],
+                                 self.arrivals.next_arrival_s)
         # As `Simulation`: the scheduler sees a request its API's latency after it was sent.
         # One latency for the cluster: its router sits behind one API.
         latencies = {float(getattr(i.cost_model, "api_latency_s", 0.0)) for i in self.instances}
@@ -249,8 +311,16 @@ class Cluster:
         every request was routed once; return the records."""
         env = self.env
         bar = _progress_bar(len(self.requests), enabled=progress)
+        handoffs = self.handoffs
         for instance in self.instances:
-            if bar is not None:
+            if instance.role == "prefill" and handoffs is not None:
+                # a prefill step's finished requests go on to decode; the others are done
+                def hand_on(finished: list[Request], index: int = instance.index) -> None:
+                    done = handoffs.finished_at_prefill(index, finished)
+                    if bar is not None and done:
+                        bar.update(done)
+                instance.instance.on_requests_finished = hand_on
+            elif bar is not None:
                 instance.instance.on_finished = bar.update
             env.process(instance.instance.run())
         env.process(self.arrivals.process(env))
@@ -261,8 +331,10 @@ class Cluster:
                 bar.close()
         for instance in self.instances:
             _check_conservation(instance.requests, instance.manager)
-        routed = sorted(r.request_id for i in self.instances for r in i.requests)
+        routed = sorted(r.request_id for i in self.arrivals.instances for r in i.requests)
         assert routed == sorted(r.request_id for r in self.requests), "a request routed twice"
+        if self.handoffs is not None:
+            assert not self.handoffs.budgets, "a request never left its prefill instance"
         for request in self.requests:
             request.arrival_s -= self.api_latency_s
         return self._result()
@@ -273,7 +345,7 @@ class Cluster:
         metadata = {
             **first.config.metadata(), **self.trace.result_metadata(), "backend": "sim",
             "num_instances": len(self.instances), "router": self.router_name,
-            "router_seed": self.router_seed,
+            "router_seed": self.router_seed, **self._pd_metadata(),
         }
         runs = [instance.result(metadata) for instance in self.instances]
         shapes = {(run.page_size, run.num_total_pages, run.num_host_pages) for run in runs}
@@ -298,6 +370,33 @@ class Cluster:
                              roles=[instance.role for instance in self.instances],
                              router=self.router_name, router_seed=self.router_seed)
 
+    def _arrivals_of(self, index: int, decode_positions: dict[int, int]) -> ArrivalSource:
+        """Where instance `index`'s requests come from: the router, or (a decode instance)
+        the handoffs."""
+        if self.handoffs is None or index not in decode_positions:
+            return self.arrivals
+        return self.handoffs.arrivals_of(decode_positions[index])
+
+    def _handoffs(self, bandwidth: float | None) -> Handoffs | None:
+        """The prefill-to-decode handoffs (None without disaggregation): the link is the
+        hardware's RDMA one unless `bandwidth` (bytes/s) is given."""
+        if not any(spec.role == "prefill" for spec in self.specs):
+            return None
+        config = self.specs[0].config
+        hardware = config.hardware_spec
+        return Handoffs(self.env, page_size=config.serving.page_size,
+                        page_bytes=config.page_bytes,
+                        bandwidth=hardware.remote_bandwidth if bandwidth is None else bandwidth,
+                        latency_s=hardware.remote_latency_s)
+
+    def _pd_metadata(self) -> dict[str, Any]:
+        """`pd` as P:D, the link and the handoffs' counters (nothing without disaggregation)."""
+        if self.handoffs is None:
+            return {}
+        roles = [spec.role for spec in self.specs]
+        return {"pd": f"{roles.count('prefill')}:{roles.count('decode')}",
+                "pd_link_bandwidth": self.handoffs.bandwidth, **self.handoffs.stats()}
+
     def _tier_stats(self) -> dict[str, Any]:
         """The instances' tier counters added up (pages, hits, stores, evictions, link time),
         each level's hit rate over the prompt tokens of all the scheduled requests; none
@@ -311,6 +410,10 @@ class Cluster:
             for key, value in tier_stats(instance.manager, instance.tiers, instance.tier_links,
                                          instance.requests).items():
                 total[key] = total.get(key, 0) + value
+        for kind, pool in self.shared_tiers.items():  # one pool: its counters once, not N times
+            total[f"{kind}_tier_pages"] = pool.num_total_pages
+            for key, value in pool.stats.to_json().items():
+                total[f"{kind}_tier_{_STAT_KEYS[key]}"] = value
         # rates: first-admission hits of every level over every scheduled prompt token
         prompt_tokens = scheduled_prompt_tokens(self.requests)
         levels = ["device_prefix_hit_rate_perc"] + [

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import simpy
 
-from kvlab.policies import Scheduler, SchedulerOutput, StepLoop
+from kvlab.policies import Request, Scheduler, SchedulerOutput, StepLoop
 from kvlab.policies.scheduler import decode_step_context
 from kvlab.sim.cost_model import CostModel, StepShape
 from kvlab.sim.link import HostLink, TierLinks
@@ -83,6 +83,11 @@ class SimInstance:
         self.link = link
         self.tier_links = tier_links  # the links to the memory tiers (None: no tiers)
         self.on_finished = on_finished  # called with the number of requests a step ended
+        # called with the requests a step finished or failed (a cluster's prefill instances
+        # hand them on)
+        self.on_requests_finished: Callable[[list[Request]], None] | None = None
+        # when the step (or decode run) under way ends; None between steps
+        self.step_end_s: float | None = None
         self.decode_runs = decode_runs  # take the fast path (False: every step one by one)
         self._wake: simpy.Event | None = None
         # Alone: the loop's own next arrival, and nothing to hand over (None keeps a step's
@@ -158,11 +163,15 @@ class SimInstance:
         """Carry out a planned decode run: its steps' time, one timeout each (the same clock
         as stepping), then its commit."""
         env, starts, ends = self.env, [], []
+        self.step_end_s = now_s + sum(durations)
         for duration in durations:
             starts.append(env.now)
             yield env.timeout(duration)
             ends.append(env.now)
+        self.step_end_s = None
         finished = self.loop.commit_decode_run(starts, ends)
+        if self.on_requests_finished is not None and finished:
+            self.on_requests_finished(finished)
         if self.on_finished is not None and finished:
             self.on_finished(len(finished))
 
@@ -183,11 +192,15 @@ class SimInstance:
                 yield from self.link.transfer(ops, link_s)
             if tiers is not None and ops.tier_loads:
                 device_s = yield from tiers.load(ops, device_s)
+        self.step_end_s = env.now + device_s
         yield env.timeout(device_s)
+        self.step_end_s = None
         end_s = env.now
         # wall time as the engine's virtual clock records it: the step's whole span
         finished = self.loop.commit(
             output, start_s=start_s, end_s=end_s, wall_time_s=end_s - start_s
         )
+        if self.on_requests_finished is not None and (finished or output.failed):
+            self.on_requests_finished(finished + output.failed)
         if self.on_finished is not None and (finished or output.failed):
             self.on_finished(len(finished) + len(output.failed))

@@ -25,6 +25,7 @@ from kvlab.policies import parse_policy
 from kvlab.policies.serving import ServingConfig
 from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim import SimConfig, simulate, simulate_cluster, summarize_cluster
+from kvlab.sim.disaggregation import parse_pd
 from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from kvlab.sweep.settings import SETTINGS, run_key
 from kvlab.traces import Trace, load_trace
@@ -114,7 +115,13 @@ def simulate_settings(settings: Mapping[str, Any]) -> tuple[RunResult, dict[str,
     the whole cluster's: `summarize_cluster`, its per-instance summaries a JSON column)."""
     config = sim_config(settings)  # a bad combination fails before the trace loads
     cluster = _group(settings, "cluster")
-    if cluster.get("num_instances", 1) > 1:  # as `kvlab sim --num-instances N`
+    pd = cluster.pop("pd", None)
+    if pd is not None:  # as `kvlab sim --pd P:D`: P + D instances
+        cluster["pd"] = parse_pd(pd)
+    bandwidth = cluster.pop("pd_link_bandwidth", None)
+    if bandwidth is not None:
+        cluster["pd_link_bandwidth"] = bandwidth * 1e9
+    if cluster.get("num_instances", 1) > 1 or pd is not None:  # as `kvlab sim`
         run = simulate_cluster(load_settings_trace(settings), config, **cluster)
         return run.cluster, summarize_cluster(run, **summary_options(settings))
     result = simulate(load_settings_trace(settings), config)

@@ -27,6 +27,7 @@ from kvlab.policies.scheduler import check_whole_number
 from kvlab.policies.serving import ServingConfig, parse_memory_size
 from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim.calibrated import load_cost_model
+from kvlab.sim.disaggregation import parse_pd
 from kvlab.sim.router import check_router
 from kvlab.specs import get_hardware, get_model
 from kvlab.traces import DATASET_NAMES, resolve_trace_path
@@ -233,6 +234,10 @@ def _settings() -> dict[str, Setting]:
         Setting("num_instances", "cluster", _int, _whole("num_instances", 1)),
         Setting("router", "cluster", _str, check_router),
         Setting("router_seed", "cluster", _int, _whole("router_seed", 0)),
+        # prefill/decode disaggregation ("P:D"; kvlab.sim.disaggregation), its link in GB/s
+        Setting("pd", "cluster", _optional(_str), parse_pd),
+        Setting("pd_link_bandwidth", "cluster", optional_float,
+                _positive("pd_link_bandwidth")),
     ]
     return {setting.name: setting for setting in table}
 

@@ -360,3 +360,10 @@ def add_cluster_arguments(cluster: argparse._ArgumentGroup) -> None:
                          f"{', '.join(router_names())} (see README; default round-robin)")
     cluster.add_argument("--router-seed", type=int, default=0, metavar="S",
                          help="seed of a random router's draws (power-of-two; default 0)")
+    cluster.add_argument("--pd", default=None, metavar="P:D",
+                         help="prefill/decode disaggregation: P prefill instances (the router "
+                         "picks among them) hand each request's KV to one of D decode "
+                         "instances (the least loaded) over a link; sets --num-instances P+D")
+    cluster.add_argument("--pd-link-bandwidth", type=float, default=None, metavar="GBPS",
+                         help="GB/s of a prefill instance's link to the decode instances "
+                         "(default: the hardware's RDMA figure, see kvlab presets)")

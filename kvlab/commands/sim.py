@@ -85,12 +85,25 @@ def run(args: argparse.Namespace) -> int:
 def _check_cluster(args: argparse.Namespace) -> None:
     """--num-instances, --router and --router-seed, before any work (the router is checked
     with one instance too: a typo should not wait for a cluster run to show)."""
+    from kvlab.errors import KvlabError
     from kvlab.policies.scheduler import check_whole_number
     from kvlab.sim.router import check_router
 
     check_whole_number("num_instances", args.num_instances, 1)
     check_router(args.router)
     check_whole_number("router_seed", args.router_seed, 0)
+    if args.pd is not None:
+        from kvlab.sim.disaggregation import parse_pd
+
+        prefill, decode = parse_pd(args.pd)
+        if args.num_instances not in (1, prefill + decode):
+            raise KvlabError(f"num_instances is {args.num_instances} but pd {args.pd} makes "
+                             f"{prefill + decode} instances; give one of them",
+                             parameters=("num_instances", "pd"))
+        args.num_instances = prefill + decode
+    if args.pd_link_bandwidth is not None and not args.pd_link_bandwidth > 0:
+        raise KvlabError(f"pd_link_bandwidth {args.pd_link_bandwidth}: expected GB/s > 0",
+                         parameters=("pd_link_bandwidth",))
 
 
 def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
@@ -98,11 +111,11 @@ def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
     whole cluster, then a table of its instances."""
     from kvlab.report import format_comparison, format_instances, format_report
     from kvlab.sim import simulate_cluster, summarize_cluster
-    from kvlab.sim.cluster import check_cluster_config
+    from kvlab.sim.disaggregation import parse_pd
 
-    configs = _configs(args)
-    for config in configs:  # before the trace loads
-        check_cluster_config(config, args.num_instances)
+    configs = _configs(args)  # before the trace loads
+    pd = None if args.pd is None else parse_pd(args.pd)
+    bandwidth = None if args.pd_link_bandwidth is None else args.pd_link_bandwidth * 1e9
     _warn_config(configs[0])
     trace = load_trace_from_args(args)
     progress = show_progress(args)
@@ -112,8 +125,8 @@ def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
         for line in config.capacity.startup_lines(config.max_model_len):
             print(f"{prefix}{line} (each of {args.num_instances} instances)")
         result = simulate_cluster(trace, config, num_instances=args.num_instances,
-                                  router=args.router, router_seed=args.router_seed,
-                                  progress=progress)
+                                  router=args.router, router_seed=args.router_seed, pd=pd,
+                                  pd_link_bandwidth=bandwidth, progress=progress)
         runs.append((result, summarize_cluster(result, **options)))
     summaries = [summary for _, summary in runs]
     if args.compare:

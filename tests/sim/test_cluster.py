@@ -216,7 +216,13 @@ def test_bad_cluster_settings_name_the_setting(options, parameter):
 
 def test_an_unknown_role_is_a_user_error():
     with pytest.raises(KvlabError, match="role"):
-        InstanceSpec(prefix_config(), role="prefill")
+        InstanceSpec(prefix_config(), role="standby")
+
+
+def test_prefill_instances_need_decode_instances_and_no_mixed_ones():
+    for roles in (["prefill"], ["decode", "mixed"], ["prefill", "decode", "mixed"]):
+        with pytest.raises(KvlabError, match="prefill and decode"):
+            Cluster(mooncake(4), [InstanceSpec(prefix_config(), role) for role in roles])
 
 
 def test_a_cluster_runs_once_with_its_parts_reachable():
@@ -261,7 +267,15 @@ def test_each_instance_has_its_own_tier_and_the_cluster_adds_them_up():
     assert_same_cluster_run(*fast_and_stepped)
 
 
-def test_a_remote_tier_in_a_cluster_is_refused_until_it_is_shared():
-    with pytest.raises(KvlabError, match="remote tier shared") as info:
-        simulate_cluster(mooncake(10), tier_config("remote:40GiB"), num_instances=2)
-    assert info.value.parameters == ("kv_tiers", "num_instances")
+def test_the_remote_pool_is_one_for_the_whole_cluster():
+    trace = load_trace("mooncake", num_prompts=200)
+    cluster = Cluster(trace, [InstanceSpec(tier_config("remote:40GiB"))] * 3)
+    pools = {id(instance.tiers[0]) for instance in cluster.instances}
+    assert len(pools) == 1  # one pool, reached by each instance over its own link
+    summary = summarize(cluster.run().cluster)  # run() checks every instance's pages
+    own = summarize(simulate_cluster(trace, tier_config("host:40GiB"), num_instances=3).cluster)
+    # round-robin spreads a conversation over the instances: only a shared pool finds it again
+    assert summary["remote_tier_hit_rate_perc"] > 2 * own["host_tier_hit_rate_perc"]
+    pool = cluster.instances[0].tiers[0]
+    assert summary["remote_tier_pages"] == pool.num_total_pages  # counted once, not 3 times
+    assert summary["remote_tier_stored_pages"] == pool.stats.num_stores

@@ -31,8 +31,8 @@ def test_a_cluster_prints_the_whole_report_then_one_row_per_instance(capsys):
     assert any(line.split() == ["Router:", "least-loaded"] for line in lines)
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("instance"))
     rows = [line.split() for line in lines[header + 2: header + 5]]
-    assert [row[0] for row in rows] == ["0", "1", "2"]
-    assert sum(int(row[1]) for row in rows) == 120
+    assert [row[:2] for row in rows] == [["0", "mixed"], ["1", "mixed"], ["2", "mixed"]]
+    assert sum(int(row[2]) for row in rows) == 120
     completed = next(line for line in lines if line.startswith("Successful requests:"))
     assert int(completed.split()[-1]) <= 120
 
@@ -72,8 +72,7 @@ def test_compared_policies_each_run_as_a_cluster(tmp_path, capsys):
     (["--router", "random"], "--router is 'random'; expected one of round-robin, least-loaded, "
                              "prefix-aware, power-of-two"),
     (["--num-instances", "2", "--router-seed", "-1"], "--router-seed is -1"),
-    (["--num-instances", "2", "--enable-prefix-caching", "--kv-tiers", "remote:1TiB"],
-     "--kv-tiers: a remote tier shared by the instances of a cluster is not simulated yet"),
+    (["--pd", "1"], "--pd '1': expected P:D"),
 ])
 def test_bad_cluster_flags_exit_2_naming_the_flag(capsys, args, message):
     assert main(["sim", *FAST, *args]) == 2
