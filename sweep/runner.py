@@ -116,6 +116,8 @@ def simulate_settings(settings: Mapping[str, Any]) -> tuple[RunResult, dict[str,
     config = sim_config(settings)  # a bad combination fails before the trace loads
     cluster = _group(settings, "cluster")
     pd = cluster.pop("pd", None)
+    if pd == "none":  # a grid's row without disaggregation
+        pd = None
     if pd is not None:  # as `kvlab sim --pd P:D`: P + D instances
         cluster["pd"] = parse_pd(pd)
     bandwidth = cluster.pop("pd_link_bandwidth", None)

@@ -234,8 +234,9 @@ def _settings() -> dict[str, Setting]:
         Setting("num_instances", "cluster", _int, _whole("num_instances", 1)),
         Setting("router", "cluster", _str, check_router),
         Setting("router_seed", "cluster", _int, _whole("router_seed", 0)),
-        # prefill/decode disaggregation ("P:D"; kvlab.sim.disaggregation), its link in GB/s
-        Setting("pd", "cluster", _optional(_str), parse_pd),
+        # prefill/decode disaggregation ("P:D", or "none"; kvlab.sim.disaggregation), its
+        # link in GB/s
+        Setting("pd", "cluster", _optional(_str), lambda v: v == "none" or parse_pd(v)),
         Setting("pd_link_bandwidth", "cluster", optional_float,
                 _positive("pd_link_bandwidth")),
     ]
