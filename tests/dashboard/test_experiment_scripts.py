@@ -1,15 +1,16 @@
-"""docs/experiments/tier_figure.py: the figure of a kv_tiers sweep, and its user errors."""
+"""The figure scripts of docs/experiments (tier_figure.py, sweep_heatmap.py): their figures
+from a sweep folder, and their user errors."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "experiments" / "tier_figure.py"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "docs" / "experiments"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("tier_figure", SCRIPT)
+def _script(name: str = "tier_figure"):
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -39,3 +40,14 @@ def test_a_bad_filter_names_the_swept_settings(tmp_path, capsys):
     folder = _sweep(tmp_path / "tiers.parquet")
     assert _script().main([str(folder), str(tmp_path / "x.html"), "--where", "eviction=lru"]) == 2
     assert "no setting 'eviction'; swept: kv_tiers, kv_tier_overlap" in capsys.readouterr().err
+
+
+def test_the_heatmap_of_a_sweep_is_written(tmp_path, capsys):
+    folder = _sweep(tmp_path / "tiers.parquet")
+    out = tmp_path / "heat.html"
+    heatmap = _script("sweep_heatmap")
+    assert heatmap.main([str(folder), str(out), "--x", "kv_tiers", "--y", "kv_tier_overlap",
+                         "--metric", "mean_ttft_ms"]) == 0
+    assert "4 runs" in capsys.readouterr().out and "mean TTFT" in out.read_text()
+    assert heatmap.main([str(folder), str(out), "--x", "router"]) == 2
+    assert "'router': not a swept setting" in capsys.readouterr().err
