@@ -10,7 +10,7 @@ import torch
 from kvlab.engine.models.config import ModelConfig
 from kvlab.engine.platform import Platform
 from kvlab.errors import KvlabError
-from kvlab.policies.outputs import MemOps
+from kvlab.policies.outputs import MemOps, TierBatch
 from kvlab.policies.serving import GiB, ServingConfig
 
 # vLLM's CPU backend reserves 4 GiB for KV when VLLM_CPU_KVCACHE_SPACE is unset.
@@ -206,24 +206,6 @@ def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dty
     return tiers[0].num_pages(page_bytes_all_layers(config, serving.page_size, dtype))
 
 
-def tier_copy_batches(copies: list[tuple[int, int, int, int]]) -> list[list[tuple[int, int]]]:
-    """(source page, destination page) batches of ordered copies between two memories: a
-    batch ends before a destination repeats, so that a gather-then-scatter of each batch
-    equals its copies one by one (the later write of a page wins)."""
-    batches: list[list[tuple[int, int]]] = []
-    current: list[tuple[int, int]] = []
-    written: set[int] = set()
-    for _, src, _, dst in copies:
-        if dst in written:
-            batches.append(current)
-            current, written = [], set()
-        current.append((src, dst))
-        written.add(dst)
-    if current:
-        batches.append(current)
-    return batches
-
-
 def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
                 page_bytes: int) -> None:
     """A KvlabError, before allocating, when the pages cannot fit in the device's free memory:
@@ -332,7 +314,7 @@ class KVCache:
         freed by a swap-out may be the destination of a copy, a swap-in or a tier load in the
         same step, so swap-outs go before those; copies run as if one by one in list order.
         """
-        for batch in tier_copy_batches(mem_ops.tier_writes):
+        for batch in mem_ops.tier_writes:  # batch after batch: a later one may reuse a page
             self._move(batch, self.k_caches, self.v_caches, self.tier_k_caches,
                        self.tier_v_caches)
         if mem_ops.swap_outs:
@@ -359,15 +341,15 @@ class KVCache:
                     self.v_caches[layer],
                     pairs,
                 )
-        for batch in tier_copy_batches(mem_ops.tier_loads):
+        for batch in mem_ops.tier_loads:
             self._move(batch, self.tier_k_caches, self.tier_v_caches, self.k_caches,
                        self.v_caches)
 
-    def _move(self, pairs: list[tuple[int, int]], src_k: list[torch.Tensor],
-              src_v: list[torch.Tensor], dst_k: list[torch.Tensor],
-              dst_v: list[torch.Tensor]) -> None:
-        """Copy pages (src, dst) from one memory to another, every layer."""
-        table = torch.tensor(pairs, dtype=torch.long)
+    def _move(self, batch: TierBatch, src_k: list[torch.Tensor], src_v: list[torch.Tensor],
+              dst_k: list[torch.Tensor], dst_v: list[torch.Tensor]) -> None:
+        """Copy a batch of pages from one memory to another, every layer (one gather, one
+        transfer, one scatter: its destinations are distinct)."""
+        table = torch.tensor([batch.src_pages, batch.dst_pages], dtype=torch.long).T
         for layer in range(len(src_k)):
             self.backend.swap_pages(src_k[layer], src_v[layer], dst_k[layer], dst_v[layer],
                                     table)

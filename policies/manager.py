@@ -6,14 +6,14 @@ import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
 from kvlab.policies.host_pool import HostPool
 from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction, ReserveRule
 from kvlab.policies.kv_events import KVEventLog
-from kvlab.policies.outputs import MemOps, MemoryUsage
+from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec, parse_policy
@@ -175,7 +175,7 @@ class KVCacheManager:
         self.tiers: list[PrefixTier] | None = list(tiers) if tiers else None
         self.write_through = config.write_policy == "write-through"
         self.store_threshold = config.store_threshold
-        self._tier_writes: list[tuple[int, int, int, int]] = []  # this step's, in order
+        self._tier_writes: list[TierBatch] = []  # this step's, in order
         # Device pages evicted since the last write-back, with their keys: stored in batches
         # (before the next tier lookup, and at the end of the step).
         self._write_backs: tuple[list[int], list] = ([], [])
@@ -567,8 +567,13 @@ class KVCacheManager:
         device hits (which the plan took for them)."""
         start = state.num_hit_pages
         pages = state.pages[start : start + len(hits)]
-        return MemOps(tier_loads=[(level, tier_page, 0, page)
-                                  for (level, tier_page), page in zip(hits, pages, strict=True)])
+        by_level: dict[int, tuple[list[int], list[int]]] = {}
+        for (level, tier_page), page in zip(hits, pages, strict=True):
+            sources, destinations = by_level.setdefault(level, ([], []))
+            sources.append(tier_page)
+            destinations.append(page)
+        return MemOps(tier_loads=[TierBatch(level, sources, 0, destinations)
+                                  for level, (sources, destinations) in by_level.items()])
 
     def _write_back(self, pages: list[int], keys: list) -> None:
         """Device pages whose content is being dropped: store what the first tier lacks (in a
@@ -608,7 +613,7 @@ class KVCacheManager:
             tier.stats.num_demotions += len(victim_keys)
             self._store(level, victim_pages, victim_keys, level + 1)
         sources = src_pages[len(src_pages) - len(stored):]  # put_many keeps the last keys
-        self._tier_writes += zip(repeat(src_level), sources, repeat(level), pages)
+        self._tier_writes.append(TierBatch(src_level, sources, level, pages))
 
     def _count_reuse(self, seq: Request, num_hit_pages: int) -> None:
         reuse = self._reuse

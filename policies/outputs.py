@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvlab.policies.request import Request
 
-# (source level, source page, destination level, destination page); level 0 is the device.
-TierCopy = tuple[int, int, int, int]
+
+class TierBatch(NamedTuple):
+    """Pages copied between two memory levels (0 is the device, i the i-th tier), pairwise:
+    `src_pages[j]` of `src_level` to `dst_pages[j]` of `dst_level`; no destination twice."""
+
+    src_level: int
+    src_pages: list[int]
+    dst_level: int
+    dst_pages: list[int]
 
 
 @dataclass(slots=True)
@@ -22,11 +30,10 @@ class MemOps:
     table addresses blocks wherever they lie. A transfer is one run of consecutive pages on both
     sides, which is what a link's per-transfer latency is charged on.
 
-    Memory tiers (policies/tiers.py) add two lists of (source level, source page, destination
-    level, destination page), level 0 being the device and level i the i-th tier:
-    `tier_writes` (device pages stored to the first tier, tier pages moved down) run first of
-    all, in list order, while every source still holds its content; `tier_loads` (tier pages
-    into fresh device pages of the prefix hits below the device) run last, and with them
+    Memory tiers (policies/tiers.py) add two lists of `TierBatch`es: `tier_writes` (device
+    pages stored to the first tier, tier pages moved down) run first of all, batch after batch
+    in list order, while every source still holds its content; `tier_loads` (tier pages into
+    fresh device pages of the prefix hits below the device) run last, and with them
     `transfer_ins`: the device pages that receive a request's KV from another instance
     (prefill/decode disaggregation: `Request.kv_transfer_tokens`).
     """
@@ -34,8 +41,8 @@ class MemOps:
     copies: list[tuple[int, int]] = field(default_factory=list)
     swap_outs: list[tuple[int, int]] = field(default_factory=list)
     swap_ins: list[tuple[int, int]] = field(default_factory=list)
-    tier_writes: list[TierCopy] = field(default_factory=list)
-    tier_loads: list[TierCopy] = field(default_factory=list)
+    tier_writes: list[TierBatch] = field(default_factory=list)
+    tier_loads: list[TierBatch] = field(default_factory=list)
     transfer_ins: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:

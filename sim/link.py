@@ -11,14 +11,13 @@ simulator charges it the same way; the link being busy never hides behind comput
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Generator
-from operator import itemgetter
 from typing import Any
 
 import simpy
 
 from kvlab.policies import MemOps
+from kvlab.policies.outputs import TierBatch
 from kvlab.sim.cost_model import CostModel
 
 
@@ -90,7 +89,7 @@ class TierLinks:
 
     def start_writes(self, ops: MemOps) -> None:
         """Start the step's tier writes, one process per destination link."""
-        for level, num_pages in Counter(map(itemgetter(2), ops.tier_writes)).items():
+        for level, num_pages in _pages_by_level(ops.tier_writes, destination=True).items():
             self.num_pages_written[level - 1] += num_pages
             seconds = self.transfer_time_s(level, num_pages, write=True)
             self._env.process(self._hold(level, seconds))
@@ -100,7 +99,7 @@ class TierLinks:
         the compute seconds left after them (all of `device_s` without layerwise overlap)."""
         start = self._env.now
         loads = []
-        for level, num_pages in Counter(map(itemgetter(0), ops.tier_loads)).items():
+        for level, num_pages in _pages_by_level(ops.tier_loads, destination=False).items():
             self.num_pages_loaded[level - 1] += num_pages
             seconds = self.transfer_time_s(level, num_pages, write=False)
             loads.append(self._env.process(self._hold(level, seconds)))
@@ -117,3 +116,12 @@ class TierLinks:
             yield self._env.timeout(seconds)
         self.busy_s[level - 1] += seconds
 
+
+
+def _pages_by_level(batches: list[TierBatch], *, destination: bool) -> dict[int, int]:
+    """Pages per tier whose link carries them: a write's destination, a load's source."""
+    pages: dict[int, int] = {}
+    for batch in batches:
+        level = batch.dst_level if destination else batch.src_level
+        pages[level] = pages.get(level, 0) + len(batch.dst_pages)
+    return pages

@@ -8,6 +8,7 @@ import torch
 
 from kvlab.engine import LLM, SamplingParams
 from kvlab.errors import KvlabError
+from kvlab.policies.outputs import TierBatch
 
 PAGE = 4
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -56,10 +57,10 @@ def test_a_page_round_trips_through_the_host_tier_bit_exactly():
     before = [t[3].clone() for t in (*cache.k_caches, *cache.v_caches)]
     from kvlab.policies import MemOps
 
-    cache.execute_mem_ops(MemOps(tier_writes=[(0, 3, 1, 5)]))
+    cache.execute_mem_ops(MemOps(tier_writes=[TierBatch(0, [3], 1, [5])]))
     for t in (*cache.k_caches, *cache.v_caches):
         t[3].fill_(float("nan"))
-    cache.execute_mem_ops(MemOps(tier_loads=[(1, 5, 0, 3)]))
+    cache.execute_mem_ops(MemOps(tier_loads=[TierBatch(1, [5], 0, [3])]))
     after = [t[3] for t in (*cache.k_caches, *cache.v_caches)]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
@@ -73,7 +74,8 @@ def test_tier_writes_to_one_page_keep_the_last():
             k_cache[page].fill_(page + 10 * index)
     from kvlab.policies import MemOps
 
-    cache.execute_mem_ops(MemOps(tier_writes=[(0, 1, 1, 2), (0, 6, 1, 2)]))
+    cache.execute_mem_ops(MemOps(tier_writes=[TierBatch(0, [1], 1, [2]),
+                                              TierBatch(0, [6], 1, [2])]))
     assert torch.all(cache.tier_k_caches[0][2] == 6)
 
 

@@ -244,12 +244,22 @@ class ShadowMemory:
                 self._copy_page(src, src_page, dst, dst_page)
         self._copy_levels(ops.tier_loads)
 
-    def _copy_levels(self, copies: list[tuple[int, int, int, int]]) -> None:
-        levels = self.levels
-        for src_level, src_page, dst_level, dst_page in copies:
+    def _copy_levels(self, batches: list) -> None:
+        levels, ps = self.levels, self.page_size
+        for src_level, src_pages, dst_level, dst_pages in batches:
             self._require(src_level != dst_level, f"a tier copy within level {src_level}")
-            src = levels.setdefault(src_level, {})
-            self._copy_page(src, src_page, levels.setdefault(dst_level, {}), dst_page)
+            self._require(len(set(dst_pages)) == len(dst_pages),
+                          f"a tier batch writes a page twice: {dst_pages}")
+            src, dst = levels.setdefault(src_level, {}), levels.setdefault(dst_level, {})
+            # one batch is one gather then one scatter: every source read before any write
+            values = [[src.get(page * ps + offset) for offset in range(ps)]
+                      for page in src_pages]
+            for page, contents in zip(dst_pages, values, strict=True):
+                for offset, value in enumerate(contents):
+                    if value is None:
+                        dst.pop(page * ps + offset, None)
+                    else:
+                        dst[page * ps + offset] = value
 
     def _copy_page(self, src: dict[int, object], src_page: int, dst: dict[int, object],
                    dst_page: int) -> None:
