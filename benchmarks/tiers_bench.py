@@ -1,5 +1,6 @@
 """Memory tiers: what a run with tiers costs next to the same run without them (CPU time of
-the simulation alone, the best of a few runs) and the hit rates it buys.
+the simulation alone, the best of a few runs, the cases taken in turn) and the hit rates it
+buys.
 
     .venv/bin/python benchmarks/tiers_bench.py [--repeats 3]
 
@@ -34,18 +35,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     trace = load_trace("mooncake")
-    base = None
-    print(f"{'tiers':<24}{'CPU s':>8}{'x none':>8}{'hit %':>8}{'out tok/s':>11}")
-    for tiers in CASES:
-        cfg = config(tiers)
-        best, summary = float("inf"), {}
-        for _ in range(args.repeats):
+    configs = {tiers: config(tiers) for tiers in CASES}
+    best = dict.fromkeys(CASES, float("inf"))
+    summaries: dict[str, dict] = {}
+    for _ in range(args.repeats):  # the cases in turn, so that the machine's drift hits all
+        for tiers, cfg in configs.items():
             start = time.process_time()
             result = simulate(trace, cfg)
-            best = min(best, time.process_time() - start)
-            summary = summarize(result)
-        base = base or best
-        print(f"{tiers or 'none':<24}{best:>8.2f}{best / base:>8.2f}"
+            best[tiers] = min(best[tiers], time.process_time() - start)
+            summaries[tiers] = summarize(result)
+    base = best[""]
+    print(f"{'tiers':<24}{'CPU s':>8}{'x none':>8}{'hit %':>8}{'out tok/s':>11}")
+    for tiers in CASES:
+        summary = summaries[tiers]
+        print(f"{tiers or 'none':<24}{best[tiers]:>8.2f}{best[tiers] / base:>8.2f}"
               f"{summary['prefix_cache_hit_rate_perc']:>8.2f}{summary['output_throughput']:>11.1f}")
 
 
