@@ -314,8 +314,8 @@ class KVCache:
         freed by a swap-out may be the destination of a copy, a swap-in or a tier load in the
         same step, so swap-outs go before those; copies run as if one by one in list order.
         """
-        for batch in mem_ops.tier_writes:  # batch after batch: a later one may reuse a page
-            self._move(batch, self.k_caches, self.v_caches, self.tier_k_caches,
+        for write in mem_ops.tier_writes:  # batch after batch: a later one may reuse a page
+            self._move(write, self.k_caches, self.v_caches, self.tier_k_caches,
                        self.tier_v_caches)
         if mem_ops.swap_outs:
             pairs = torch.tensor(mem_ops.swap_outs, dtype=torch.long)
@@ -341,8 +341,8 @@ class KVCache:
                     self.v_caches[layer],
                     pairs,
                 )
-        for batch in mem_ops.tier_loads:
-            self._move(batch, self.tier_k_caches, self.tier_v_caches, self.k_caches,
+        for load in mem_ops.tier_loads:
+            self._move(load, self.tier_k_caches, self.tier_v_caches, self.k_caches,
                        self.v_caches)
 
     def _move(self, batch: TierBatch, src_k: list[torch.Tensor], src_v: list[torch.Tensor],
