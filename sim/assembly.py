@@ -1,6 +1,6 @@
 """The parts of one simulated instance that every simulation builds alike from its `SimConfig`
-(its cost model, memory tiers, KV-cache manager and tier links, and the tier counters of its
-result), for `Simulation` and for each instance of a `Cluster`: a setting added here reaches
+(its cost model, memory tiers, KV-cache manager and tier links, and its result with its tier
+counters), for `Simulation` and for each instance of a `Cluster`: a setting added here reaches
 both."""
 
 from __future__ import annotations
@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import simpy
 
-from kvlab.policies import KVCacheManager, Request
+from kvlab.metrics import RunResult
+from kvlab.policies import KVCacheManager, Request, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.tiers import PrefixTier, build_tiers, tier_summary
 from kvlab.sim.config import SimConfig
@@ -81,3 +83,53 @@ def tier_stats(manager: KVCacheManager, tiers: list[PrefixTier] | None,
 def scheduled_prompt_tokens(requests: Sequence[Request]) -> int:
     """Prompt tokens of the requests scheduled at least once: what hit rates are shares of."""
     return sum(r.prompt_len for r in requests if r.first_scheduled_s is not None)
+
+
+def instance_result(config: SimConfig, requests: Sequence[Request], loop: StepLoop,
+                    tiers: list[PrefixTier] | None, tier_links: TierLinks | None,
+                    metadata: dict[str, Any]) -> RunResult:
+    """One instance's run: `requests`, its loop's steps and inter-token gaps, its memory, and
+    `metadata` with its tier counters."""
+    capacity, manager = config.capacity, loop.scheduler.manager
+    return RunResult(
+        requests=requests,
+        steps=loop.steps,
+        itls_s=np.frombuffer(loop.scheduler.itls_s, dtype=np.float64).copy(),
+        duration_s=duration_s(requests),
+        page_size=capacity.page_size,
+        num_total_pages=capacity.num_pages,
+        kv_cache_size_tokens=capacity.num_tokens,
+        num_host_pages=manager.num_host_pages,
+        metadata={**metadata, **tier_stats(manager, tiers, tier_links, requests)},
+    )
+
+
+def duration_s(requests: Sequence[Request]) -> float:
+    """From the first arrival to the last finish (0 for an empty trace)."""
+    if not requests:
+        return 0.0
+    first = min(r.arrival_s for r in requests)
+    last = max(r.finish_s for r in requests if r.finish_s is not None)
+    return float(last - first)
+
+
+def progress_bar(total: int, *, enabled: bool) -> Any:
+    """A tqdm bar of finished requests on stderr (None when not `enabled`)."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="simulating", leave=False)
+
+
+def check_conservation(requests: Sequence[Request], manager: KVCacheManager) -> None:
+    """Every request finished (or failed with a reason) and every page came back."""
+    unfinished = [r.request_id for r in requests if not r.is_finished]
+    assert not unfinished, f"requests {unfinished[:5]} never finished"
+    unexplained = [r.request_id for r in requests if r.error is None and r.finish_s is None]
+    assert not unexplained, f"requests {unexplained[:5]} ended without a stamp or a reason"
+    manager.check_tiers()
+    usage = manager.usage()
+    assert usage.num_used_pages == 0, f"{usage.num_used_pages} pages still in use at the end"
+    assert usage.num_host_used_pages == 0, f"{usage.num_host_used_pages} host pages still in use"
+    assert usage.num_live_token_slots == 0, "live token slots left at the end"

@@ -35,8 +35,12 @@ from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.assembly import (
     build_manager,
     build_tier_links,
+    check_conservation,
     default_cost_model,
+    duration_s,
+    instance_result,
     instance_tiers,
+    progress_bar,
     scheduled_prompt_tokens,
     tier_stats,
 )
@@ -48,7 +52,6 @@ from kvlab.sim.instance import ArrivalSource, SimInstance
 from kvlab.sim.link import HostLink
 from kvlab.sim.requests import to_requests
 from kvlab.sim.router import Router, check_router, make_router
-from kvlab.sim.simulator import _check_conservation, _duration_s, _progress_bar
 from kvlab.traces import Trace
 
 # What an instance does: both stages, or one of them (prefill/decode disaggregation).
@@ -200,19 +203,9 @@ class ClusterInstance:
 
     def result(self, metadata: dict[str, Any]) -> RunResult:
         """This instance's run: the requests routed to it and its steps."""
-        capacity = self.config.capacity
-        return RunResult(
-            requests=self.requests,
-            steps=self.loop.steps,
-            itls_s=np.frombuffer(self.scheduler.itls_s, dtype=np.float64).copy(),
-            duration_s=_duration_s(self.requests),
-            page_size=capacity.page_size,
-            num_total_pages=capacity.num_pages,
-            kv_cache_size_tokens=capacity.num_tokens,
-            num_host_pages=self.manager.num_host_pages,
-            metadata={**metadata, "num_prompts": len(self.requests), "instance": self.index,
-                      **tier_stats(self.manager, self.tiers, self.tier_links, self.requests)},
-        )
+        return instance_result(self.config, self.requests, self.loop, self.tiers,
+                               self.tier_links, {**metadata, "num_prompts": len(self.requests),
+                                                 "instance": self.index})
 
 
 class _ClusterArrivals:
@@ -310,7 +303,7 @@ class Cluster:
         """Simulate until every request has finished; check conservation per instance and that
         every request was routed once; return the records."""
         env = self.env
-        bar = _progress_bar(len(self.requests), enabled=progress)
+        bar = progress_bar(len(self.requests), enabled=progress)
         handoffs = self.handoffs
         for instance in self.instances:
             if instance.role == "prefill" and handoffs is not None:
@@ -330,7 +323,7 @@ class Cluster:
             if bar is not None:
                 bar.close()
         for instance in self.instances:
-            _check_conservation(instance.requests, instance.manager)
+            check_conservation(instance.requests, instance.manager)
         routed = sorted(r.request_id for i in self.arrivals.instances for r in i.requests)
         assert routed == sorted(r.request_id for r in self.requests), "a request routed twice"
         if self.handoffs is not None:
@@ -358,7 +351,7 @@ class Cluster:
             requests=self.requests,
             steps=steps,
             itls_s=np.concatenate([run.itls_s for run in runs]),
-            duration_s=_duration_s(self.requests),
+            duration_s=duration_s(self.requests),
             page_size=runs[0].page_size,
             num_total_pages=runs[0].num_total_pages,
             kv_cache_size_tokens=runs[0].kv_cache_size_tokens,

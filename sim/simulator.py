@@ -3,22 +3,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable
 
-import numpy as np
 import simpy
 
 from kvlab.metrics import RunResult
-from kvlab.policies import KVCacheManager, PolicySpec, Request, Scheduler, StepLoop
+from kvlab.policies import PolicySpec, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.assembly import (
     build_manager,
     build_tier_links,
+    check_conservation,
     default_cost_model,
+    instance_result,
     instance_tiers,
-    tier_stats,
+    progress_bar,
 )
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel
@@ -94,7 +94,7 @@ class Simulation:
     def run(self, *, progress: bool = False) -> RunResult:
         """Simulate until every request has finished; check conservation; return the records."""
         env, instance = self.env, self.instance
-        bar = _progress_bar(len(self.requests), enabled=progress)
+        bar = progress_bar(len(self.requests), enabled=progress)
         if bar is not None:
             instance.on_finished = bar.update
         env.process(arrival_process(env, (r.arrival_s for r in self.requests), instance.wake))
@@ -104,22 +104,12 @@ class Simulation:
         finally:
             if bar is not None:
                 bar.close()
-        _check_conservation(self.requests, self.manager)
+        check_conservation(self.requests, self.manager)
         for request in self.requests:
             request.arrival_s -= self.api_latency_s
-        capacity = self.capacity
-        return RunResult(
-            requests=self.requests,
-            steps=self.loop.steps,
-            itls_s=np.frombuffer(self.scheduler.itls_s, dtype=np.float64).copy(),
-            duration_s=_duration_s(self.requests),
-            page_size=capacity.page_size,
-            num_total_pages=capacity.num_pages,
-            kv_cache_size_tokens=capacity.num_tokens,
-            num_host_pages=self.manager.num_host_pages,
-            metadata={**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim",
-                      **tier_stats(self.manager, self.tiers, self.tier_links, self.requests)},
-        )
+        metadata = {**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim"}
+        return instance_result(self.config, self.requests, self.loop, self.tiers,
+                               self.tier_links, metadata)
 
 
 def compare(
@@ -127,33 +117,3 @@ def compare(
 ) -> list[RunResult]:
     """`simulate` the same trace and config once per policy, in the order given."""
     return [simulate(trace, config.with_policy(policy)) for policy in policies]
-
-
-def _progress_bar(total: int, *, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="req", desc="simulating", leave=False)
-
-
-def _duration_s(requests: Sequence[Request]) -> float:
-    """From the first arrival to the last finish (0 for an empty trace)."""
-    if not requests:
-        return 0.0
-    first = min(r.arrival_s for r in requests)
-    last = max(r.finish_s for r in requests if r.finish_s is not None)
-    return float(last - first)
-
-
-def _check_conservation(requests: Sequence[Request], manager: KVCacheManager) -> None:
-    """Every request finished (or failed with a reason) and every page came back."""
-    unfinished = [r.request_id for r in requests if not r.is_finished]
-    assert not unfinished, f"requests {unfinished[:5]} never finished"
-    unexplained = [r.request_id for r in requests if r.error is None and r.finish_s is None]
-    assert not unexplained, f"requests {unexplained[:5]} ended without a stamp or a reason"
-    manager.check_tiers()
-    usage = manager.usage()
-    assert usage.num_used_pages == 0, f"{usage.num_used_pages} pages still in use at the end"
-    assert usage.num_host_used_pages == 0, f"{usage.num_host_used_pages} host pages still in use"
-    assert usage.num_live_token_slots == 0, "live token slots left at the end"

@@ -74,6 +74,13 @@ def shadow_workloads(draw):
 
 def _serve(spec: str, num_pages: int, config: SchedulerConfig, requests: list[Request]):
     manager = KVCacheManager(spec, num_pages, max_model_len=MAX_MODEL_LEN, costs=ShadowCost())
+    return serve_on_shadow(manager, config, requests)
+
+
+def serve_on_shadow(manager: KVCacheManager, config: SchedulerConfig, requests: list[Request],
+                    after_step=None) -> KVCacheManager:
+    """Serve the requests to the end on a shadow executor (calling `after_step()` after each
+    step); returns the manager."""
     scheduler = Scheduler(config, manager)
     executor = ShadowExecutor(scheduler)
     arrivals = ArrivalQueue(requests)
@@ -86,6 +93,8 @@ def _serve(spec: str, num_pages: int, config: SchedulerConfig, requests: list[Re
             now = arrivals.next_arrival_s()
             continue
         executor.step(now)
+        if after_step is not None:
+            after_step()
         now += 0.05
     raise AssertionError("livelock: the workload did not finish in 20,000 steps")
 

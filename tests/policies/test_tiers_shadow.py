@@ -10,11 +10,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.policies import ArrivalQueue, KVCacheManager, Request, RequestStatus, Scheduler
+from kvlab.policies import KVCacheManager, Request, RequestStatus
 from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
 from tests.policies.harness import ShadowCost
-from tests.policies.shadow import ShadowExecutor
 from tests.policies.test_scheduler_shadow import MAX_MODEL_LEN, shadow_workloads
+from tests.policies.test_scheduler_shadow import serve_on_shadow as serve_with_shadow
 
 EVICTIONS = ["lru", "fifo", "lfu", "arc", "slru", "cost"]
 
@@ -39,25 +39,12 @@ def tiered_workloads(draw):
 
 
 def serve_on_shadow(spec, num_pages, config, requests, tier_config):
-    """Serve the requests to the end on a shadow executor; returns the manager."""
+    """Serve the requests to the end on a shadow executor, every tier checked after every
+    step; returns the manager."""
     tiers = build_tiers(tier_config, page_bytes=1)
     manager = KVCacheManager(spec, num_pages, max_model_len=MAX_MODEL_LEN, costs=ShadowCost(),
                              tiers=tiers, tier_config=tier_config)
-    scheduler = Scheduler(config, manager)
-    executor = ShadowExecutor(scheduler)
-    arrivals = ArrivalQueue(requests)
-    now = 0.0
-    for _ in range(20_000):
-        arrivals.admit_until(now, scheduler)
-        if not scheduler.has_unfinished():
-            if not len(arrivals):
-                return manager
-            now = arrivals.next_arrival_s()
-            continue
-        executor.step(now)
-        manager.check_tiers()
-        now += 0.05
-    raise AssertionError("livelock: the workload did not finish in 20,000 steps")
+    return serve_with_shadow(manager, config, requests, after_step=manager.check_tiers)
 
 
 @settings(max_examples=3 * settings.default.max_examples)
