@@ -4,13 +4,15 @@ the rest.
 
 A request routed to a prefill instance runs there with an output budget of one token: its
 prefill and first token (so its TTFT is the prefill instance's), stamped at that step's end, as
-any request's. When that step ends the request is handed off: its KV (every prompt token's) is
-sent over the prefill instance's link to the decode side, one transfer after another (the
-link is one NIC: latency + bytes / bandwidth each, in order), and when the transfer ends the
-request joins its decode instance, the least loaded one when the handoff starts (requests
-held plus those on their way; ties: the lowest index), as a request whose prompt KV has
-arrived (`Request.kv_transfer_tokens`): it decodes at once, in pages of that instance's own (a
-prefix that instance has cached is not taken twice), and keeps its budget. A decode instance
+any request's. When that step ends the request is handed off: its prompt's KV is
+sent over the prefill instance's link to its decode instance, the least loaded one when the
+handoff starts (requests held plus those on their way; ties: the lowest index), one transfer
+after another (the link is one NIC: latency + bytes / bandwidth each, in order; the pages of
+the prompt the decode instance caches then are not sent, as vLLM's P/D connectors pull only
+what the decode side lacks). When the transfer ends the request joins that instance as a
+request whose prompt KV has arrived (`Request.kv_transfer_tokens`): it decodes at once, in
+pages of that instance's own (a prefix it has cached is not taken twice), and keeps its
+budget. A decode instance
 that preempts it recomputes it there.
 
 Decode instances follow the time rule as every instance does: a handed-off request joins at
@@ -41,6 +43,10 @@ class StageInstance(Protocol):
 
     def num_requests(self) -> int:
         """Requests held (waiting, running, swapped, routed and not yet admitted)."""
+        ...
+
+    def num_cached_prefix_tokens(self, request: Request) -> int:
+        """Leading tokens of the request's prompt in its prefix cache now."""
         ...
 
     def has_work(self) -> bool:
@@ -135,15 +141,18 @@ class Handoffs:
             request.finish_s = None
             request.num_computed_tokens = 0
             request.kv_transfer_tokens = request.prompt_len
-            num_pages = -(-request.prompt_len // self.page_size)
+            in_flight = self._in_flight
+            position = min(range(len(self.decode)), key=lambda p: (
+                self.decode[p].num_requests() + len(in_flight[p]), p))
+            target = self.decode[position]
+            # what the decode instance caches of the prompt now is not sent (its own pages)
+            cached = target.num_cached_prefix_tokens(request) // self.page_size
+            num_pages = -(-request.prompt_len // self.page_size) - cached
             seconds = self.latency_s + num_pages * self.page_bytes / self.bandwidth
             start = max(now, self._link_free_s.get(prefill_index, now))
             end = start + seconds
             self._link_free_s[prefill_index] = end
-            in_flight = self._in_flight
-            position = min(range(len(self.decode)), key=lambda p: (
-                self.decode[p].num_requests() + len(in_flight[p]), p))
-            self.decode_of[request.request_id] = self.decode[position].index
+            self.decode_of[request.request_id] = target.index
             heapq.heappush(in_flight[position], (end, next(self._order), request))
             self.env.process(self._arrive_at(end, position))
             self.num_handoffs += 1

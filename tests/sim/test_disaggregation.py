@@ -54,8 +54,24 @@ def test_each_request_prefills_on_one_stage_and_decodes_on_the_other():
     assert set(result.instance_of.values()) <= {0, 1}
     summary = summarize(result.cluster)
     assert summary["pd"] == "2:3" and summary["pd_handoffs"] == len(decode)
-    assert summary["pd_transferred_pages"] == sum(
+    # at most every prompt page: what a decode instance caches already is not sent
+    assert 0 < summary["pd_transferred_pages"] <= sum(
         -(-r.prompt_len // PAGE) for r in done if r.max_output_tokens > 1)
+
+
+def test_only_the_pages_the_decode_instance_lacks_are_sent():
+    def sent(eviction: str) -> tuple[int, int]:
+        serving = ServingConfig.create(f"paged:eviction={eviction}")  # a whole H200's cache
+        cfg = SimConfig(model="llama-3.1-8b", hardware="h200-141g", serving=serving)
+        result = simulate_cluster(trace(200), cfg, pd=(1, 1))
+        full = sum(-(-r.prompt_len // PAGE) for r in result.cluster.requests
+                   if r.error is None and r.max_output_tokens > 1)
+        return summarize(result.cluster)["pd_transferred_pages"], full
+
+    cached, full = sent("lru")  # conversation turns share prefixes on the decode instance
+    assert cached < full
+    uncached, full_again = sent("none")
+    assert uncached == full_again
 
 
 def test_the_link_delays_the_second_token_not_the_first():
