@@ -555,25 +555,27 @@ class KVCacheManager:
             tier.check()
             assert not tier.num_pinned_pages, f"{tier.kind} tier pages left pinned"
 
-    def _pin_tier_hits(self, seq: Request, hits: list[tuple[int, int]]) -> None:
+    def _pin_tier_hits(self, seq: Request, start: int, hits: list[tuple[int, int]]) -> None:
+        """Pin the tier pages of `seq`'s hits below the device, its pages `start` onwards."""
         assert self.tiers is not None
-        start = seq.num_computed_tokens // self.page_size - len(hits)
         keys = seq.page_hashes(self.page_size)[start : start + len(hits)]
         for (level, page), key in zip(hits, keys, strict=True):
             self.tiers[level - 1].pin(page, key)
 
-    def _load_tier_hits(self, state: _SeqState, hits: list[tuple[int, int]]) -> MemOps:
-        """The loads of a new sequence's hits below the device into the pages after its
-        device hits (which the plan took for them)."""
-        start = state.num_hit_pages
+    def _received(self, state: _SeqState, plan: _Plan) -> MemOps:
+        """What fills a new sequence's pages after its device hits (the plan took them): the
+        loads of its hits below the device, then the pages another instance sends."""
+        hits, start = plan.tier_hits or [], state.num_hit_pages
         pages = state.pages[start : start + len(hits)]
         by_level: dict[int, tuple[list[int], list[int]]] = {}
         for (level, tier_page), page in zip(hits, pages, strict=True):
             sources, destinations = by_level.setdefault(level, ([], []))
             sources.append(tier_page)
             destinations.append(page)
+        start += len(hits)
         return MemOps(tier_loads=[TierBatch(level, sources, 0, destinations)
-                                  for level, (sources, destinations) in by_level.items()])
+                                  for level, (sources, destinations) in by_level.items()],
+                      transfer_ins=state.pages[start : start + plan.num_transfer_pages])
 
     def _write_back(self, pages: list[int], keys: list) -> None:
         """Device pages whose content is being dropped: store what the first tier lacks (in a
@@ -828,7 +830,7 @@ class KVCacheManager:
         ops = NO_OPS
         if state is None:
             if plan.tier_hits:
-                self._pin_tier_hits(seq, plan.tier_hits)
+                self._pin_tier_hits(seq, len(plan.hit_pages), plan.tier_hits)
             state = self._take_hits(seq, plan.hit_pages)
         if plan.as_runs:
             state.pages += self._take_runs(plan.num_block_pages)
@@ -845,12 +847,8 @@ class KVCacheManager:
                 block = block[1:]
             state.pages.extend(block)
             state.num_blocks += 1
-        if plan.tier_hits:
-            ops = self._load_tier_hits(state, plan.tier_hits)
-        if plan.num_transfer_pages:
-            start = state.num_hit_pages + len(plan.tier_hits or ())
-            received = state.pages[start : start + plan.num_transfer_pages]
-            ops = MemOps(tier_loads=ops.tier_loads, transfer_ins=received)
+        if plan.tier_hits or plan.num_transfer_pages:
+            ops = self._received(state, plan)
         if total > state.num_tokens:
             self._num_live_slots += total - state.num_tokens
             state.num_tokens = total

@@ -67,3 +67,41 @@ def test_a_preempted_handed_off_request_is_recomputed_here():
         scheduler.update(output, None, 0.0)
     assert preempted and all(r.kv_transfer_tokens == 0 for r in preempted)
     assert first.num_output_tokens == second.num_output_tokens == 8
+
+
+def test_hits_below_the_device_and_a_transfer_in_one_admission():
+    from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
+
+    config = TiersConfig((TierSpec("host", size_pages=2),))
+    manager = KVCacheManager(f"paged:block_size={PAGE},eviction=lru", 6, max_model_len=64,
+                             tiers=build_tiers(config, page_bytes=1), tier_config=config)
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=64),
+                          manager)
+
+    def serve(request: Request) -> list:
+        scheduler.add_request(request)
+        outputs = []
+        while scheduler.has_unfinished():
+            outputs.append(scheduler.schedule())
+            scheduler.update(outputs[-1], None, 0.0)
+            manager.check_tiers()
+        return outputs
+
+    ids = list(range(1, 9))
+    serve(Request(0, 8, 1, prompt_token_ids=ids))  # its two pages cached on the device
+    serve(Request(1, 20, 1, prompt_token_ids=[50] * 20))  # evicts them to the host tier
+    handed = _handed_off(2, 12, 2, prompt_token_ids=[*ids, 9, 9, 9, 9])
+    first = serve(handed)[0]
+    # page 0 still on the device (evicted last, the root), page 1 from the host tier, page 2
+    # from the other instance
+    assert first.num_computed_tokens == [12]
+    (load,) = first.mem_ops.tier_loads
+    assert load.src_level == 1 and len(load.dst_pages) == 1
+    assert len(first.mem_ops.transfer_ins) == 1
+    # the tier's pages keep their own keys: evicting them all finds each one's content
+    serve(Request(3, 20, 1, prompt_token_ids=[70] * 20))
+    host = manager.tiers[0]
+    assert host.stats.num_evictions >= 2 and set(host.pages_by_key) <= {
+        *Request(9, 20, 1, prompt_token_ids=[70] * 20).page_hashes(PAGE),
+        *Request(9, 20, 1, prompt_token_ids=[50] * 20).page_hashes(PAGE),
+        *Request(9, 12, 1, prompt_token_ids=[*ids, 9, 9, 9, 9]).page_hashes(PAGE)}
