@@ -212,10 +212,12 @@ class TierStats:
     num_evictions: int = 0  # pages whose content this tier dropped (or moved down)
     num_demotions: int = 0  # of those, moved to the next tier
 
-    def to_json(self) -> dict[str, int]:
-        """The counters by name."""
-        return {"num_hits": self.num_hits, "num_stores": self.num_stores,
-                "num_evictions": self.num_evictions, "num_demotions": self.num_demotions}
+    def summary(self, kind: str) -> dict[str, int]:
+        """The counters as summary keys of a tier of `kind` (`<kind>_tier_hit_pages`, ...)."""
+        key = f"{kind}_tier"
+        return {f"{key}_hit_pages": self.num_hits, f"{key}_stored_pages": self.num_stores,
+                f"{key}_evicted_pages": self.num_evictions,
+                f"{key}_demoted_pages": self.num_demotions}
 
 
 class PrefixTier:
@@ -295,14 +297,6 @@ class PrefixTier:
             for page, key in pinned:
                 evictor.add(page, 0, key)
         pinned.clear()
-
-    def put(self, key: Hashable) -> tuple[int, Hashable | None] | None:
-        """Give `key` a page: a free one, else the eviction policy's victim (whose key is
-        returned, for the caller to move down); None when every page is pinned."""
-        stored = self.put_many([key])
-        if not stored[0]:
-            return None
-        return stored[1][0], stored[3][0] if stored[3] else None
 
     def put_many(self, keys: list) -> tuple[list, list[int], list[int], list]:
         """Give each of `keys` (none held here, no two alike) a page: free pages first, then
@@ -385,13 +379,10 @@ def tier_summary(tiers: list[PrefixTier], first_hit_pages: list[int], page_size:
 
     summary: dict[str, Any] = {"device_prefix_hit_rate_perc": rate(first_hit_pages[0])}
     for index, tier in enumerate(tiers):
-        stats, key = tier.stats, f"{tier.kind}_tier"
+        key = f"{tier.kind}_tier"
         summary[f"{key}_pages"] = tier.num_total_pages
         summary[f"{key}_hit_rate_perc"] = rate(first_hit_pages[index + 1])
-        summary[f"{key}_hit_pages"] = stats.num_hits
-        summary[f"{key}_stored_pages"] = stats.num_stores
-        summary[f"{key}_evicted_pages"] = stats.num_evictions
-        summary[f"{key}_demoted_pages"] = stats.num_demotions
+        summary.update(tier.stats.summary(tier.kind))
         if busy_s is not None:
             summary[f"{key}_link_busy_s"] = busy_s[index]
     return summary

@@ -57,9 +57,6 @@ from kvlab.traces import Trace
 # What an instance does: both stages, or one of them (prefill/decode disaggregation).
 ROLES = ("mixed", "prefill", "decode")
 DEFAULT_ROUTER = "round-robin"
-# TierStats' counters -> the summary keys `tier_summary` writes them under
-_STAT_KEYS = {"num_hits": "hit_pages", "num_stores": "stored_pages",
-              "num_evictions": "evicted_pages", "num_demotions": "demoted_pages"}
 
 
 def shared_remote_pool(config: SimConfig) -> dict[str, PrefixTier]:
@@ -405,8 +402,7 @@ class Cluster:
                 total[key] = total.get(key, 0) + value
         for kind, pool in self.shared_tiers.items():  # one pool: its counters once, not N times
             total[f"{kind}_tier_pages"] = pool.num_total_pages
-            for key, value in pool.stats.to_json().items():
-                total[f"{kind}_tier_{_STAT_KEYS[key]}"] = value
+            total.update(pool.stats.summary(kind))
         # rates: first-admission hits of every level over every scheduled prompt token
         prompt_tokens = scheduled_prompt_tokens(self.requests)
         levels = ["device_prefix_hit_rate_perc"] + [
