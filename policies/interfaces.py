@@ -8,7 +8,7 @@ A new policy is one small file implementing one of these, one `@register` line, 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 from kvlab.policies.request import Request
@@ -69,7 +69,8 @@ class Eviction(Protocol):
 
     It holds exactly the cached-free pages. `caches` is False only for `none` (no prefix
     caching). A policy may add the batched forms `add_pages(pages, keys)` and
-    `pop_victims(n) -> (pages, keys)` (see `BatchedEviction`); the manager uses them when there.
+    `pop_victims(n) -> (pages, keys)` (see `BatchedEviction`); `add_cached` and `pop_victims`
+    below use them when there.
     """
 
     caches: bool
@@ -116,6 +117,35 @@ class BatchedEviction(Eviction, Protocol):
     def pop_victims(self, num_pages: int) -> tuple[list[int], list]:
         """`pop_victim` `num_pages` times: the pages and their keys."""
         ...
+
+
+def add_cached(evictor: Eviction, page_ids: list[int], keys: list,
+               depths: Iterable[int] | None = None) -> None:
+    """`evictor.add` of each page with its key (and its depth in its sequence; 0 where
+    unknown), in order: in one call of the policy's batched `add_pages` where it has one."""
+    add_pages = getattr(evictor, "add_pages", None)
+    if add_pages is not None:
+        add_pages(page_ids, keys)
+        return
+    add = evictor.add
+    depths = [0] * len(page_ids) if depths is None else depths
+    for page, depth, key in zip(page_ids, depths, keys, strict=True):
+        add(page, depth, key)
+
+
+def pop_victims(evictor: Eviction, num_pages: int) -> tuple[list[int], list]:
+    """`evictor.pop_victim` `num_pages` times, (pages, their keys): in one call of the
+    policy's batched `pop_victims` where it has one."""
+    batched = getattr(evictor, "pop_victims", None)
+    if batched is not None:
+        pages, keys = batched(num_pages)
+        return pages, keys
+    pages, keys = [], []
+    for _ in range(num_pages):
+        page, key = evictor.pop_victim()
+        pages.append(page)
+        keys.append(key)
+    return pages, keys
 
 
 # Victim choice: (running requests, pages each holds) -> the request to preempt.

@@ -11,7 +11,14 @@ from itertools import compress
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
 from kvlab.policies.host_pool import HostPool
-from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction, ReserveRule
+from kvlab.policies.interfaces import (
+    Allocator,
+    BlockSizing,
+    Eviction,
+    ReserveRule,
+    add_cached,
+    pop_victims,
+)
 from kvlab.policies.kv_events import KVEventLog
 from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
@@ -71,7 +78,6 @@ class KVCacheManager:
 
     # Slotted: every decode step reads and writes a few of these.
     __slots__ = (
-        "_add_pages",
         "_cache_epoch",
         "_cached",
         "_free_list",
@@ -81,7 +87,6 @@ class KVCacheManager:
         "_num_live_slots",
         "_owners",
         "_pending_through",
-        "_pop_victims",
         "_reserve",
         "_reuse",
         "_seqs",
@@ -133,10 +138,6 @@ class KVCacheManager:
             self.page_size
         )
         self.evictor: Eviction = registry.get("eviction", spec.eviction).factory()
-        # Batched forms of evictor.add and evictor.pop_victim, where the policy has them (LRU):
-        # a finished or preempted sequence hands back dozens of pages at once.
-        self._add_pages = getattr(self.evictor, "add_pages", None)
-        self._pop_victims = getattr(self.evictor, "pop_victims", None)
         self.caching: bool = self.evictor.caches
         self._reserve: ReserveRule = registry.get("reserve", spec.reserve).factory
         # Exact blocks from a free list grow by one page taken straight from it: a fast path.
@@ -922,15 +923,7 @@ class KVCacheManager:
     def _drop_victims(self, num_pages: int) -> list[int]:
         """Take `num_pages` cached pages from the eviction policy, in its order, and forget their
         content; the caller frees or reuses them."""
-        if self._pop_victims is not None:
-            pages, keys = self._pop_victims(num_pages)
-        else:
-            pop = self.evictor.pop_victim
-            pages, keys = [], []
-            for _ in range(num_pages):
-                page, key = pop()
-                pages.append(page)
-                keys.append(key)
+        pages, keys = pop_victims(self.evictor, num_pages)
         # A C loop: about 1.3M evictions in a trace-long run, 55 ns each less than `del` in a
         # Python loop here.
         deque(map(self._cached.pop, keys), maxlen=0)
@@ -1041,12 +1034,7 @@ class KVCacheManager:
             if still_held:
                 self._unshare(state, still_held, full=False)
             to_cache, keys, depths, to_free = self._sort_released(state, still_held)
-        if self._add_pages is not None:
-            self._add_pages(to_cache, keys)
-        else:
-            add = self.evictor.add
-            for page, depth, key in zip(to_cache, depths, keys, strict=True):
-                add(page, depth, key)
+        add_cached(self.evictor, to_cache, keys, depths)
         self.allocator.release(to_free)
         self._num_live_slots -= state.num_tokens
 

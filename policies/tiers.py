@@ -29,7 +29,7 @@ from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
-from kvlab.policies.interfaces import Eviction
+from kvlab.policies.interfaces import Eviction, add_cached, pop_victims
 
 TIER_KINDS = ("host", "ssd", "remote")
 WRITE_POLICIES = ("write-back", "write-through")
@@ -288,14 +288,10 @@ class PrefixTier:
     def unpin_all(self) -> None:
         """The step's loads are decided: the pages read become the most recently used (by
         LRU; other policies order them their own way)."""
-        pinned, evictor = self._pinned, self.evictor
+        pinned = self._pinned
         if not pinned:
             return
-        if (add_pages := getattr(evictor, "add_pages", None)) is not None:
-            add_pages([page for page, _ in pinned], [key for _, key in pinned])
-        else:
-            for page, key in pinned:
-                evictor.add(page, 0, key)
+        add_cached(self.evictor, [page for page, _ in pinned], [key for _, key in pinned])
         pinned.clear()
 
     def put_many(self, keys: list) -> tuple[list, list[int], list[int], list]:
@@ -313,34 +309,15 @@ class PrefixTier:
         victim_pages: list[int] = []
         victim_keys: list = []
         if num_victims:
-            victim_pages, victim_keys = self._pop_victims(num_victims)
+            victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
+            deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
             pages += victim_pages
             self.stats.num_evictions += num_victims
             self.epoch += 1
         self._page_of.update(zip(keys, pages, strict=True))
-        evictor = self.evictor
-        if (add_pages := getattr(evictor, "add_pages", None)) is not None:
-            add_pages(pages, keys)
-        else:
-            for page, key in zip(pages, keys, strict=True):
-                evictor.add(page, 0, key)
+        add_cached(self.evictor, pages, keys)
         self.stats.num_stores += len(keys)
         return keys, pages, victim_pages, victim_keys
-
-    def _pop_victims(self, num_victims: int) -> tuple[list[int], list]:
-        """The next `num_victims` evictable pages and their keys, their content forgotten."""
-        evictor = self.evictor
-        pop = getattr(evictor, "pop_victims", None)
-        if pop is not None:
-            victim_pages, victim_keys = pop(num_victims)
-        else:
-            victim_pages, victim_keys = [], []
-            for _ in range(num_victims):
-                page, key = evictor.pop_victim()
-                victim_pages.append(page)
-                victim_keys.append(key)
-        deque(map(self._page_of.pop, victim_keys), maxlen=0)
-        return victim_pages, victim_keys
 
     def clear(self) -> None:
         """Drop every page's content (no page may be pinned)."""
