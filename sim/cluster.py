@@ -309,9 +309,9 @@ class Cluster:
                     done = handoffs.finished_at_prefill(index, finished)
                     if bar is not None and done:
                         bar.update(done)
-                instance.instance.on_requests_finished = hand_on
+                instance.instance.on_finished = hand_on
             elif bar is not None:
-                instance.instance.on_finished = bar.update
+                instance.instance.on_finished = lambda ended: bar.update(len(ended))
             env.process(instance.instance.run())
         env.process(self.arrivals.process(env))
         try:

@@ -72,7 +72,7 @@ class SimInstance:
         cost_model: CostModel,
         link: HostLink,
         *,
-        on_finished: Callable[[int], None] | None = None,
+        on_finished: Callable[[list[Request]], None] | None = None,
         decode_runs: bool = True,
         tier_links: TierLinks | None = None,
         arrivals: ArrivalSource | None = None,
@@ -82,10 +82,9 @@ class SimInstance:
         self.cost_model = cost_model
         self.link = link
         self.tier_links = tier_links  # the links to the memory tiers (None: no tiers)
-        self.on_finished = on_finished  # called with the number of requests a step ended
-        # called with the requests a step finished or failed (a cluster's prefill instances
-        # hand them on)
-        self.on_requests_finished: Callable[[list[Request]], None] | None = None
+        # called with the requests a step finished or failed (a progress bar; a cluster's
+        # prefill instances hand them on)
+        self.on_finished = on_finished
         # when the step (or decode run) under way ends; None between steps
         self.step_end_s: float | None = None
         self.decode_runs = decode_runs  # take the fast path (False: every step one by one)
@@ -170,10 +169,8 @@ class SimInstance:
             ends.append(env.now)
         self.step_end_s = None
         finished = self.loop.commit_decode_run(starts, ends)
-        if self.on_requests_finished is not None and finished:
-            self.on_requests_finished(finished)
         if self.on_finished is not None and finished:
-            self.on_finished(len(finished))
+            self.on_finished(finished)
 
     def _execute(
         self, output: SchedulerOutput, start_s: float
@@ -200,7 +197,5 @@ class SimInstance:
         finished = self.loop.commit(
             output, start_s=start_s, end_s=end_s, wall_time_s=end_s - start_s
         )
-        if self.on_requests_finished is not None and (finished or output.failed):
-            self.on_requests_finished(finished + output.failed)
         if self.on_finished is not None and (finished or output.failed):
-            self.on_finished(len(finished) + len(output.failed))
+            self.on_finished(finished + output.failed)

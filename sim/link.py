@@ -58,12 +58,12 @@ class TierLinks:
 
     A step's copies over one link are one batched transfer: latency + pages x page bytes /
     bandwidth (reads for loads, writes for stores, the lower tier's writes for a page moved
-    down). The host tier's link is
-    the swap link itself (one PCIe link carries both). Writes are asynchronous: a step starts
-    them and goes on (vLLM's offloading stores after the forward pass), but they hold the link,
-    so a later load queues behind them. Loads are waited for: with overlap "none" the step
-    computes after its loads; with "layerwise" the forward pass runs as the layers arrive, so
-    the step lasts max(loads, compute) plus one layer's share of the shorter.
+    down). The host tier's link is the swap link itself (one PCIe link carries both). Writes
+    are asynchronous: a step starts them and goes on (vLLM's offloading stores after the
+    forward pass), but they hold the link, so a later load queues behind them. Loads are
+    waited for: with overlap "none" the step computes after its loads; with "layerwise" the
+    forward pass runs as the layers arrive, so the step lasts max(loads, compute) plus one
+    layer's share of the shorter.
     """
 
     def __init__(self, env: simpy.Environment, tiers: list[Any],
@@ -74,12 +74,10 @@ class TierLinks:
         self._links = links  # per level from 1: (read bytes/s, write bytes/s, latency)
         self._resources = [host_link.resource if tier.kind == "host"
                            else simpy.Resource(env, capacity=1) for tier in tiers]
-        self.kinds = [tier.kind for tier in tiers]
         self._layerwise = overlap == "layerwise"
         self._num_layers = max(1, num_layers)
         self.busy_s = [0.0] * len(tiers)  # seconds each link spent on tier transfers
         self.num_pages_loaded = [0] * len(tiers)
-        self.num_pages_written = [0] * len(tiers)
 
     def transfer_time_s(self, level: int, num_pages: int, *, write: bool) -> float:
         """Seconds the link of `level` needs for `num_pages` pages: one batched transfer, as
@@ -90,7 +88,6 @@ class TierLinks:
     def start_writes(self, ops: MemOps) -> None:
         """Start the step's tier writes, one process per destination link."""
         for level, num_pages in _pages_by_level(ops.tier_writes, destination=True).items():
-            self.num_pages_written[level - 1] += num_pages
             seconds = self.transfer_time_s(level, num_pages, write=True)
             self._env.process(self._hold(level, seconds))
 
@@ -115,7 +112,6 @@ class TierLinks:
             yield request
             yield self._env.timeout(seconds)
         self.busy_s[level - 1] += seconds
-
 
 
 def _pages_by_level(batches: list[TierBatch], *, destination: bool) -> dict[int, int]:

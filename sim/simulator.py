@@ -96,7 +96,7 @@ class Simulation:
         env, instance = self.env, self.instance
         bar = progress_bar(len(self.requests), enabled=progress)
         if bar is not None:
-            instance.on_finished = bar.update
+            instance.on_finished = lambda ended: bar.update(len(ended))
         env.process(arrival_process(env, (r.arrival_s for r in self.requests), instance.wake))
         env.process(instance.run())
         try:

@@ -32,7 +32,7 @@ def test_the_progress_callback_counts_every_request_once():
     counted = []
     trace = make_trace([(50, 3), (9000, 2), (70, 5)])
     simulation = Simulation(trace, small_config(num_pages=256))
-    simulation.instance.on_finished = counted.append
+    simulation.instance.on_finished = lambda ended: counted.append(len(ended))
     simulation.run()
     assert sum(counted) == 3
 
