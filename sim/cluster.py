@@ -47,7 +47,7 @@ from kvlab.sim.assembly import (
 from kvlab.sim.cluster_result import ClusterResult
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel
-from kvlab.sim.disaggregation import Handoffs
+from kvlab.sim.disaggregation import Handoffs, pd_num_instances
 from kvlab.sim.instance import ArrivalSource, SimInstance
 from kvlab.sim.link import HostLink
 from kvlab.sim.requests import to_requests
@@ -109,11 +109,8 @@ def simulate_cluster(
     if pd is None:
         specs = [InstanceSpec(config) for _ in range(num_instances)]
     else:
+        pd_num_instances(pd, num_instances)
         prefill, decode = pd
-        if num_instances not in (1, prefill + decode):
-            raise KvlabError(f"num_instances is {num_instances} but pd {prefill}:{decode} "
-                             f"makes {prefill + decode}; give one of them",
-                             parameters=("num_instances", "pd"))
         specs = ([InstanceSpec(config, "prefill") for _ in range(prefill)]
                  + [InstanceSpec(config, "decode") for _ in range(decode)])
     cluster = Cluster(trace, specs, router=router, router_seed=router_seed,

@@ -80,6 +80,17 @@ def parse_pd(text: str) -> tuple[int, int]:
     return prefill, decode
 
 
+def pd_num_instances(pd: tuple[int, int], num_instances: int) -> int:
+    """The instances a `pd` (P, D) cluster has, P + D; a KvlabError when `num_instances` is
+    neither 1 (unset) nor that."""
+    prefill, decode = pd
+    if num_instances not in (1, prefill + decode):
+        raise KvlabError(f"num_instances is {num_instances} but pd {prefill}:{decode} makes "
+                         f"{prefill + decode} instances; give one of them",
+                         parameters=("num_instances", "pd"))
+    return prefill + decode
+
+
 class Handoffs:
     """The requests on their way from prefill to decode instances: the decode instances'
     `ArrivalSource`, and what each prefill instance calls when a step finishes requests."""

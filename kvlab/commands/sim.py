@@ -93,14 +93,9 @@ def _check_cluster(args: argparse.Namespace) -> None:
     check_router(args.router)
     check_whole_number("router_seed", args.router_seed, 0)
     if args.pd is not None:
-        from kvlab.sim.disaggregation import parse_pd
+        from kvlab.sim.disaggregation import parse_pd, pd_num_instances
 
-        prefill, decode = parse_pd(args.pd)
-        if args.num_instances not in (1, prefill + decode):
-            raise KvlabError(f"num_instances is {args.num_instances} but pd {args.pd} makes "
-                             f"{prefill + decode} instances; give one of them",
-                             parameters=("num_instances", "pd"))
-        args.num_instances = prefill + decode
+        args.num_instances = pd_num_instances(parse_pd(args.pd), args.num_instances)
     if args.pd_link_bandwidth is not None and not args.pd_link_bandwidth > 0:
         raise KvlabError(f"pd_link_bandwidth {args.pd_link_bandwidth}: expected GB/s > 0",
                          parameters=("pd_link_bandwidth",))
