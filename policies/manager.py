@@ -412,30 +412,41 @@ class KVCacheManager:
 
     def num_decode_steps_ahead(self, requests: list[Request], max_steps: int) -> int:
         """How many steps (at most `max_steps`) of one decode token for each of `requests`
-        take `allocate_decodes`' fast path only: each request a plain decode (an output token
-        already out) whose slot is unclaimed, with no page to register, copy or share ahead,
-        and every page it fills next taken from the free list (no eviction). 0 when any
-        request is not such a decode."""
+        take `allocate_decodes`' fast path only, none of them reaching its output length
+        before the last: each request a plain decode (an output token already out) whose slot
+        is unclaimed, with no page to register, copy or share ahead, and every page it fills
+        next taken from the free list (no eviction). 0 when any request is not such a
+        decode."""
         free = self._free_list
         if free is None or max_steps <= 0 or self._pending_through:
             return 0
         page_size, seqs = self.page_size, self._seqs
-        crossings: list[int] = []  # for every page to take: the step that takes it
+        steps, nearest = max_steps, max_steps  # nearest: the fewest steps to a page's end
         for request in reversed(requests):  # the newest first: the likeliest not to decode
             done = request.num_computed_tokens
+            num_output = request.num_output_tokens
             state = seqs.get(request.request_id)
             # (no output yet: the last token of a prompt, a prefill that stamps a first token)
-            if (request.prompt_len + request.num_output_tokens - done != 1
-                    or not request.num_output_tokens
+            if (request.prompt_len + num_output - done != 1 or not num_output
                     or state is None or state.hash_outputs or state.num_tokens != done):
                 return 0
             held = len(state.pages) * page_size
             if state.fast_limit != held:  # a page to register or a shared tail ahead
                 return 0
-            if held - done < max_steps:
-                crossings += range(held - done, max_steps, page_size)
+            if held - done < nearest:
+                nearest = held - done
+            if request.max_output_tokens - num_output < steps:
+                steps = request.max_output_tokens - num_output
+        # Each request takes at most ceil(steps / page_size) pages in `steps` steps: count
+        # them one by one only where the free list might run short.
+        if nearest >= steps or len(requests) * -(-steps // page_size) <= len(free):
+            return steps
+        crossings: list[int] = []  # for every page to take: the step that takes it
+        for request in requests:
+            held = len(seqs[request.request_id].pages) * page_size
+            crossings += range(held - request.num_computed_tokens, steps, page_size)
         if len(crossings) <= len(free):
-            return max_steps
+            return steps
         crossings.sort()
         return crossings[len(free)]  # the first step whose page the free list lacks
 
@@ -446,23 +457,22 @@ class KVCacheManager:
         taken by the end of each step, cumulated. The caller commits the tokens."""
         page_size, free, seqs = self.page_size, self._free_list, self._seqs
         assert free is not None
-        crossings, crossing_states = [], []
+        crossings: list[tuple[int, int, _SeqState]] = []  # (step, batch position, state) per page
         for index, request in enumerate(requests):
             state = seqs[request.request_id]
-            done = request.num_computed_tokens
-            first = len(state.pages) * page_size - done  # the step that fills its last page
+            # (num_decode_steps_ahead: num_tokens is the computed tokens, fast_limit the
+            # pages' end) the step that fills its last page
+            first = state.fast_limit - state.num_tokens
             if first < num_steps:
-                crossings += [(step, index) for step in range(first, num_steps, page_size)]
-                crossing_states.append(state)
-            state.num_tokens = done + num_steps
-        crossings.sort()  # step by step, in batch order, as one by one
+                crossings += [(step, index, state) for step in range(first, num_steps, page_size)]
+            state.num_tokens += num_steps
+        crossings.sort()  # step by step, in batch order, as one by one (no two tie)
         taken = [0] * num_steps
-        for step, index in crossings:
-            state = seqs[requests[index].request_id]  # one lookup per page, not per request
+        for step, _, state in crossings:
             state.pages.append(free.popleft())
             state.num_blocks += 1
             taken[step] += 1
-        for state in crossing_states:  # the others' limit is still the end of their pages
+        for _, _, state in crossings:  # the others' limit is still the end of their pages
             state.fast_limit = len(state.pages) * page_size
         self._num_live_slots += len(requests) * num_steps
         return list(itertools.accumulate(taken))

@@ -165,9 +165,7 @@ class Scheduler:
         if (self.waiting or self.swapped or not running
                 or len(running) > self.config.max_num_batched_tokens):
             return 0
-        left = min(r.max_output_tokens - r.num_output_tokens for r in running)
-        limit = self.manager.num_decode_steps_ahead(running, min(max_steps, left)) \
-            if left >= 2 else 0
+        limit = self.manager.num_decode_steps_ahead(running, max_steps)
         return limit if limit >= 2 else 0
 
     def advance_decode_run(self, ends_s: Sequence[float]) -> DecodeRun:
@@ -377,17 +375,21 @@ class DecodeRun:
     pages_taken: list[int]
     finished: list[Request]
 
-    def shape(self, step: int) -> tuple[int, int]:
-        """(context tokens, padded context tokens) of step `step` of the run (from 0)."""
-        return decode_step_context(self.num_seqs, self.sum_computed, self.max_computed, step)
+    def context_columns(self, num_steps: int) -> tuple[range, range]:
+        """The context tokens and the padded context tokens of each of the run's first
+        `num_steps` steps."""
+        return decode_contexts(self.num_seqs, self.sum_computed, self.max_computed, num_steps)
 
 
-def decode_step_context(num_seqs: int, sum_computed: int, max_computed: int, step: int
-                        ) -> tuple[int, int]:
-    """(context tokens, padded context tokens) of the `step`-th step (from 0) of a batch of
-    `num_seqs` decodes whose computed tokens summed to `sum_computed`, the most
-    `max_computed`, before the first: as `schedule` counts them for a batch of decodes."""
-    return (sum_computed + num_seqs * (step + 1), num_seqs * (max_computed + step + 1))
+def decode_contexts(num_seqs: int, sum_computed: int, max_computed: int, num_steps: int
+                    ) -> tuple[range, range]:
+    """The context tokens and the padded context tokens of each of `num_steps` steps of a
+    batch of `num_seqs` decodes whose computed tokens summed to `sum_computed`, the most
+    `max_computed`, before the first: as `schedule` counts them for a batch of decodes (each
+    step adds one token to every context)."""
+    context, padded = sum_computed + num_seqs, num_seqs * (max_computed + 1)
+    end = num_seqs * num_steps
+    return range(context, context + end, num_seqs), range(padded, padded + end, num_seqs)
 
 
 class _Step:

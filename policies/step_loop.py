@@ -114,7 +114,7 @@ class StepLoop:
         return scheduler.update(output, sampled_token_ids, end_s, stopped)
 
 
-    def commit_decode_run(self, starts_s: Sequence[float], ends_s: Sequence[float]
+    def commit_decode_run(self, starts_s: list[float], ends_s: Sequence[float]
                           ) -> list[Request]:
         """Schedule, record and commit the steps from `starts_s[j]` to `ends_s[j]` as plain
         decodes of the running batch (`Scheduler.decode_run_limit` must allow that many): the
@@ -124,23 +124,20 @@ class StepLoop:
         usage = scheduler.manager.usage()  # before the run's first step
         run = scheduler.advance_decode_run(ends_s)
         num_steps, num_seqs, page_size = len(ends_s), run.num_seqs, usage.page_size
-        steps = range(num_steps)
+        contexts, padded = run.context_columns(num_steps)
         used = [usage.num_used_pages + taken for taken in run.pages_taken]
-        live = [usage.num_live_token_slots + num_seqs * (step + 1) for step in steps]
-        shapes = [run.shape(step) for step in steps]
-        zeros, seqs = [0] * num_steps, [num_seqs] * num_steps
+        live = range(usage.num_live_token_slots + num_seqs,
+                     usage.num_live_token_slots + num_seqs * (num_steps + 1), num_seqs)
         self.steps.extend_columns(
             starts_s,
             [end - start for start, end in zip(starts_s, ends_s, strict=True)],
             (
-                range(run.first_step_id, run.first_step_id + num_steps), seqs, zeros, seqs,
-                [context for context, _ in shapes], zeros, [padded for _, padded in shapes],
-                seqs, zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros,
-                used, [usage.num_cached_free_pages] * num_steps,
+                range(run.first_step_id, run.first_step_id + num_steps), num_seqs, 0, num_seqs,
+                contexts, 0, padded, num_seqs, 0, 0, 0, 0, 0, 0, 0, 0,
+                used, usage.num_cached_free_pages,
                 [usage.num_free_pages - taken for taken in run.pages_taken], live,
                 [u * page_size - slots for u, slots in zip(used, live, strict=True)],
-                [usage.num_external_frag_pages] * num_steps,
-                [usage.num_host_used_pages] * num_steps,
+                usage.num_external_frag_pages, usage.num_host_used_pages,
             ),
         )
         return run.finished

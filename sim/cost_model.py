@@ -70,7 +70,8 @@ class CostModel(Protocol):
     """The simulator's clock: durations, in seconds, of the work an engine step implies."""
 
     def step_time_s(self, shape: StepShapeLike) -> float:
-        """One engine step's duration (a forward pass over the batch)."""
+        """One engine step's duration (a forward pass over the batch). The shape is read
+        during the call only: the simulator may reuse it for the next step."""
         ...
 
     def swap_time_s(self, num_pages: int, num_transfers: int) -> float:

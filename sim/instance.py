@@ -32,7 +32,8 @@ from typing import Any, Protocol
 import simpy
 
 from kvlab.policies import Request, Scheduler, SchedulerOutput, StepLoop
-from kvlab.policies.scheduler import decode_step_context
+from kvlab.policies.scheduler import decode_contexts
+from kvlab.sim.arrivals import delay_until
 from kvlab.sim.cost_model import CostModel, StepShape
 from kvlab.sim.link import HostLink, TierLinks
 
@@ -146,12 +147,15 @@ class SimInstance:
         sum_computed, max_computed = sum(computed), max(computed)
         step_time_s, first_step_id = self.cost_model.step_time_s, scheduler.step_id
         durations, time_s = [], now_s
-        for step in range(limit):
+        # one shape, its changing fields set for each step (a cost model reads a shape only
+        # while it is called: the CostModel protocol)
+        shape = DecodeStepShape(0, num_seqs, 0, num_seqs, 0, 0, 0)
+        contexts, paddeds = decode_contexts(num_seqs, sum_computed, max_computed, limit)
+        for step, context, padded in zip(range(limit), contexts, paddeds, strict=True):
             if step and time_s >= horizon:  # a step starting here admits the arrival first
                 break
-            context, padded = decode_step_context(num_seqs, sum_computed, max_computed, step)
-            shape = DecodeStepShape(0, num_seqs, context, num_seqs, 0, padded,
-                                    first_step_id + step)
+            shape.num_context_tokens, shape.num_padded_context_tokens = context, padded
+            shape.step_id = first_step_id + step
             duration = step_time_s(shape)
             durations.append(duration)
             time_s = time_s + duration
@@ -159,14 +163,23 @@ class SimInstance:
 
     def _run_decodes(self, now_s: float, durations: list[float]
                      ) -> Generator[simpy.Event, Any, None]:
-        """Carry out a planned decode run: its steps' time, one timeout each (the same clock
-        as stepping), then its commit."""
-        env, starts, ends = self.env, [], []
-        self.step_end_s = now_s + sum(durations)
+        """Carry out a planned decode run, then commit it. Step ends are the clock SimPy keeps
+        (each the previous plus the step's duration). Alone and without tiers, nothing else
+        acts on this instance or reads its clock before the run ends (the arrival process only
+        wakes an idle instance), so one timeout to the last end serves where SimPy reaches it
+        exactly; otherwise one timeout per step, as stepping."""
+        env, starts, ends, time_s = self.env, [], [], now_s
         for duration in durations:
-            starts.append(env.now)
-            yield env.timeout(duration)
-            ends.append(env.now)
+            starts.append(time_s)
+            time_s = time_s + duration
+            ends.append(time_s)
+        self.step_end_s = time_s
+        delay = delay_until(now_s, time_s)
+        if self._deliver_until is None and self.tier_links is None and now_s + delay == time_s:
+            yield env.timeout(delay)
+        else:
+            for duration in durations:
+                yield env.timeout(duration)
         self.step_end_s = None
         finished = self.loop.commit_decode_run(starts, ends)
         if self.on_finished is not None and finished:
