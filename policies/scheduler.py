@@ -146,7 +146,7 @@ class Scheduler:
                 continue
             request.finish_s = now_s
             finished.append(request)
-        self.itls_s.extend(gaps)
+        self.itls_s.fromlist(gaps)  # a list in C (extend iterates)
         if finished:
             for request in finished:
                 self.manager.free(request)
@@ -177,7 +177,7 @@ class Scheduler:
         pages_taken = self.manager.advance_decodes(running, num_steps)
         num_seqs = len(running)
         first_end, last = ends_s[0], ends_s[-1]
-        gaps = array("d")
+        gaps: list[float] = []
         finished = []
         sum_computed = max_computed = 0
         for request in running:  # one pass: the first step's gaps, the stamps, the counts
@@ -194,9 +194,10 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_LENGTH
                 request.finish_s = last
                 finished.append(request)
+        itls = self.itls_s
+        itls.fromlist(gaps)
         for previous, end in itertools.pairwise(ends_s):
-            gaps.extend(array("d", [end - previous]) * num_seqs)
-        self.itls_s.extend(gaps)
+            itls.extend(array("d", (end - previous,)) * num_seqs)
         if finished:  # as `update`: freed in batch order, then gone from the running list
             for request in finished:
                 self.manager.free(request)
