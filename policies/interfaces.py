@@ -68,9 +68,9 @@ class Eviction(Protocol):
     """Which cached-free page (prefix content, no owner) is reused first.
 
     It holds exactly the cached-free pages. `caches` is False only for `none` (no prefix
-    caching). A policy may add the batched forms `add_pages(pages, keys)` and
-    `pop_victims(n) -> (pages, keys)` (see `BatchedEviction`); `add_cached` and `pop_victims`
-    below use them when there.
+    caching). A policy may add the batched forms `add_pages(pages, keys)`,
+    `pop_victims(n) -> (pages, keys)` and `take_hits(pages) -> taken` (see
+    `BatchedEviction`); `add_cached`, `pop_victims` and `take_hits` below use them when there.
     """
 
     caches: bool
@@ -118,6 +118,11 @@ class BatchedEviction(Eviction, Protocol):
         """`pop_victim` `num_pages` times: the pages and their keys."""
         ...
 
+    def take_hits(self, page_ids: list[int]) -> list[bool]:
+        """A prefix hit on each page in turn: `remove` where it is cached-free, then
+        `on_hit`; whether each was cached-free."""
+        ...
+
 
 def add_cached(evictor: Eviction, page_ids: list[int], keys: list,
                depths: Iterable[int] | None = None) -> None:
@@ -146,6 +151,23 @@ def pop_victims(evictor: Eviction, num_pages: int) -> tuple[list[int], list]:
         pages.append(page)
         keys.append(key)
     return pages, keys
+
+
+def take_hits(evictor: Eviction, page_ids: list[int]) -> list[bool]:
+    """A prefix hit on each page in turn (`remove` where the policy holds it, then `on_hit`);
+    whether each was held: in one call of the policy's batched `take_hits` where it has one."""
+    batched = getattr(evictor, "take_hits", None)
+    if batched is not None:
+        taken: list[bool] = batched(page_ids)
+        return taken
+    taken = []
+    for page in page_ids:
+        held = page in evictor
+        if held:
+            evictor.remove(page)
+        evictor.on_hit(page)
+        taken.append(held)
+    return taken
 
 
 # Victim choice: (running requests, pages each holds) -> the request to preempt.

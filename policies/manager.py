@@ -6,7 +6,7 @@ import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, repeat
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -261,14 +261,13 @@ class KVCacheManager:
         assert self.tiers is not None
         maps = [tier.pages_by_key for tier in self.tiers]
         chain: list[tuple[int, int]] = []
-        if len(maps) == 1:  # one tier: the common case, one dict lookup per key
+        if len(maps) == 1:  # one tier: the common case, the lookups in C
             get = maps[0].get
-            for key in keys:
-                page = get(key)
-                if page is None:
-                    break
-                chain.append((1, page))
-            return chain
+            if not keys or get(keys[0]) is None:  # no hit: most lookups end here
+                return chain
+            pages = list(map(get, keys))
+            end = pages.index(None) if None in pages else len(pages)
+            return list(zip(repeat(1, end), pages[:end], strict=True))
         for key in keys:
             for level, held in enumerate(maps, 1):
                 page = held.get(key)
@@ -570,22 +569,18 @@ class KVCacheManager:
         """Pin the tier pages of `seq`'s hits below the device, its pages `start` onwards."""
         assert self.tiers is not None
         keys = seq.page_hashes(self.page_size)[start : start + len(hits)]
-        for (level, page), key in zip(hits, keys, strict=True):
-            self.tiers[level - 1].pin(page, key)
+        for level, (pages, level_keys) in _by_level(hits, keys).items():
+            self.tiers[level - 1].pin_many(pages, level_keys)
 
     def _received(self, state: _SeqState, plan: _Plan) -> MemOps:
         """What fills a new sequence's pages after its device hits (the plan took them): the
         loads of its hits below the device, then the pages another instance sends."""
         hits, start = plan.tier_hits or [], state.num_hit_pages
         pages = state.pages[start : start + len(hits)]
-        by_level: dict[int, tuple[list[int], list[int]]] = {}
-        for (level, tier_page), page in zip(hits, pages, strict=True):
-            sources, destinations = by_level.setdefault(level, ([], []))
-            sources.append(tier_page)
-            destinations.append(page)
         start += len(hits)
         return MemOps(tier_loads=[TierBatch(level, sources, 0, destinations)
-                                  for level, (sources, destinations) in by_level.items()],
+                                  for level, (sources, destinations)
+                                  in _by_level(hits, pages).items()],
                       transfer_ins=state.pages[start : start + plan.num_transfer_pages])
 
     def _write_back(self, pages: list[int], keys: list) -> None:
@@ -1109,3 +1104,18 @@ class KVCacheManager:
     def _fill(self, index: int, num_tokens: int) -> int:
         """Tokens held in page `index` of a sequence of `num_tokens` tokens."""
         return max(0, min(self.page_size, num_tokens - index * self.page_size))
+
+
+def _by_level(hits: list[tuple[int, int]], values: list) -> dict[int, tuple[list[int], list]]:
+    """Tier hits `(level, tier page)` with a value each, grouped by level: (tier pages,
+    values), in order. One level (the usual single tier) takes no loop in Python."""
+    assert len(values) == len(hits), "one value per hit"
+    levels = {level for level, _ in hits}
+    if len(levels) == 1:
+        return {levels.pop(): ([page for _, page in hits], list(values))}
+    grouped: dict[int, tuple[list[int], list]] = {}
+    for (level, page), value in zip(hits, values, strict=True):
+        pages, level_values = grouped.setdefault(level, ([], []))
+        pages.append(page)
+        level_values.append(value)
+    return grouped

@@ -25,11 +25,12 @@ import re
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
+from itertools import compress
 from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
-from kvlab.policies.interfaces import Eviction, add_cached, pop_victims
+from kvlab.policies.interfaces import Eviction, add_cached, pop_victims, take_hits
 
 TIER_KINDS = ("host", "ssd", "remote")
 WRITE_POLICIES = ("write-back", "write-through")
@@ -275,15 +276,12 @@ class PrefixTier:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._page_of
 
-    def pin(self, page: int, key: Hashable) -> None:
-        """A load reads `page` (holding `key`) this step: count the hit and keep the page
-        from being evicted."""
-        self.stats.num_hits += 1
-        evictor = self.evictor
-        if page in evictor:  # else pinned already, by another load of this step
-            evictor.remove(page)
-            self._pinned.append((page, key))
-        evictor.on_hit(page)
+    def pin_many(self, pages: list[int], keys: list) -> None:
+        """Loads read `pages` (holding `keys`) this step: count the hits and keep the pages
+        from being evicted (one pinned already by another load of this step stays so)."""
+        self.stats.num_hits += len(pages)
+        taken = take_hits(self.evictor, pages)
+        self._pinned += compress(zip(pages, keys, strict=True), taken)
 
     def unpin_all(self) -> None:
         """The step's loads are decided: the pages read become the most recently used (by

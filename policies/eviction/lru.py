@@ -71,6 +71,21 @@ class LRUEviction:
         self._stale[page_id] = self._stale.get(page_id, 0) + 1
         self._num_pages -= 1
 
+    def take_hits(self, page_ids: list[int]) -> list[bool]:
+        """`remove` of each page that is cached (on a hit); whether each was."""
+        flags, stale = self._flags, self._stale
+        num_flags = len(flags)
+        taken = []
+        for page in page_ids:
+            if page < num_flags and flags[page] == 1:
+                flags[page] = 0
+                stale[page] = stale.get(page, 0) + 1
+                taken.append(True)
+            else:
+                taken.append(False)
+        self._num_pages -= taken.count(True)
+        return taken
+
     def on_hit(self, page_id: int) -> None:
         """Recency is set when the page is released again; nothing to count."""
 

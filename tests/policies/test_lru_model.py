@@ -1,5 +1,6 @@
 """LRU eviction against a plain model (an OrderedDict of cached-free pages), over random
-operations: stale queue entries left by prefix hits must never surface as victims."""
+operations: stale queue entries left by prefix hits (one by one or in a batch) must never
+surface as victims."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvlab.policies.eviction import lru as lru_module
+from kvlab.policies.eviction.lfu import LFUEviction
 from kvlab.policies.eviction.lru import LRUEviction
+from kvlab.policies.interfaces import take_hits
 
 _OPS = st.lists(
-    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many"]), st.integers(0, 2)),
+    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many", "take"]), st.integers(0, 2)),
     max_size=80,
 )
 
@@ -54,6 +57,12 @@ def _check_against_model(ops) -> None:
             pages, keys = lru.pop_victims(count)
             assert list(zip(pages, keys, strict=True)) == expected
             held.update(pages)
+        elif op == "take":  # a batch of hits (take_hits): pages 0..page, cached or not
+            pages = list(range(page + 1))
+            assert lru.take_hits(pages) == [p in model for p in pages]
+            for p in pages:  # each was cached-free or held: now held
+                model.pop(p, None)
+                held.add(p)
         assert len(lru) == len(model)
         assert lru.pages() == list(model)
         assert all((p in lru) == (p in model) for p in range(4))
@@ -71,3 +80,12 @@ def test_lru_refuses_what_it_does_not_hold():
         lru.pop_victim()
     with pytest.raises(LookupError):
         lru.pop_victims(1)
+
+
+def test_take_hits_without_a_batched_form_removes_and_counts_hits():
+    """The interface helper on a policy without `take_hits` (one remove and on_hit each)."""
+    lfu = LFUEviction()
+    lfu.add(1, 0, "k1")
+    lfu.add(2, 0, "k2")
+    assert take_hits(lfu, [2, 3]) == [True, False]
+    assert lfu.pages() == [1]

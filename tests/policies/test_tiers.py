@@ -95,9 +95,9 @@ def test_a_full_tier_evicts_by_its_policy_and_pinned_pages_stay():
     tier = PrefixTier(TierSpec("host", size_pages=2), 2)
     assert tier.put_many(["a"]) == (["a"], [0], [], [])
     assert tier.put_many(["b"]) == (["b"], [1], [], [])
-    tier.pin(tier.page_of("a"), "a")  # a load reads "a" this step: "b" is the only victim
+    tier.pin_many([tier.page_of("a")], ["a"])  # a load reads "a" this step: "b" is the only victim
     assert tier.put_many(["c"]) == (["c"], [1], [1], ["b"])
-    tier.pin(tier.page_of("c"), "c")
+    tier.pin_many([tier.page_of("c")], ["c"])
     assert tier.put_many(["d"]) == ([], [], [], [])  # every page read this step: skipped
     tier.check()
 
@@ -112,7 +112,7 @@ def test_a_batch_larger_than_the_room_keeps_its_last_keys():
 def test_pins_end_with_the_step_and_make_the_page_recent():
     tier = PrefixTier(TierSpec("host", size_pages=2), 2)
     tier.put_many(["a", "b"])
-    tier.pin(tier.page_of("a"), "a")
+    tier.pin_many([tier.page_of("a")], ["a"])
     tier.unpin_all()
     assert tier.put_many(["c"]) == (["c"], [1], [1], ["b"])  # "a" read last: LRU keeps it
     assert tier.stats.num_hits == 1 and tier.stats.num_evictions == 1
