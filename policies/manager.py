@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 from itertools import compress, repeat
+from typing import cast
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -267,7 +268,8 @@ class KVCacheManager:
                 return chain
             pages = list(map(get, keys))
             end = pages.index(None) if None in pages else len(pages)
-            return list(zip(repeat(1, end), pages[:end], strict=True))
+            hit_pages = cast("list[int]", pages[:end])  # the pages before the first None
+            return list(zip(repeat(1, end), hit_pages, strict=True))
         for key in keys:
             for level, held in enumerate(maps, 1):
                 page = held.get(key)
