@@ -125,16 +125,18 @@ class SimInstance:
                 self._wake = env.event()
                 yield self._wake
                 continue
-            durations = self._plan_decode_run(now) if self.decode_runs else None
-            if durations:
-                yield from self._run_decodes(now, durations)
+            plan = self._plan_decode_run(now) if self.decode_runs else None
+            if plan is not None:
+                yield from self._run_decodes(now, *plan)
                 continue
             output = loop.schedule(now)
             yield from self._execute(output, now)
 
-    def _plan_decode_run(self, now_s: float) -> list[float] | None:
-        """The durations of the decode-only steps the batch takes from `now_s` until an
-        arrival would join it (None where fewer than two could run: stepping costs the same)."""
+    def _plan_decode_run(self, now_s: float) -> tuple[list[float], list[float]] | None:
+        """The durations and the end times of the decode-only steps the batch takes from
+        `now_s` until an arrival would join it (None where fewer than two could run: stepping
+        costs the same). Each end is the previous plus the step's duration, as SimPy's clock
+        adds them."""
         scheduler = self.loop.scheduler
         limit = scheduler.decode_run_limit(MAX_DECODE_RUN)
         if limit < 2:
@@ -146,7 +148,9 @@ class SimInstance:
         computed = [request.num_computed_tokens for request in running]
         sum_computed, max_computed = sum(computed), max(computed)
         step_time_s, first_step_id = self.cost_model.step_time_s, scheduler.step_id
-        durations, time_s = [], now_s
+        durations: list[float] = []
+        ends: list[float] = []
+        time_s = now_s
         # one shape, its changing fields set for each step (a cost model reads a shape only
         # while it is called: the CostModel protocol)
         shape = DecodeStepShape(0, num_seqs, 0, num_seqs, 0, 0, 0)
@@ -159,29 +163,26 @@ class SimInstance:
             duration = step_time_s(shape)
             durations.append(duration)
             time_s = time_s + duration
-        return durations  # the cost model timed these steps: they run here, not again
-
-    def _run_decodes(self, now_s: float, durations: list[float]
-                     ) -> Generator[simpy.Event, Any, None]:
-        """Carry out a planned decode run, then commit it. Step ends are the clock SimPy keeps
-        (each the previous plus the step's duration). Alone and without tiers, nothing else
-        acts on this instance or reads its clock before the run ends (the arrival process only
-        wakes an idle instance), so one timeout to the last end serves where SimPy reaches it
-        exactly; otherwise one timeout per step, as stepping."""
-        env, starts, ends, time_s = self.env, [], [], now_s
-        for duration in durations:
-            starts.append(time_s)
-            time_s = time_s + duration
             ends.append(time_s)
-        self.step_end_s = time_s
-        delay = delay_until(now_s, time_s)
-        if self._deliver_until is None and self.tier_links is None and now_s + delay == time_s:
+        return durations, ends  # the cost model timed these steps: they run here, not again
+
+    def _run_decodes(self, now_s: float, durations: list[float], ends_s: list[float]
+                     ) -> Generator[simpy.Event, Any, None]:
+        """Carry out a planned decode run, then commit it. Alone and without tiers, nothing
+        else acts on this instance or reads its clock before the run ends (the arrival process
+        only wakes an idle instance), so one timeout to the last end serves where SimPy reaches
+        it exactly; otherwise one timeout per step, as stepping."""
+        env, end_s = self.env, ends_s[-1]
+        self.step_end_s = end_s
+        alone = self._deliver_until is None and self.tier_links is None
+        delay = delay_until(now_s, end_s) if alone else None
+        if delay is not None and now_s + delay == end_s:
             yield env.timeout(delay)
         else:
             for duration in durations:
                 yield env.timeout(duration)
         self.step_end_s = None
-        finished = self.loop.commit_decode_run(starts, ends)
+        finished = self.loop.commit_decode_run([now_s, *ends_s[:-1]], ends_s)
         if self.on_finished is not None and finished:
             self.on_finished(finished)
 
