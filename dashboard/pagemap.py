@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.sim import SimConfig, Simulation
-from kvlab.sim.arrivals import arrival_process
 from kvlab.traces import Trace
 
 # Page owner codes below 0; a request id (>= 0) means the page is used by that request alone.
@@ -66,7 +65,6 @@ def page_map_at(trace: Trace, config: SimConfig, step_id: int, start_s: float,
     """
     sim = Simulation(trace, config, decode_runs=False)
     env, instance = sim.env, sim.instance
-    env.process(arrival_process(env, (r.arrival_s for r in sim.requests), instance.wake))
     env.process(instance.run())
     env.run(until=start_s + max(duration_s, 1e-12) / 2)
     manager = sim.manager

@@ -1,8 +1,11 @@
-"""The arrival process: SimPy events at the trace's arrival times that wake an idle instance.
+"""The arrival process of a cluster: SimPy events at the trace's arrival times, where the
+router hands requests to instances and wakes the idle ones; and `delay_until`, the delay that
+lands a SimPy clock exactly on a time.
 
 Admission itself is the shared rule of `kvlab.policies.ArrivalQueue`, applied by the instance at
 the start of each step; this process only makes sure an instance with nothing to do resumes at
-exactly the next arrival time (one event per distinct arrival time, none per step).
+exactly the next arrival time (one event per distinct arrival time, none per step). An instance
+alone needs no such process: it sleeps to its own next arrival.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 It drives a StepLoop exactly as the engine's virtual clock does (docs/architecture.md, "Time,
 the same in both worlds"): a step starting at clock t admits every request with arrival <= t,
 schedules, lasts its memory work plus its forward pass, and stamps its tokens at its end; with
-nothing running, waiting or swapped the instance sleeps until the arrival process wakes it at
-the next arrival. Lockstep validation replays an engine's step durations through this loop,
-so the order of calls here is part of the contract: one `cost_model.step_time_s(output)` per
-step, in order.
+nothing running, waiting or swapped the instance sleeps until the next arrival (alone, by a
+timeout to it; in a cluster, until the router wakes it). Lockstep validation replays an
+engine's step durations through this loop, so the order of calls here is part of the
+contract: one `cost_model.step_time_s(output)` per step, in order.
 
 The fast path: where the running batch would take several steps of nothing but its own decodes
 (no arrival before their start, nothing waiting or swapped, nobody finishing before the last
@@ -17,10 +17,11 @@ traces). Most steps of a
 simulation are such steps; committing them together removes the Python work per token.
 
 Alone, an instance's requests are all in its StepLoop from the start, and the next of them is
-the horizon a decode run stops at. In a cluster (`kvlab.sim.cluster`) requests are routed to
-an instance only as they arrive, so any arrival of the whole cluster may join this instance's
-batch: an `ArrivalSource` then tells the instance when the next one is, and hands over (routes)
-every request arrived by the time a step starts.
+the horizon a decode run stops at, and the time an idle instance sleeps to (no arrival
+process: one SimPy event per idle spell, none per request). In a cluster (`kvlab.sim.cluster`)
+requests are routed to an instance only as they arrive, so any arrival of the whole cluster may
+join this instance's batch: an `ArrivalSource` then tells the instance when the next one is,
+and hands over (routes) every request arrived by the time a step starts.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ class SimInstance:
         return self.loop.scheduler
 
     def wake(self) -> None:
-        """Called by the arrival process (or a router): resume the instance if it sleeps for
-        want of work."""
+        """Called by a router (or a prefill instance handing work over): resume the instance
+        if it sleeps for want of work. Alone, an instance sleeps until its own next arrival
+        and needs no waking."""
         if self._wake is not None:
             self._wake.succeed()
             self._wake = None
@@ -120,10 +122,14 @@ class SimInstance:
                 # instance's step end comes before the arrival process in SimPy's event order
                 deliver_until(now)
             if not loop.admit(now):
-                if self._next_arrival_s() is None:
+                next_arrival = self._next_arrival_s()
+                if next_arrival is None:
                     return
-                self._wake = env.event()
-                yield self._wake
+                if deliver_until is None:  # alone: the next arrival is this loop's own
+                    yield env.timeout(delay_until(now, next_arrival))
+                else:
+                    self._wake = env.event()
+                    yield self._wake
                 continue
             plan = self._plan_decode_run(now) if self.decode_runs else None
             if plan is not None:
@@ -169,9 +175,9 @@ class SimInstance:
     def _run_decodes(self, now_s: float, durations: list[float], ends_s: list[float]
                      ) -> Generator[simpy.Event, Any, None]:
         """Carry out a planned decode run, then commit it. Alone and without tiers, nothing
-        else acts on this instance or reads its clock before the run ends (the arrival process
-        only wakes an idle instance), so one timeout to the last end serves where SimPy reaches
-        it exactly; otherwise one timeout per step, as stepping."""
+        else acts on this instance or reads its clock before the run ends, so one timeout to
+        the last end serves where SimPy reaches it exactly; otherwise one timeout per step, as
+        stepping."""
         env, end_s = self.env, ends_s[-1]
         self.step_end_s = end_s
         alone = self._deliver_until is None and self.tier_links is None

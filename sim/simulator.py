@@ -10,7 +10,6 @@ import simpy
 from kvlab.metrics import RunResult
 from kvlab.policies import PolicySpec, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
-from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.assembly import (
     build_manager,
     build_tier_links,
@@ -97,8 +96,7 @@ class Simulation:
         bar = progress_bar(len(self.requests), enabled=progress)
         if bar is not None:
             instance.on_finished = lambda ended: bar.update(len(ended))
-        env.process(arrival_process(env, (r.arrival_s for r in self.requests), instance.wake))
-        env.process(instance.run())
+        env.process(instance.run())  # alone, it sleeps to its own next arrival
         try:
             env.run()
         finally:
