@@ -69,8 +69,9 @@ class Eviction(Protocol):
 
     It holds exactly the cached-free pages. `caches` is False only for `none` (no prefix
     caching). A policy may add the batched forms `add_pages(pages, keys)`,
-    `pop_victims(n) -> (pages, keys)` and `take_hits(pages) -> taken` (see
-    `BatchedEviction`); `add_cached`, `pop_victims` and `take_hits` below use them when there.
+    `pop_victims(n) -> (pages, keys)`, `take_hits(pages) -> taken` and `recycle(n, keys) ->
+    (pages, keys)` (see `BatchedEviction`); `add_cached`, `pop_victims`, `take_hits` and
+    `recycle` below use them when there.
     """
 
     caches: bool
@@ -123,6 +124,11 @@ class BatchedEviction(Eviction, Protocol):
         `on_hit`; whether each was cached-free."""
         ...
 
+    def recycle(self, num_pages: int, keys: list) -> tuple[list[int], list]:
+        """`pop_victims(num_pages)`, then `add_pages` of the same pages holding `keys` (as
+        many): the victims' pages and the keys they held."""
+        ...
+
 
 def add_cached(evictor: Eviction, page_ids: list[int], keys: list,
                depths: Iterable[int] | None = None) -> None:
@@ -151,6 +157,19 @@ def pop_victims(evictor: Eviction, num_pages: int) -> tuple[list[int], list]:
         pages.append(page)
         keys.append(key)
     return pages, keys
+
+
+def recycle(evictor: Eviction, num_pages: int, keys: list) -> tuple[list[int], list]:
+    """Reuse the next `num_pages` victims at once for new content `keys` (a tier storing over
+    its oldest pages): `pop_victims`, then `add_cached` of those pages with `keys`; in one call
+    of the policy's batched `recycle` where it has one. Returns the pages and their old keys."""
+    batched = getattr(evictor, "recycle", None)
+    if batched is not None:
+        pages, old_keys = batched(num_pages, keys)
+        return pages, old_keys
+    pages, old_keys = pop_victims(evictor, num_pages)
+    add_cached(evictor, pages, keys)
+    return pages, old_keys
 
 
 def take_hits(evictor: Eviction, page_ids: list[int]) -> list[bool]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
-from kvlab.policies.interfaces import Eviction, add_cached, pop_victims, take_hits
+from kvlab.policies.interfaces import Eviction, add_cached, pop_victims, recycle, take_hits
 
 TIER_KINDS = ("host", "ssd", "remote")
 WRITE_POLICIES = ("write-back", "write-through")
@@ -306,14 +306,19 @@ class PrefixTier:
         self._num_handed_out += num_free
         victim_pages: list[int] = []
         victim_keys: list = []
+        if num_victims and not num_free:  # full: the oldest pages take the new content
+            victim_pages, victim_keys = recycle(self.evictor, num_victims, keys)
+            pages = list(victim_pages)
+        else:
+            if num_victims:
+                victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
+                pages += victim_pages
+            add_cached(self.evictor, pages, keys)
         if num_victims:
-            victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
             deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
-            pages += victim_pages
             self.stats.num_evictions += num_victims
             self.epoch += 1
         self._page_of.update(zip(keys, pages, strict=True))
-        add_cached(self.evictor, pages, keys)
         self.stats.num_stores += len(keys)
         return keys, pages, victim_pages, victim_keys
 

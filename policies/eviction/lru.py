@@ -127,6 +127,24 @@ class LRUEviction:
         self._compact()
         return victims, keys
 
+    def recycle(self, num_pages: int, keys: list) -> tuple[list[int], list]:
+        """`pop_victims(num_pages)`, then `add_pages` of those pages with `keys`: the oldest
+        pages move to the queue's tail with their new keys, their flags left set (cached-free
+        before and after). Returns the pages and the keys they held."""
+        if num_pages > self._num_pages:
+            raise LookupError(f"{num_pages} pages to evict but {self._num_pages} cached")
+        queue, head, stale = self._queue, self._head, self._stale
+        end = head + num_pages
+        victims = queue[head:end]
+        old_keys = self._keys[head:end]
+        if stale and not stale.keys().isdisjoint(victims):
+            victims, old_keys, end = self._live_entries(num_pages)
+        self._head = end
+        queue.extend(victims)
+        self._keys.extend(keys)
+        self._compact()
+        return victims, old_keys
+
     def _live_entries(self, num_pages: int) -> tuple[list[int], list, int]:
         """The first `num_pages` live entries from the head, skipping (and uncounting) stale
         ones: (pages, keys, index after the last)."""

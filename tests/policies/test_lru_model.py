@@ -1,6 +1,6 @@
 """LRU eviction against a plain model (an OrderedDict of cached-free pages), over random
 operations: stale queue entries left by prefix hits (one by one or in a batch) must never
-surface as victims."""
+surface as victims, and a recycled victim is the most recently used with its new key."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from kvlab.policies.eviction import lru as lru_module
 from kvlab.policies.eviction.lfu import LFUEviction
 from kvlab.policies.eviction.lru import LRUEviction
-from kvlab.policies.interfaces import take_hits
+from kvlab.policies.interfaces import recycle, take_hits
 
 _OPS = st.lists(
-    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many", "take"]), st.integers(0, 2)),
+    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many", "take", "recycle"]), st.integers(0, 2)),
     max_size=80,
 )
 
@@ -57,6 +57,13 @@ def _check_against_model(ops) -> None:
             pages, keys = lru.pop_victims(count)
             assert list(zip(pages, keys, strict=True)) == expected
             held.update(pages)
+        elif op == "recycle" and model:  # a full tier storing over its oldest pages
+            count = page % len(model) + 1
+            expected = [model.popitem(last=False) for _ in range(count)]
+            new_keys = [(step, index) for index in range(count)]
+            pages, keys = lru.recycle(count, new_keys)
+            assert list(zip(pages, keys, strict=True)) == expected
+            model.update(zip(pages, new_keys, strict=True))
         elif op == "take":  # a batch of hits (take_hits): pages 0..page, cached or not
             pages = list(range(page + 1))
             assert lru.take_hits(pages) == [p in model for p in pages]
@@ -80,6 +87,8 @@ def test_lru_refuses_what_it_does_not_hold():
         lru.pop_victim()
     with pytest.raises(LookupError):
         lru.pop_victims(1)
+    with pytest.raises(LookupError):
+        lru.recycle(1, [-4])
 
 
 def test_take_hits_without_a_batched_form_removes_and_counts_hits():
@@ -89,3 +98,14 @@ def test_take_hits_without_a_batched_form_removes_and_counts_hits():
     lfu.add(2, 0, "k2")
     assert take_hits(lfu, [2, 3]) == [True, False]
     assert lfu.pages() == [1]
+
+
+def test_recycle_without_a_batched_form_pops_then_adds():
+    """The interface helper on a policy without `recycle`: the victims, then the same pages
+    cached again with the new keys."""
+    lfu = LFUEviction()
+    lfu.add(1, 0, "k1")
+    lfu.add(2, 0, "k2")
+    lfu.on_hit(2)
+    assert recycle(lfu, 1, ["k3"]) == ([1], ["k1"])
+    assert sorted(lfu.pages()) == [1, 2] and len(lfu) == 2
