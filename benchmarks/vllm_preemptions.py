@@ -39,11 +39,14 @@ from kvlab.metrics import summarize  # noqa: E402
 from kvlab.sim import simulate  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
 from tests.peer.vllm_server import missing_reason, start_vllm  # noqa: E402
+from tests.peer.workloads import queued_behind_a_long_request  # noqa: E402
 
 BLOCK_BYTES = 32 * 1024  # tiny-llama: 2 layers x K,V x 2 heads x 32 dims x 4 bytes x 32 tokens
 
-# name -> (KV blocks, max_model_len, trace loader keywords)
+# name -> (KV blocks, max_model_len, trace loader keywords, or {} for a workload of
+# tests/peer/workloads.py)
 WORKLOADS = {
+    "queued": (40, 1248, {}),  # queued_behind_a_long_request: arrival times cannot matter
     "burst": (40, 1024, dict(dataset_name="random", num_prompts=32, random_input_len=256,
                              random_output_len=128, random_range_ratio=0.5)),
     "burst-mixed": (48, 1024, dict(dataset_name="random", num_prompts=40,
@@ -61,8 +64,11 @@ WORKLOADS = {
 def run_workload(name: str, seed: int) -> dict:
     """One workload on a fresh server: bench, fit, simulate; the compared figures."""
     blocks, max_model_len, options = WORKLOADS[name]
-    options = dict(options)
-    trace = load_trace(options.pop("dataset_name"), None, seed=seed, **options)
+    if options:
+        options = dict(options)
+        trace = load_trace(options.pop("dataset_name"), None, seed=seed, **options)
+    else:
+        trace = queued_behind_a_long_request(seed=seed)
     trace.requests[:] = [r for r in trace.requests
                          if r.input_len + r.output_len <= max_model_len]
     server = start_vllm(kv_cache_memory_bytes=blocks * BLOCK_BYTES,
