@@ -77,8 +77,9 @@ def _preemptions(result):
 
 def test_the_vllm_preset_preempts_as_vllm_does_when_requests_queue(vllm):
     # Arrival times cannot matter on this workload, yet vLLM's own count is not the same in
-    # every run (12 in 6 of 9 runs, 13 in 2, 14 in 1, on this 2-core machine): the simulator
-    # must give a count (and per-request counts) that vLLM gives, in one of up to four runs.
+    # every run (12, 12, 13, 12, 14 in five runs on this 2-core machine; docs/validation.md):
+    # the simulator must give a count (and per-request counts) that vLLM gives, in one of up to
+    # four runs.
     outcomes = []
     for _ in range(4):
         server, sim = _preemptions(_bench(vllm, queued_behind_a_long_request()))
