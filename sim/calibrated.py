@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,21 @@ class CalibratedCostModel:
             + self.seq_s * shape.num_seqs
             + self.padded_context_token_s * shape.num_padded_context_tokens
         )
+
+    def decode_step_time(self, num_seqs: int) -> Callable[[int, int], float]:
+        """`step_time_s` of a step of `num_seqs` decodes and nothing else, as a function of
+        its context and padded context tokens: the same sum in the same order (the zero
+        terms too), so the same durations (`kvlab.sim.cost_model.decode_step_timer`)."""
+        batch_s = (self.step_overhead_s + self.prefill_token_s * 0
+                   + self.decode_token_s * num_seqs)
+        context_s, no_pairs_s = self.context_token_s, self.attention_pair_s * 0
+        seqs_s, padded_s = self.seq_s * num_seqs, self.padded_context_token_s
+
+        def time_s(num_context: int, num_padded: int) -> float:
+            return (batch_s + context_s * num_context + no_pairs_s + seqs_s
+                    + padded_s * num_padded)
+
+        return time_s
 
     def swap_time_s(self, num_pages: int, num_transfers: int) -> float:
         """Moving num_pages pages in num_transfers separate copies, one way."""

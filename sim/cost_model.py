@@ -19,6 +19,7 @@ simulated step, ~100k times a simulation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -163,6 +164,23 @@ class RooflineCostModel:
         collective_s = self._allreduce_s + num_tokens * self._allreduce_s_per_token
         return max(memory_s, compute_s) + collective_s + self._overhead_s
 
+    def decode_step_time(self, num_seqs: int) -> Callable[[int, int], float]:
+        """`step_time_s` of a step of `num_seqs` decodes and nothing else, as a function of
+        its context and padded context tokens: the same float operations in the same order,
+        so the same durations, with the batch's terms computed once (`decode_step_timer`)."""
+        weights_s = min(self._weights_s, self._active_weights_s_per_token * num_seqs)
+        kv_s, attention_s = self._kv_s_per_token, self._attention_s_per_pair
+        linear_s = num_seqs * self._linear_s_per_token + num_seqs * self._lm_head_s_per_seq
+        collective_s = self._allreduce_s + num_seqs * self._allreduce_s_per_token
+        overhead_s = self._overhead_s
+
+        def time_s(num_context: int, num_padded: int) -> float:
+            return (max(weights_s + (num_context + num_seqs) * kv_s,
+                        linear_s + num_context * attention_s)
+                    + collective_s + overhead_s)
+
+        return time_s
+
     def swap_time_s(self, num_pages: int, num_transfers: int) -> float:
         """Per-transfer latency plus bytes over the host link: many small swaps cost more."""
         return num_transfers * self._host_latency_s + num_pages * self._host_s_per_page
@@ -174,6 +192,19 @@ class RooflineCostModel:
     def recompute_time_s(self, num_tokens: int) -> float:
         """The step time of one sequence's prefill of num_tokens tokens, causal attention."""
         return self.step_time_s(prefill_shape(num_tokens)) if num_tokens > 0 else 0.0
+
+
+def decode_step_timer(cost_model: CostModel, num_seqs: int) -> Callable[[int, int], float] | None:
+    """The cost model's own timer of decode-only steps of `num_seqs` (`decode_step_time`: the
+    simulator's fast path asks it instead of building a shape per step), or None where it has
+    none, or where `step_time_s` is a subclass's own (the timer would skip the override)."""
+    for klass in type(cost_model).__mro__:
+        if "step_time_s" in vars(klass):
+            if "decode_step_time" not in vars(klass):
+                return None
+            timer: Callable[[int, int], float] = cost_model.decode_step_time(num_seqs)  # type: ignore[attr-defined]
+            return timer
+    return None
 
 
 def prefill_shape(num_tokens: int) -> StepShape:

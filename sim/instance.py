@@ -35,7 +35,7 @@ import simpy
 from kvlab.policies import Request, Scheduler, SchedulerOutput, StepLoop
 from kvlab.policies.scheduler import decode_contexts
 from kvlab.sim.arrivals import delay_until
-from kvlab.sim.cost_model import CostModel, StepShape
+from kvlab.sim.cost_model import CostModel, StepShape, decode_step_timer
 from kvlab.sim.link import HostLink, TierLinks
 
 MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
@@ -153,24 +153,35 @@ class SimInstance:
         num_seqs = len(running)
         computed = [request.num_computed_tokens for request in running]
         sum_computed, max_computed = sum(computed), max(computed)
-        step_time_s, first_step_id = self.cost_model.step_time_s, scheduler.step_id
         durations: list[float] = []
         ends: list[float] = []
         time_s = now_s
-        # one shape, its changing fields set for each step (a cost model reads a shape only
-        # while it is called: the CostModel protocol)
-        shape = DecodeStepShape(0, num_seqs, 0, num_seqs, 0, 0, 0)
         contexts, paddeds = decode_contexts(num_seqs, sum_computed, max_computed, limit)
+        timer = decode_step_timer(self.cost_model, num_seqs)
+        if timer is None:
+            timer = self._shape_timer(num_seqs, scheduler.step_id)
         for step, context, padded in zip(range(limit), contexts, paddeds, strict=True):
             if step and time_s >= horizon:  # a step starting here admits the arrival first
                 break
-            shape.num_context_tokens, shape.num_padded_context_tokens = context, padded
-            shape.step_id = first_step_id + step
-            duration = step_time_s(shape)
+            duration = timer(context, padded)
             durations.append(duration)
             time_s = time_s + duration
             ends.append(time_s)
         return durations, ends  # the cost model timed these steps: they run here, not again
+
+    def _shape_timer(self, num_seqs: int, first_step_id: int) -> Callable[[int, int], float]:
+        """`step_time_s` of the run's steps in turn, given each one's context and padded
+        context, for a cost model without its own decode timer: one shape, its changing
+        fields set for each step (a cost model reads a shape only while it is called)."""
+        step_time_s = self.cost_model.step_time_s
+        shape = DecodeStepShape(0, num_seqs, 0, num_seqs, 0, 0, first_step_id - 1)
+
+        def time_s(num_context: int, num_padded: int) -> float:
+            shape.num_context_tokens, shape.num_padded_context_tokens = num_context, num_padded
+            shape.step_id += 1
+            return step_time_s(shape)
+
+        return time_s
 
     def _run_decodes(self, now_s: float, durations: list[float], ends_s: list[float]
                      ) -> Generator[simpy.Event, Any, None]:

@@ -17,7 +17,8 @@ from kvlab.policies.eviction.lru import LRUEviction
 from kvlab.policies.interfaces import recycle, take_hits
 
 _OPS = st.lists(
-    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many", "take", "recycle"]), st.integers(0, 2)),
+    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many", "take", "recycle"]),
+              st.integers(0, 2)),
     max_size=80,
 )
 

@@ -1,4 +1,5 @@
-"""The roofline cost model: sanity figures, monotonicity, swap latency, tensor parallelism."""
+"""The roofline cost model: sanity figures, monotonicity, swap latency, tensor parallelism; the
+decode-step timers of the simulator's fast path, equal to the step time of the same shape."""
 
 import dataclasses
 
@@ -8,7 +9,8 @@ from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
 from kvlab.policies.outputs import MemOps, SchedulerOutput
-from kvlab.sim.cost_model import CostModel, RooflineCostModel, StepShape
+from kvlab.sim.calibrated import CalibratedCostModel
+from kvlab.sim.cost_model import CostModel, RooflineCostModel, StepShape, decode_step_timer
 from kvlab.specs import get_hardware, get_model
 
 
@@ -158,3 +160,40 @@ def test_scheduler_output_is_priced_like_the_same_step_shape(llama_a100):
         num_attention_pairs=5050,
     )
     assert llama_a100.step_time_s(output) == llama_a100.step_time_s(shape)
+
+
+decode_runs = st.tuples(st.integers(1, 512), st.integers(0, 2_000_000), st.integers(0, 4_000_000))
+coefficients = st.floats(min_value=-1e-3, max_value=1e-2, allow_nan=False)
+
+
+@given(run=decode_runs, tp=st.sampled_from([1, 2, 4]),
+       case=st.sampled_from([("llama-2-7b", "a100-80g"), ("mixtral-8x7b", "h100-80g")]))
+def test_the_roofline_times_a_decode_step_as_its_shape(run, tp, case):
+    """The fast path's timer gives exactly (==) the step time of the same decode-only shape."""
+    num_seqs, context, padded = run
+    model = RooflineCostModel(get_model(case[0]), get_hardware(case[1]), page_size=16,
+                              tensor_parallel_size=tp)
+    shape = StepShape(num_decode_tokens=num_seqs, num_context_tokens=context, num_seqs=num_seqs,
+                      num_padded_context_tokens=padded)
+    assert decode_step_timer(model, num_seqs)(context, padded) == model.step_time_s(shape)
+
+
+@given(run=decode_runs, values=st.lists(coefficients, min_size=7, max_size=7))
+def test_a_calibrated_model_times_a_decode_step_as_its_shape(run, values):
+    num_seqs, context, padded = run
+    names = ["step_overhead_s", "prefill_token_s", "decode_token_s", "context_token_s",
+             "attention_pair_s", "seq_s", "padded_context_token_s"]
+    model = CalibratedCostModel(**dict(zip(names, values, strict=True)))
+    shape = StepShape(num_decode_tokens=num_seqs, num_context_tokens=context, num_seqs=num_seqs,
+                      num_padded_context_tokens=padded)
+    assert decode_step_timer(model, num_seqs)(context, padded) == model.step_time_s(shape)
+
+
+def test_a_subclass_with_its_own_step_time_gets_no_decode_timer(llama_a100):
+    class Doubled(RooflineCostModel):
+        def step_time_s(self, shape):
+            return 2 * super().step_time_s(shape)
+
+    doubled = Doubled(get_model("llama-2-7b"), get_hardware("a100-80g"), page_size=16)
+    assert decode_step_timer(doubled, 8) is None
+    assert decode_step_timer(llama_a100, 8) is not None
