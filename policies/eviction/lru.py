@@ -111,18 +111,10 @@ class LRUEviction:
     def pop_victims(self, num_pages: int) -> tuple[list[int], list]:
         """`pop_victim` `num_pages` times: (pages, their keys). Raises LookupError when fewer
         are cached."""
-        if num_pages > self._num_pages:
-            raise LookupError(f"{num_pages} pages to evict but {self._num_pages} cached")
-        queue, head, stale = self._queue, self._head, self._stale
-        end = head + num_pages
-        victims = queue[head:end]
-        keys = self._keys[head:end]
-        if stale and not stale.keys().isdisjoint(victims):
-            victims, keys, end = self._live_entries(num_pages)
+        victims, keys = self._take_oldest(num_pages)
         flags = self._flags
         for page in victims:
             flags[page] = 0
-        self._head = end
         self._num_pages -= num_pages
         self._compact()
         return victims, keys
@@ -131,19 +123,26 @@ class LRUEviction:
         """`pop_victims(num_pages)`, then `add_pages` of those pages with `keys`: the oldest
         pages move to the queue's tail with their new keys, their flags left set (cached-free
         before and after). Returns the pages and the keys they held."""
-        if num_pages > self._num_pages:
-            raise LookupError(f"{num_pages} pages to evict but {self._num_pages} cached")
-        queue, head, stale = self._queue, self._head, self._stale
-        end = head + num_pages
-        victims = queue[head:end]
-        old_keys = self._keys[head:end]
-        if stale and not stale.keys().isdisjoint(victims):
-            victims, old_keys, end = self._live_entries(num_pages)
-        self._head = end
-        queue.extend(victims)
+        victims, old_keys = self._take_oldest(num_pages)
+        self._queue.extend(victims)
         self._keys.extend(keys)
         self._compact()
         return victims, old_keys
+
+    def _take_oldest(self, num_pages: int) -> tuple[list[int], list]:
+        """The `num_pages` oldest live entries (pages, keys), now behind the head; their flags
+        and the page count are the caller's. Raises LookupError when fewer are cached."""
+        if num_pages > self._num_pages:
+            raise LookupError(f"{num_pages} pages to evict but {self._num_pages} cached")
+        head = self._head
+        end = head + num_pages
+        victims = self._queue[head:end]
+        keys = self._keys[head:end]
+        stale = self._stale
+        if stale and not stale.keys().isdisjoint(victims):
+            victims, keys, end = self._live_entries(num_pages)
+        self._head = end
+        return victims, keys
 
     def _live_entries(self, num_pages: int) -> tuple[list[int], list, int]:
         """The first `num_pages` live entries from the head, skipping (and uncounting) stale
