@@ -312,14 +312,16 @@ class KVCacheManager:
 
     def usage(self) -> MemoryUsage:
         """A snapshot of device and host memory (O(1) for paged allocation)."""
-        used = self.num_used_pages
+        # (num_used_pages's sum, with each count read once: this runs once per step)
+        free, cached = self.allocator.num_free_pages, len(self.evictor)
+        used = self.num_total_pages - free - cached
         live = self._num_live_slots - self._num_dup_slots
         return MemoryUsage(
             page_size=self.page_size,
             num_total_pages=self.num_total_pages,
             num_used_pages=used,
-            num_cached_free_pages=len(self.evictor),
-            num_free_pages=self.allocator.num_free_pages,
+            num_cached_free_pages=cached,
+            num_free_pages=free,
             num_live_token_slots=live,
             num_internal_frag_slots=used * self.page_size - live,
             num_external_frag_pages=self.allocator.num_unusable_free_pages(),
