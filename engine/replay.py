@@ -68,8 +68,8 @@ def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -
     if manager.tiers is not None:
         manager.check_tiers()
         prompt_tokens = sum(r.prompt_len for r in run.requests if r.first_scheduled_s is not None)
-        metadata.update(tier_summary(manager.tiers, manager.first_hit_pages, engine.page_size,
-                                     prompt_tokens))
+        metadata.update(tier_summary(manager.tiers, manager.tier_stats, manager.first_hit_pages,
+                                     engine.page_size, prompt_tokens))
     return RunResult(
         requests=run.requests,
         steps=run.steps,

@@ -25,7 +25,7 @@ from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec, parse_policy
-from kvlab.policies.tiers import PrefixTier, TiersConfig
+from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats
 
 # Returned when a decision needs no physical work. Shared: callers must never mutate a MemOps
 # they get from the manager (the scheduler copies them into its own per-step MemOps).
@@ -108,6 +108,7 @@ class KVCacheManager:
         "page_size",
         "policy",
         "store_threshold",
+        "tier_stats",
         "tiers",
         "watermark_pages",
         "write_through",
@@ -187,6 +188,9 @@ class KVCacheManager:
         # sums over requests' first admissions (`count_first_hits`)
         self._last_hit_levels: list[int] = []
         self.first_hit_pages: list[int] = [0] * (1 + len(self.tiers or ()))
+        # what this manager did in each tier: all of a tier's counters, but for a pool that a
+        # cluster's managers share (whose own `stats` are the pool's, all instances together)
+        self.tier_stats: list[TierStats] = [TierStats() for _ in self.tiers or ()]
 
     # ----------------------------------------------------------------------------- queries
 
@@ -575,6 +579,7 @@ class KVCacheManager:
         keys = seq.page_hashes(self.page_size)[start : start + len(hits)]
         for level, (pages, level_keys) in _by_level(hits, keys).items():
             self.tiers[level - 1].pin_many(pages, level_keys)
+            self.tier_stats[level - 1].num_hits += len(pages)
 
     def _received(self, state: _SeqState, plan: _Plan) -> MemOps:
         """What fills a new sequence's pages after its device hits (the plan took them): the
@@ -621,8 +626,12 @@ class KVCacheManager:
         if not keys:
             return
         stored, pages, victim_pages, victim_keys = tier.put_many(keys)
+        own = self.tier_stats[level - 1]
+        own.num_stores += len(stored)
+        own.num_evictions += len(victim_keys)
         if victim_keys and level < len(tiers):
             tier.stats.num_demotions += len(victim_keys)
+            own.num_demotions += len(victim_keys)
             self._store(level, victim_pages, victim_keys, level + 1)
         sources = src_pages[len(src_pages) - len(stored):]  # put_many keeps the last keys
         self._tier_writes.append(TierBatch(src_level, sources, level, pages))

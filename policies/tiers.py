@@ -213,6 +213,13 @@ class TierStats:
     num_evictions: int = 0  # pages whose content this tier dropped (or moved down)
     num_demotions: int = 0  # of those, moved to the next tier
 
+    def add(self, other: TierStats) -> None:
+        """Count `other`'s pages in too (one pool's counters from each instance's share)."""
+        self.num_hits += other.num_hits
+        self.num_stores += other.num_stores
+        self.num_evictions += other.num_evictions
+        self.num_demotions += other.num_demotions
+
     def summary(self, kind: str) -> dict[str, int]:
         """The counters as summary keys of a tier of `kind` (`<kind>_tier_hit_pages`, ...)."""
         key = f"{kind}_tier"
@@ -347,13 +354,16 @@ def build_tiers(config: TiersConfig, page_bytes: int,
             for spec in config.tiers]
 
 
-def tier_summary(tiers: list[PrefixTier], first_hit_pages: list[int], page_size: int,
-                 num_prompt_tokens: int, busy_s: list[float] | None = None) -> dict[str, Any]:
+def tier_summary(tiers: list[PrefixTier], stats: list[TierStats], first_hit_pages: list[int],
+                 page_size: int, num_prompt_tokens: int,
+                 busy_s: list[float] | None = None) -> dict[str, Any]:
     """A run's tier counters as flat summary keys. Hit rates are shares of the prompt tokens
     of the requests scheduled, hit at their first admission, as `prefix_cache_hit_rate_perc`
     counts them (which is their sum): the device's own, then each tier's (`<kind>_tier_...`);
-    then per tier its pages, pages hit (every admission, re-admissions after a preemption
-    too), stored, evicted, moved down and, from the simulator, its link's busy seconds."""
+    then per tier its pages and, from `stats` (the run's own counters: a manager's
+    `tier_stats`, its share of a pool shared by a cluster), pages hit (every admission,
+    re-admissions after a preemption too), stored, evicted, moved down and, from the
+    simulator, its link's busy seconds."""
     def rate(pages: int) -> float:
         return 100.0 * pages * page_size / num_prompt_tokens if num_prompt_tokens else 0.0
 
@@ -362,7 +372,7 @@ def tier_summary(tiers: list[PrefixTier], first_hit_pages: list[int], page_size:
         key = f"{tier.kind}_tier"
         summary[f"{key}_pages"] = tier.num_total_pages
         summary[f"{key}_hit_rate_perc"] = rate(first_hit_pages[index + 1])
-        summary.update(tier.stats.summary(tier.kind))
+        summary.update(stats[index].summary(tier.kind))
         if busy_s is not None:
             summary[f"{key}_link_busy_s"] = busy_s[index]
     return summary

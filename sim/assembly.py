@@ -76,7 +76,7 @@ def tier_stats(manager: KVCacheManager, tiers: list[PrefixTier] | None,
     `requests`, pages, hits, stores, evictions, link time (none without tiers)."""
     if tiers is None or tier_links is None:
         return {}
-    return tier_summary(tiers, manager.first_hit_pages, manager.page_size,
+    return tier_summary(tiers, manager.tier_stats, manager.first_hit_pages, manager.page_size,
                         scheduled_prompt_tokens(requests), tier_links.busy_s)
 
 

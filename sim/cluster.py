@@ -30,7 +30,7 @@ from kvlab.metrics import RunResult, StepRecorder
 from kvlab.policies import Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.scheduler import check_whole_number
-from kvlab.policies.tiers import PrefixTier
+from kvlab.policies.tiers import PrefixTier, TierStats
 from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.assembly import (
     build_manager,
@@ -387,8 +387,9 @@ class Cluster:
     def _tier_stats(self) -> dict[str, Any]:
         """The instances' tier counters added up (pages, hits, stores, evictions, link time),
         each level's hit rate over the prompt tokens of all the scheduled requests; none
-        without tiers. Each instance has its own tiers: a pool shared by them must be counted
-        once, not added up."""
+        without tiers. Each instance has its own tiers and its own share of a pool shared by
+        them (its manager's `tier_stats`): the shares add up to the pool's counters, and the
+        pool's pages count once."""
         instances = [i for i in self.instances if i.tiers is not None]
         if not instances:
             return {}
@@ -397,9 +398,13 @@ class Cluster:
             for key, value in tier_stats(instance.manager, instance.tiers, instance.tier_links,
                                          instance.requests).items():
                 total[key] = total.get(key, 0) + value
-        for kind, pool in self.shared_tiers.items():  # one pool: its counters once, not N times
+        for kind, pool in self.shared_tiers.items():  # one pool: its pages once, not N times
             total[f"{kind}_tier_pages"] = pool.num_total_pages
-            total.update(pool.stats.summary(kind))
+            level = [tier.kind for tier in instances[0].tiers or ()].index(kind)
+            shares = TierStats()
+            for instance in instances:
+                shares.add(instance.manager.tier_stats[level])
+            assert shares == pool.stats, f"the {kind} pool's counters differ from its shares"
         # rates: first-admission hits of every level over every scheduled prompt token
         prompt_tokens = scheduled_prompt_tokens(self.requests)
         levels = ["device_prefix_hit_rate_perc"] + [

@@ -16,7 +16,7 @@ from kvlab.policies.serving import ServingConfig
 from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim import SimConfig, simulate, simulate_cluster, summarize_cluster
 from kvlab.sim.cluster import Cluster, InstanceSpec
-from kvlab.sim.cluster_result import cluster_request_table, cluster_step_table
+from kvlab.sim.cluster_result import cluster_request_table, cluster_step_table, instance_summaries
 from kvlab.sim.router import router_names
 from kvlab.traces import load_trace
 from tests.sim.sim_workloads import make_trace, small_config
@@ -272,10 +272,17 @@ def test_the_remote_pool_is_one_for_the_whole_cluster():
     cluster = Cluster(trace, [InstanceSpec(tier_config("remote:40GiB"))] * 3)
     pools = {id(instance.tiers[0]) for instance in cluster.instances}
     assert len(pools) == 1  # one pool, reached by each instance over its own link
-    summary = summarize(cluster.run().cluster)  # run() checks every instance's pages
+    result = cluster.run()  # run() checks every instance's pages
+    summary = summarize(result.cluster)
     own = summarize(simulate_cluster(trace, tier_config("host:40GiB"), num_instances=3).cluster)
     # round-robin spreads a conversation over the instances: only a shared pool finds it again
     assert summary["remote_tier_hit_rate_perc"] > 2 * own["host_tier_hit_rate_perc"]
     pool = cluster.instances[0].tiers[0]
     assert summary["remote_tier_pages"] == pool.num_total_pages  # counted once, not 3 times
     assert summary["remote_tier_stored_pages"] == pool.stats.num_stores
+    # each instance reports its own share of the pool's counters, and the shares add up
+    instances = instance_summaries(result)
+    for counter in ("hit_pages", "stored_pages", "evicted_pages"):
+        shares = [s[f"remote_tier_{counter}"] for s in instances]
+        assert sum(shares) == summary[f"remote_tier_{counter}"]
+        assert len(set(shares)) > 1 or not any(shares), counter  # not the pool's total thrice
