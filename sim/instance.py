@@ -185,13 +185,14 @@ class SimInstance:
 
     def _run_decodes(self, now_s: float, durations: list[float], ends_s: list[float]
                      ) -> Generator[simpy.Event, Any, None]:
-        """Carry out a planned decode run, then commit it. Alone and without tiers, nothing
-        else acts on this instance or reads its clock before the run ends, so one timeout to
-        the last end serves where SimPy reaches it exactly; otherwise one timeout per step, as
-        stepping."""
+        """Carry out a planned decode run, then commit it. Alone, nothing else acts on this
+        instance or reads its clock before the run ends, so one timeout to the last end serves
+        where SimPy reaches it exactly; otherwise one timeout per step, as stepping. (Tier
+        writes in flight do not change that: they only hold their links, and the run starts
+        none, so each of them still ends before a step that ends at the same time.)"""
         env, end_s = self.env, ends_s[-1]
         self.step_end_s = end_s
-        alone = self._deliver_until is None and self.tier_links is None
+        alone = self._deliver_until is None
         delay = delay_until(now_s, end_s) if alone else None
         if delay is not None and now_s + delay == end_s:
             yield env.timeout(delay)
