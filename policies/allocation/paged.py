@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 
 from kvlab.policies.registry import register
 
@@ -35,7 +36,7 @@ class PagedAllocator:
         free = self.free_list
         if num_pages > len(free):
             return None
-        return [free.popleft() for _ in range(num_pages)]
+        return list(map(deque.popleft, repeat(free, num_pages)))  # the pops in C
 
     def can_allocate(self, num_pages: int, extra_free: list[int] = ()) -> bool:  # type: ignore[assignment]
         """Enough pages, counting `extra_free` as released."""
