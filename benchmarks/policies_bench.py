@@ -137,6 +137,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: expected at least 1")
+    if not args.path.is_file():  # the default is the checkout's ../shared, as on this machine
+        parser.error(f"--path {args.path}: no such file; expected the Azure conv trace CSV")
 
     runs: dict[bool, list] = {False: [], True: []}  # (usage at the end, counts, wall, CPU)
     for _ in range(args.repeat):
