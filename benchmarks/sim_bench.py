@@ -17,6 +17,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 DEFAULT_PATH = "/work/shared/traces/azure2023_conv.csv"
 NUM_REQUESTS = 19_366  # rows of the full Azure conv trace
@@ -87,7 +88,14 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(measure(args.path, args.child)))
         return
-    fractions = [float(f) for f in args.fractions.split(",")]
+    if not Path(args.path).is_file():
+        parser.error(f"--path {args.path}: no such file; expected the Azure conv trace CSV")
+    try:
+        fractions = [float(f) for f in args.fractions.split(",")]
+    except ValueError:
+        fractions = []
+    if not fractions or not all(0 < f <= 1 for f in fractions):
+        parser.error(f"--fractions {args.fractions}: expected comma-separated numbers in (0, 1]")
     print(f"trace {args.path}; llama-2-7b on a100-80g, paged block 16, timestamps replayed")
     rows = [_run_child(args.path, fraction) for fraction in fractions]
     _print_table(rows)
