@@ -194,15 +194,18 @@ class RooflineCostModel:
         return self.step_time_s(prefill_shape(num_tokens)) if num_tokens > 0 else 0.0
 
 
-def decode_step_timer(cost_model: CostModel, num_seqs: int) -> Callable[[int, int], float] | None:
-    """The cost model's own timer of decode-only steps of `num_seqs` (`decode_step_time`: the
-    simulator's fast path asks it instead of building a shape per step), or None where it has
-    none, or where `step_time_s` is a subclass's own (the timer would skip the override)."""
+def decode_step_timer(cost_model: CostModel) -> Callable[[int], Callable[[int, int], float]] | None:
+    """The cost model's own timer of decode-only steps (`decode_step_time`: given a batch size,
+    a function of a step's context and padded context; the simulator's fast path asks it
+    instead of building a shape per step), or None where it has none, or where `step_time_s`
+    is a subclass's own (the timer would skip the override). A property of the model's class:
+    resolve it once per model."""
     for klass in type(cost_model).__mro__:
         if "step_time_s" in vars(klass):
             if "decode_step_time" not in vars(klass):
                 return None
-            timer: Callable[[int, int], float] = cost_model.decode_step_time(num_seqs)  # type: ignore[attr-defined]
+            timer: Callable[[int], Callable[[int, int], float]] = (
+                cost_model.decode_step_time)  # type: ignore[attr-defined]
             return timer
     return None
 

@@ -97,6 +97,8 @@ class SimInstance:
             loop.next_arrival_s if arrivals is None else arrivals.next_arrival_s)
         self._deliver_until: Callable[[float], None] | None = (
             None if arrivals is None else arrivals.deliver_until)
+        # the cost model's decode-step timer (None: one shape per step), resolved once
+        self._decode_step_time = decode_step_timer(cost_model)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -157,9 +159,9 @@ class SimInstance:
         ends: list[float] = []
         time_s = now_s
         contexts, paddeds = decode_contexts(num_seqs, sum_computed, max_computed, limit)
-        timer = decode_step_timer(self.cost_model, num_seqs)
-        if timer is None:
-            timer = self._shape_timer(num_seqs, scheduler.step_id)
+        decode_step_time = self._decode_step_time
+        timer = (self._shape_timer(num_seqs, scheduler.step_id) if decode_step_time is None
+                 else decode_step_time(num_seqs))
         for step, context, padded in zip(range(limit), contexts, paddeds, strict=True):
             if step and time_s >= horizon:  # a step starting here admits the arrival first
                 break

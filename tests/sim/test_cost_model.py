@@ -175,7 +175,7 @@ def test_the_roofline_times_a_decode_step_as_its_shape(run, tp, case):
                               tensor_parallel_size=tp)
     shape = StepShape(num_decode_tokens=num_seqs, num_context_tokens=context, num_seqs=num_seqs,
                       num_padded_context_tokens=padded)
-    assert decode_step_timer(model, num_seqs)(context, padded) == model.step_time_s(shape)
+    assert decode_step_timer(model)(num_seqs)(context, padded) == model.step_time_s(shape)
 
 
 @given(run=decode_runs, values=st.lists(coefficients, min_size=7, max_size=7))
@@ -186,7 +186,7 @@ def test_a_calibrated_model_times_a_decode_step_as_its_shape(run, values):
     model = CalibratedCostModel(**dict(zip(names, values, strict=True)))
     shape = StepShape(num_decode_tokens=num_seqs, num_context_tokens=context, num_seqs=num_seqs,
                       num_padded_context_tokens=padded)
-    assert decode_step_timer(model, num_seqs)(context, padded) == model.step_time_s(shape)
+    assert decode_step_timer(model)(num_seqs)(context, padded) == model.step_time_s(shape)
 
 
 def test_a_subclass_with_its_own_step_time_gets_no_decode_timer(llama_a100):
@@ -195,5 +195,5 @@ def test_a_subclass_with_its_own_step_time_gets_no_decode_timer(llama_a100):
             return 2 * super().step_time_s(shape)
 
     doubled = Doubled(get_model("llama-2-7b"), get_hardware("a100-80g"), page_size=16)
-    assert decode_step_timer(doubled, 8) is None
-    assert decode_step_timer(llama_a100, 8) is not None
+    assert decode_step_timer(doubled) is None
+    assert decode_step_timer(llama_a100) is not None
