@@ -7,10 +7,8 @@ measures how long each step took. That is what lets lockstep validation replay a
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,6 +31,7 @@ from kvlab.engine.model_runner import ModelRunner
 from kvlab.engine.platform import Platform, get_platform
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
+from kvlab.heap import frozen_heap
 from kvlab.kernels import get_backend
 from kvlab.metrics import StepRecorder
 from kvlab.policies import (
@@ -296,24 +295,6 @@ class LLMEngine:
         self._params.pop(request_id, None)
         self._stop_ids.pop(request_id, None)
         self.runner.sampler.free(request_id)
-
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Keep every object alive on entry out of the cyclic GC until exit (gc.freeze, as vLLM does
-    once its engine has started; gc.unfreeze on exit). Not reentrant.
-
-    What start-up built (imports, model, cache: a few 100k objects) outlives a run; left in the
-    GC's oldest generation, each full collection walks all of it, which took 0.15-0.3 s of CPU
-    on the 2-core test machine, charged to whatever step it fell in: one or two per 16-request
-    run, 5-10% of the run's time. Frozen, it is skipped; a full collection during the run only
-    walks what the run created.
-    """
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
 
 STEP_TIMERS = ("wall", "cpu")
 

@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvlab.engine.config import EngineConfig
-from kvlab.engine.engine import LLMEngine, frozen_heap
+from kvlab.engine.engine import LLMEngine
 from kvlab.engine.replay import trace_requests, trace_result, with_outputs
+from kvlab.heap import frozen_heap
 from kvlab.metrics import RunResult
 from kvlab.traces import synthesize_prompt_ids
 

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvlab.engine.clock import WallClock
-from kvlab.engine.engine import LLMEngine, frozen_heap
+from kvlab.engine.engine import LLMEngine
 from kvlab.engine.outputs import FINISH_REASONS
 from kvlab.engine.sampler import SamplingParams
+from kvlab.heap import frozen_heap
 from kvlab.metrics import StepRecorder
 from kvlab.policies import Request, StepLoop
 from kvlab.policies.kv_events import KVEventLog

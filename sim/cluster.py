@@ -26,6 +26,7 @@ import numpy as np
 import simpy
 
 from kvlab.errors import KvlabError
+from kvlab.heap import paused_gc
 from kvlab.metrics import RunResult, StepRecorder
 from kvlab.policies import Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
@@ -312,7 +313,8 @@ class Cluster:
             env.process(instance.instance.run())
         env.process(self.arrivals.process(env))
         try:
-            env.run()
+            with paused_gc():  # the run makes next to no cyclic garbage (kvlab.heap)
+                env.run()
         finally:
             if bar is not None:
                 bar.close()

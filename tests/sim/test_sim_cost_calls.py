@@ -1,11 +1,13 @@
 """The cost-model contract lockstep validation relies on: one step_time_s call per step, in order,
 and memory work charged through swap_time_s / copy_time_s."""
 
+import gc
+
 import pytest
 from sim_workloads import make_trace, small_config
 
 from kvlab.policies.outputs import MemOps
-from kvlab.sim import RooflineCostModel, Simulation, simulate
+from kvlab.sim import RooflineCostModel, Simulation, simulate, simulate_cluster
 from kvlab.specs import get_hardware, get_model
 
 
@@ -121,3 +123,32 @@ def test_auto_preemption_weighs_the_given_costs_not_the_replayed_step_model(swap
     )
     assert sum(r.num_preemptions for r in result.requests) > 0
     assert (sum(r.num_swaps_out for r in result.requests) > 0) is expect_swaps
+
+
+class GcWatchingRoofline(LoggingRoofline):
+    """The roofline, noting whether the cyclic collector was on at each step; fails at a step
+    when told to."""
+
+    def __init__(self, page_size, fail_at_step=None):
+        super().__init__(page_size)
+        self.collector_on = []
+        self.fail_at_step = fail_at_step
+
+    def step_time_s(self, shape):
+        self.collector_on.append(gc.isenabled())
+        if len(self.collector_on) == self.fail_at_step:
+            raise RuntimeError("the cost model failed")
+        return super().step_time_s(shape)
+
+
+@pytest.mark.parametrize("run", [simulate, simulate_cluster])
+def test_a_run_pauses_the_cyclic_collector_and_restores_it(run):
+    config = small_config()
+    cost_model = GcWatchingRoofline(16)
+    run(TRACE, config, cost_model=cost_model, decode_runs=False)
+    assert cost_model.collector_on and not any(cost_model.collector_on)
+    assert gc.isenabled()
+    failing = GcWatchingRoofline(16, fail_at_step=2)
+    with pytest.raises(RuntimeError, match="the cost model failed"):
+        run(TRACE, config, cost_model=failing, decode_runs=False)
+    assert gc.isenabled()
