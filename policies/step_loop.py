@@ -126,18 +126,20 @@ class StepLoop:
         num_steps, num_seqs, page_size = len(ends_s), run.num_seqs, usage.page_size
         contexts, padded = run.context_columns(num_steps)
         used = [usage.num_used_pages + taken for taken in run.pages_taken]
-        live = range(usage.num_live_token_slots + num_seqs,
-                     usage.num_live_token_slots + num_seqs * (num_steps + 1), num_seqs)
+        live = list(range(usage.num_live_token_slots + num_seqs,
+                          usage.num_live_token_slots + num_seqs * (num_steps + 1), num_seqs))
+        seqs, zeros = [num_seqs] * num_steps, [0] * num_steps  # (columns are copied in)
         self.steps.extend_columns(
             starts_s,
             [end - start for start, end in zip(starts_s, ends_s, strict=True)],
             (
-                range(run.first_step_id, run.first_step_id + num_steps), num_seqs, 0, num_seqs,
-                contexts, 0, padded, num_seqs, 0, 0, 0, 0, 0, 0, 0, 0,
-                used, usage.num_cached_free_pages,
+                list(range(run.first_step_id, run.first_step_id + num_steps)), seqs, zeros,
+                seqs, list(contexts), zeros, list(padded), seqs, zeros, zeros, zeros, zeros,
+                zeros, zeros, zeros, zeros, used, [usage.num_cached_free_pages] * num_steps,
                 [usage.num_free_pages - taken for taken in run.pages_taken], live,
                 [u * page_size - slots for u, slots in zip(used, live, strict=True)],
-                usage.num_external_frag_pages, usage.num_host_used_pages,
+                [usage.num_external_frag_pages] * num_steps,
+                [usage.num_host_used_pages] * num_steps,
             ),
         )
         return run.finished
