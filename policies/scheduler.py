@@ -362,7 +362,7 @@ class Scheduler:
         return None
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init sets each field through object.__setattr__
 class DecodeRun:
     """Steps of one decode token per running request, committed at once: the first step's id,
     the batch size, the sum and the largest of the requests' computed tokens before the first
