@@ -28,7 +28,11 @@ class ClientConfig:
     `max_concurrency` caps requests in flight (None: no cap); `ignore_eos` asks for exactly
     `max_tokens` tokens (a vLLM extension); `return_token_ids` asks the server to stream the
     token ids (vLLM and kvlab serve do), which counts the tokens of every chunk exactly;
-    `request_timeout_s` bounds each request, so that a run always ends.
+    `request_timeout_s` bounds each request, so that a run always ends;
+    `request_id_prefix` (vLLM's `--request-id-prefix`) sends each request with the header
+    `X-Request-Id: <prefix><trace request id>`, which vLLM (and most OpenAI-compatible servers)
+    takes as the request's id, so that the server's own records name the trace's requests
+    (None: no header).
     """
 
     base_url: str
@@ -42,6 +46,7 @@ class ClientConfig:
     request_timeout_s: float = 600.0
     scrape_interval_s: float = 0.25
     metrics_path: str | None = "/metrics"
+    request_id_prefix: str | None = None
 
 
 @dataclass(slots=True)
@@ -128,8 +133,10 @@ async def _send_all(
         if delay > 0:
             await asyncio.sleep(delay)
         body = _payload(config, item)
+        request_headers = headers if config.request_id_prefix is None else {
+            **headers, "X-Request-Id": f"{config.request_id_prefix}{item.request_id}"}
         tasks.append(asyncio.create_task(
-            _limited(session, url, headers, body, record, start, semaphore, on_finish)))
+            _limited(session, url, request_headers, body, record, start, semaphore, on_finish)))
     await asyncio.gather(*tasks)
     return records
 

@@ -11,7 +11,11 @@ the server's configuration with the `vllm` preset, and print:
 - per request: how many requests were preempted 0, 1, 2, ... times, from the server's
   vllm:request_num_preemptions histogram and from the simulator's requests;
 - KV usage: the largest and the mean (over busy scrapes) vllm:kv_cache_usage_perc, scraped
-  every 0.05 s, and the simulator's exact peak and step-weighted mean.
+  every 0.05 s, and the simulator's exact peak and step-weighted mean;
+- lockstep: vLLM's scheduler logs every step (tests/peer/schedule_hook), and the simulator
+  replays the requests on vLLM's engine clock (each arriving when the engine queued it, each
+  step as long as vLLM's): the steps whose requests and tokens equal vLLM's, of vLLM's, and
+  whether the victims (request by request) are the same.
 
     .venv/bin/python benchmarks/vllm_preemptions.py [--workloads burst,poisson,...]
 """
@@ -38,6 +42,11 @@ from kvlab.fidelity.from_bench import bench_trace  # noqa: E402
 from kvlab.metrics import summarize  # noqa: E402
 from kvlab.sim import simulate  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
+from tests.peer.schedule_log import (  # noqa: E402
+    read_schedule_log,
+    replay_on_engine_clock,
+    simulated_schedule,
+)
 from tests.peer.vllm_server import missing_reason, start_vllm  # noqa: E402
 from tests.peer.workloads import queued_behind_a_long_request  # noqa: E402
 
@@ -72,15 +81,23 @@ def run_workload(name: str, seed: int) -> dict:
     trace.requests[:] = [r for r in trace.requests
                          if r.input_len + r.output_len <= max_model_len]
     server = start_vllm(kv_cache_memory_bytes=blocks * BLOCK_BYTES,
-                        max_model_len=max_model_len)
+                        max_model_len=max_model_len, log_schedule=True)
+    prefix = f"{name}-"
     try:
         card = resolve_model(server.base_url, None, None)
         client = ClientConfig(base_url=server.base_url, model=str(card["id"]),
-                              ignore_eos=True, scrape_interval_s=0.05)
+                              ignore_eos=True, scrape_interval_s=0.05,
+                              request_id_prefix=prefix)
         result = bench_serve(trace, client, card=card, vocab_size=2048, seed=seed)
     finally:
         server.stop()
     config = server_sim_config(result.server, "tiny-llama")
+    assert server.schedule_log is not None
+    log = read_schedule_log(server.schedule_log, prefix)
+    replay, durations = replay_on_engine_clock(bench_trace(result), log)
+    steps, preempted = simulated_schedule(replay, config, durations)
+    same_steps = next((i for i, (ours, theirs) in enumerate(zip(steps, log.steps, strict=False))
+                       if ours != theirs), min(len(steps), len(log.steps)))
     fit = fit_bench(result, config, max_evaluations=40, source=name)
     sim = simulate(bench_trace(result), config, cost_model=fit.cost_model)
     served, simulated = result.summary(), summarize(sim)
@@ -96,6 +113,9 @@ def run_workload(name: str, seed: int) -> dict:
         "server_mean_kv": served["mean_kv_usage_perc"],
         "sim_mean_kv": simulated["mean_kv_usage_perc"],
         "server_completed": served["completed"], "sim_completed": simulated["completed"],
+        "server_steps": len(log.steps), "lockstep_steps": same_steps,
+        "lockstep_victims": preempted == log.preemptions_per_request(),
+        "send_order": log.arrivals == sorted(log.arrivals),
     }
 
 
@@ -123,15 +143,17 @@ def main() -> int:
         return 2
     print(f"{'workload':<12} {'reqs':>4} {'blocks':>6} {'preempt vLLM':>12} {'sim':>4} "
           f"{'peak KV vLLM':>12} {'sim':>6} {'mean KV vLLM':>12} {'sim':>6}  "
-          "requests by preemptions (n: requests) vLLM | sim")
+          "requests by preemptions (n: requests) vLLM | sim  "
+          "lockstep: steps equal / vLLM's, victims equal, engine order = send order")
     for name in names:
         row = run_workload(name, args.seed)
         print(f"{row['workload']:<12} {row['requests']:>4} {row['blocks']:>6} "
               f"{row['server_preemptions']:>12} {row['sim_preemptions']:>4} "
               f"{row['server_peak_kv']:>11.1f}% {row['sim_peak_kv']:>5.1f}% "
               f"{row['server_mean_kv']:>11.1f}% {row['sim_mean_kv']:>5.1f}%  "
-              f"{_counts(row['server_per_request'])} | {_counts(row['sim_per_request'])}",
-              flush=True)
+              f"{_counts(row['server_per_request'])} | {_counts(row['sim_per_request'])}  "
+              f"{row['lockstep_steps']}/{row['server_steps']} {row['lockstep_victims']} "
+              f"{row['send_order']}", flush=True)
     return 0
 
 

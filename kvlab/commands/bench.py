@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import uuid
 from typing import Any
 
 from kvlab.commands.common import add_report_arguments, add_workload_arguments
@@ -60,6 +61,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                          help="requests sent before the run and left out of it (default 0)")
     sending.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                          help="give up on a request after this long (default 600)")
+    sending.add_argument("--request-id-prefix", default=None, metavar="PREFIX",
+                         help="send each request with the header X-Request-Id: PREFIX<request "
+                         "id>, the id a vLLM server gives it (default: bench-<8 random hex "
+                         "digits>-, as vllm bench serve)")
     sending.add_argument("--no-metrics", action="store_true",
                          help="do not read /metrics (a server without one)")
     sending.add_argument("--kv-events", default=None, metavar="ENDPOINT",
@@ -105,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature, request_timeout_s=args.request_timeout,
         scrape_interval_s=args.metrics_interval,
         metrics_path=None if args.no_metrics else "/metrics",
+        request_id_prefix=(f"bench-{uuid.uuid4().hex[:8]}-" if args.request_id_prefix is None
+                           else args.request_id_prefix),
     )
     print(f"Benchmarking {base_url} ({card['id']}): {len(trace)} requests of {trace.name}")
     extra = {"label": args.label or "openai", "max_concurrency": args.max_concurrency,

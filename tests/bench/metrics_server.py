@@ -46,13 +46,17 @@ def serve_text(text: Callable[[], str]) -> tuple[str, Callable[[], None]]:
     return url + "/metrics", stop
 
 
-def serve_http(respond: Callable[[str, str], tuple[int, str, bytes]]
+def serve_http(respond: Callable[[str, str], tuple[int, str, bytes]],
+               seen_headers: list[dict[str, str]] | None = None
                ) -> tuple[str, Callable[[], None]]:
     """A loopback HTTP server answering GET and POST with `respond(method, path)` -> (status,
-    content type, body); returns its root URL and a stop function."""
+    content type, body), noting each request's headers in `seen_headers` where given; returns
+    its root URL and a stop function."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def _answer(self, method: str) -> None:
+            if seen_headers is not None:
+                seen_headers.append(dict(self.headers))
             if method == "POST":
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
             status, content_type, body = respond(method, self.path)

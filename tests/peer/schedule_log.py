@@ -1,0 +1,101 @@
+"""Reading the log of vLLM's scheduler that tests/peer/schedule_hook writes: the order its
+engine queued the requests in, each step's tokens per request, and each preemption; and the
+simulator's schedule of the same requests on vLLM's engine clock (lockstep against vLLM)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from kvlab.policies import SchedulerOutput
+from kvlab.sim import SimConfig, Simulation
+from kvlab.sim.replayed import ReplayedStepTimes
+from kvlab.traces import Trace
+
+
+@dataclass
+class ScheduleLog:
+    """vLLM's scheduler over one run, with its request ids as the trace's (`X-Request-Id`:
+    `<prefix><trace id>`, which vLLM wraps as `cmpl-<prefix><trace id>-<index>-<suffix>`)."""
+
+    arrivals: list[int] = field(default_factory=list)  # in the order the engine queued them
+    arrival_times_s: list[float] = field(default_factory=list)  # when, on the engine's clock
+    steps: list[dict[int, int]] = field(default_factory=list)  # tokens per request, per step
+    step_times_s: list[float] = field(default_factory=list)  # when each step was decided
+    preemptions: list[tuple[int, int]] = field(default_factory=list)  # (step, request), in order
+
+    def preemptions_per_request(self) -> dict[int, int]:
+        """Request id -> times preempted (requests never preempted left out)."""
+        counts: dict[int, int] = {}
+        for _, request_id in self.preemptions:
+            counts[request_id] = counts.get(request_id, 0) + 1
+        return counts
+
+
+def trace_id(vllm_request_id: str, prefix: str) -> int:
+    """The trace request id inside vLLM's id of a request sent with `prefix`."""
+    start = vllm_request_id.index(prefix) + len(prefix)
+    return int(vllm_request_id[start:].split("-", 1)[0])
+
+
+def read_schedule_log(stem: Path, prefix: str) -> ScheduleLog:
+    """The requests sent with `prefix` in the log of the process that scheduled (the files are
+    `<stem>.<pid>`; other processes that imported the scheduler wrote nothing). One server's
+    log holds every run sent to it: a run's own rows are those of its prefix."""
+    paths = [path for path in stem.parent.glob(stem.name + ".*") if path.stat().st_size]
+    assert len(paths) == 1, f"expected one scheduler log beside {stem}, found {paths}"
+    log = ScheduleLog()
+    for line in paths[0].read_text().splitlines():
+        row = json.loads(line)
+        if prefix not in line:
+            continue
+        if "add" in row:
+            log.arrivals.append(trace_id(row["add"], prefix))
+            log.arrival_times_s.append(row["t"])
+        elif "preempt" in row:
+            log.preemptions.append((row["step"], trace_id(row["preempt"], prefix)))
+        else:
+            log.steps.append({trace_id(key, prefix): tokens
+                              for key, tokens in row["tokens"].items()})
+            log.step_times_s.append(row["t"])
+    return log
+
+
+def replay_on_engine_clock(trace: Trace, log: ScheduleLog) -> tuple[Trace, list[float]]:
+    """`trace` (a bench run's requests: `bench_trace`) as vLLM's engine saw it, and the
+    durations that put the simulator's steps where vLLM's were: each request arrives when
+    the engine queued it (those queued before the first step, at it), and each step lasts
+    until vLLM decided the next (an idle wait included), on the engine's clock from its first
+    step. A step starting at t admits what arrived by t, so the simulator's steps see the
+    same arrivals as vLLM's."""
+    first = log.step_times_s[0]
+    by_id = {request.request_id: request for request in trace.requests}
+    requests = [replace(by_id[request_id], arrival_s=max(time_s, first) - first)
+                for request_id, time_s in zip(log.arrivals, log.arrival_times_s, strict=True)]
+    starts = [time_s - first for time_s in log.step_times_s]
+    durations = [end - start for start, end in itertools.pairwise(starts)] + [1e-3]
+    return replace(trace, requests=requests), durations
+
+
+def simulated_schedule(trace: Trace, config: SimConfig, durations_s: list[float]
+                       ) -> tuple[list[dict[int, int]], dict[int, int]]:
+    """The simulator's steps on `trace` with `durations_s` replayed: tokens per request of each
+    step that scheduled any (as the log keeps vLLM's), and request id -> times preempted."""
+    simulation = Simulation(trace, config, cost_model=ReplayedStepTimes(durations_s),
+                            decode_runs=False)  # every step through `schedule`
+    steps: list[dict[int, int]] = []
+    schedule = simulation.scheduler.schedule
+
+    def recorded(now_s: float = 0.0) -> SchedulerOutput:
+        output = schedule(now_s)
+        if output.requests:
+            steps.append({request.request_id: tokens for request, tokens
+                          in zip(output.requests, output.num_new_tokens, strict=True)})
+        return output
+
+    simulation.scheduler.schedule = recorded  # type: ignore[method-assign]
+    result = simulation.run()
+    preempted = {r.request_id: r.num_preemptions for r in result.requests if r.num_preemptions}
+    return steps, preempted
