@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 # Columns of the per-step table, in order; the integer ones are stored as int64.
 FLOAT_COLUMNS = ("start_s", "duration_s", "wall_time_s")
@@ -37,7 +37,7 @@ STEP_COLUMNS = ("step_id", *FLOAT_COLUMNS, *INT_COLUMNS[1:])
 
 # Runs an iterator to its end in C: the per-column appends of a step are one `map` (a row is
 # 26 columns, and the simulator records ~100k rows a run).
-_run = deque(maxlen=0).extend
+_run: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 
 class StepRecorder:
