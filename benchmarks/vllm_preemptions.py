@@ -43,6 +43,7 @@ from kvlab.metrics import summarize  # noqa: E402
 from kvlab.sim import simulate  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
 from tests.peer.schedule_log import (  # noqa: E402
+    first_difference,
     read_schedule_log,
     replay_on_engine_clock,
     simulated_schedule,
@@ -94,12 +95,13 @@ def run_workload(name: str, seed: int) -> dict:
     config = server_sim_config(result.server, "tiny-llama")
     assert server.schedule_log is not None
     log = read_schedule_log(server.schedule_log, prefix)
-    replay, durations = replay_on_engine_clock(bench_trace(result), log)
+    served_trace = bench_trace(result)
+    replay, durations = replay_on_engine_clock(served_trace, log)
     steps, preempted = simulated_schedule(replay, config, durations)
-    same_steps = next((i for i, (ours, theirs) in enumerate(zip(steps, log.steps, strict=False))
-                       if ours != theirs), min(len(steps), len(log.steps)))
+    differs = first_difference(steps, log.steps)
+    same_steps = min(len(steps), len(log.steps)) if differs is None else differs
     fit = fit_bench(result, config, max_evaluations=40, source=name)
-    sim = simulate(bench_trace(result), config, cost_model=fit.cost_model)
+    sim = simulate(served_trace, config, cost_model=fit.cost_model)
     served, simulated = result.summary(), summarize(sim)
     sim_per_request = Counter(min(r.num_preemptions, 6) for r in sim.requests)
     return {

@@ -48,9 +48,9 @@ def read_schedule_log(stem: Path, prefix: str) -> ScheduleLog:
     assert len(paths) == 1, f"expected one scheduler log beside {stem}, found {paths}"
     log = ScheduleLog()
     for line in paths[0].read_text().splitlines():
-        row = json.loads(line)
         if prefix not in line:
             continue
+        row = json.loads(line)
         if "add" in row:
             log.arrivals.append(trace_id(row["add"], prefix))
             log.arrival_times_s.append(row["t"])
@@ -61,6 +61,13 @@ def read_schedule_log(stem: Path, prefix: str) -> ScheduleLog:
                               for key, tokens in row["tokens"].items()})
             log.step_times_s.append(row["t"])
     return log
+
+
+def first_difference(ours: list[dict[int, int]], theirs: list[dict[int, int]]) -> int | None:
+    """The first step at which two schedules (tokens per request, step by step) differ, over
+    the steps both have; None where those are all alike."""
+    return next((index for index, (mine, other) in enumerate(zip(ours, theirs, strict=False))
+                 if mine != other), None)
 
 
 def replay_on_engine_clock(trace: Trace, log: ScheduleLog) -> tuple[Trace, list[float]]:

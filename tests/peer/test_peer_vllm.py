@@ -16,6 +16,7 @@ from kvlab.fidelity import server_sim_config
 from kvlab.fidelity.from_bench import bench_trace
 from kvlab.traces import load_trace, synthesize_prompt_ids
 from tests.peer.schedule_log import (
+    first_difference,
     read_schedule_log,
     replay_on_engine_clock,
     simulated_schedule,
@@ -93,12 +94,9 @@ def test_the_vllm_preset_schedules_as_vllm_does_step_for_step(logged_vllm, workl
     steps, preempted = simulated_schedule(replay, server_sim_config(result.server, "tiny-llama"),
                                           durations)
     assert preempted == log.preemptions_per_request()
-    first_difference = next((i for i, (ours, theirs)
-                             in enumerate(zip(steps, log.steps, strict=False))
-                             if ours != theirs), None)
-    assert first_difference is None, (f"step {first_difference}: vLLM "
-                                      f"{log.steps[first_difference]}, simulator "
-                                      f"{steps[first_difference]}")
+    differs = first_difference(steps, log.steps)
+    assert differs is None, (f"step {differs}: vLLM {log.steps[differs]}, simulator "
+                             f"{steps[differs]}")
     assert len(steps) == len(log.steps)
     assert result.summary()["num_preemptions"] == len(log.preemptions)
 

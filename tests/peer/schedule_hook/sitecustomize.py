@@ -1,5 +1,5 @@
 """Loaded by the peer's Python at start-up when this folder is on its PYTHONPATH (only
-`start_vllm(schedule_log=...)` puts it there): logs vLLM's scheduler, step by step, to the JSON
+`start_vllm(log_schedule=True)` puts it there): logs vLLM's scheduler, step by step, to the JSON
 lines file KVLAB_VLLM_SCHEDULE_LOG.<pid> of the process that schedules (the engine core).
 
 It wraps three methods of vllm.v1.core.sched.scheduler.Scheduler once that module is imported,
