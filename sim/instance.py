@@ -36,7 +36,7 @@ from kvlab.policies import Request, Scheduler, SchedulerOutput, StepLoop
 from kvlab.policies.scheduler import decode_contexts
 from kvlab.sim.arrivals import delay_until
 from kvlab.sim.cost_model import CostModel, StepShape, decode_step_timer
-from kvlab.sim.link import HostLink, TierLinks
+from kvlab.sim.link import HostLink, TierLinks, wait_until
 
 MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
 
@@ -215,12 +215,14 @@ class SimInstance:
         device_s = cost_model.step_time_s(output)
         if ops:
             device_s += cost_model.copy_time_s(len(ops.copies))
+            link_s = self.link.swap_time_s(ops)
+            swapped_s = self.link.reserve(ops, link_s) if link_s > 0.0 else None
             tiers = self.tier_links
             if tiers is not None and ops.tier_writes:
-                tiers.start_writes(ops)  # first: they read pages this step overwrites
-            link_s = self.link.swap_time_s(ops)
-            if link_s > 0.0:
-                yield from self.link.transfer(ops, link_s)
+                # now, behind the swaps on a shared link: they read pages this step overwrites
+                tiers.start_writes(ops)
+            if swapped_s is not None:
+                yield wait_until(env, swapped_s)
             if tiers is not None and ops.tier_loads:
                 device_s = yield from tiers.load(ops, device_s)
         self.step_end_s = env.now + device_s

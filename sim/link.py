@@ -1,8 +1,10 @@
-"""The device-host link (PCIe) that swaps cross, as a SimPy resource.
+"""The device-host link (PCIe) that swaps cross, and the links to the memory tiers.
 
 A transfer takes num_transfers x latency + bytes / bandwidth (the cost model's `swap_time_s`), so
-swapping many scattered pages costs more than one run of consecutive pages. The link carries one
-transfer at a time: instances that share a host link queue for it.
+swapping many scattered pages costs more than one run of consecutive pages. A link carries one
+transfer at a time, in the order they are asked for (`LinkClock`): what a capacity-1 SimPy
+resource does, kept as arithmetic so that a transfer nobody waits for (a tier write) costs no
+event at all.
 
 Overlap: none. The engine executes a step's MemOps (swap-outs, copies, swap-ins) before the
 step's forward pass on one stream, so a step lasts link time + copy time + compute time, and the
@@ -18,18 +20,41 @@ import simpy
 
 from kvlab.policies import MemOps
 from kvlab.policies.outputs import TierBatch
+from kvlab.sim.arrivals import delay_until
 from kvlab.sim.cost_model import CostModel
 
 
-class HostLink:
-    """A host link shared by the instances of one box: one transfer at a time, in request order."""
+class LinkClock:
+    """One link's queue: transfers one at a time, each starting when the link is free of the
+    ones asked for before it (first come, first served)."""
 
-    __slots__ = ("_cost_model", "_env", "busy_s", "num_transfers", "resource")
+    __slots__ = ("free_at_s",)
+
+    def __init__(self) -> None:
+        self.free_at_s = 0.0  # when the last transfer asked for ends
+
+    def reserve(self, now_s: float, seconds: float) -> float:
+        """Queue a transfer of `seconds` asked for at `now_s`; returns when it ends."""
+        start_s = self.free_at_s if self.free_at_s > now_s else now_s
+        self.free_at_s = end_s = start_s + seconds
+        return end_s
+
+
+def wait_until(env: simpy.Environment, end_s: float) -> simpy.Timeout:
+    """An event at `end_s` exactly (a transfer's end: the link's time plus its own)."""
+    return env.timeout(delay_until(env.now, end_s))
+
+
+class HostLink:
+    """A device's host link: one transfer at a time, in request order (the host tier's
+    loads and writes queue on it too)."""
+
+    __slots__ = ("_cost_model", "_env", "busy_s", "clock", "num_transfers")
 
     def __init__(self, env: simpy.Environment, cost_model: CostModel) -> None:
         self._env = env
         self._cost_model = cost_model
-        self.resource = simpy.Resource(env, capacity=1)
+        self.clock = LinkClock()
         self.busy_s = 0.0  # seconds the link spent transferring
         self.num_transfers = 0  # separate copies (runs of consecutive pages) carried
 
@@ -45,16 +70,18 @@ class HostLink:
 
     def transfer(self, ops: MemOps, seconds: float) -> Generator[simpy.Event, Any, None]:
         """SimPy process body: wait for the link, then hold it for `seconds`."""
-        with self.resource.request() as request:
-            yield request
-            yield self._env.timeout(seconds)
+        yield wait_until(self._env, self.reserve(ops, seconds))
+
+    def reserve(self, ops: MemOps, seconds: float) -> float:
+        """Queue the swaps of `ops`, `seconds` long, now; returns when they end."""
         self.busy_s += seconds
         self.num_transfers += ops.num_swap_out_transfers + ops.num_swap_in_transfers
+        return self.clock.reserve(self._env.now, seconds)
 
 
 class TierLinks:
     """The links to an instance's memory tiers (host DRAM over PCIe, NVMe, RDMA to a remote
-    pool), one SimPy resource each, carrying the tier writes and loads of its steps.
+    pool), one `LinkClock` each, carrying the tier writes and loads of its steps.
 
     A step's copies over one link are one batched transfer: latency + pages x page bytes /
     bandwidth (reads for loads, writes for stores, the lower tier's writes for a page moved
@@ -72,8 +99,8 @@ class TierLinks:
         self._env = env
         self._page_bytes = page_bytes
         self._links = links  # per level from 1: (read bytes/s, write bytes/s, latency)
-        self._resources = [host_link.resource if tier.kind == "host"
-                           else simpy.Resource(env, capacity=1) for tier in tiers]
+        self._clocks = [host_link.clock if tier.kind == "host" else LinkClock()
+                        for tier in tiers]
         self._layerwise = overlap == "layerwise"
         self._num_layers = max(1, num_layers)
         self.busy_s = [0.0] * len(tiers)  # seconds each link spent on tier transfers
@@ -86,32 +113,32 @@ class TierLinks:
         return latency + num_pages * self._page_bytes / (write_bw if write else read_bw)
 
     def start_writes(self, ops: MemOps) -> None:
-        """Start the step's tier writes, one process per destination link."""
+        """Queue the step's tier writes, one transfer per destination link (nothing waits
+        for them but the transfers queued after them)."""
+        now_s = self._env.now
         for level, num_pages in _pages_by_level(ops.tier_writes, destination=True).items():
-            seconds = self.transfer_time_s(level, num_pages, write=True)
-            self._env.process(self._hold(level, seconds))
+            self._hold(level, now_s, self.transfer_time_s(level, num_pages, write=True))
 
     def load(self, ops: MemOps, device_s: float) -> Generator[simpy.Event, Any, float]:
         """SimPy process body: carry out the step's tier loads (all links at once); returns
         the compute seconds left after them (all of `device_s` without layerwise overlap)."""
-        start = self._env.now
-        loads = []
+        env = self._env
+        start = end = env.now
         for level, num_pages in _pages_by_level(ops.tier_loads, destination=False).items():
             self.num_pages_loaded[level - 1] += num_pages
             seconds = self.transfer_time_s(level, num_pages, write=False)
-            loads.append(self._env.process(self._hold(level, seconds)))
-        yield self._env.all_of(loads)
+            end = max(end, self._hold(level, start, seconds))
+        yield wait_until(env, end)
         if not self._layerwise:
             return device_s
-        waited = self._env.now - start
+        waited = env.now - start
         # layer l computes once its KV arrives: the longer of the two, plus one layer of the other
         return max(device_s - waited, 0.0) + min(waited, device_s) / self._num_layers
 
-    def _hold(self, level: int, seconds: float) -> Generator[simpy.Event, Any, None]:
-        with self._resources[level - 1].request() as request:
-            yield request
-            yield self._env.timeout(seconds)
+    def _hold(self, level: int, now_s: float, seconds: float) -> float:
+        """Queue a transfer of `seconds` on the link of `level`; returns when it ends."""
         self.busy_s[level - 1] += seconds
+        return self._clocks[level - 1].reserve(now_s, seconds)
 
 
 def _pages_by_level(batches: list[TierBatch], *, destination: bool) -> dict[int, int]:
