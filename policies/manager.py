@@ -567,10 +567,11 @@ class KVCacheManager:
             self.first_hit_pages[level] += pages
         self._last_hit_levels = []
 
-    def check_tiers(self) -> None:
-        """Conservation in every tier (AssertionError otherwise); nothing pinned between steps."""
+    def check_tiers(self, *, distinct: bool = True) -> None:
+        """Conservation in every tier (AssertionError otherwise); nothing pinned between steps.
+        `distinct`: also that no two keys share a tier page (`PrefixTier.check`)."""
         for tier in self.tiers or ():
-            tier.check()
+            tier.check(distinct=distinct)
             assert not tier.num_pinned_pages, f"{tier.kind} tier pages left pinned"
 
     def _pin_tier_hits(self, seq: Request, start: int, hits: list[tuple[int, int]]) -> None:

@@ -237,7 +237,7 @@ class PrefixTier:
     at once), so the free pages are always the tail of the page range.
     """
 
-    __slots__ = ("_num_handed_out", "_page_of", "_pinned", "epoch", "evictor",
+    __slots__ = ("_num_handed_out", "_page_of", "_pinned", "_pinned_keys", "epoch", "evictor",
                  "num_total_pages", "spec", "stats")
 
     def __init__(self, spec: TierSpec, num_total_pages: int) -> None:
@@ -249,7 +249,8 @@ class PrefixTier:
         self._page_of: dict[Hashable, int] = {}
         # the same policies as the device's, over tier pages (a tier page holds no owner)
         self.evictor: Eviction = registry.get("eviction", spec.eviction).factory()
-        self._pinned: list[tuple[int, Hashable]] = []
+        self._pinned: list[int] = []  # pages pinned this step, and their keys
+        self._pinned_keys: list[Hashable] = []
 
     @property
     def kind(self) -> str:
@@ -286,9 +287,15 @@ class PrefixTier:
     def pin_many(self, pages: list[int], keys: list) -> None:
         """Loads read `pages` (holding `keys`) this step: count the hits and keep the pages
         from being evicted (one pinned already by another load of this step stays so)."""
+        assert len(pages) == len(keys), "a key for each page"
         self.stats.num_hits += len(pages)
         taken = take_hits(self.evictor, pages)
-        self._pinned += compress(zip(pages, keys, strict=True), taken)
+        if all(taken):  # the common case: no page pinned twice in one step
+            self._pinned += pages
+            self._pinned_keys += keys
+        else:
+            self._pinned += compress(pages, taken)
+            self._pinned_keys += compress(keys, taken)
 
     def unpin_all(self) -> None:
         """The step's loads are decided: the pages read become the most recently used (by
@@ -296,8 +303,8 @@ class PrefixTier:
         pinned = self._pinned
         if not pinned:
             return
-        add_cached(self.evictor, [page for page, _ in pinned], [key for _, key in pinned])
-        pinned.clear()
+        add_cached(self.evictor, pinned, self._pinned_keys)
+        self._pinned, self._pinned_keys = [], []
 
     def put_many(self, keys: list) -> tuple[list, list[int], list[int], list]:
         """Give each of `keys` (none held here, no two alike) a page: free pages first, then
@@ -337,11 +344,13 @@ class PrefixTier:
         self._page_of.clear()
         self.epoch += 1
 
-    def check(self) -> None:
-        """Conservation: every page free, or holding one key (and cached, or pinned)."""
+    def check(self, *, distinct: bool = True) -> None:
+        """Conservation: every page free, or holding one key (and cached, or pinned).
+        `distinct`: also check that no two keys share a page (a pass over the tier)."""
         used = len(self._page_of)
         assert used == self._num_handed_out, "a tier page was lost (or holds two keys)"
-        assert len(set(self._page_of.values())) == used, "a tier page holds two keys"
+        if distinct:
+            assert len(set(self._page_of.values())) == used, "a tier page holds two keys"
         assert len(self.evictor) + len(self._pinned) == used, "a tier page left its evictor"
 
 

@@ -128,7 +128,9 @@ def check_conservation(requests: Sequence[Request], manager: KVCacheManager) -> 
     assert not unfinished, f"requests {unfinished[:5]} never finished"
     unexplained = [r.request_id for r in requests if r.error is None and r.finish_s is None]
     assert not unexplained, f"requests {unexplained[:5]} ended without a stamp or a reason"
-    manager.check_tiers()
+    # The tiers' page counts; the pass proving no two keys share a page is the tests' (it
+    # costs about 2% of what a 131k-page tier adds to a run).
+    manager.check_tiers(distinct=False)
     usage = manager.usage()
     assert usage.num_used_pages == 0, f"{usage.num_used_pages} pages still in use at the end"
     assert usage.num_host_used_pages == 0, f"{usage.num_host_used_pages} host pages still in use"
