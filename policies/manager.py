@@ -6,8 +6,7 @@ import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from itertools import compress, repeat
-from typing import cast
+from itertools import compress
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -25,7 +24,7 @@ from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec, parse_policy
-from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats
+from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats, tier_chain
 
 # Returned when a decision needs no physical work. Shared: callers must never mutate a MemOps
 # they get from the manager (the scheduler copies them into its own per-step MemOps).
@@ -261,28 +260,8 @@ class KVCacheManager:
         return len(pages) * self.page_size
 
     def _tier_chain(self, keys: list) -> list[tuple[int, int]]:
-        """(level, tier page) of each key in turn, from the highest tier holding it, up to the
-        first key no tier holds."""
         assert self.tiers is not None
-        maps = [tier.pages_by_key for tier in self.tiers]
-        chain: list[tuple[int, int]] = []
-        if len(maps) == 1:  # one tier: the common case, the lookups in C
-            get = maps[0].get
-            if not keys or get(keys[0]) is None:  # no hit: most lookups end here
-                return chain
-            pages = list(map(get, keys))
-            end = pages.index(None) if None in pages else len(pages)
-            hit_pages = cast("list[int]", pages[:end])  # the pages before the first None
-            return list(zip(repeat(1, end), hit_pages, strict=True))
-        for key in keys:
-            for level, held in enumerate(maps, 1):
-                page = held.get(key)
-                if page is not None:
-                    chain.append((level, page))
-                    break
-            else:
-                break
-        return chain
+        return tier_chain([tier.pages_by_key for tier in self.tiers], keys)
 
     def _tier_epoch(self) -> int:
         assert self.tiers is not None

@@ -25,8 +25,9 @@ import re
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
-from itertools import compress
-from typing import Any
+from itertools import compress, repeat
+from operator import is_not
+from typing import Any, cast
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -352,6 +353,39 @@ class PrefixTier:
         if distinct:
             assert len(set(self._page_of.values())) == used, "a tier page holds two keys"
         assert len(self.evictor) + len(self._pinned) == used, "a tier page left its evictor"
+
+
+def tier_chain(maps: list[dict[Hashable, int]], keys: list) -> list[tuple[int, int]]:
+    """(level, page) of each key in turn, from the first of `maps` (key -> page, level 1
+    first) holding it, up to the first key none holds: a prefix lookup below the device."""
+    if not keys or all(keys[0] not in held for held in maps):  # most lookups end here
+        return []
+    # The lookups in C, a column per tier; a hit chain is runs of keys found in one tier.
+    columns = [list(map(held.get, keys)) for held in maps]
+    chain: list[tuple[int, int]] = []
+    start, num_keys = 0, len(keys)
+    while start < num_keys:
+        level = next((level for level, column in enumerate(columns, 1)
+                      if column[start] is not None), 0)
+        if not level:
+            break
+        pages = columns[level - 1]
+        end = _index_of(pages, None, start, num_keys)
+        for above in columns[: level - 1]:  # a higher tier's copy breaks the run
+            found = list(map(is_not, above[start:end], repeat(None)))
+            end = _index_of(found, True, 0, end - start) + start
+        run = cast("list[int]", pages[start:end])
+        chain += zip(repeat(level, len(run)), run, strict=True)
+        start = end
+    return chain
+
+
+def _index_of(values: list, value: object, start: int, end: int) -> int:
+    """The first index of `value` in values[start:end] (by equality), else `end`."""
+    try:
+        return values.index(value, start, end)
+    except ValueError:
+        return end
 
 
 def build_tiers(config: TiersConfig, page_bytes: int,

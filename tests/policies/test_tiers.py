@@ -14,6 +14,7 @@ from kvlab.policies.tiers import (
     build_tiers,
     parse_tier,
     parse_tiers,
+    tier_chain,
 )
 
 
@@ -124,3 +125,23 @@ def test_a_shared_kind_is_the_same_object_for_every_instance():
     first = build_tiers(config, page_bytes=1)
     second = build_tiers(config, page_bytes=1, shared={"remote": first[1]})
     assert second[1] is first[1] and second[0] is not first[0]
+
+
+def _chain_key_by_key(maps, keys):
+    chain = []
+    for key in keys:
+        level = next((level for level, held in enumerate(maps, 1) if key in held), None)
+        if level is None:
+            break
+        chain.append((level, maps[level - 1][key]))
+    return chain
+
+
+@given(holders=st.lists(st.sets(st.integers(1, 3), max_size=3), max_size=40),
+       num_tiers=st.integers(1, 3))
+def test_a_chain_takes_each_key_from_the_highest_tier_holding_it(holders, num_tiers):
+    # key i is held by the tiers in holders[i], each at a page of its own
+    maps = [{key: 100 * level + key for key, held in enumerate(holders) if level in held}
+            for level in range(1, num_tiers + 1)]
+    keys = list(range(len(holders)))
+    assert tier_chain(maps, keys) == _chain_key_by_key(maps, keys)
