@@ -360,19 +360,28 @@ def tier_chain(maps: list[dict[Hashable, int]], keys: list) -> list[tuple[int, i
     first) holding it, up to the first key none holds: a prefix lookup below the device."""
     if not keys or all(keys[0] not in held for held in maps):  # most lookups end here
         return []
-    # The lookups in C, a column per tier; a hit chain is runs of keys found in one tier.
-    columns = [list(map(held.get, keys)) for held in maps]
+    # The lookups in C: a column of pages per tier, from the first key the chain needs it
+    # for; a chain is runs of keys found in one tier (a prompt's pages move down together).
+    columns: list[list | None] = [None] * len(maps)
+
+    def column(level: int, start: int) -> list:
+        pages = columns[level - 1]
+        if pages is None:
+            pages = columns[level - 1] = [None] * start + list(map(maps[level - 1].get,
+                                                                   keys[start:]))
+        return pages
+
     chain: list[tuple[int, int]] = []
     start, num_keys = 0, len(keys)
     while start < num_keys:
-        level = next((level for level, column in enumerate(columns, 1)
-                      if column[start] is not None), 0)
+        level = next((level for level in range(1, len(maps) + 1)
+                      if column(level, start)[start] is not None), 0)
         if not level:
             break
-        pages = columns[level - 1]
+        pages = column(level, start)
         end = _index_of(pages, None, start, num_keys)
         for above in columns[: level - 1]:  # a higher tier's copy breaks the run
-            found = list(map(is_not, above[start:end], repeat(None)))
+            found = list(map(is_not, cast("list", above)[start:end], repeat(None)))
             end = _index_of(found, True, 0, end - start) + start
         run = cast("list[int]", pages[start:end])
         chain += zip(repeat(level, len(run)), run, strict=True)
