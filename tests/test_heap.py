@@ -33,3 +33,21 @@ def test_paused_gc_leaves_a_collector_disabled_by_the_caller_disabled():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_what_a_paused_block_keeps_joins_the_oldest_generation_unvisited():
+    gc.collect()
+    with paused_gc():
+        kept = [[] for _ in range(5000)]  # more than a young collection's threshold
+    assert gc.get_count()[0] < 100  # no young collection pending over the 5000
+    oldest = {id(obj) for obj in gc.get_objects(generation=2)}
+    assert id(kept[0]) in oldest and id(kept) in oldest
+
+
+def test_paused_gc_leaves_frozen_objects_frozen():
+    with frozen_heap():
+        frozen = gc.get_freeze_count()
+        with paused_gc():
+            kept = [[] for _ in range(100)]
+        assert gc.get_freeze_count() == frozen
+        assert kept
