@@ -8,7 +8,7 @@ A new policy is one small file implementing one of these, one `@register` line, 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 from kvlab.policies.request import Request
@@ -111,7 +111,7 @@ class BatchedEviction(Eviction, Protocol):
     """An eviction policy with batched forms of `add` and `pop_victim` (LRU): a finished or
     preempted sequence hands back dozens of pages at once."""
 
-    def add_pages(self, page_ids: list[int], keys: list) -> None:
+    def add_pages(self, page_ids: Sequence[int], keys: list) -> None:
         """`add` of each page with its key, in order."""
         ...
 
@@ -130,7 +130,7 @@ class BatchedEviction(Eviction, Protocol):
         ...
 
 
-def add_cached(evictor: Eviction, page_ids: list[int], keys: list,
+def add_cached(evictor: Eviction, page_ids: Sequence[int], keys: list,
                depths: Iterable[int] | None = None) -> None:
     """`evictor.add` of each page with its key (and its depth in its sequence; 0 where
     unknown), in order: in one call of the policy's batched `add_pages` where it has one."""

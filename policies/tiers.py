@@ -317,18 +317,20 @@ class PrefixTier:
         num_free = min(len(keys), self.num_total_pages - first_free)
         num_victims = min(len(keys) - num_free, len(self.evictor))
         keys = keys[len(keys) - num_free - num_victims :]
-        pages = list(range(first_free, first_free + num_free))
+        fresh = range(first_free, first_free + num_free)
+        pages = list(fresh)
         self._num_handed_out += num_free
         victim_pages: list[int] = []
         victim_keys: list = []
         if num_victims and not num_free:  # full: the oldest pages take the new content
             victim_pages, victim_keys = recycle(self.evictor, num_victims, keys)
             pages = list(victim_pages)
-        else:
-            if num_victims:
-                victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
-                pages += victim_pages
+        elif num_victims:
+            victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
+            pages += victim_pages
             add_cached(self.evictor, pages, keys)
+        else:  # filling up: a run of fresh pages (the LRU flags them in one slice)
+            add_cached(self.evictor, fresh, keys)
         if num_victims:
             deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
             self.stats.num_evictions += num_victims

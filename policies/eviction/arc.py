@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from kvlab.policies.registry import register
 
@@ -86,7 +86,7 @@ class ARCEviction:
         content was reused or is a ghost hit (which moves p), else of T1."""
         self.add_pages([page_id], [key])
 
-    def add_pages(self, page_ids: list[int], keys: list) -> None:
+    def add_pages(self, page_ids: Sequence[int], keys: list) -> None:
         """`add` of each page with its key, in order (a freed sequence's, in one call)."""
         if not page_ids:
             return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from kvlab.policies.registry import register
 
@@ -50,15 +50,23 @@ class LRUEviction:
         """The page, holding the prefix `key`, became unreferenced: now the most recently used."""
         self.add_pages([page_id], [key])
 
-    def add_pages(self, page_ids: list[int], keys: list) -> None:
-        """`add` of each page with its key, in order (a freed sequence's, in one call)."""
+    def add_pages(self, page_ids: Sequence[int], keys: list) -> None:
+        """`add` of each page with its key, in order (a freed sequence's, in one call; a
+        `range`: fresh pages in a row, a tier filling up, flagged in one slice)."""
         if not page_ids:
             return
-        flags, top = self._flags, max(page_ids)
-        if top >= len(flags):
-            flags.extend(bytes(top + 1 - len(flags)))
-        for page in page_ids:
-            flags[page] = 1
+        flags = self._flags
+        if isinstance(page_ids, range) and page_ids.step == 1:
+            start, stop = page_ids.start, page_ids.stop
+            if stop > len(flags):
+                flags.extend(bytes(stop - len(flags)))
+            flags[start:stop] = b"\x01" * (stop - start)
+        else:
+            top = max(page_ids)
+            if top >= len(flags):
+                flags.extend(bytes(top + 1 - len(flags)))
+            for page in page_ids:
+                flags[page] = 1
         self._queue.extend(page_ids)
         self._keys.extend(keys)
         self._num_pages += len(page_ids)

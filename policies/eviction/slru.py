@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from kvlab.policies.registry import register
 
@@ -67,7 +67,7 @@ class SLRUEviction:
         was hit since it was last cached-free, else the probationary one."""
         self.add_pages([page_id], [key])
 
-    def add_pages(self, page_ids: list[int], keys: list) -> None:
+    def add_pages(self, page_ids: Sequence[int], keys: list) -> None:
         """`add` of each page with its key, in order (a freed sequence's, in one call)."""
         probation, protected, reused = self._probation, self._protected, self._reused
         for page, key in zip(page_ids, keys, strict=True):

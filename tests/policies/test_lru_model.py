@@ -17,7 +17,8 @@ from kvlab.policies.eviction.lru import LRUEviction
 from kvlab.policies.interfaces import recycle, take_hits
 
 _OPS = st.lists(
-    st.tuples(st.sampled_from(["add", "remove", "pop", "pop_many", "take", "recycle"]),
+    st.tuples(st.sampled_from(["add", "add_run", "remove", "pop", "pop_many", "take",
+                               "recycle"]),
               st.integers(0, 2)),
     max_size=80,
 )
@@ -44,6 +45,12 @@ def _check_against_model(ops) -> None:
             held.discard(page)
             lru.add_pages([page], [-step])  # a key per release: a stale entry's key differs
             model[page] = -step
+        elif op == "add_run" and set(range(page + 1)) <= held:  # a tier's fresh pages: a range
+            run = range(page + 1)
+            held.difference_update(run)
+            keys = [(-step, p) for p in run]
+            lru.add_pages(run, keys)
+            model.update(zip(run, keys, strict=True))
         elif op == "remove" and page in model:  # a prefix hit takes it back
             lru.remove(page)
             del model[page]
