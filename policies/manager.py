@@ -596,17 +596,25 @@ class KVCacheManager:
         held = tier.pages_by_key
         # Keys are unique here (one device page per key, one tier page per key); the common
         # case, none of them held below yet, is checked in C.
+        own = self.tier_stats[level - 1]
         if src_level == 0 and self.store_threshold:
             threshold, reuse = self.store_threshold, self._reuse
             keep = [key not in held and reuse.get(key, 0) >= threshold for key in keys]
             keys, src_pages = list(compress(keys, keep)), list(compress(src_pages, keep))
+        elif len(keys) <= tier.num_free_pages:  # room for all: found and stored in one pass
+            stored_keys, pages = tier.put_into_free(keys)
+            if stored_keys is not None:
+                src_pages = list(compress(src_pages, stored_keys))
+            own.num_stores += len(pages)
+            if pages:
+                self._tier_writes.append(TierBatch(src_level, src_pages, level, pages))
+            return
         elif not held.keys().isdisjoint(keys):
             keep = [key not in held for key in keys]
             keys, src_pages = list(compress(keys, keep)), list(compress(src_pages, keep))
         if not keys:
             return
         stored, pages, victim_pages, victim_keys = tier.put_many(keys)
-        own = self.tier_stats[level - 1]
         own.num_stores += len(stored)
         own.num_evictions += len(victim_keys)
         if victim_keys and level < len(tiers):

@@ -339,6 +339,29 @@ class PrefixTier:
         self.stats.num_stores += len(keys)
         return keys, pages, victim_pages, victim_keys
 
+    def put_into_free(self, keys: list) -> tuple[list[bool] | None, list[int]]:
+        """`put_many` of those of `keys` (no two alike) not held here, where the free pages
+        have room for all of them: each takes the next free page. One pass over the map
+        finds the held ones and stores the others (no probe before it). Returns which keys
+        were stored (None: all) and their pages."""
+        assert len(keys) <= self.num_free_pages, "more keys than free pages"
+        first, page_of = self._num_handed_out, self._page_of
+        fresh = range(first, first + len(keys))
+        pages = list(fresh)
+        found = list(map(page_of.setdefault, keys, pages))
+        stored: list[bool] | None = None
+        if found != pages:  # some were held (at pages below `first`): the rest in a row again
+            stored = [page is fresh_page for page, fresh_page in zip(found, pages, strict=True)]
+            keys = list(compress(keys, stored))
+            deque(map(page_of.pop, keys), maxlen=0)
+            fresh = range(first, first + len(keys))
+            pages = list(fresh)
+            page_of.update(zip(keys, pages, strict=True))
+        self._num_handed_out += len(keys)
+        add_cached(self.evictor, fresh, keys)
+        self.stats.num_stores += len(keys)
+        return stored, pages
+
     def clear(self) -> None:
         """Drop every page's content (no page may be pinned)."""
         assert not self._pinned, "clear a tier while a load reads it"

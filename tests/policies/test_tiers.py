@@ -110,6 +110,16 @@ def test_a_batch_larger_than_the_room_keeps_its_last_keys():
     tier.check()
 
 
+def test_putting_into_free_pages_skips_the_keys_held_and_keeps_the_rest_in_a_row():
+    tier = PrefixTier(TierSpec("host", size_pages=8), 8)
+    tier.put_many(["a", "b"])
+    assert tier.put_into_free(["c", "a", "d"]) == ([True, False, True], [2, 3])
+    assert [tier.page_of(key) for key in "abcd"] == [0, 1, 2, 3]
+    assert tier.put_into_free(["e"]) == (None, [4])
+    assert tier.stats.num_stores == 5 and tier.num_free_pages == 3
+    tier.check()
+
+
 def test_pins_end_with_the_step_and_make_the_page_recent():
     tier = PrefixTier(TierSpec("host", size_pages=2), 2)
     tier.put_many(["a", "b"])
