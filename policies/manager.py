@@ -450,7 +450,10 @@ class KVCacheManager:
             # pages' end) the step that fills its last page
             first = state.fast_limit - state.num_tokens
             if first < num_steps:
-                crossings += [(step, index, state) for step in range(first, num_steps, page_size)]
+                crossings.append((first, index, state))
+                if first + page_size < num_steps:  # (the usual run crosses one page end)
+                    crossings += [(step, index, state)
+                                  for step in range(first + page_size, num_steps, page_size)]
             state.num_tokens += num_steps
         crossings.sort()  # step by step, in batch order, as one by one (no two tie)
         taken = [0] * num_steps

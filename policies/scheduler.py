@@ -150,7 +150,7 @@ class Scheduler:
         if finished:
             for request in finished:
                 self.manager.free(request)
-            self.running = [r for r in self.running if r.status is running_status]
+            self.running = _without(self.running, finished)
         return finished
 
     def decode_run_limit(self, max_steps: int) -> int:
@@ -201,7 +201,7 @@ class Scheduler:
         if finished:  # as `update`: freed in batch order, then gone from the running list
             for request in finished:
                 self.manager.free(request)
-            self.running = [r for r in running if r.status is RequestStatus.RUNNING]
+            self.running = _without(running, finished)
         run = DecodeRun(self.step_id, num_seqs, sum_computed, max_computed, pages_taken,
                         finished)
         self.step_id += num_steps
@@ -481,3 +481,12 @@ def _is_decode(request: Request, num_new: int, done: int) -> bool:
     """Whether scheduling `num_new` tokens after `done` computed ones is a decode: the one token
     left, after at least one computed."""
     return num_new == 1 and 0 < done == request.prompt_len + request.num_output_tokens - 1
+
+
+def _without(requests: list[Request], gone: list[Request]) -> list[Request]:
+    """A new list of `requests` less `gone` (a few of them), in order: a copy and a C scan
+    per request gone, cheaper than a comprehension over the batch."""
+    remaining = requests.copy()
+    for request in gone:
+        remaining.remove(request)  # by identity (Request has no __eq__)
+    return remaining
