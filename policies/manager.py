@@ -299,19 +299,20 @@ class KVCacheManager:
         free, cached = self.allocator.num_free_pages, len(self.evictor)
         used = self.num_total_pages - free - cached
         live = self._num_live_slots - self._num_dup_slots
+        # Positional, in MemoryUsage's field order: keywords cost twice the whole call.
         return MemoryUsage(
-            page_size=self.page_size,
-            num_total_pages=self.num_total_pages,
-            num_used_pages=used,
-            num_cached_free_pages=cached,
-            num_free_pages=free,
-            num_live_token_slots=live,
-            num_internal_frag_slots=used * self.page_size - live,
-            num_external_frag_pages=self.allocator.num_unusable_free_pages(),
-            num_host_total_pages=self.host.num_total_pages,
-            num_host_used_pages=self.host.num_used_pages,
-            num_prefix_queries=self.num_prefix_queries,
-            num_prefix_hits=self.num_prefix_hits,
+            self.page_size,
+            self.num_total_pages,
+            used,  # num_used_pages
+            cached,  # num_cached_free_pages
+            free,  # num_free_pages
+            live,  # num_live_token_slots
+            used * self.page_size - live,  # num_internal_frag_slots
+            self.allocator.num_unusable_free_pages(),  # num_external_frag_pages
+            self.host.num_total_pages,
+            self.host.num_used_pages,
+            self.num_prefix_queries,
+            self.num_prefix_hits,
         )
 
     # ----------------------------------------------------------------------------- allocation

@@ -461,19 +461,20 @@ class _Step:
             self.num_pairs += sign * (new * done + new * (new + 1) // 2)
 
     def output(self, step_id: int) -> SchedulerOutput:
+        # Positional, in SchedulerOutput's field order (keywords cost twice the call).
         return SchedulerOutput(
-            step_id=step_id,
-            mem_ops=self.ops,
-            requests=self.requests,
-            num_new_tokens=self.new,
-            num_computed_tokens=self.computed,
-            preempted=self.preempted,
-            failed=self.failed,
-            num_prefill_tokens=self.num_prefill,
-            num_decode_tokens=self.num_decode,
-            num_context_tokens=self.num_context,
-            num_attention_pairs=self.num_pairs,
-            num_padded_context_tokens=self.num_decode * self.longest_decode,
+            step_id,
+            self.ops,
+            self.requests,
+            self.new,  # num_new_tokens
+            self.computed,  # num_computed_tokens
+            self.preempted,
+            self.failed,
+            self.num_prefill,
+            self.num_decode,
+            self.num_context,
+            self.num_pairs,  # num_attention_pairs
+            self.num_decode * self.longest_decode,  # num_padded_context_tokens
         )
 
 
