@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 from kvlab.policies import SchedulerOutput
 from kvlab.sim import SimConfig, Simulation
@@ -34,10 +36,11 @@ class ScheduleLog:
         return counts
 
 
-def trace_id(vllm_request_id: str, prefix: str) -> int:
-    """The trace request id inside vLLM's id of a request sent with `prefix`."""
-    start = vllm_request_id.index(prefix) + len(prefix)
-    return int(vllm_request_id[start:].split("-", 1)[0])
+def trace_id(vllm_request_id: str, prefix: str) -> int | None:
+    """The trace request id inside vLLM's id of a request sent with `prefix` (None for a
+    request of another run, whose prefix may contain this one: `burst-` in `burst-mixed-`)."""
+    match = re.search(rf"(?:^|-){re.escape(prefix)}(\d+)(?:-|$)", vllm_request_id)
+    return int(match.group(1)) if match else None
 
 
 def read_schedule_log(stem: Path, prefix: str) -> ScheduleLog:
@@ -51,14 +54,19 @@ def read_schedule_log(stem: Path, prefix: str) -> ScheduleLog:
         if prefix not in line:
             continue
         row = json.loads(line)
+        ids = [row["add"]] if "add" in row else [row["preempt"]] if "preempt" in row \
+            else list(row["tokens"])
+        own = [trace_id(vllm_id, prefix) for vllm_id in ids]
+        if None in own:  # (a run's steps hold only its own requests)
+            continue
         if "add" in row:
-            log.arrivals.append(trace_id(row["add"], prefix))
+            log.arrivals.append(cast(int, own[0]))
             log.arrival_times_s.append(row["t"])
         elif "preempt" in row:
-            log.preemptions.append((row["step"], trace_id(row["preempt"], prefix)))
+            log.preemptions.append((row["step"], cast(int, own[0])))
         else:
-            log.steps.append({trace_id(key, prefix): tokens
-                              for key, tokens in row["tokens"].items()})
+            log.steps.append(dict(zip(cast(list[int], own), row["tokens"].values(),
+                                      strict=True)))
             log.step_times_s.append(row["t"])
     return log
 
