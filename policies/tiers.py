@@ -290,13 +290,9 @@ class PrefixTier:
         from being evicted (one pinned already by another load of this step stays so)."""
         assert len(pages) == len(keys), "a key for each page"
         self.stats.num_hits += len(pages)
-        taken = take_hits(self.evictor, pages)
-        if all(taken):  # the common case: no page pinned twice in one step
-            self._pinned += pages
-            self._pinned_keys += keys
-        else:
-            self._pinned += compress(pages, taken)
-            self._pinned_keys += compress(keys, taken)
+        taken = take_hits(self.evictor, pages)  # (false for a page pinned already)
+        self._pinned += compress(pages, taken)
+        self._pinned_keys += compress(keys, taken)
 
     def unpin_all(self) -> None:
         """The step's loads are decided: the pages read become the most recently used (by
@@ -317,24 +313,20 @@ class PrefixTier:
         num_free = min(len(keys), self.num_total_pages - first_free)
         num_victims = min(len(keys) - num_free, len(self.evictor))
         keys = keys[len(keys) - num_free - num_victims :]
-        fresh = range(first_free, first_free + num_free)
-        pages = list(fresh)
+        if not num_victims:  # the free pages hold them all (a tier filling up)
+            return keys, self.put_into_free(keys)[1], [], []
+        pages = list(range(first_free, first_free + num_free))
         self._num_handed_out += num_free
-        victim_pages: list[int] = []
-        victim_keys: list = []
-        if num_victims and not num_free:  # full: the oldest pages take the new content
+        if not num_free:  # full: the oldest pages take the new content
             victim_pages, victim_keys = recycle(self.evictor, num_victims, keys)
             pages = list(victim_pages)
-        elif num_victims:
+        else:
             victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
             pages += victim_pages
             add_cached(self.evictor, pages, keys)
-        else:  # filling up: a run of fresh pages (the LRU flags them in one slice)
-            add_cached(self.evictor, fresh, keys)
-        if num_victims:
-            deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
-            self.stats.num_evictions += num_victims
-            self.epoch += 1
+        deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
+        self.stats.num_evictions += num_victims
+        self.epoch += 1
         self._page_of.update(zip(keys, pages, strict=True))
         self.stats.num_stores += len(keys)
         return keys, pages, victim_pages, victim_keys
