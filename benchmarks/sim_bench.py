@@ -2,9 +2,10 @@
 Llama-2-7B on an A100-80GB, paged blocks of 16, replaying the trace's timestamps.
 
 Prints, per trace fraction (first 1/8, 1/4, 1/2, all of the requests), the wall and CPU seconds
-of `simulate`, simulated output tokens per wall second, engine steps, and the peak RSS of the
-process. Each fraction runs in a fresh interpreter so its peak RSS is its own. Targets for the
-full trace: under 10 s and under 1 GB (at least 400k simulated tokens/s).
+of `simulate`, simulated output tokens per wall second and per CPU second, engine steps, and the
+peak RSS of the process. Each fraction runs in a fresh interpreter so its peak RSS is its own.
+Targets for the full trace: at least 2M simulated output tokens per CPU second (issue 19), under
+10 s and under 1 GB.
 
     .venv/bin/python benchmarks/sim_bench.py [--path TRACE.csv] [--fractions 0.125,0.25,0.5,1]
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 DEFAULT_PATH = "/work/shared/traces/azure2023_conv.csv"
 NUM_REQUESTS = 19_366  # rows of the full Azure conv trace
+TARGET_TOKENS_PER_CPU_S = 2_000_000  # on the full trace (issue 19)
 
 
 def measure(path: str, fraction: float) -> dict[str, float]:
@@ -52,6 +54,7 @@ def measure(path: str, fraction: float) -> dict[str, float]:
         "simulate_cpu_s": cpu_s,
         "summarize_s": summarized - simulated,
         "tokens_per_s": tokens / sim_s,
+        "tokens_per_cpu_s": tokens / cpu_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -65,7 +68,7 @@ def _run_child(path: str, fraction: float) -> dict[str, float]:
 def _print_table(rows: list[dict[str, float]]) -> None:
     header = (
         f"{'fraction':>8} {'requests':>9} {'out tokens':>11} {'steps':>8} {'load s':>7} "
-        f"{'sim s':>7} {'sim cpu s':>9} {'sum s':>6} {'tok/s':>9} {'RSS MB':>7}"
+        f"{'sim s':>7} {'sim cpu s':>9} {'sum s':>6} {'tok/s':>9} {'tok/cpu s':>9} {'RSS MB':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -74,6 +77,7 @@ def _print_table(rows: list[dict[str, float]]) -> None:
             f"{r['fraction']:>8.3f} {r['num_requests']:>9,} {r['output_tokens']:>11,} "
             f"{r['num_steps']:>8,} {r['load_s']:>7.2f} {r['simulate_s']:>7.2f} "
             f"{r['simulate_cpu_s']:>9.2f} {r['summarize_s']:>6.2f} {r['tokens_per_s']:>9,.0f} "
+            f"{r['tokens_per_cpu_s']:>9,.0f} "
             f"{r['peak_rss_mb']:>7.0f}"
         )
 
@@ -100,11 +104,14 @@ def main() -> None:
     rows = [_run_child(args.path, fraction) for fraction in fractions]
     _print_table(rows)
     full = rows[-1]
-    verdict = "meets" if full["simulate_s"] < 10 and full["peak_rss_mb"] < 1024 else "misses"
+    fast = full["tokens_per_cpu_s"] >= TARGET_TOKENS_PER_CPU_S
+    small = full["simulate_s"] < 10 and full["peak_rss_mb"] < 1024
     print(
-        f"largest fraction: {full['simulate_s']:.2f} s wall, {full['tokens_per_s']:,.0f} "
-        f"simulated output tokens/s, {full['peak_rss_mb']:.0f} MB peak RSS "
-        f"({verdict} the 10 s / 1 GB target)"
+        f"largest fraction: {full['simulate_cpu_s']:.2f} s CPU, {full['tokens_per_cpu_s']:,.0f} "
+        f"simulated output tokens per CPU second ({'meets' if fast else 'misses'} the "
+        f"{TARGET_TOKENS_PER_CPU_S / 1e6:.0f}M target); {full['simulate_s']:.2f} s wall, "
+        f"{full['peak_rss_mb']:.0f} MB peak RSS ({'meets' if small else 'misses'} the "
+        "10 s / 1 GB target)"
     )
 
 
