@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "num_prompts": f"requests of each validated window (default {DEFAULT_NUM_PROMPTS})",
         "step_timer": "how the engine's step times are measured: cpu (default here: the "
         "engine thread's CPU time, steady on a shared machine), or wall",
+        "save_result": "write the validation report as JSON: every metric of both sides, the "
+        "errors, each window's, the fitted cost model",
+        "result_filename": "report file name (default validate-<date>.json)",
+        "table_format": "unused by validate, which writes one JSON report (default csv)",
     }
     for action in parser._actions:  # run's help states run's defaults
         action.help = helps.get(action.dest, action.help)

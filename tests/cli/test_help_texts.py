@@ -46,3 +46,5 @@ def test_validate_states_its_own_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "requests of each validated window (default 8)" in text
     assert "cpu (default here" in text
+    assert "write the validation report as JSON" in text  # not run's tables, which it lacks
+    assert "(default validate-<date>.json)" in text
