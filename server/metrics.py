@@ -24,8 +24,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class ServerMetrics:
     """The series of one server, in a registry of its own; updated by the engine thread after
-    every step and every change of its queues (`observe_state`, `observe_batch`) and every
-    finished request (`observe_finished`)."""
+    every step and every change of its queues (`observe_state`, `observe_batch`), every
+    request's first token (`observe_first_token`) and every finished request
+    (`observe_finished`)."""
 
     def __init__(self, model_name: str, manager: KVCacheManager, config_labels: dict[str, str],
                  policy: str, scheduler_labels: dict[str, str] | None = None) -> None:
@@ -133,13 +134,18 @@ class ServerMetrics:
         if output.requests:
             self.iteration_tokens.observe(output.num_batched_tokens)
 
+    def observe_first_token(self, request: Request) -> None:
+        """A request's first token goes out (engine thread): its TTFT, counted then as vLLM
+        counts it, so that a scrape during a run sees the requests served so far (a
+        benchmark's API-latency fit pairs each scrape interval's with its client's)."""
+        if request.first_token_s is not None:
+            self.ttft.observe(request.first_token_s - request.arrival_s)
+
     def observe_finished(self, request: Request, finished_reason: str) -> None:
         """A request ended (engine thread): its latencies and token counts."""
         self.request_success.labels(finished_reason=finished_reason, **self._labels).inc()
         self.prompt_tokens.inc(request.prompt_len)
         self.generation_tokens.inc(request.num_output_tokens)
-        if request.first_token_s is not None:
-            self.ttft.observe(request.first_token_s - request.arrival_s)
         if request.first_scheduled_s is not None:
             self.queue_time.observe(request.first_scheduled_s - request.arrival_s)
         if request.finish_s is not None:

@@ -274,6 +274,8 @@ class EngineService:
                 continue
             sent = stream.num_sent
             if len(request.output_token_ids) > sent:
+                if not sent:
+                    self.metrics.observe_first_token(request)
                 stream.put(Event(request.output_token_ids[sent:]))
                 stream.num_sent = len(request.output_token_ids)
         for request in (*finished, *failed):
@@ -286,6 +288,8 @@ class EngineService:
         request = stream.request
         reason = FINISH_REASONS.get(request.status, "abort")
         new = request.output_token_ids[stream.num_sent:]
+        if new and not stream.num_sent:  # its first token goes out with its last
+            self.metrics.observe_first_token(request)
         stream.num_sent += len(new)
         stream.put(Event(list(new), reason, request.error))
         self.metrics.observe_finished(request, reason)

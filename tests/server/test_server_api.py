@@ -181,6 +181,23 @@ def _metric(live, name: str) -> float:
     raise AssertionError(f"{name} is not exported")
 
 
+def test_ttft_is_counted_when_the_first_token_goes_out_not_at_the_end(live):
+    # as vLLM's: a scrape during a run sees the TTFT of every request with a token out
+    before = _metric(live, "vllm:time_to_first_token_seconds_count")
+    body = {"prompt": PROMPTS[2], "max_tokens": 90, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", live.base_url + "/v1/completions", json=body, headers=HEADERS,
+                      timeout=60) as response:
+        lines = response.iter_lines()
+        while not next(lines).startswith("data: {"):
+            pass
+        assert _metric(live, "vllm:num_requests_running") == 1  # still running
+        assert _metric(live, "vllm:time_to_first_token_seconds_count") == before + 1
+        for _ in lines:
+            pass
+    assert _metric(live, "vllm:time_to_first_token_seconds_count") == before + 1  # once
+
+
 def test_a_client_leaving_mid_stream_frees_the_requests_pages(live):
     body = {"prompt": PROMPTS[2], "max_tokens": 90, "temperature": 0, "ignore_eos": True,
             "stream": True}
