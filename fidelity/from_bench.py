@@ -15,6 +15,10 @@ Two sources of evidence, in two stages:
    decode coefficients to bring its TTFT, TPOT, ITL and E2EL (means and medians) and its
    duration to the client's (`refine`).
 
+The server's API latency (what it adds between the client and its scheduler) is measured, not
+searched, where the server exports vLLM's TTFT histogram: per scrape interval, the client's
+mean TTFT less the server's, fitted as a line in the requests in flight (`api_latency_fit`).
+
 What a client cannot see is left to the simulator: prefix hits shorten prefills it
 reconstructs as whole, and a preempted request's recompute is not attributed (steps where a
 running request is missing are left out of stage 1; stage 2 sees them through the latencies).
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -46,6 +51,7 @@ from kvlab.fidelity.validation import relative_error
 from kvlab.metrics import summarize
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig, simulate
+from kvlab.sim.api_latency import in_flight_at_send
 from kvlab.sim.calibrated import CalibratedCostModel
 from kvlab.traces import Trace, TraceRequest
 
@@ -80,6 +86,10 @@ BENCH_TERMS = ("step_overhead_s", "prefill_token_s", "attention_pair_s", "decode
 BENCH_TERMS_KVLAB = (*BENCH_TERMS, "padded_context_token_s")
 GAP_FRACTIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
 LATENCY_STEP_S = 0.01  # stage 2 moves the API latency in steps of this size
+# A load term of the API latency is fitted on at least this many scrape intervals, whose mean
+# loads span at least this many requests in flight.
+MIN_LATENCY_INTERVALS = 6
+MIN_LOAD_SPREAD = 4.0
 POOR_FIT_ERROR = 0.10  # a matched metric further off than this after the fit is a warning
 SUMMARY_OPTIONS: dict[str, Any] = {"percentile_metrics": ("ttft", "tpot", "itl", "e2el"),
                                    "metric_percentiles": (50, 99)}
@@ -315,9 +325,9 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
                          "the streamed timestamps (was the run streamed, with several tokens "
                          "per request?)")
     terms = BENCH_TERMS_KVLAB if server_preset(runs[0].server) == "kvlab" else BENCH_TERMS
-    latency = float(np.mean([api_latency(run, m)
-                             for run, m in zip(runs, measured, strict=True)]))
-    stage1 = dataclasses.replace(robust_step_fit(regular, terms), api_latency_s=latency)
+    latency = api_latency_fit(runs, measured)
+    stage1 = dataclasses.replace(robust_step_fit(regular, terms), api_latency_s=latency.base_s,
+                                 api_latency_per_request_s=latency.per_request_s)
     traces = [bench_trace(run) for run in runs]
 
     def errors_of(model: CalibratedCostModel) -> list[dict[str, float | None]]:
@@ -331,7 +341,8 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
     stage1_errors = _mean_errors(errors_of(stage1))
     model, errors, evaluations = stage1, stage1_errors, 0
     if refine:
-        model, run_errors, evaluations = _refine(stage1, errors_of, max_evaluations)
+        model, run_errors, evaluations = _refine(stage1, errors_of, max_evaluations,
+                                                 fit_latency=not latency.measured)
         errors = _mean_errors(run_errors)
     quality = fit_quality(model, regular)
     steps = sum(len(p) for p in profiles)
@@ -361,6 +372,68 @@ def _mean_errors(per_run: list[dict[str, float | None]]) -> dict[str, float | No
     return out
 
 
+@dataclass(slots=True, frozen=True)
+class ApiLatency:
+    """A server's API latency as fitted: seconds per request, seconds more per request in
+    flight at its send, and whether the server's own TTFT measured them (its histogram)."""
+
+    base_s: float
+    per_request_s: float
+    measured: bool
+
+
+def api_latency_fit(runs: Sequence[BenchResult], measured: Sequence[dict[str, Any]]
+                    ) -> ApiLatency:
+    """The server's API latency: a weighted least-squares line in the requests in flight
+    through the scrape intervals of every run (`latency_by_load`), where they show a rising
+    load term; else the constant alone, the runs' mean of `api_latency` (too few intervals,
+    loads all alike, or no rise). Not measured where no run has the server's TTFT histogram
+    (then 0, for stage 2 to fit)."""
+    constant = float(np.mean([api_latency(run, m) for run, m in zip(runs, measured,
+                                                                     strict=True)]))
+    was_measured = any(series_increase(run.series, "ttft_count_total") for run in runs)
+    points = np.array([point for run in runs for point in latency_by_load(run)])
+    if len(points) < MIN_LATENCY_INTERVALS or np.ptp(points[:, 0]) < MIN_LOAD_SPREAD:
+        return ApiLatency(constant, 0.0, was_measured)
+    loads, latencies, weights = points[:, 0], points[:, 1], np.sqrt(points[:, 2])
+    design = np.column_stack([np.ones(len(loads)), loads]) * weights[:, None]
+    (base, per_request), *_ = np.linalg.lstsq(design, latencies * weights, rcond=None)
+    if not per_request > 0 or not math.isfinite(base):
+        return ApiLatency(constant, 0.0, was_measured)
+    return ApiLatency(max(0.0, float(base)), float(per_request), True)
+
+
+def latency_by_load(result: BenchResult) -> list[tuple[float, float, int]]:
+    """(mean requests in flight at the sends, mean API latency in seconds, requests) of each
+    interval between two scrapes of a run in which the server counted as many first tokens
+    as the client received: the client's mean TTFT there less the server's own (its TTFT
+    histogram's increase). Empty where the server exports no TTFT histogram."""
+    series = result.series
+    times, sums, counts = (series.get(key) for key in ("time_s", "ttft_sum_total",
+                                                       "ttft_count_total"))
+    if not times or not sums or not counts:
+        return []
+    sent = [r for r in result.requests if r.arrival_s == r.arrival_s]  # (nan: never sent)
+    load = in_flight_at_send(sent)
+    firsts = sorted((r.arrival_s + r.ttft_s, r.ttft_s, load[r.request_id])
+                    for r in sent if r.ttft_s is not None)
+    first_times = [first for first, _, _ in firsts]
+    points = []
+    for index in range(len(times) - 1):
+        count = counts[index + 1] - counts[index]
+        total = sums[index + 1] - sums[index]
+        if not count > 0 or not math.isfinite(total):
+            continue
+        inside = firsts[bisect_right(first_times, times[index]):
+                        bisect_right(first_times, times[index + 1])]
+        if len(inside) != count:  # a first token on the other side of a scrape
+            continue
+        client = float(np.mean([ttft for _, ttft, _ in inside]))
+        points.append((float(np.mean([n for _, _, n in inside])), client - total / count,
+                       len(inside)))
+    return points
+
+
 def api_latency(result: BenchResult, measured: dict[str, Any]) -> float:
     """What the server's API adds to a request's latency: the client's mean TTFT less the
     server's own (its TTFT histogram over the run); 0 when the server exports none."""
@@ -372,20 +445,24 @@ def api_latency(result: BenchResult, measured: dict[str, Any]) -> float:
     return max(0.0, (measured["mean_ttft_ms"] - server_ms) / 1000.0)
 
 
-def _refine(start: CalibratedCostModel, errors_of: Any, max_evaluations: int
-            ) -> tuple[CalibratedCostModel, list[dict[str, float | None]], int]:
-    """Stage 2: log-scale factors on GROUPS and an additive change of the API latency (in
-    units of LATENCY_STEP_S), Nelder-Mead on the weighted squared log-ratio of the matched
-    metrics."""
+def _refine(start: CalibratedCostModel, errors_of: Any, max_evaluations: int, *,
+            fit_latency: bool) -> tuple[CalibratedCostModel, list[dict[str, float | None]], int]:
+    """Stage 2: log-scale factors on GROUPS and, with `fit_latency`, an additive change of the
+    API latency (in units of LATENCY_STEP_S), Nelder-Mead on the weighted squared log-ratio of
+    the matched metrics. Why not always the latency: where the server measured it, moving it
+    to fit busy runs' TTFT (a step model's error) put light runs' TTFT 15-30% high."""
     groups = [names for names in GROUPS.values()
               if any(getattr(start, name) > 0 for name in names)]
     cache: dict[tuple[float, ...], tuple[float, list[dict[str, float | None]]]] = {}
 
     def scaled(x: np.ndarray) -> CalibratedCostModel:
-        changes = {name: getattr(start, name) * math.exp(float(factor))
-                   for names, factor in zip(groups, x[:-1], strict=True) for name in names}
-        latency = max(0.0, start.api_latency_s + LATENCY_STEP_S * float(x[-1]))
-        return dataclasses.replace(start, **changes, api_latency_s=latency)
+        changes: dict[str, Any] = {
+            name: getattr(start, name) * math.exp(float(factor))
+            for names, factor in zip(groups, x[:len(groups)], strict=True) for name in names}
+        if fit_latency:
+            changes["api_latency_s"] = max(0.0, start.api_latency_s
+                                           + LATENCY_STEP_S * float(x[-1]))
+        return dataclasses.replace(start, **changes)
 
     def loss(x: np.ndarray) -> float:
         key = tuple(np.round(x, 6))
@@ -394,7 +471,7 @@ def _refine(start: CalibratedCostModel, errors_of: Any, max_evaluations: int
             cache[key] = (sum(_loss(e) for e in errors), errors)
         return cache[key][0]
 
-    best = nelder_mead(loss, np.zeros(len(groups) + 1), step=0.3,
+    best = nelder_mead(loss, np.zeros(len(groups) + fit_latency), step=0.3,
                        max_evaluations=max_evaluations)
     return scaled(best.x), cache[tuple(np.round(best.x, 6))][1], best.num_evaluations
 

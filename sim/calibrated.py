@@ -12,8 +12,9 @@ pads its decode batch reads; the fit gives it 0 where attention does not pad.)
 
 and its memory work (executed before the forward pass, on the same stream) costs
 `swap_transfer_s` per separate copy plus `swap_page_s` per page moved either way, and
-`copy_page_s` per page copied on the device. `api_latency_s` is a server's: the time its API
-adds between a client's send and the scheduler (see the field). All coefficients are
+`copy_page_s` per page copied on the device. `api_latency_s` and `api_latency_per_request_s`
+are a server's: the time its API adds between a client's send and the scheduler, and how much
+more for each request in flight (see the fields). All coefficients are
 seconds and non-negative.
 Torch-free: the file is plain JSON.
 """
@@ -55,8 +56,11 @@ class CalibratedCostModel:
     copy_page_s: float = 0.0
     # What a server's API adds to every request's TTFT and E2EL as its client measures them
     # (the request in, its tokens out): fitted from a benchmark (`calibrate --from-bench`), 0
-    # for an engine's own profile. The simulator delays each arrival by it.
+    # for an engine's own profile. The simulator delays each arrival by it, plus
+    # `api_latency_per_request_s` for every request in flight at the send (a busy API streams
+    # every running request's tokens: kvlab.sim.api_latency).
     api_latency_s: float = 0.0
+    api_latency_per_request_s: float = 0.0
     fit: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def step_time_s(self, shape: StepShapeLike) -> float:

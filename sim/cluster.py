@@ -32,6 +32,13 @@ from kvlab.policies import Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.scheduler import check_whole_number
 from kvlab.policies.tiers import PrefixTier, TierStats
+from kvlab.sim.api_latency import (
+    api_delays,
+    api_latency_terms,
+    delay_arrivals,
+    restore_sends,
+    run_with_api_load,
+)
 from kvlab.sim.arrivals import arrival_process
 from kvlab.sim.assembly import (
     build_manager,
@@ -114,10 +121,15 @@ def simulate_cluster(
         prefill, decode = pd
         specs = ([InstanceSpec(config, "prefill") for _ in range(prefill)]
                  + [InstanceSpec(config, "decode") for _ in range(decode)])
-    cluster = Cluster(trace, specs, router=router, router_seed=router_seed,
-                      cost_model=cost_model, decode_runs=decode_runs,
-                      pd_link_bandwidth=pd_link_bandwidth)
-    return cluster.run(progress=progress)
+
+    def run_once(in_flight: dict[int, int] | None) -> ClusterResult:
+        cluster = Cluster(trace, specs, router=router, router_seed=router_seed,
+                          cost_model=cost_model, decode_runs=decode_runs,
+                          pd_link_bandwidth=pd_link_bandwidth, in_flight=in_flight)
+        return cluster.run(progress=progress)
+
+    model = default_cost_model(config) if cost_model is None else cost_model
+    return run_with_api_load(run_once, lambda result: result.cluster.requests, model)
 
 
 def check_roles(roles: Sequence[str]) -> None:
@@ -259,7 +271,10 @@ class Cluster:
         preemption_costs: PreemptionCosts | None = None,
         decode_runs: bool = True,
         pd_link_bandwidth: float | None = None,
+        in_flight: dict[int, int] | None = None,
     ) -> None:
+        """`in_flight`: as `Simulation`'s (the requests in flight at each send, for an API
+        latency with a load term)."""
         if not specs:
             raise KvlabError("a cluster needs at least one instance", parameters=("num_instances",))
         check_roles([spec.role for spec in specs])
@@ -268,6 +283,15 @@ class Cluster:
         self.router_name = check_router(router)
         self.router_seed = router_seed
         self.requests = to_requests(trace)
+        models = [default_cost_model(spec.config) if cost_model is None else cost_model
+                  for spec in self.specs]
+        # As `Simulation`: the scheduler sees a request its API's latency after it was sent
+        # (before the arrivals are ordered: a load term can reorder them). One latency for the
+        # cluster: its router sits behind one API.
+        terms = {api_latency_terms(model) for model in models}
+        assert len(terms) == 1, f"instances with different API latencies {terms}"
+        self._sends_s = delay_arrivals(self.requests,
+                                       api_delays(self.requests, models[0], in_flight))
         self.env = simpy.Environment()
         self.arrivals = _ClusterArrivals(self.requests, make_router(router, seed=router_seed))
         self.handoffs = self._handoffs(pd_link_bandwidth)
@@ -275,7 +299,7 @@ class Cluster:
         decode_positions = {index: position for position, index in enumerate(
             i for i, spec in enumerate(self.specs) if spec.role == "decode")}
         self.instances = [
-            ClusterInstance(self.env, index, spec, cost_model=cost_model,
+            ClusterInstance(self.env, index, spec, cost_model=models[index],
                             preemption_costs=preemption_costs, decode_runs=decode_runs,
                             arrivals=self._arrivals_of(index, decode_positions),
                             shared_tiers=self.shared_tiers, handoffs=self.handoffs)
@@ -286,13 +310,6 @@ class Cluster:
             self.handoffs.attach([i for i in self.instances if i.role == "prefill"],
                                  [i for i in self.instances if i.role == "decode"],
                                  self.arrivals.next_arrival_s)
-        # As `Simulation`: the scheduler sees a request its API's latency after it was sent.
-        # One latency for the cluster: its router sits behind one API.
-        latencies = {float(getattr(i.cost_model, "api_latency_s", 0.0)) for i in self.instances}
-        assert len(latencies) == 1, f"instances with different API latencies {latencies}"
-        self.api_latency_s = latencies.pop()
-        for request in self.requests:
-            request.arrival_s += self.api_latency_s
 
     def run(self, *, progress: bool = False) -> ClusterResult:
         """Simulate until every request has finished; check conservation per instance and that
@@ -324,8 +341,7 @@ class Cluster:
         assert routed == sorted(r.request_id for r in self.requests), "a request routed twice"
         if self.handoffs is not None:
             assert not self.handoffs.budgets, "a request never left its prefill instance"
-        for request in self.requests:
-            request.arrival_s -= self.api_latency_s
+        restore_sends(self.requests, self._sends_s)
         return self._result()
 
     def _result(self) -> ClusterResult:

@@ -11,6 +11,7 @@ from kvlab.heap import paused_gc
 from kvlab.metrics import RunResult
 from kvlab.policies import PolicySpec, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
+from kvlab.sim.api_latency import api_delays, delay_arrivals, restore_sends, run_with_api_load
 from kvlab.sim.assembly import (
     build_manager,
     build_tier_links,
@@ -45,11 +46,19 @@ def simulate(
     preemption=auto (default: `cost_model`; a replay of measured step durations passes the
     engine's measured costs here). `progress` shows a tqdm bar of finished requests on stderr.
     `decode_runs` False steps every step one by one instead of committing runs of plain decode
-    steps at once (the same result; for tests and profiling).
+    steps at once (the same result; for tests and profiling). A cost model whose API latency
+    grows with the requests in flight is run until the loads it sees repeat
+    (`kvlab.sim.api_latency`).
     """
-    simulation = Simulation(trace, config, cost_model=cost_model,
-                            preemption_costs=preemption_costs, decode_runs=decode_runs)
-    return simulation.run(progress=progress)
+    model = default_cost_model(config) if cost_model is None else cost_model
+
+    def run_once(in_flight: dict[int, int] | None) -> RunResult:
+        simulation = Simulation(trace, config, cost_model=model,
+                                preemption_costs=preemption_costs, decode_runs=decode_runs,
+                                in_flight=in_flight)
+        return simulation.run(progress=progress)
+
+    return run_with_api_load(run_once, lambda result: result.requests, model)
 
 
 class Simulation:
@@ -67,7 +76,10 @@ class Simulation:
         cost_model: CostModel | None = None,
         preemption_costs: PreemptionCosts | None = None,
         decode_runs: bool = True,
+        in_flight: dict[int, int] | None = None,
     ) -> None:
+        """`in_flight`: request id -> requests in flight at its send, for an API latency with
+        a load term (`kvlab.sim.api_latency`; None: its constant alone)."""
         self.trace = trace
         self.config = config
         self.policy = config.policy
@@ -81,9 +93,8 @@ class Simulation:
         self.requests = to_requests(trace)
         # A server's API delays each request on its way in (and its tokens on their way out):
         # the scheduler sees it that much later; latencies still count from the send (`run`).
-        self.api_latency_s = float(getattr(cost_model, "api_latency_s", 0.0))
-        for request in self.requests:
-            request.arrival_s += self.api_latency_s
+        self._sends_s = delay_arrivals(self.requests,
+                                       api_delays(self.requests, cost_model, in_flight))
         self.env = simpy.Environment()
         self.link = HostLink(self.env, cost_model)
         self.tier_links = build_tier_links(self.env, config, self.tiers, self.link)
@@ -105,8 +116,7 @@ class Simulation:
             if bar is not None:
                 bar.close()
         check_conservation(self.requests, self.manager)
-        for request in self.requests:
-            request.arrival_s -= self.api_latency_s
+        restore_sends(self.requests, self._sends_s)
         metadata = {**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim"}
         return instance_result(self.config, self.requests, self.loop, self.tiers,
                                self.tier_links, metadata)

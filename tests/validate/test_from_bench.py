@@ -119,6 +119,15 @@ def test_the_fit_reproduces_the_run_it_was_fitted_on(bench_run):
         r.num_output_tokens for r in result.requests)
 
 
+def test_stage_2_keeps_a_latency_the_server_measured(bench_run):
+    # kvlab serve exports vLLM's TTFT histogram, counted as each first token goes out
+    result = bench_run.result
+    fit = fit_bench(result, server_sim_config(result.server, "tiny-llama"), max_evaluations=12)
+    assert fit.stage1 is not None and fit.stage1.api_latency_s > 0
+    assert fit.cost_model.api_latency_s == fit.stage1.api_latency_s
+    assert fit.cost_model.api_latency_per_request_s == fit.stage1.api_latency_per_request_s
+
+
 def test_calibrate_from_bench_writes_a_model_sim_runs(bench_run, tmp_path, capsys):
     out = tmp_path / "cm.json"
     assert main(["calibrate", "--from-bench", str(bench_run.path), "--no-refine",
