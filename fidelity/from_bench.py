@@ -90,6 +90,7 @@ LATENCY_STEP_S = 0.01  # stage 2 moves the API latency in steps of this size
 # loads span at least this many requests in flight.
 MIN_LATENCY_INTERVALS = 6
 MIN_LOAD_SPREAD = 4.0
+THEIL_SEN_POINTS = 1500  # points of the API-latency line at most (about 1.1M pairs)
 POOR_FIT_ERROR = 0.10  # a matched metric further off than this after the fit is a warning
 SUMMARY_OPTIONS: dict[str, Any] = {"percentile_metrics": ("ttft", "tpot", "itl", "e2el"),
                                    "metric_percentiles": (50, 99)}
@@ -384,23 +385,38 @@ class ApiLatency:
 
 def api_latency_fit(runs: Sequence[BenchResult], measured: Sequence[dict[str, Any]]
                     ) -> ApiLatency:
-    """The server's API latency: a weighted least-squares line in the requests in flight
-    through the scrape intervals of every run (`latency_by_load`), where they show a rising
-    load term; else the constant alone, the runs' mean of `api_latency` (too few intervals,
-    loads all alike, or no rise). Not measured where no run has the server's TTFT histogram
-    (then 0, for stage 2 to fit)."""
+    """The server's API latency: a Theil-Sen line in the requests in flight through the
+    scrape intervals of every run (`latency_by_load`), where they show a rising load term;
+    else the constant alone, the runs' mean of `api_latency` (too few intervals, loads all
+    alike, or no rise). Not measured where no run has the server's TTFT histogram (then 0,
+    for stage 2 to fit). Why Theil-Sen (the median of the pairwise slopes): an interval
+    holding a few requests is noisy, and against kvlab serve such outliers lifted a
+    least-squares line's intercept to twice the latency seen with two requests in flight."""
     constant = float(np.mean([api_latency(run, m) for run, m in zip(runs, measured,
                                                                      strict=True)]))
     was_measured = any(series_increase(run.series, "ttft_count_total") for run in runs)
     points = np.array([point for run in runs for point in latency_by_load(run)])
     if len(points) < MIN_LATENCY_INTERVALS or np.ptp(points[:, 0]) < MIN_LOAD_SPREAD:
         return ApiLatency(constant, 0.0, was_measured)
-    loads, latencies, weights = points[:, 0], points[:, 1], np.sqrt(points[:, 2])
-    design = np.column_stack([np.ones(len(loads)), loads]) * weights[:, None]
-    (base, per_request), *_ = np.linalg.lstsq(design, latencies * weights, rcond=None)
-    if not per_request > 0 or not math.isfinite(base):
+    base, per_request = theil_sen(points[:, 0], points[:, 1])
+    if not per_request > 0:
         return ApiLatency(constant, 0.0, was_measured)
-    return ApiLatency(max(0.0, float(base)), float(per_request), True)
+    return ApiLatency(max(0.0, base), per_request, True)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(intercept, slope) of the Theil-Sen line through the points: the median slope over
+    the pairs with distinct x, then the median intercept under it. Over at most
+    THEIL_SEN_POINTS points, evenly spaced in the given order (the pairs grow as their
+    square)."""
+    if len(x) > THEIL_SEN_POINTS:
+        keep = np.linspace(0, len(x) - 1, THEIL_SEN_POINTS).round().astype(int)
+        x, y = x[keep], y[keep]
+    first, second = np.triu_indices(len(x), k=1)
+    dx = x[second] - x[first]
+    distinct = dx != 0
+    slope = float(np.median((y[second] - y[first])[distinct] / dx[distinct]))
+    return float(np.median(y - slope * x)), slope
 
 
 def latency_by_load(result: BenchResult) -> list[tuple[float, float, int]]:

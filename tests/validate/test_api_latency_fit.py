@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from kvlab.fidelity.from_bench import api_latency_fit, latency_by_load
+from kvlab.fidelity.from_bench import api_latency_fit, latency_by_load, theil_sen
 
 SERVER_TTFT_S = 0.02
 SCRAPE_S = 0.25
@@ -60,3 +61,14 @@ def test_without_a_load_spread_or_a_rise_the_constant_is_kept():
 def test_a_server_without_a_ttft_histogram_leaves_the_latency_to_stage_2():
     fit = _fit([_run(0.004, 0.0005, histogram=False)])
     assert (fit.base_s, fit.per_request_s, fit.measured) == (0.0, 0.0, False)
+
+
+def test_an_interval_far_off_the_line_does_not_move_it():
+    loads = np.arange(10.0)
+    latencies = 0.003 + 0.001 * loads
+    latencies[2] = 0.05  # a scrape interval of one slow request
+    base, per_request = theil_sen(loads, latencies)
+    assert (base, per_request) == (pytest.approx(0.003), pytest.approx(0.001))
+    many = np.arange(5000.0)  # thinned to THEIL_SEN_POINTS, the same line
+    assert theil_sen(many, 0.002 + 0.0001 * many) == (pytest.approx(0.002),
+                                                       pytest.approx(0.0001))
