@@ -266,8 +266,13 @@ class _Attribution:
             for i in self._waiting(start, present):
                 if budget <= 0:
                     break
-                chunk = min(self.requests[i].prompt_len - self.progress[i] - 1, budget)
-                budget -= self._prefill(i, chunk, row)
+                # A prompt whose rest fits the budget would have ended here, its first token
+                # with this step's: it was not at the server yet (sent, but its API had not
+                # handed it on) or had to wait, so it computed nothing. A longer one takes
+                # the budget left.
+                if self.requests[i].prompt_len - self.progress[i] <= budget:
+                    continue
+                budget -= self._prefill(i, budget, row)
         row["num_seqs"] = len(present) + sum(1 for i in self._waiting(start, present)
                                              if self.progress[i] > 0)
         row["num_padded_context_tokens"] = len(decodes) * longest

@@ -87,6 +87,19 @@ def test_every_prompt_and_output_token_is_attributed_to_one_step(bench_run):
     assert (profile[TIME_COLUMN] >= 0).all()
 
 
+def test_a_prompt_that_fits_is_prefilled_in_the_step_of_its_first_token():
+    # A decodes; B is sent while A's second step runs, so the third step began after the send,
+    # but B's first token comes with the fourth: its API had not handed it on in time (a
+    # prompt that fits the budget ends in the step that schedules it), so the third step
+    # prefilled nothing of it
+    a = SimpleNamespace(**vars(_record(0.0, 10, [0.010, 0.020, 0.030, 0.040])), request_id=0)
+    b = SimpleNamespace(**vars(_record(0.012, 30, [0.040, 0.050])), request_id=1)
+    profile = reconstruct_profile(SimpleNamespace(requests=[a, b], series={}), BUDGET)
+    ends = (profile["start_s"] + profile[TIME_COLUMN]).round(3).tolist()
+    prefill = dict(zip(ends, profile["num_prefill_tokens"], strict=True))
+    assert prefill[0.03] == 0 and prefill[0.04] == 30
+
+
 def test_the_servers_configuration_reaches_the_simulator(bench_run):
     info = bench_run.result.server
     serving = server_serving(info)
