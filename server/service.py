@@ -272,12 +272,9 @@ class EngineService:
             stream = streams.get(request.request_id)
             if stream is None or not stream.each_token or request.is_finished:
                 continue
-            sent = stream.num_sent
-            if len(request.output_token_ids) > sent:
-                if not sent:
-                    self.metrics.observe_first_token(request)
-                stream.put(Event(request.output_token_ids[sent:]))
-                stream.num_sent = len(request.output_token_ids)
+            new = self._take_unsent(stream)
+            if new:
+                stream.put(Event(new))
         for request in (*finished, *failed):
             stream = streams.pop(request.request_id, None)
             if stream is not None:
@@ -287,9 +284,14 @@ class EngineService:
         """The last event of a finished, failed or aborted request."""
         request = stream.request
         reason = FINISH_REASONS.get(request.status, "abort")
-        new = request.output_token_ids[stream.num_sent:]
-        if new and not stream.num_sent:  # its first token goes out with its last
-            self.metrics.observe_first_token(request)
-        stream.num_sent += len(new)
-        stream.put(Event(list(new), reason, request.error))
+        stream.put(Event(self._take_unsent(stream), reason, request.error))
         self.metrics.observe_finished(request, reason)
+
+    def _take_unsent(self, stream: Stream) -> list[int]:
+        """The stream's tokens not sent yet, now counted as sent; the first of them going out
+        counts the request's TTFT."""
+        new = stream.request.output_token_ids[stream.num_sent:]
+        if new and not stream.num_sent:
+            self.metrics.observe_first_token(stream.request)
+        stream.num_sent += len(new)
+        return new  # (a slice: a list of its own)
