@@ -136,7 +136,9 @@ def test_stage_2_keeps_a_latency_the_server_measured(bench_run):
     # kvlab serve exports vLLM's TTFT histogram, counted as each first token goes out
     result = bench_run.result
     fit = fit_bench(result, server_sim_config(result.server, "tiny-llama"), max_evaluations=12)
-    assert fit.stage1 is not None and fit.stage1.api_latency_s > 0
+    assert fit.stage1 is not None
+    # measured: a constant, a load term or both (a busy machine's line may start at 0)
+    assert fit.stage1.api_latency_s > 0 or fit.stage1.api_latency_per_request_s > 0
     assert fit.cost_model.api_latency_s == fit.stage1.api_latency_s
     assert fit.cost_model.api_latency_per_request_s == fit.stage1.api_latency_per_request_s
 
