@@ -49,7 +49,8 @@ class Event:
 class Stream:
     """One request's events, put by the engine thread and read by its handler."""
 
-    __slots__ = ("_events", "_loop", "each_token", "num_sent", "request")
+    __slots__ = ("_events", "_loop", "each_token", "first_token_counted", "num_sent",
+                 "request")
 
     def __init__(self, request: Request, loop: asyncio.AbstractEventLoop,
                  each_token: bool = True) -> None:
@@ -58,6 +59,7 @@ class Stream:
         # and each event costs the event loop a wake-up.
         self.each_token = each_token
         self.num_sent = 0  # output tokens already put on the stream (engine thread)
+        self.first_token_counted = False  # its TTFT observed (engine thread)
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -270,7 +272,10 @@ class EngineService:
         streams = self._streams
         for request in requests:
             stream = streams.get(request.request_id)
-            if stream is None or not stream.each_token or request.is_finished:
+            if stream is None or request.is_finished:
+                continue
+            if not stream.each_token:  # sent whole at the end; its TTFT counts now, as vLLM's
+                self._count_first_token(stream)
                 continue
             new = self._take_unsent(stream)
             if new:
@@ -288,10 +293,15 @@ class EngineService:
         self.metrics.observe_finished(request, reason)
 
     def _take_unsent(self, stream: Stream) -> list[int]:
-        """The stream's tokens not sent yet, now counted as sent; the first of them going out
-        counts the request's TTFT."""
+        """The stream's tokens not sent yet, now counted as sent (and the TTFT with the first)."""
         new = stream.request.output_token_ids[stream.num_sent:]
-        if new and not stream.num_sent:
-            self.metrics.observe_first_token(stream.request)
+        if new:
+            self._count_first_token(stream)
         stream.num_sent += len(new)
         return new  # (a slice: a list of its own)
+
+    def _count_first_token(self, stream: Stream) -> None:
+        """Observe the request's TTFT once, as soon as it has a token (sent or not)."""
+        if not stream.first_token_counted and stream.request.output_token_ids:
+            stream.first_token_counted = True
+            self.metrics.observe_first_token(stream.request)

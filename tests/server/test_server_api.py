@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -196,6 +197,33 @@ def test_ttft_is_counted_when_the_first_token_goes_out_not_at_the_end(live):
         for _ in lines:
             pass
     assert _metric(live, "vllm:time_to_first_token_seconds_count") == before + 1  # once
+
+
+def test_a_whole_responses_ttft_is_counted_at_its_first_token_too(live):
+    # not streamed: the tokens go out at the end, but vLLM counts the TTFT at the first
+    before = _metric(live, "vllm:time_to_first_token_seconds_count")
+    body = {"prompt": PROMPTS[2], "max_tokens": 90, "temperature": 0, "ignore_eos": True}
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(httpx.post, live.base_url + "/v1/completions", json=body,
+                            headers=HEADERS, timeout=60)
+        seen_while_running = False
+        while not reply.done() and not seen_while_running:
+            scrape = _metrics(live)
+            seen_while_running = (scrape["vllm:num_requests_running"] == 1 and
+                                  scrape["vllm:time_to_first_token_seconds_count"] == before + 1)
+        assert reply.result().status_code == 200
+    assert seen_while_running, "the TTFT was counted only when the request ended"
+    assert _metric(live, "vllm:time_to_first_token_seconds_count") == before + 1  # once
+
+
+def _metrics(live) -> dict[str, float]:
+    """One scrape: each series' first sample by name."""
+    values: dict[str, float] = {}
+    for line in httpx.get(live.base_url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            values.setdefault(name, float(line.rsplit(" ", 1)[1]))
+    return values
 
 
 def test_a_client_leaving_mid_stream_frees_the_requests_pages(live):
