@@ -84,18 +84,19 @@ def restore_sends(requests: Sequence[Request], sends_s: Sequence[float]) -> None
         request.arrival_s = sent
 
 
-def run_with_api_load(run_once: Callable[[dict[int, int] | None], Result],
+def run_with_api_load(run_once: Callable[[dict[int, int] | None, str], Result],
                       requests_of: Callable[[Result], Sequence[Request]],
                       cost_model: object) -> Result:
-    """`run_once(None)`, then, where the cost model's API latency has a load term, runs with
-    the in-flight counts of the run before until two runs see the same counts (at most
-    `MAX_LOAD_PASSES` more). Returns the last run's result."""
-    result = run_once(None)
+    """`run_once(None, label)`, then, where the cost model's API latency has a load term, runs
+    with the in-flight counts of the run before until two runs see the same counts (at most
+    `MAX_LOAD_PASSES` more). The label names the run for its progress bar (a rerun says
+    which). Returns the last run's result."""
+    result = run_once(None, "simulating")
     if not api_latency_terms(cost_model)[1]:
         return result
     seen = in_flight_at_send(requests_of(result))
-    for _ in range(MAX_LOAD_PASSES):
-        result = run_once(seen)
+    for rerun in range(1, MAX_LOAD_PASSES + 1):
+        result = run_once(seen, f"simulating (API load, rerun {rerun} of <= {MAX_LOAD_PASSES})")
         counts = in_flight_at_send(requests_of(result))
         if counts == seen:
             break

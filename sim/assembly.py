@@ -113,13 +113,13 @@ def duration_s(requests: Sequence[Request]) -> float:
     return float(last - first)
 
 
-def progress_bar(total: int, *, enabled: bool) -> Any:
-    """A tqdm bar of finished requests on stderr (None when not `enabled`)."""
+def progress_bar(total: int, *, enabled: bool, desc: str = "simulating") -> Any:
+    """A tqdm bar of finished requests on stderr, labelled `desc` (None when not `enabled`)."""
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="req", desc="simulating", leave=False)
+    return tqdm(total=total, unit="req", desc=desc, leave=False)
 
 
 def check_conservation(requests: Sequence[Request], manager: KVCacheManager) -> None:

@@ -122,11 +122,11 @@ def simulate_cluster(
         specs = ([InstanceSpec(config, "prefill") for _ in range(prefill)]
                  + [InstanceSpec(config, "decode") for _ in range(decode)])
 
-    def run_once(in_flight: dict[int, int] | None) -> ClusterResult:
+    def run_once(in_flight: dict[int, int] | None, desc: str) -> ClusterResult:
         cluster = Cluster(trace, specs, router=router, router_seed=router_seed,
                           cost_model=cost_model, decode_runs=decode_runs,
                           pd_link_bandwidth=pd_link_bandwidth, in_flight=in_flight)
-        return cluster.run(progress=progress)
+        return cluster.run(progress=progress, desc=desc)
 
     model = default_cost_model(config) if cost_model is None else cost_model
     return run_with_api_load(run_once, lambda result: result.cluster.requests, model)
@@ -311,11 +311,11 @@ class Cluster:
                                  [i for i in self.instances if i.role == "decode"],
                                  self.arrivals.next_arrival_s)
 
-    def run(self, *, progress: bool = False) -> ClusterResult:
+    def run(self, *, progress: bool = False, desc: str = "simulating") -> ClusterResult:
         """Simulate until every request has finished; check conservation per instance and that
         every request was routed once; return the records."""
         env = self.env
-        bar = progress_bar(len(self.requests), enabled=progress)
+        bar = progress_bar(len(self.requests), enabled=progress, desc=desc)
         handoffs = self.handoffs
         for instance in self.instances:
             if instance.role == "prefill" and handoffs is not None:

@@ -52,11 +52,11 @@ def simulate(
     """
     model = default_cost_model(config) if cost_model is None else cost_model
 
-    def run_once(in_flight: dict[int, int] | None) -> RunResult:
+    def run_once(in_flight: dict[int, int] | None, desc: str) -> RunResult:
         simulation = Simulation(trace, config, cost_model=model,
                                 preemption_costs=preemption_costs, decode_runs=decode_runs,
                                 in_flight=in_flight)
-        return simulation.run(progress=progress)
+        return simulation.run(progress=progress, desc=desc)
 
     return run_with_api_load(run_once, lambda result: result.requests, model)
 
@@ -102,10 +102,10 @@ class Simulation:
         self.instance = SimInstance(self.env, self.loop, cost_model, self.link,
                                     decode_runs=decode_runs, tier_links=self.tier_links)
 
-    def run(self, *, progress: bool = False) -> RunResult:
+    def run(self, *, progress: bool = False, desc: str = "simulating") -> RunResult:
         """Simulate until every request has finished; check conservation; return the records."""
         env, instance = self.env, self.instance
-        bar = progress_bar(len(self.requests), enabled=progress)
+        bar = progress_bar(len(self.requests), enabled=progress, desc=desc)
         if bar is not None:
             instance.on_finished = lambda ended: bar.update(len(ended))
         env.process(instance.run())  # alone, it sleeps to its own next arrival

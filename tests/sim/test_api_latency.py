@@ -46,17 +46,19 @@ def test_a_request_sent_into_a_busy_server_reaches_the_scheduler_later():
 
 def test_the_runs_stop_once_the_loads_repeat_and_are_bounded():
     loaded = CalibratedCostModel(api_latency_per_request_s=0.01)
-    calls = []
+    calls, labels = [], []
 
-    def settling(in_flight):
+    def settling(in_flight, label):
         calls.append(in_flight)
+        labels.append(label)
         return [SimpleNamespace(request_id=0, arrival_s=0.0, finish_s=1.0),
                 SimpleNamespace(request_id=1, arrival_s=0.5, finish_s=2.0)]
 
     run_with_api_load(settling, lambda result: result, loaded)
     assert calls == [None, {0: 0, 1: 1}]  # the second run saw what the first left
+    assert labels == ["simulating", f"simulating (API load, rerun 1 of <= {MAX_LOAD_PASSES})"]
 
-    def never_settling(in_flight):
+    def never_settling(in_flight, label):
         calls.append(in_flight)
         return [SimpleNamespace(request_id=0, arrival_s=0.0, finish_s=1.0 + len(calls) % 2),
                 SimpleNamespace(request_id=1, arrival_s=1.5, finish_s=3.0)]
