@@ -108,11 +108,16 @@ class CalibratedCostModel:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fit"}
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document `save` writes and `from_json` reads."""
+        """The JSON document `save` writes and `from_json` reads. The API latency's load term
+        is left out when 0 (a file without it reads as 0), so that a kvlab from before the
+        term, which refuses coefficients it does not know, still reads such a model."""
+        coefficients = self.coefficients()
+        if not coefficients["api_latency_per_request_s"]:
+            del coefficients["api_latency_per_request_s"]
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
-            "coefficients": self.coefficients(),
+            "coefficients": coefficients,
             "fit": self.fit,
         }
 

@@ -81,3 +81,12 @@ def test_a_cluster_of_one_gives_one_instances_records_with_a_load_term():
     for a, c in zip(alone, cluster, strict=True):
         assert (a.arrival_s, a.first_scheduled_s, a.first_token_s, a.finish_s) == (
             c.arrival_s, c.first_scheduled_s, c.first_token_s, c.finish_s)
+
+
+def test_a_model_without_the_load_term_is_written_as_before_it_and_both_read_back():
+    flat = CalibratedCostModel(api_latency_s=0.003)
+    assert "api_latency_per_request_s" not in flat.to_json()["coefficients"]
+    assert CalibratedCostModel.from_json(flat.to_json()) == flat
+    loaded = CalibratedCostModel(api_latency_per_request_s=0.01)
+    assert loaded.to_json()["coefficients"]["api_latency_per_request_s"] == 0.01
+    assert CalibratedCostModel.from_json(loaded.to_json()) == loaded
