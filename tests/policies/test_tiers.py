@@ -155,3 +155,16 @@ def test_a_chain_takes_each_key_from_the_highest_tier_holding_it(holders, num_ti
             for level in range(1, num_tiers + 1)]
     keys = list(range(len(holders)))
     assert tier_chain(maps, keys) == _chain_key_by_key(maps, keys)
+
+
+@given(runs=st.lists(st.tuples(st.sets(st.integers(1, 3), max_size=3), st.integers(1, 150)),
+                     max_size=6),
+       num_tiers=st.integers(1, 3))
+def test_a_chain_of_long_runs_is_found_past_the_first_chunks(runs, num_tiers):
+    # runs of keys held by the same tiers (a prompt's pages move together), longer than the
+    # chunk a lookup probes at first
+    holders = [held for held, length in runs for _ in range(length)]
+    maps = [{key: 1000 * level + key for key, held in enumerate(holders) if level in held}
+            for level in range(1, num_tiers + 1)]
+    keys = list(range(len(holders)))
+    assert tier_chain(maps, keys) == _chain_key_by_key(maps, keys)
