@@ -86,6 +86,12 @@ BENCH_TERMS = ("step_overhead_s", "prefill_token_s", "attention_pair_s", "decode
 BENCH_TERMS_KVLAB = (*BENCH_TERMS, "padded_context_token_s")
 GAP_FRACTIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
 LATENCY_STEP_S = 0.01  # stage 2 moves the API latency in steps of this size
+# Stage 2's loss adds, per run, this weight times the sum of the squared log-scale factors of
+# the groups: the steps measured in stage 1 stay evidence. Why: free to move, stage 2 fitted
+# busy calibration windows by doubling vLLM's step overhead, and every light step with it
+# (window 1's TPOT +70-93% in four runs of 2026-12-02; docs/validation.md). Chosen among
+# 0.02-8 on those runs: 2 kept stage 2's TTFT and halved the TPOT error.
+STEP_PRIOR_WEIGHT = 2.0
 # A load term of the API latency is fitted on at least this many scrape intervals, whose mean
 # loads span at least this many requests in flight.
 MIN_LATENCY_INTERVALS = 6
@@ -470,7 +476,8 @@ def _refine(start: CalibratedCostModel, errors_of: Any, max_evaluations: int, *,
             fit_latency: bool) -> tuple[CalibratedCostModel, list[dict[str, float | None]], int]:
     """Stage 2: log-scale factors on GROUPS and, with `fit_latency`, an additive change of the
     API latency (in units of LATENCY_STEP_S), Nelder-Mead on the weighted squared log-ratio of
-    the matched metrics. Why not always the latency: where the server measured it, moving it
+    the matched metrics plus a pull towards stage 1 (STEP_PRIOR_WEIGHT). Why not always the
+    latency: where the server measured it, moving it
     to fit busy runs' TTFT (a step model's error) put light runs' TTFT 15-30% high."""
     groups = [names for names in GROUPS.values()
               if any(getattr(start, name) > 0 for name in names)]
@@ -489,7 +496,8 @@ def _refine(start: CalibratedCostModel, errors_of: Any, max_evaluations: int, *,
         key = tuple(np.round(x, 6))
         if key not in cache:
             errors = errors_of(scaled(x))
-            cache[key] = (sum(_loss(e) for e in errors), errors)
+            prior = STEP_PRIOR_WEIGHT * len(errors) * float(np.sum(x[:len(groups)] ** 2))
+            cache[key] = (sum(_loss(e) for e in errors) + prior, errors)
         return cache[key][0]
 
     best = nelder_mead(loss, np.zeros(len(groups) + fit_latency), step=0.3,

@@ -196,3 +196,25 @@ def test_nelder_mead_passes_its_budget_by_one_move_at_most(num_parameters):
         found = nelder_mead(bumpy, np.zeros(num_parameters), max_evaluations=budget,
                             tolerance=0.0)
         assert budget <= found.num_evaluations <= budget + num_parameters + 1
+
+
+def test_stage_2_stays_near_the_measured_steps(monkeypatch):
+    # the runs' distributions ask for twice the step overhead (their TPOT is 2x long with
+    # stage 1's); the steps measured in stage 1 pull the fit back towards them
+    from kvlab.fidelity import from_bench
+    from kvlab.sim.calibrated import CalibratedCostModel
+
+    start = CalibratedCostModel(step_overhead_s=0.001, decode_token_s=1e-5)
+
+    def errors_of(model):
+        return [{"mean_tpot_ms": model.step_overhead_s / 0.002 - 1.0}] * 2
+
+    def overhead(weight: float) -> float:
+        monkeypatch.setattr(from_bench, "STEP_PRIOR_WEIGHT", weight)
+        model, _, _ = from_bench._refine(start, errors_of, 200, fit_latency=False)
+        return model.step_overhead_s
+
+    weight = from_bench.STEP_PRIOR_WEIGHT
+    assert overhead(0.0) == pytest.approx(0.002, rel=0.02)  # the distributions alone
+    # per run (log error)^2 + weight x (log factor)^2: a third of the way at weight 2
+    assert overhead(weight) == pytest.approx(0.001 * 2 ** (1 / (1 + weight)), rel=0.02)
