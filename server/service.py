@@ -67,9 +67,25 @@ class Stream:
         """Hand an event to the handler's event loop (engine thread)."""
         self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
+    @staticmethod
+    def put_all(events: Sequence[tuple[Stream, Event]]) -> None:
+        """Hand a step's events to their handlers' event loops, one wake-up per loop (engine
+        thread): a wake-up is a write to the loop's socket, and one per stream and step cost
+        the engine thread about 3% of a busy server's time."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Event]]] = {}
+        for stream, event in events:
+            by_loop.setdefault(stream._loop, []).append((stream._events, event))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_each, items)
+
     async def get(self) -> Event:
         """The next event (handler)."""
         return await self._events.get()
+
+
+def _put_each(items: list[tuple[asyncio.Queue, Event]]) -> None:
+    for events, event in items:
+        events.put_nowait(event)
 
 
 @dataclass(slots=True)
@@ -269,7 +285,7 @@ class EngineService:
 
     def _emit(self, requests: Sequence[Request], finished: Sequence[Request],
               failed: Sequence[Request]) -> None:
-        streams = self._streams
+        streams, out = self._streams, []
         for request in requests:
             stream = streams.get(request.request_id)
             if stream is None or request.is_finished:
@@ -279,18 +295,24 @@ class EngineService:
                 continue
             new = self._take_unsent(stream)
             if new:
-                stream.put(Event(new))
+                out.append((stream, Event(new)))
         for request in (*finished, *failed):
             stream = streams.pop(request.request_id, None)
             if stream is not None:
-                self._finish(stream)
+                out.append((stream, self._last_event(stream)))
+        Stream.put_all(out)
 
     def _finish(self, stream: Stream) -> None:
-        """The last event of a finished, failed or aborted request."""
+        """Send the last event of a finished, failed or aborted request."""
+        stream.put(self._last_event(stream))
+
+    def _last_event(self, stream: Stream) -> Event:
+        """The last event of a finished, failed or aborted request (its end counted)."""
         request = stream.request
         reason = FINISH_REASONS.get(request.status, "abort")
-        stream.put(Event(self._take_unsent(stream), reason, request.error))
+        event = Event(self._take_unsent(stream), reason, request.error)
         self.metrics.observe_finished(request, reason)
+        return event
 
     def _take_unsent(self, stream: Stream) -> list[int]:
         """The stream's tokens not sent yet, now counted as sent (and the TTFT with the first)."""
