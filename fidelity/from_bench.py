@@ -477,8 +477,8 @@ def _refine(start: CalibratedCostModel, errors_of: Any, max_evaluations: int, *,
     """Stage 2: log-scale factors on GROUPS and, with `fit_latency`, an additive change of the
     API latency (in units of LATENCY_STEP_S), Nelder-Mead on the weighted squared log-ratio of
     the matched metrics plus a pull towards stage 1 (STEP_PRIOR_WEIGHT). Why not always the
-    latency: where the server measured it, moving it
-    to fit busy runs' TTFT (a step model's error) put light runs' TTFT 15-30% high."""
+    latency: where the server measured it, moving it to fit busy runs' TTFT (a step model's
+    error) put light runs' TTFT 15-30% high."""
     groups = [names for names in GROUPS.values()
               if any(getattr(start, name) > 0 for name in names)]
     cache: dict[tuple[float, ...], tuple[float, list[dict[str, float | None]]]] = {}

@@ -160,9 +160,9 @@ def test_a_chain_takes_each_key_from_the_highest_tier_holding_it(holders, num_ti
 @given(runs=st.lists(st.tuples(st.sets(st.integers(1, 3), max_size=3), st.integers(1, 150)),
                      max_size=6),
        num_tiers=st.integers(1, 3))
-def test_a_chain_of_long_runs_is_found_past_the_first_chunks(runs, num_tiers):
-    # runs of keys held by the same tiers (a prompt's pages move together), longer than the
-    # chunk a lookup probes at first
+def test_a_chain_of_long_runs_takes_each_key_from_the_highest_tier_holding_it(runs, num_tiers):
+    # runs of up to 150 keys held by the same tiers (a prompt's pages move together), where
+    # the test above draws each key's holders alone
     holders = [held for held, length in runs for _ in range(length)]
     maps = [{key: 1000 * level + key for key, held in enumerate(holders) if level in held}
             for level in range(1, num_tiers + 1)]

@@ -176,10 +176,10 @@ def test_v1_routes_want_the_api_key_and_the_others_do_not(live):
 
 
 def _metric(live, name: str) -> float:
-    for line in httpx.get(live.base_url + "/metrics").text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} is not exported")
+    values = _metrics(live)
+    if name not in values:
+        raise AssertionError(f"{name} is not exported")
+    return values[name]
 
 
 def test_ttft_is_counted_when_the_first_token_goes_out_not_at_the_end(live):
