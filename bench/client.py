@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvlab.bench.host_cpu import host_cpu_times
 from kvlab.bench.records import FINISH_STATUSES, BenchRequest
 from kvlab.errors import KvlabError
 from kvlab.policies import RequestStatus
@@ -64,13 +65,16 @@ class PlannedRequest:
 class ClientRun:
     """A finished client run: every request's record, the run's duration (first send to last
     finish, vLLM's benchmark duration), when it began (epoch seconds) and the /metrics pages
-    read (epoch seconds, text), the first before any request and the last after all."""
+    read (epoch seconds, text), the first before any request and the last after all; with
+    each scrape, the client host's CPU times (epoch seconds, steal and total ticks:
+    `host_cpu.host_cpu_times`), where the host tells them."""
 
     requests: list[BenchRequest]
     duration_s: float
     started_at: float
     metrics_pages: list[tuple[float, str]] = field(default_factory=list)
     metrics_errors: list[str] = field(default_factory=list)
+    host_cpu: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 def run_client(
@@ -268,9 +272,7 @@ def _error_message(text: str) -> str:
 
 async def _scrape_loop(session: Any, config: ClientConfig, run: ClientRun,
                        stop: asyncio.Event) -> None:
-    """Read /metrics every scrape_interval_s until `stop`."""
-    if config.metrics_path is None:
-        return
+    """Read /metrics (and the host's CPU times) every scrape_interval_s until `stop`."""
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), timeout=config.scrape_interval_s)
@@ -279,9 +281,13 @@ async def _scrape_loop(session: Any, config: ClientConfig, run: ClientRun,
 
 
 async def _scrape_once(session: Any, config: ClientConfig, run: ClientRun) -> None:
-    """One /metrics page into run.metrics_pages; a failure is noted, never raised."""
+    """One /metrics page into run.metrics_pages, and the host's CPU times into run.host_cpu;
+    a failure is noted, never raised."""
     import aiohttp
 
+    times = host_cpu_times()
+    if times is not None:
+        run.host_cpu.append((time.time(), *times))
     if config.metrics_path is None:
         return
     url = config.base_url.rstrip("/") + config.metrics_path

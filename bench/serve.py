@@ -27,6 +27,7 @@ from kvlab.bench.client import (
     reset_prefix_cache,
     run_client,
 )
+from kvlab.bench.host_cpu import steal_perc
 from kvlab.bench.kv_events import KVEventStream, KVEventSubscriber
 from kvlab.bench.observed import ServerInfo, kv_summary, metrics_series, server_info
 from kvlab.bench.records import BenchRequest
@@ -56,7 +57,10 @@ class BenchResult:
     (`observed.metrics_series`; `started_at` is the run's start, epoch seconds) and the
     workload's request layout (`hash_ids` per request where the trace shares prompt blocks).
     With a KV event subscription, `kv_events` holds the server's event stream and
-    `prompt_token_ids` every request's prompt (what KV lockstep replays)."""
+    `prompt_token_ids` every request's prompt (what KV lockstep replays). `host_cpu` holds the
+    client host's cumulative CPU times at each scrape (`time_s` since `started_at`,
+    `steal_ticks`, `total_ticks`; empty where the host does not tell): how much of the
+    machine the hypervisor withheld during the run (`kvlab.bench.host_cpu`)."""
 
     run: RunResult
     server: ServerInfo
@@ -67,6 +71,7 @@ class BenchResult:
     hash_block_size: int = 512
     kv_events: KVEventStream | None = None
     prompt_token_ids: list[list[int]] | None = None
+    host_cpu: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def requests(self) -> list[BenchRequest]:
@@ -81,10 +86,21 @@ class BenchResult:
         for key in UNOBSERVED_KEYS:
             summary.pop(key, None)
         summary.update(kv_summary(self.series, self.server))
+        summary["host_cpu_steal_perc"] = self.host_cpu_steal_perc()
         if "request_goodput" not in summary:
             summary["request_goodput"] = None
         summary.update(peaks(self.requests))
         return summary
+
+    def host_cpu_steal_perc(self, start_s: float = -math.inf,
+                            end_s: float = math.inf) -> float | None:
+        """The share of the client host's CPU time that the hypervisor withheld (steal)
+        between the first and last samples within [start_s, end_s] (seconds since
+        `started_at`), in percent; None where the host does not tell."""
+        cpu = self.host_cpu
+        inside = [i for i, t in enumerate(cpu.get("time_s", ())) if start_s <= t <= end_s]
+        return steal_perc([cpu["steal_ticks"][i] for i in inside],
+                          [cpu["total_ticks"][i] for i in inside])
 
     def requests_table(self) -> pd.DataFrame:
         """One row per request (`kvlab.metrics.per_request_table`'s columns)."""
@@ -136,6 +152,7 @@ class BenchResult:
         if detailed:
             document.update(self.detailed())
             document["kvlab_metrics_series"] = _finite(self.series)
+            document["kvlab_host_cpu"] = self.host_cpu
         return document
 
 
@@ -289,7 +306,17 @@ def bench_result(ran: ClientRun, trace: Trace, card: dict[str, Any],
     by_id = {r.request_id: r for r in trace.requests}
     hash_ids = [list(h) if (h := by_id[r.request_id].hash_ids) else None for r in records]
     block = trace.requests[0].hash_block_size if trace.requests else 512
-    return BenchResult(run, info, series, ran.started_at, ran.metrics_errors, hash_ids, block)
+    return BenchResult(run, info, series, ran.started_at, ran.metrics_errors, hash_ids, block,
+                       host_cpu=_host_cpu_table(ran))
+
+
+def _host_cpu_table(ran: ClientRun) -> dict[str, list[float]]:
+    """The client run's host CPU samples as columns (time since the run's start)."""
+    if not ran.host_cpu:
+        return {}
+    times, steal, total = zip(*ran.host_cpu, strict=True)
+    return {"time_s": [t - ran.started_at for t in times], "steal_ticks": list(steal),
+            "total_ticks": list(total)}
 
 
 def load_bench_result(path: str | Path) -> BenchResult:
@@ -355,6 +382,8 @@ def _from_document(d: dict[str, Any]) -> BenchResult:
     prompts = d.get("kvlab_prompt_token_ids")
     for record, ids in zip(requests, d.get("kvlab_output_token_ids") or (), strict=False):
         record.output_token_ids = ids
+    host_cpu = {k: [float(v) for v in values]
+                for k, values in (d.get("kvlab_host_cpu") or {}).items()}
     return BenchResult(run, info, series, float(d["started_at"]), list(d["metrics_errors"]),
                        d["kvlab_hash_ids"], int(d["kvlab_hash_block_size"]),
-                       prompt_token_ids=prompts)
+                       prompt_token_ids=prompts, host_cpu=host_cpu)

@@ -60,6 +60,7 @@ RUN_ROWS = (
     ("backend", "Backend:"),
     ("model", "Model:"),
     ("hardware", "Hardware:"),
+    ("host_cpu_steal_perc", "Client host CPU steal (%):"),  # withheld by the hypervisor
     ("cost_model", "Cost model:"),
     ("dataset", "Dataset:"),
     ("seed", "Seed:"),

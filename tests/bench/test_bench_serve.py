@@ -114,8 +114,11 @@ def test_the_saved_result_reads_back_to_the_same_summary(live, tmp_path):
     loaded = load_bench_result(path).summary(percentile_metrics=("ttft", "tpot", "itl", "e2el"))
     for key in ("completed", "total_output_tokens", "mean_ttft_ms", "p99_itl_ms",
                 "mean_tpot_ms", "mean_e2el_ms", "num_preemptions", "peak_kv_usage_perc",
-                "max_output_tokens_per_s"):
+                "max_output_tokens_per_s", "host_cpu_steal_perc"):
         assert loaded[key] == pytest.approx(document[key], rel=1e-9), key
+    # the client host's CPU is sampled with every scrape (Linux: /proc/stat)
+    assert 0.0 <= document["host_cpu_steal_perc"] <= 100.0
+    assert len(document["kvlab_host_cpu"]["time_s"]) >= 2
 
 
 def test_the_concurrency_cap_holds(live):
