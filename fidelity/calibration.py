@@ -322,6 +322,9 @@ def format_fit(model: CalibratedCostModel) -> str:
     units = {"attention_pair_s": 1e9}
     lines = ["Cost-model coefficients"]
     for name, value in model.coefficients().items():
+        if name == "host_steal_slowdown":
+            lines.append(f"{'host_steal_slowdown (x steal share):':<40}{value:<10.4f}")
+            continue
         scale, unit = (1e9, "ns") if name in units else (1e6, "us")
         label = name.removesuffix("_s") + f" ({unit}):"
         lines.append(f"{label:<40}{value * scale:<10.4f}")

@@ -44,6 +44,7 @@ from kvlab.fidelity.calibration import (
     TIME_COLUMN,
     finite_or_none,
     fit_quality,
+    predict,
     robust_step_fit,
 )
 from kvlab.fidelity.optimize import nelder_mead
@@ -98,6 +99,13 @@ MIN_LATENCY_INTERVALS = 6
 MIN_LOAD_SPREAD = 4.0
 THEIL_SEN_POINTS = 1500  # points of the API-latency line at most (about 1.1M pairs)
 POOR_FIT_ERROR = 0.10  # a matched metric further off than this after the fit is a warning
+# A run during which the hypervisor withheld more than this share of the client host's CPU
+# (steal time) is a warning: a server on that host ran slower for it (docs/validation.md)
+STEAL_WARNING_PERC = 5.0
+# The steal slowdowns stage 1 tries (`steal_step_fit`), and how far apart the calibration
+# runs' steal shares must be for it to tell them apart.
+STEAL_SLOWDOWNS = tuple(k / 4 for k in range(17))  # 0 to 4
+MIN_STEAL_SPREAD = 0.03
 SUMMARY_OPTIONS: dict[str, Any] = {"percentile_metrics": ("ttft", "tpot", "itl", "e2el"),
                                    "metric_percentiles": (50, 99)}
 
@@ -331,21 +339,24 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
     profiles = [reconstruct_profile(run, serving.max_num_batched_tokens,
                                     serving.enable_chunked_prefill) for run in runs]
     # each run's first step pays a cold start; steps a running request missed are left out
-    regular = pd.concat([p[p["regular"]].iloc[1:] for p in profiles if len(p)])
+    shares = [steal_share(run) for run in runs]
+    regular = pd.concat([p[p["regular"]].iloc[1:].assign(steal_share=share)
+                         for p, share in zip(profiles, shares, strict=True) if len(p)])
     if len(regular) < 4:
         raise KvlabError(f"{source}: only {len(regular)} steps could be reconstructed from "
                          "the streamed timestamps (was the run streamed, with several tokens "
                          "per request?)")
     terms = BENCH_TERMS_KVLAB if server_preset(runs[0].server) == "kvlab" else BENCH_TERMS
     latency = api_latency_fit(runs, measured)
-    stage1 = dataclasses.replace(robust_step_fit(regular, terms), api_latency_s=latency.base_s,
+    stage1 = dataclasses.replace(steal_step_fit(regular, terms), api_latency_s=latency.base_s,
                                  api_latency_per_request_s=latency.per_request_s)
     traces = [bench_trace(run) for run in runs]
 
     def errors_of(model: CalibratedCostModel) -> list[dict[str, float | None]]:
         out = []
-        for trace, target in zip(traces, measured, strict=True):
-            simulated = summarize(simulate(trace, config, cost_model=model), **SUMMARY_OPTIONS)
+        for trace, target, share in zip(traces, measured, shares, strict=True):
+            simulated = summarize(simulate(trace, config, cost_model=model.under_steal(share)),
+                                  **SUMMARY_OPTIONS)
             out.append({key: relative_error(float(simulated[key]), float(target[key]))
                         for key, _ in MATCHED_METRICS})
         return out
@@ -356,7 +367,9 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         model, run_errors, evaluations = _refine(stage1, errors_of, max_evaluations,
                                                  fit_latency=not latency.measured)
         errors = _mean_errors(run_errors)
-    quality = fit_quality(model, regular)
+    # judged on the steps as the dedicated host the coefficients describe would run them
+    dedicated = regular[TIME_COLUMN] / (1.0 + model.host_steal_slowdown * regular["steal_share"])
+    quality = fit_quality(model, regular.assign(**{TIME_COLUMN: dedicated}))
     steps = sum(len(p) for p in profiles)
     counted = [server_step_count(run) for run in runs]
     server_steps = None if None in counted else sum(c for c in counted if c is not None)
@@ -368,11 +381,43 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         "r2": finite_or_none(quality.r2), "mape_perc": finite_or_none(quality.mape_perc),
         "total_error_perc": finite_or_none(quality.total_error_perc),
         "num_reconstructed_steps": steps, "num_server_steps": server_steps,
+        "host_steal_perc": [round(100.0 * share, 2) for share in shares],
         "sim_errors": errors, "server": runs[0].server.to_json(),
         "model": config.model_spec.name,
     })
-    return BenchFit(model, errors, stage1_errors, steps, server_steps,
-                    _warnings(errors, steps, server_steps), stage1=stage1)
+    warnings = [*_warnings(errors, steps, server_steps),
+                *steal_warnings(runs, "calibration run", model.host_steal_slowdown)]
+    return BenchFit(model, errors, stage1_errors, steps, server_steps, warnings, stage1=stage1)
+
+
+def steal_share(run: BenchResult) -> float:
+    """The share (0..1) of the client host's CPU that the hypervisor withheld during the run
+    (steal time; 0 where the host does not tell)."""
+    steal = run.host_cpu_steal_perc()
+    return 0.0 if steal is None else steal / 100.0
+
+
+def steal_step_fit(profile: pd.DataFrame, terms: Sequence[str]) -> CalibratedCostModel:
+    """`robust_step_fit` of the steps as a dedicated host would run them: each step's time
+    divided by 1 + k x its run's `steal_share`, with the slowdown k (STEAL_SLOWDOWNS) whose
+    fit, slowed down again, best matches the measured steps (lowest mean relative error,
+    each step's capped at 100%). k is the model's `host_steal_slowdown`; 0 where the runs'
+    steal shares differ by less than MIN_STEAL_SPREAD (nothing tells k then)."""
+    shares = profile["steal_share"].to_numpy(dtype=np.float64)
+    if not len(shares) or float(np.ptp(shares)) < MIN_STEAL_SPREAD:
+        return robust_step_fit(profile, terms)
+    measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
+    positive = measured > 0
+    best, best_error = CalibratedCostModel(), math.inf
+    for slowdown in STEAL_SLOWDOWNS:
+        factor = 1.0 + slowdown * shares
+        model = robust_step_fit(profile.assign(**{TIME_COLUMN: measured / factor}), terms)
+        predicted = predict(model, profile) * factor
+        relative = np.abs(predicted - measured)[positive] / measured[positive]
+        error = float(np.mean(np.minimum(relative, 1.0)))
+        if error < best_error:
+            best, best_error = dataclasses.replace(model, host_steal_slowdown=slowdown), error
+    return best
 
 
 def _mean_errors(per_run: list[dict[str, float | None]]) -> dict[str, float | None]:
@@ -530,6 +575,24 @@ def _warnings(errors: dict[str, float | None], num_steps: int,
     if server_steps and abs(num_steps - server_steps) > 0.2 * server_steps:
         out.append(f"the streamed timestamps gave {num_steps} steps where the server counted "
                    f"{server_steps}: chunks of one step arrived apart (a loaded client?)")
+    return out
+
+
+def steal_warnings(runs: Sequence[BenchResult], role: str, slowdown: float) -> list[str]:
+    """A warning for each run (`role` and its number) during which the client host lost more
+    than STEAL_WARNING_PERC of its CPU to the hypervisor (`host_cpu_steal_perc`),
+    saying how much slower the cost model's `slowdown` (host_steal_slowdown) simulates it."""
+    out = []
+    for number, run in enumerate(runs, start=1):
+        steal = run.host_cpu_steal_perc()
+        if steal is None or steal <= STEAL_WARNING_PERC:
+            continue
+        head = (f"{role} {number}: the hypervisor withheld {steal:.1f}% of this machine's CPU "
+                "(steal time), which slows a server on it")
+        out.append(f"{head}; simulated {1.0 + slowdown * steal / 100.0:.2f}x slower "
+                   f"(host_steal_slowdown {slowdown:g})" if slowdown else
+                   f"{head}, by how much the calibration runs could not tell (their steal "
+                   f"differs by less than {100 * MIN_STEAL_SPREAD:g} points)")
     return out
 
 

@@ -16,7 +16,14 @@ from typing import Any
 from kvlab.bench import BenchRequest, BenchResult, ClientConfig, bench_serve
 from kvlab.bench.observed import series_increase
 from kvlab.errors import KvlabError
-from kvlab.fidelity.from_bench import SUMMARY_OPTIONS, bench_trace, fit_bench, server_sim_config
+from kvlab.fidelity.from_bench import (
+    SUMMARY_OPTIONS,
+    bench_trace,
+    fit_bench,
+    server_sim_config,
+    steal_share,
+    steal_warnings,
+)
 from kvlab.fidelity.validation import ValidationResult, compare_metrics
 from kvlab.metrics import RunResult, merge_runs, summarize
 from kvlab.sim import simulate
@@ -92,7 +99,8 @@ def validate_server(
                        f"window(s) of {len(calibration_runs[0].requests)} requests, one fit")
     runs = []
     for bench in validated:
-        sim = simulate(bench_trace(bench), config, cost_model=cost_model)
+        sim = simulate(bench_trace(bench), config,
+                       cost_model=cost_model.under_steal(steal_share(bench)))
         sim.metadata["hardware"] = f"sim of {target.client.base_url}"
         runs.append(ServerWindow(bench, sim, cost_model, calibration, warnings))
     server_summary = pooled_server_summary(validated)
@@ -104,7 +112,7 @@ def validate_server(
         cost_model=cost_model,
         calibration=calibration,
         reference=REFERENCE,
-        warnings=warnings,
+        warnings=[*warnings, *steal_warnings(validated, "window", cost_model.host_steal_slowdown)],
     )
     if len(runs) > 1:
         result.windows = [_window_json(run) for run in runs]
@@ -142,6 +150,7 @@ def pooled_server_summary(results: Sequence[BenchResult]) -> dict[str, Any]:
         pooled.pop(key, None)
     pooled.update(_pooled_kv(summaries, [result.run.duration_s for result in results],
                              results))
+    pooled["host_cpu_steal_perc"] = pooled_steal_perc(results)
     pooled["dataset"] = f"{summaries[0].get('dataset')} and {len(results) - 1} more windows"
     return pooled
 
@@ -175,6 +184,19 @@ def _pooled_kv(summaries: list[dict[str, Any]], durations: list[float],
     }
 
 
+def pooled_steal_perc(results: Sequence[BenchResult]) -> float | None:
+    """The client host's CPU share that the hypervisor withheld over all the runs
+    (their ticks added up), in percent; None where a run does not tell."""
+    steal = total = 0.0
+    for result in results:
+        ticks = result.host_cpu
+        if len(ticks.get("total_ticks", ())) < 2:
+            return None
+        steal += ticks["steal_ticks"][-1] - ticks["steal_ticks"][0]
+        total += ticks["total_ticks"][-1] - ticks["total_ticks"][0]
+    return 100.0 * steal / total if total > 0 else None
+
+
 def _increase(result: BenchResult, column: str) -> float:
     return series_increase(result.series, column) or 0.0
 
@@ -188,5 +210,6 @@ def _window_json(run: ServerWindow) -> dict[str, Any]:
         "metrics": compare_metrics(_summarize(run.sim), run.bench.summary(**SUMMARY_OPTIONS),
                                    reference=REFERENCE),
         "warnings": run.warnings,
+        "host_cpu_steal_perc": run.bench.host_cpu_steal_perc(),
         "lockstep_identical": None,
     }

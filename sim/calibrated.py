@@ -15,7 +15,8 @@ and its memory work (executed before the forward pass, on the same stream) costs
 `copy_page_s` per page copied on the device. `api_latency_s` and `api_latency_per_request_s`
 are a server's: the time its API adds between a client's send and the scheduler, and how much
 more for each request in flight (see the fields). All coefficients are
-seconds and non-negative.
+seconds and non-negative, but `host_steal_slowdown`: how much slower the server's steps ran
+per share of its host's CPU that the hypervisor withheld (steal time, `under_steal`).
 Torch-free: the file is plain JSON.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,10 @@ from kvlab.sim.cost_model import StepShapeLike, prefill_shape
 FORMAT = "kvlab-calibrated-cost-model"
 # 2: padded_context_token_s (a version-1 file lacks it: refit from the profile, see from_json)
 FORMAT_VERSION = 2
+# Written only when nonzero (`to_json`): added to version 2 without a new version.
+OPTIONAL_COEFFICIENTS = ("api_latency_per_request_s", "host_steal_slowdown")
+# What a server's API adds, and the steal sensitivity: not scaled by `under_steal`.
+UNSCALED_COEFFICIENTS = ("api_latency_s", "api_latency_per_request_s", "host_steal_slowdown")
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,6 +66,12 @@ class CalibratedCostModel:
     # every running request's tokens: kvlab.sim.api_latency).
     api_latency_s: float = 0.0
     api_latency_per_request_s: float = 0.0
+    # The coefficients above are a host's own (a dedicated machine's). On a virtual machine the
+    # hypervisor withholds some of the CPU (steal time: its other guests, its own work) and a
+    # server there runs slower: on the team's machine 2.5-4x the steal share
+    # (docs/validation.md). `calibrate --from-bench` fits this sensitivity where its runs
+    # recorded the client host's steal time; `under_steal` applies it.
+    host_steal_slowdown: float = 0.0
     fit: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def step_time_s(self, shape: StepShapeLike) -> float:
@@ -103,17 +114,31 @@ class CalibratedCostModel:
         """One sequence's prefill of num_tokens tokens from scratch, causal attention."""
         return self.step_time_s(prefill_shape(num_tokens)) if num_tokens > 0 else 0.0
 
+    def under_steal(self, steal_share: float) -> CalibratedCostModel:
+        """This model on a host whose hypervisor withheld `steal_share` (0..1) of its CPU:
+        every step, swap and copy time times 1 + host_steal_slowdown x steal_share (the API
+        latency, measured per run, as it is)."""
+        factor = 1.0 + self.host_steal_slowdown * steal_share
+        if factor == 1.0:
+            return self
+        slowed: dict[str, Any] = {name: value * factor
+                                  for name, value in self.coefficients().items()
+                                  if name not in UNSCALED_COEFFICIENTS}
+        return replace(self, **slowed)
+
     def coefficients(self) -> dict[str, float]:
         """The coefficients by name, in seconds (everything but `fit`)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fit"}
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document `save` writes and `from_json` reads. The API latency's load term
-        is left out when 0 (a file without it reads as 0), so that a kvlab from before the
-        term, which refuses coefficients it does not know, still reads such a model."""
+        """The JSON document `save` writes and `from_json` reads. The terms added since the
+        format's version 2 (OPTIONAL_COEFFICIENTS) are left out when 0 (a file without them
+        reads as 0), so that a kvlab from before them, which refuses coefficients it does not
+        know, still reads a model that does not use them."""
         coefficients = self.coefficients()
-        if not coefficients["api_latency_per_request_s"]:
-            del coefficients["api_latency_per_request_s"]
+        for name in OPTIONAL_COEFFICIENTS:
+            if not coefficients[name]:
+                del coefficients[name]
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
