@@ -404,10 +404,10 @@ def steal_step_fit(profile: pd.DataFrame, terms: Sequence[str]) -> CalibratedCos
     each step's capped at 100%). k is the model's `host_steal_slowdown`; 0 where the runs'
     steal shares differ by less than MIN_STEAL_SPREAD (nothing tells k then)."""
     shares = profile["steal_share"].to_numpy(dtype=np.float64)
-    if not len(shares) or float(np.ptp(shares)) < MIN_STEAL_SPREAD:
-        return robust_step_fit(profile, terms)
     measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
     positive = measured > 0
+    if not positive.any() or float(np.ptp(shares)) < MIN_STEAL_SPREAD:
+        return robust_step_fit(profile, terms)
     best, best_error = CalibratedCostModel(), math.inf
     for slowdown in STEAL_SLOWDOWNS:
         factor = 1.0 + slowdown * shares
