@@ -7,8 +7,6 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from kvlab.errors import KvlabError
 
 # Histograms whose buckets a sample keeps (the others' sums and counts suffice).
@@ -37,6 +35,10 @@ class MetricsSample:
 
 def parse_metrics(text: str, time_s: float | None = None) -> MetricsSample:
     """A Prometheus text exposition as a MetricsSample; a KvlabError when it is not one."""
+    # prometheus_client is the bench extra's: `kvlab sim` (the base install) imports this
+    # module through kvlab.fidelity without reading any page
+    from prometheus_client.parser import text_string_to_metric_families
+
     values: dict[str, float] = {}
     info: dict[str, dict[str, str]] = {}
     try:

@@ -33,3 +33,25 @@ print('ok', steps)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
+
+
+def test_kvlab_sim_runs_on_the_base_install():
+    """`make run` installs kvlab without extras: `kvlab sim` must not import what only an
+    extra installs (a fresh clone's `make run` failed on prometheus_client, imported through
+    kvlab.fidelity -> kvlab.bench)."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        extras = ('torch', 'triton', 'safetensors', 'transformers', 'prometheus_client',
+                  'aiohttp', 'zmq', 'msgpack', 'fastapi', 'uvicorn', 'streamlit', 'plotly',
+                  'pyarrow', 'ray', 'httpx', 'openai')
+        if name.split('.')[0] in extras:
+            raise ImportError('not in the base install: ' + name)
+sys.meta_path.insert(0, Block())
+from kvlab.cli import main
+sys.exit(main(['sim', '--num-prompts', '30', '--disable-tqdm']))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Serving Benchmark Result" in result.stdout
