@@ -38,11 +38,18 @@ def host_cpu_times(path: Path = PROC_STAT) -> tuple[float, float] | None:
     return ticks[STEAL_FIELD], sum(ticks)
 
 
-def steal_perc(steal: list[float], total: list[float]) -> float | None:
-    """The steal share, in percent, of the CPU time between the first and the last sample of
-    the cumulative `steal` and `total` series (NaN samples skipped); None without two
-    samples or time between them."""
+def ticks_between(steal: list[float], total: list[float]) -> tuple[float, float] | None:
+    """(steal, total) ticks between the first and the last sample of the cumulative `steal`
+    and `total` series (NaN samples skipped); None without two samples or time between
+    them."""
     pairs = [(s, t) for s, t in zip(steal, total, strict=True) if s == s and t == t]
     if len(pairs) < 2 or not pairs[-1][1] > pairs[0][1]:
         return None
-    return 100.0 * (pairs[-1][0] - pairs[0][0]) / (pairs[-1][1] - pairs[0][1])
+    return pairs[-1][0] - pairs[0][0], pairs[-1][1] - pairs[0][1]
+
+
+def steal_perc(steal: list[float], total: list[float]) -> float | None:
+    """The steal share, in percent, of the CPU time `ticks_between` the samples; None where
+    it gives none."""
+    ticks = ticks_between(steal, total)
+    return None if ticks is None else 100.0 * ticks[0] / ticks[1]

@@ -27,7 +27,7 @@ from kvlab.bench.client import (
     reset_prefix_cache,
     run_client,
 )
-from kvlab.bench.host_cpu import steal_perc
+from kvlab.bench.host_cpu import ticks_between
 from kvlab.bench.kv_events import KVEventStream, KVEventSubscriber
 from kvlab.bench.observed import ServerInfo, kv_summary, metrics_series, server_info
 from kvlab.bench.records import BenchRequest
@@ -97,10 +97,18 @@ class BenchResult:
         """The share of the client host's CPU time that the hypervisor withheld (steal)
         between the first and last samples within [start_s, end_s] (seconds since
         `started_at`), in percent; None where the host does not tell."""
+        ticks = self.host_cpu_ticks(start_s, end_s)
+        return None if ticks is None else 100.0 * ticks[0] / ticks[1]
+
+    def host_cpu_ticks(self, start_s: float = -math.inf,
+                       end_s: float = math.inf) -> tuple[float, float] | None:
+        """(steal, total) ticks of the client host's CPU between the first and last samples
+        within [start_s, end_s] (`host_cpu.ticks_between`); None where the host does not
+        tell."""
         cpu = self.host_cpu
         inside = [i for i, t in enumerate(cpu.get("time_s", ())) if start_s <= t <= end_s]
-        return steal_perc([cpu["steal_ticks"][i] for i in inside],
-                          [cpu["total_ticks"][i] for i in inside])
+        return ticks_between([cpu["steal_ticks"][i] for i in inside],
+                             [cpu["total_ticks"][i] for i in inside])
 
     def requests_table(self) -> pd.DataFrame:
         """One row per request (`kvlab.metrics.per_request_table`'s columns)."""

@@ -187,14 +187,11 @@ def _pooled_kv(summaries: list[dict[str, Any]], durations: list[float],
 def pooled_steal_perc(results: Sequence[BenchResult]) -> float | None:
     """The client host's CPU share that the hypervisor withheld over all the runs
     (their ticks added up), in percent; None where a run does not tell."""
-    steal = total = 0.0
-    for result in results:
-        ticks = result.host_cpu
-        if len(ticks.get("total_ticks", ())) < 2:
-            return None
-        steal += ticks["steal_ticks"][-1] - ticks["steal_ticks"][0]
-        total += ticks["total_ticks"][-1] - ticks["total_ticks"][0]
-    return 100.0 * steal / total if total > 0 else None
+    ticks = [result.host_cpu_ticks() for result in results]
+    known = [pair for pair in ticks if pair is not None]
+    if not known or len(known) < len(ticks):
+        return None
+    return 100.0 * sum(steal for steal, _ in known) / sum(total for _, total in known)
 
 
 def _increase(result: BenchResult, column: str) -> float:

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kvlab.bench.host_cpu import host_cpu_times, steal_perc
+from kvlab.bench.host_cpu import host_cpu_times, steal_perc, ticks_between
 from kvlab.fidelity.from_bench import steal_warnings
 from kvlab.fidelity.server_validation import pooled_steal_perc
 
@@ -42,6 +42,9 @@ class _Run:
     def __init__(self, steal: list[float], total: list[float]) -> None:
         self.host_cpu = {"time_s": [float(i) for i in range(len(steal))],
                          "steal_ticks": steal, "total_ticks": total}
+
+    def host_cpu_ticks(self) -> tuple[float, float] | None:
+        return ticks_between(self.host_cpu["steal_ticks"], self.host_cpu["total_ticks"])
 
     def host_cpu_steal_perc(self) -> float | None:
         return steal_perc(self.host_cpu["steal_ticks"], self.host_cpu["total_ticks"])
