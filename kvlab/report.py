@@ -258,13 +258,25 @@ def format_validation(result: ValidationResult) -> str:
             errors = ", ".join(
                 _percent(window["metrics"][key]["rel_error"]) for key in WINDOW_METRICS
             )
-            lines.append(f"  window {number} ({window['num_prompts']} requests): {errors}")
+            runs = window.get("num_repeats", 1)
+            size = f"{window['num_prompts']} requests" + (f" x {runs} runs" if runs > 1 else "")
+            lines.append(f"  window {number} ({size}): {errors}")
+            if "server_repeats" in window:
+                spread = ", ".join(
+                    _spread(window["server_repeats"][key]["max_rel_deviation"])
+                    for key in WINDOW_METRICS
+                )
+                lines.append(f"    {reference}'s own runs off their pool by up to: {spread}")
     if result.lockstep is not None:
         lines.append("-" * width)
         lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")
     lines.extend(f"warning: {text}" for text in result.warnings)
     lines.append("=" * width)
     return "\n".join(lines)
+
+
+def _spread(deviation: float | None) -> str:
+    return "n/a" if deviation is None else f"{100.0 * deviation:.1f}%"
 
 
 def _percent(error: float | None) -> str:

@@ -124,6 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--preset", choices=("vllm", "kvlab"), default=None,
                         help="the server's scheduling conventions (default: kvlab for kvlab "
                         "serve, vllm otherwise)")
+    server.add_argument("--num-repeats", type=int, default=1, metavar="R",
+                        help="send the whole sequence of windows R times (rounds) and judge "
+                        "each window on its R runs pooled, reporting how far the server's own "
+                        "runs of it differ (default 1); on a shared or noisy machine a single "
+                        "run of a window is one draw, and the simulator predicts the average")
     add_client_arguments(server)
     server.add_argument("--kv-events", default=None, metavar="ENDPOINT",
                         help="with --lockstep: the server's KV event stream (tcp://HOST:PORT "
@@ -146,6 +151,11 @@ def default_calibration_run(device: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Calibrate (unless given a model), run engine and simulator, print and save the table
     (against a server: `_run_server`; a saved run's KV lockstep: --from-bench)."""
+    if args.num_repeats != 1 and (args.base_url is None or args.lockstep):
+        from kvlab.errors import KvlabError
+
+        raise KvlabError("--num-repeats: only with --base-url, without --lockstep (the "
+                         "engine's side is timed on its CPU clock and needs no repeats)")
     if args.from_bench is not None:
         from kvlab.commands.validate_kv import run_saved_lockstep
 
@@ -255,17 +265,21 @@ def _run_server(args: argparse.Namespace) -> int:
     if args.kv_events is not None or args.reset_prefix_cache:
         raise KvlabError("--kv-events and --reset-prefix-cache: only with --lockstep")
     check_client_flags(args)
+    if args.num_repeats < 1:
+        raise KvlabError(f"--num-repeats {args.num_repeats}: expected 1 or more")
     cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
     separate = cost_model is None and not args.calibrate_on_same_run
     windows = _windows(args, separate)
     target = _server_target(args)
-    total = sum(len(t) + (len(c or ()) if separate else 0) for t, c in windows)
+    total = args.num_repeats * sum(len(t) + (len(c or ()) if separate else 0)
+                                   for t, c in windows)
     from tqdm import tqdm
 
     with tqdm(total=total, unit="req", desc="server runs", leave=False,
               disable=not show_progress(args)) as bar:
         result = validate_server(target, windows, cost_model=cost_model,
                                  calibrate_on_same_run=args.calibrate_on_same_run,
+                                 num_repeats=args.num_repeats,
                                  on_finish=lambda _: bar.update(1))
     print(format_validation(result))
     if args.save_result:

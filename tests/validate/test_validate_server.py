@@ -50,11 +50,35 @@ def test_validate_against_a_server_reports_sim_vs_server(live, tmp_path, capsys)
     assert 0 < metrics["peak_kv_usage_perc"]["server"] <= 100
 
 
+def test_repeats_judge_each_window_on_its_runs_pooled(live, tmp_path, capsys):
+    workload = list(WORKLOAD)
+    workload[workload.index("--num-windows") + 1] = "1"
+    argv = ["validate", "--base-url", live.base_url, *workload, "--num-repeats", "2",
+            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "window 1 (6 requests x 2 runs)" in out
+    assert "server's own runs off their pool by up to:" in out
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["server"]["completed"] == document["sim"]["completed"] == 12
+    (window,) = document["windows"]
+    assert window["num_repeats"] == 2
+    ttft = window["server_repeats"]["mean_ttft_ms"]
+    assert len(ttft["values"]) == 2 and ttft["pooled"] == window["metrics"]["mean_ttft_ms"][
+        "server"]
+    # each run's mean TTFT (same number of requests) strays from the pooled mean by as much
+    # as the other, on the other side
+    first, second = ttft["values"]
+    assert ttft["pooled"] == pytest.approx((first + second) / 2)
+    assert ttft["max_rel_deviation"] == pytest.approx(abs(first - second) / (first + second))
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--lockstep"], "--lockstep with --base-url compares the server's KV events: give "
                      "--kv-events"),
     (["--max-concurrency", "0"], "--max-concurrency 0: expected 1 or more"),
     (["--metrics-interval", "0"], "--metrics-interval 0: expected"),
+    (["--num-repeats", "0"], "--num-repeats 0: expected 1 or more"),
 ])
 def test_what_a_server_run_cannot_do_is_one_line(live, extra, message, capsys):
     assert main(["validate", "--base-url", live.base_url, *WORKLOAD, *extra]) != 0
@@ -66,3 +90,8 @@ def test_an_unreachable_server_is_named(capsys):
     argv = ["validate", "--base-url", "http://127.0.0.1:9", *WORKLOAD]
     assert main(argv) != 0
     assert "127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_repeats_need_a_server(capsys):
+    assert main(["validate", "--num-repeats", "2"]) != 0
+    assert "--num-repeats: only with --base-url" in capsys.readouterr().err
