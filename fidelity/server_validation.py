@@ -28,12 +28,7 @@ from kvlab.fidelity.from_bench import (
     steal_share,
     steal_warnings,
 )
-from kvlab.fidelity.validation import (
-    WINDOW_METRICS,
-    ValidationResult,
-    compare_metrics,
-    relative_error,
-)
+from kvlab.fidelity.validation import WINDOW_METRICS, ValidationResult, compare_metrics
 from kvlab.metrics import RunResult, merge_runs, summarize
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim.calibrated import CalibratedCostModel
@@ -259,8 +254,7 @@ def repeat_spread(benches: Sequence[BenchResult],
         values = [summary.get(key) for summary in summaries]
         centre = pooled.get(key)
         known = [float(v) for v in values if v is not None]
-        spread[key] = {"values": values, "pooled": centre,
-                       "max_rel_deviation": (max(abs(relative_error(v, float(centre)))
-                                                 for v in known)
-                                             if known and centre else None)}
+        deviation = (max(abs(v - float(centre)) for v in known) / abs(float(centre))
+                     if known and centre else None)
+        spread[key] = {"values": values, "pooled": centre, "max_rel_deviation": deviation}
     return spread
