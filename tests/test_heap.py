@@ -14,6 +14,31 @@ def test_frozen_heap_unfreezes_when_the_run_fails():
     assert gc.get_freeze_count() == 0
 
 
+def test_frozen_heap_nested_leaves_the_outer_freeze_to_thaw():
+    with frozen_heap():
+        outer = gc.get_freeze_count()
+        with frozen_heap():  # a benchmark client beside a server thread that froze first
+            pass
+        assert gc.get_freeze_count() >= outer > 0  # the inner block thawed nothing
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_bench_client_runs_on_a_frozen_heap(monkeypatch):
+    from kvlab.bench import client
+
+    seen = []
+
+    def fake_run(coroutine):
+        coroutine.close()
+        seen.append(gc.get_freeze_count())
+        return "ran"
+
+    monkeypatch.setattr(client.asyncio, "run", fake_run)
+    config = client.ClientConfig(base_url="http://127.0.0.1:9", model="m")
+    assert client.run_client(config, []) == "ran"
+    assert seen[0] > 0 and gc.get_freeze_count() == 0
+
+
 def test_paused_gc_disables_collection_inside_and_restores_it_after_a_failure():
     assert gc.isenabled()
     with pytest.raises(RuntimeError), paused_gc():
