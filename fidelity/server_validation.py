@@ -158,7 +158,7 @@ def _summarize(result: RunResult) -> dict[str, Any]:
 
 
 def pooled_server_summary(results: Sequence[BenchResult]) -> dict[str, Any]:
-    """The windows' benchmarks as one summary: latencies and throughputs over the pooled
+    """Benchmarks (windows, or repeats of one) as one summary: latencies and throughputs over the pooled
     requests (`merge_runs`), the KV section pooled as well (usage means weighted by duration,
     peaks the largest, counters added up, hit rate over all lookups)."""
     summaries = [result.summary(**SUMMARY_OPTIONS) for result in results]
@@ -174,7 +174,7 @@ def pooled_server_summary(results: Sequence[BenchResult]) -> dict[str, Any]:
     pooled.update(_pooled_kv(summaries, [result.run.duration_s for result in results],
                              results))
     pooled["host_cpu_steal_perc"] = pooled_steal_perc(results)
-    pooled["dataset"] = f"{summaries[0].get('dataset')} and {len(results) - 1} more windows"
+    pooled["dataset"] = f"{summaries[0].get('dataset')} and {len(results) - 1} more runs"
     return pooled
 
 
