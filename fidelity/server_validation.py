@@ -158,9 +158,9 @@ def _summarize(result: RunResult) -> dict[str, Any]:
 
 
 def pooled_server_summary(results: Sequence[BenchResult]) -> dict[str, Any]:
-    """Benchmarks (windows, or repeats of one) as one summary: latencies and throughputs over the pooled
-    requests (`merge_runs`), the KV section pooled as well (usage means weighted by duration,
-    peaks the largest, counters added up, hit rate over all lookups)."""
+    """Benchmarks (windows, or repeats of one) as one summary: latencies and throughputs
+    over the pooled requests (`merge_runs`), the KV section pooled as well (usage means
+    weighted by duration, peaks the largest, counters added up, hit rate over all lookups)."""
     summaries = [result.summary(**SUMMARY_OPTIONS) for result in results]
     if len(results) == 1:
         return summaries[0]
