@@ -578,16 +578,19 @@ def _warnings(errors: dict[str, float | None], num_steps: int,
     return out
 
 
-def steal_warnings(runs: Sequence[BenchResult], role: str, slowdown: float) -> list[str]:
-    """A warning for each run (`role` and its number) during which the client host lost more
-    than STEAL_WARNING_PERC of its CPU to the hypervisor (`host_cpu_steal_perc`),
-    saying how much slower the cost model's `slowdown` (host_steal_slowdown) simulates it."""
+def steal_warnings(runs: Sequence[BenchResult], role: str, slowdown: float, *,
+                   labels: Sequence[str] | None = None) -> list[str]:
+    """A warning for each run (named `labels[i]`, else `role` and its number) during which the
+    client host lost more than STEAL_WARNING_PERC of its CPU to the hypervisor
+    (`host_cpu_steal_perc`), saying how much slower the cost model's `slowdown`
+    (host_steal_slowdown) simulates it."""
     out = []
-    for number, run in enumerate(runs, start=1):
+    names = labels or [f"{role} {number}" for number in range(1, len(runs) + 1)]
+    for name, run in zip(names, runs, strict=True):
         steal = run.host_cpu_steal_perc()
         if steal is None or steal <= STEAL_WARNING_PERC:
             continue
-        head = (f"{role} {number}: the hypervisor withheld {steal:.1f}% of this machine's CPU "
+        head = (f"{name}: the hypervisor withheld {steal:.1f}% of this machine's CPU "
                 "(steal time), which slows a server on it")
         out.append(f"{head}; simulated {1.0 + slowdown * steal / 100.0:.2f}x slower "
                    f"(host_steal_slowdown {slowdown:g})" if slowdown else

@@ -126,11 +126,18 @@ def validate_server(
         calibration=calibration,
         reference=REFERENCE,
         warnings=[*warnings, *steal_warnings(every_validated, "window",
-                                             cost_model.host_steal_slowdown)],
+                                             cost_model.host_steal_slowdown,
+                                             labels=_run_labels(len(windows), num_repeats))],
     )
     if len(runs) > 1 or num_repeats > 1:
         result.windows = [window_json(run) for run in runs]
     return result
+
+
+def _run_labels(num_windows: int, num_repeats: int) -> list[str]:
+    """Each validated run's name, window by window: "window K" (", run R" with repeats)."""
+    return [f"window {window}" + (f", run {run}" if num_repeats > 1 else "")
+            for window in range(1, num_windows + 1) for run in range(1, num_repeats + 1)]
 
 
 def simulate_window(benches: Sequence[BenchResult], config: SimConfig,

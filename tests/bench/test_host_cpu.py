@@ -59,3 +59,14 @@ def test_runs_that_lost_over_5_percent_are_warned_of_by_number():
     assert "could not tell" in unknown
     assert pooled_steal_perc([quiet, busy]) == pytest.approx(18.5)
     assert pooled_steal_perc([quiet, _Run([], [])]) is None
+
+
+def test_repeated_windows_are_warned_of_by_window_and_run():
+    from kvlab.fidelity.server_validation import _run_labels
+
+    quiet, busy = _Run([0.0, 4.0], [0.0, 100.0]), _Run([0.0, 33.0], [0.0, 100.0])
+    labels = _run_labels(num_windows=2, num_repeats=2)
+    assert labels == ["window 1, run 1", "window 1, run 2", "window 2, run 1", "window 2, run 2"]
+    (warning,) = steal_warnings([quiet, quiet, busy, quiet], "window", 2.0, labels=labels)
+    assert warning.startswith("window 2, run 1: the hypervisor withheld 33.0%")
+    assert _run_labels(num_windows=2, num_repeats=1) == ["window 1", "window 2"]
