@@ -109,7 +109,7 @@ def validate_server(
         cost_model, warnings = fit.cost_model, fit.warnings
         calibration = ("same runs (optimistic)" if not calibration_runs else
                        f"separate runs, each before its window: {len(calibration_runs)} "
-                       f"window(s) of {len(calibration_runs[0].requests)} requests, one fit")
+                       f"run(s) of {len(calibration_runs[0].requests)} requests, one fit")
     runs = []
     for benches in validated:
         sims = simulate_window(benches, config, cost_model)
