@@ -241,7 +241,7 @@ def window_json(run: ServerWindow) -> dict[str, Any]:
         "metrics": compare_metrics(_summarize(merge_runs(run.sims)), server,
                                    reference=REFERENCE),
         "warnings": run.warnings,
-        "host_cpu_steal_perc": pooled_steal_perc(run.benches),
+        "host_cpu_steal_perc": server.get("host_cpu_steal_perc"),
         "lockstep_identical": None,
     }
     if len(run.benches) > 1:

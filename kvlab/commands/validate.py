@@ -265,8 +265,6 @@ def _run_server(args: argparse.Namespace) -> int:
     if args.kv_events is not None or args.reset_prefix_cache:
         raise KvlabError("--kv-events and --reset-prefix-cache: only with --lockstep")
     check_client_flags(args)
-    if args.num_repeats < 1:
-        raise KvlabError(f"--num-repeats {args.num_repeats}: expected 1 or more")
     cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
     separate = cost_model is None and not args.calibrate_on_same_run
     windows = _windows(args, separate)
