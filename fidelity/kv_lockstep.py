@@ -20,7 +20,7 @@ import difflib
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvlab.bench.observed import series_increase
 from kvlab.errors import KvlabError
@@ -170,30 +170,36 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
     prompt longer than the step's token `budget` with neither arrives when the client sent
     it. With `exact_steps` (the server's own step ends) a request arrives at its step's start
     even where the client sent it a little later: the server took it in between two steps,
-    after the one before had ended."""
+    after the one before had ended.
+
+    No request arrives before one sent earlier: the server queues requests in the order they
+    came (first come, first served), so one moved to its admitting step's start holds back
+    those sent after it. (Otherwise they could jump the queue in the replay, where a block
+    they share with it, stored by it, looks like their own admission.)"""
     prompts = result.prompt_token_ids
     if prompts is None:
         raise KvlabError("the bench result holds no prompt token ids: run `kvlab bench serve` "
                          "with --kv-events", parameters=("kv_events",))
-    requests = []
-    for record, prompt in zip(result.requests, prompts, strict=True):
-        outputs = record.output_token_ids
-        if not record.chunk_times_s or not outputs or not prompt:
-            continue
+    answered = [(record, prompt) for record, prompt in zip(result.requests, prompts, strict=True)
+                if record.chunk_times_s and record.output_token_ids and prompt]
+    answered.sort(key=lambda pair: (pair[0].arrival_s, pair[0].request_id))  # as sent
+    requests, latest = [], 0.0
+    for record, prompt in answered:
+        outputs = cast("list[int]", record.output_token_ids)
         step, first_token_step = _admitting_step(record, prompt, step_ends, page_size, stored_at)
         arrival = record.arrival_s
         if step is not None and (len(prompt) <= budget or step < first_token_step):
             arrival = step_ends[step - 1] if step > 0 else 0.0
             if not exact_steps:  # a step's start as the client saw it: never before the send
                 arrival = max(arrival, record.arrival_s)
+        latest = max(latest, arrival)
         requests.append(TraceRequest(
-            request_id=record.request_id, arrival_s=arrival,
+            request_id=record.request_id, arrival_s=latest,
             input_len=len(prompt), output_len=len(outputs),
             prompt_token_ids=tuple(prompt), output_token_ids=tuple(outputs)))
     if not requests:
         raise KvlabError("no request of the bench result streamed token ids back: the server "
                          "must return them (vLLM and kvlab serve do with return_token_ids)")
-    requests.sort(key=lambda r: (r.arrival_s, r.request_id))
     return Trace(name="bench replay", dataset_name="bench", source="bench", requests=requests)
 
 

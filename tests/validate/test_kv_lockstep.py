@@ -5,10 +5,11 @@ manager kvlab replays, so that every block change must match in order."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from kvlab.bench import ClientConfig, bench_serve, resolve_model
+from kvlab.bench import BenchRequest, ClientConfig, bench_serve, resolve_model
 from kvlab.bench.kv_events import EventBatch, KVEventStream
 from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
@@ -18,6 +19,7 @@ from kvlab.fidelity.kv_lockstep import (
     compare_changes,
     format_kv_lockstep,
     kv_lockstep,
+    replay_trace,
     server_changes,
 )
 from kvlab.policies.request import hash_page
@@ -73,6 +75,28 @@ def test_alignment_counts_and_causes():
     assert "Match rate (%):                          60.00" in text
     assert "First divergence at server change 1" in text
     assert compare_changes(server, server).identical
+
+
+def _answered(request_id: int, sent_s: float, first_token_s: float) -> BenchRequest:
+    record = BenchRequest(request_id, 4, 1, sent_s)
+    record.arrival_s, record.chunk_times_s, record.chunk_tokens = sent_s, [first_token_s], [1]
+    record.output_token_ids = [7]
+    return record
+
+
+def test_replay_keeps_the_order_requests_were_sent_in():
+    # C's blocks are stored in step 1 (received at 0.2); B, sent after A, shares C's first
+    # block, which reads as its own admission in step 1; A's first token says step 3. The
+    # server serves them first come, first served, so B must not start before A.
+    c_first_block = hash_page(0, [1, 2])
+    stored_at = {c_first_block: [0.2], hash_page(c_first_block, [3, 4]): [0.2]}
+    result = SimpleNamespace(
+        requests=[_answered(0, 0.0, 0.21), _answered(1, 0.12, 0.41), _answered(2, 0.15, 0.45)],
+        prompt_token_ids=[[1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 9, 9]])
+    trace = replay_trace(result, [0.1, 0.2, 0.3, 0.4], budget=100, page_size=2,
+                         stored_at=stored_at)
+    assert [(r.request_id, r.arrival_s) for r in trace.requests] == [(0, 0.1), (1, 0.3),
+                                                                     (2, 0.3)]
 
 
 POLICY = "paged:block_size=4,eviction=lru,watermark=0"
