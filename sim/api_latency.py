@@ -1,6 +1,7 @@
 """A server's API latency as the simulator charges it: a request reaches the scheduler
 `api_latency_s` after its client sent it, plus `api_latency_per_request_s` for every request
-in flight (sent and not finished) when it was sent.
+in flight (sent and not finished) when it was sent, and never before a request sent earlier
+(first come, first served).
 
 Why the load term: a server's API streams every running request's tokens on its own event
 loop, so a new request waits longer when many run. Measured on vLLM 0.32 on CPU (client TTFT
@@ -16,6 +17,7 @@ delays come from the previous run's in-flight counts, until those counts repeat 
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -70,11 +72,16 @@ def api_delays(requests: Sequence[Request], cost_model: object,
 
 
 def delay_arrivals(requests: Sequence[Request], delays_s: Sequence[float]) -> list[float]:
-    """Move each request's arrival later by its delay (when the scheduler sees it); returns
-    the sends, for `restore_sends` after the run."""
+    """Move each request's arrival later by its delay (when the scheduler sees it), in the
+    order they were sent: an API hands requests on first come, first served, so none reaches
+    the scheduler before one sent earlier (whose delay, under more load, was longer).
+    Returns the sends, for `restore_sends` after the run."""
+    assert len(delays_s) == len(requests), "a delay for each request"
     sends = [request.arrival_s for request in requests]
-    for request, delay in zip(requests, delays_s, strict=True):
-        request.arrival_s += delay
+    latest = -math.inf
+    for index in sorted(range(len(requests)), key=sends.__getitem__):  # stable: ties in order
+        latest = max(latest, sends[index] + delays_s[index])
+        requests[index].arrival_s = latest
     return sends
 
 

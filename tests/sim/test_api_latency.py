@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 from sim_workloads import make_trace, small_config
 
 from kvlab.sim import simulate
-from kvlab.sim.api_latency import MAX_LOAD_PASSES, in_flight_at_send, run_with_api_load
+from kvlab.sim.api_latency import (
+    MAX_LOAD_PASSES,
+    delay_arrivals,
+    in_flight_at_send,
+    run_with_api_load,
+)
 from kvlab.sim.calibrated import CalibratedCostModel
 from kvlab.sim.cluster import simulate_cluster
 
@@ -42,6 +47,14 @@ def test_a_request_sent_into_a_busy_server_reaches_the_scheduler_later():
     assert after[2].first_scheduled_s == before[2].first_scheduled_s
     assert after[1].first_scheduled_s >= 0.05 + 0.002 + 0.03  # one in flight at its send
     assert after[1].first_scheduled_s > before[1].first_scheduled_s
+
+
+def test_no_request_overtakes_one_sent_before_it_through_the_api():
+    # 0 is sent into a busy server (long delay), 1 just after into a quieter one, 2 later on
+    requests = [SimpleNamespace(arrival_s=sent) for sent in (1.0, 1.001, 2.0, 0.5)]
+    sends = delay_arrivals(requests, [0.01, 0.002, 0.002, 0.002])
+    assert sends == [1.0, 1.001, 2.0, 0.5]
+    assert [r.arrival_s for r in requests] == [1.01, 1.01, 2.002, 0.502]
 
 
 def test_the_runs_stop_once_the_loads_repeat_and_are_bounded():
