@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 # vLLM CPU, 2x the median still keeps distinct steps apart: the split at a repeated request
 # bounds a group).
 STEP_GAP_FRACTIONS = (*GAP_FRACTIONS, 1.0, 1.2, 1.5, 2.0)
+# Requests sent closer together than this may reach the server's scheduler in either order
+# (its API's latency moves by a few milliseconds with load: 2.5-7 ms on vLLM CPU, see
+# docs/validation.md); one sent earlier than that is queued first.
+SEND_ORDER_SLACK_S = 0.01
 KINDS = {"BlockStored": STORED, "BlockRemoved": REMOVED, "AllBlocksCleared": CLEARED}
 # Why an event has no partner on the other side (the report's explanations).
 WHY = {
@@ -172,10 +176,12 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
     even where the client sent it a little later: the server took it in between two steps,
     after the one before had ended.
 
-    No request arrives before one sent earlier: the server queues requests in the order they
-    came (first come, first served), so one moved to its admitting step's start holds back
-    those sent after it. (Otherwise they could jump the queue in the replay, where a block
-    they share with it, stored by it, looks like their own admission.)"""
+    No request arrives before one sent more than `SEND_ORDER_SLACK_S` earlier: the server
+    queues requests in the order they came (first come, first served), so one moved to its
+    admitting step's start holds back those sent well after it. (Otherwise they could jump
+    the queue in the replay, where a block they share with it, stored by it, looks like their
+    own admission.) Requests sent closer together keep the order their evidence gives: the
+    server's API may have handed them on in either order."""
     prompts = result.prompt_token_ids
     if prompts is None:
         raise KvlabError("the bench result holds no prompt token ids: run `kvlab bench serve` "
@@ -183,8 +189,12 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
     answered = [(record, prompt) for record, prompt in zip(result.requests, prompts, strict=True)
                 if record.chunk_times_s and record.output_token_ids and prompt]
     answered.sort(key=lambda pair: (pair[0].arrival_s, pair[0].request_id))  # as sent
-    requests, latest = [], 0.0
+    requests: list[TraceRequest] = []
+    latest, num_before = 0.0, 0  # the latest arrival of the requests sent well before
     for record, prompt in answered:
+        while record.arrival_s - answered[num_before][0].arrival_s > SEND_ORDER_SLACK_S:
+            latest = max(latest, requests[num_before].arrival_s)
+            num_before += 1
         outputs = cast("list[int]", record.output_token_ids)
         step, first_token_step = _admitting_step(record, prompt, step_ends, page_size, stored_at)
         arrival = record.arrival_s
@@ -192,14 +202,14 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
             arrival = step_ends[step - 1] if step > 0 else 0.0
             if not exact_steps:  # a step's start as the client saw it: never before the send
                 arrival = max(arrival, record.arrival_s)
-        latest = max(latest, arrival)
         requests.append(TraceRequest(
-            request_id=record.request_id, arrival_s=latest,
+            request_id=record.request_id, arrival_s=max(arrival, latest),
             input_len=len(prompt), output_len=len(outputs),
             prompt_token_ids=tuple(prompt), output_token_ids=tuple(outputs)))
     if not requests:
         raise KvlabError("no request of the bench result streamed token ids back: the server "
                          "must return them (vLLM and kvlab serve do with return_token_ids)")
+    requests.sort(key=lambda r: r.arrival_s)  # stable: as sent where they tie
     return Trace(name="bench replay", dataset_name="bench", source="bench", requests=requests)
 
 

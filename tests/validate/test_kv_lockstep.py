@@ -15,6 +15,7 @@ from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
 from kvlab.fidelity import server_sim_config
 from kvlab.fidelity.kv_lockstep import (
+    SEND_ORDER_SLACK_S,
     Change,
     compare_changes,
     format_kv_lockstep,
@@ -97,6 +98,16 @@ def test_replay_keeps_the_order_requests_were_sent_in():
                          stored_at=stored_at)
     assert [(r.request_id, r.arrival_s) for r in trace.requests] == [(0, 0.1), (1, 0.3),
                                                                      (2, 0.3)]
+
+
+def test_replay_lets_requests_sent_a_moment_apart_start_in_either_order():
+    # 1 is sent 5 ms after 0 (within SEND_ORDER_SLACK_S: the server's API may hand them on
+    # in either order) and its first token comes two steps before 0's
+    result = SimpleNamespace(requests=[_answered(0, 0.1, 0.41), _answered(1, 0.105, 0.21)],
+                             prompt_token_ids=[[5, 6, 7, 8], [1, 2, 9, 9]])
+    trace = replay_trace(result, [0.1, 0.2, 0.3, 0.4], budget=100, page_size=2, stored_at={})
+    assert SEND_ORDER_SLACK_S > 0.005
+    assert [(r.request_id, r.arrival_s) for r in trace.requests] == [(1, 0.105), (0, 0.3)]
 
 
 POLICY = "paged:block_size=4,eviction=lru,watermark=0"
