@@ -194,7 +194,8 @@ async def _stream(session: Any, url: str, headers: dict, body: dict, record: Ben
                 text = (await response.text())[:65536]
                 record.error = f"HTTP {response.status}: {_error_message(text)[:300]}"
             else:
-                finish_reason = await _read_events(response, record, start)
+                finish_reason = await _read_events(response, record, start,
+                                                   isinstance(body["prompt"], str))
     except asyncio.TimeoutError:
         record.error = "timed out"
         record.status = RequestStatus.FINISHED_ABORTED
@@ -210,9 +211,11 @@ async def _stream(session: Any, url: str, headers: dict, body: dict, record: Ben
         record.status = RequestStatus.FINISHED_ERROR
 
 
-async def _read_events(response: Any, record: BenchRequest, start: float) -> str | None:
+async def _read_events(response: Any, record: BenchRequest, start: float,
+                       text_prompt: bool) -> str | None:
     """Parse `data: {...}` events as chunks arrive; each chunk with tokens is timestamped on
-    arrival. Returns the finish reason."""
+    arrival. A `text_prompt`'s ids and length are the server's, where it tells them. Returns
+    the finish reason."""
     buffer = b""
     finish_reason = None
     text_parts: list[str] = []
@@ -234,6 +237,8 @@ async def _read_events(response: Any, record: BenchRequest, start: float) -> str
                 record.error = _error_message(json.dumps(message))
                 continue
             for choice in message.get("choices") or ():
+                if text_prompt and choice.get("prompt_token_ids"):
+                    record.prompt_token_ids = list(choice["prompt_token_ids"])
                 count = _chunk_tokens(choice, text_parts, token_ids)
                 if count:
                     record.chunk_times_s.append(now)
@@ -242,6 +247,8 @@ async def _read_events(response: Any, record: BenchRequest, start: float) -> str
             usage = message.get("usage")
             if usage:
                 usage_tokens = usage.get("completion_tokens")
+                if text_prompt and usage.get("prompt_tokens"):
+                    record.prompt_len = int(usage["prompt_tokens"])
                 details = usage.get("prompt_tokens_details") or {}
                 record.num_cached_tokens = int(details.get("cached_tokens") or 0)
     record.generated_text = "".join(text_parts)

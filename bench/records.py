@@ -22,7 +22,9 @@ class BenchRequest:
     tokens arrived and `chunk_tokens[i]` how many tokens it held. A client cannot see
     preemptions or swaps: those counters stay 0 here (the server's /metrics counts them).
     `num_cached_tokens` is the server's `usage.prompt_tokens_details.cached_tokens` when it
-    reports one. `status` is set when the request ends.
+    reports one. `prompt_token_ids` are the prompt's ids as the server returned them (vLLM and
+    kvlab serve do with `return_token_ids`), for a text prompt the server tokenized, whose
+    `prompt_len` is then the server's count. `status` is set when the request ends.
     """
 
     request_id: int
@@ -39,6 +41,7 @@ class BenchRequest:
     status: RequestStatus = RequestStatus.WAITING
     generated_text: str = ""
     output_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
     num_preemptions: int = 0
     num_swaps_out: int = 0
 

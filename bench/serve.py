@@ -240,11 +240,13 @@ def _config_vocab(path: Path) -> int:
 
 
 def plan_requests(trace: Trace, vocab_size: int, seed: int) -> list[PlannedRequest]:
-    """The trace's requests with prompt ids (`synthesize_prompt_ids`), each to send at its
-    arrival with its output length as max_tokens."""
+    """The trace's requests, each to send at its arrival with its output length as
+    max_tokens: its text where the trace has text (ShareGPT; the server tokenizes it), else
+    prompt ids (`synthesize_prompt_ids`)."""
     with_ids = synthesize_prompt_ids(trace, vocab_size, seed)
     return [
-        PlannedRequest(r.request_id, list(r.prompt_token_ids or ()), r.input_len, r.output_len,
+        PlannedRequest(r.request_id, r.prompt_text if r.prompt_text is not None
+                       else list(r.prompt_token_ids or ()), r.input_len, r.output_len,
                        r.arrival_s)
         for r in with_ids.requests
     ]
@@ -283,8 +285,10 @@ def bench_serve(
     result = bench_result(ran, trace, card, metadata or {})
     if subscriber is not None:
         result.kv_events = subscriber.stop(ran.started_at)
-        result.prompt_token_ids = [list(p.prompt) if isinstance(p.prompt, list) else []
-                                   for p in sorted(planned, key=lambda p: p.request_id)]
+        result.prompt_token_ids = [
+            list(p.prompt) if isinstance(p.prompt, list) else record.prompt_token_ids or []
+            for p, record in zip(sorted(planned, key=lambda p: p.request_id), result.requests,
+                                 strict=True)]
     return result
 
 

@@ -46,6 +46,7 @@ def build_trace(
     hash_ids: Sequence[tuple[int, ...]] | None = None,
     hash_block_size: int = 512,
     prompt_token_ids: Sequence[tuple[int, ...]] | None = None,
+    prompt_texts: Sequence[str] | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Trace:
     """A trace of a file's rows in arrival order (stable for ties), keeping the first num_prompts.
@@ -70,6 +71,7 @@ def build_trace(
         hash_block_size=hash_block_size,
         prompt_token_ids=None if prompt_token_ids is None
         else [prompt_token_ids[i] for i in order.tolist()],
+        prompt_texts=None if prompt_texts is None else [prompt_texts[i] for i in order.tolist()],
     )
     return Trace(name, dataset_name, source, requests, metadata)
 
@@ -82,16 +84,18 @@ def make_requests(
     hash_ids: Sequence[tuple[int, ...]] | None = None,
     hash_block_size: int = 512,
     prompt_token_ids: Sequence[tuple[int, ...] | None] | None = None,
+    prompt_texts: Sequence[str | None] | None = None,
 ) -> list[TraceRequest]:
     """TraceRequests numbered 0..n-1 from parallel arrays already in arrival order."""
     num = len(arrival_s)
     hashes = hash_ids if hash_ids is not None else [None] * num
     token_ids = prompt_token_ids if prompt_token_ids is not None else [None] * num
+    texts = prompt_texts if prompt_texts is not None else [None] * num
     return [
-        TraceRequest(i, t, x, y, h, hash_block_size, p)
-        for i, (t, x, y, h, p) in enumerate(zip(
+        TraceRequest(i, t, x, y, h, hash_block_size, p, prompt_text=text)
+        for i, (t, x, y, h, p, text) in enumerate(zip(
             arrival_s.astype(float).tolist(), input_len.tolist(), output_len.tolist(),
-            hashes, token_ids, strict=True))
+            hashes, token_ids, texts, strict=True))
     ]
 
 

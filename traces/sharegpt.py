@@ -4,7 +4,8 @@ A request is the first "human" turn (the prompt) and the "gpt" turn right after 
 entries without such a pair are skipped and counted in `metadata["num_skipped_entries"]`. Token
 lengths come from a local Hugging Face tokenizer when one is given (prompt with special tokens,
 output without, since generated tokens carry no BOS, and at least 1), else from an estimate of
-4 characters per token, rounded up, at least 1. ShareGPT has no arrival times: every request
+4 characters per token, rounded up, at least 1. Each request keeps its prompt's text
+(`prompt_text`: what `kvlab bench serve` sends). ShareGPT has no arrival times: every request
 arrives at 0 unless `load_trace` resamples arrivals at a request rate. Requests keep file order:
 unlike vLLM's benchmark, entries are not shuffled, so `num_prompts` takes the first N.
 """
@@ -47,10 +48,12 @@ def load_sharegpt(
         kept = pairs[:num_prompts]
         input_lens = [estimate_tokens(p) for p, _ in kept]
         output_lens = [estimate_tokens(o) for _, o in kept]
+        texts = [p for p, _ in kept]
         token_ids = None
         length_source = f"{CHARS_PER_TOKEN} characters per token"
     else:
-        input_lens, output_lens, token_ids, num_empty = _tokenize(pairs, tokenizer, num_prompts)
+        input_lens, output_lens, token_ids, texts, num_empty = _tokenize(pairs, tokenizer,
+                                                                        num_prompts)
         num_skipped += num_empty
         length_source = f"tokenizer {tokenizer}"
     if not input_lens:
@@ -64,6 +67,7 @@ def load_sharegpt(
         np.asarray(output_lens, dtype=np.int64),
         num_prompts=num_prompts,
         prompt_token_ids=token_ids,
+        prompt_texts=texts,
         metadata={"num_skipped_entries": num_skipped, "length_source": length_source},
     )
 
@@ -110,8 +114,9 @@ def _turns(path: Path, index: int, entry: Any) -> list[dict[str, Any]]:
 
 def _tokenize(
     pairs: list[tuple[str, str]], tokenizer_path: str | Path, num_prompts: int | None
-) -> tuple[list[int], list[int], list[tuple[int, ...]], int]:
-    """Token counts and prompt ids from a local tokenizer, in batches, up to num_prompts pairs.
+) -> tuple[list[int], list[int], list[tuple[int, ...]], list[str], int]:
+    """Token counts, prompt ids and the prompts kept, from a local tokenizer, in batches, up
+    to num_prompts pairs.
 
     A prompt that tokenizes to nothing cannot be a request: it is left out and counted (last).
     """
@@ -120,23 +125,25 @@ def _tokenize(
     input_lens: list[int] = []
     output_lens: list[int] = []
     token_ids: list[tuple[int, ...]] = []
+    texts: list[str] = []
     num_empty = 0
     for start in range(0, len(pairs), _TOKENIZE_BATCH):
         batch = pairs[start:start + _TOKENIZE_BATCH]
         prompts = tokenizer([p for p, _ in batch])["input_ids"]
         outputs = tokenizer([o for _, o in batch], add_special_tokens=False)["input_ids"]
-        for prompt_ids, output_ids in zip(prompts, outputs, strict=True):
+        for (text, _), prompt_ids, output_ids in zip(batch, prompts, outputs, strict=True):
             if len(token_ids) == limit:
                 break
             if not prompt_ids:
                 num_empty += 1
                 continue
+            texts.append(text)
             token_ids.append(tuple(prompt_ids))
             input_lens.append(len(prompt_ids))
             output_lens.append(max(1, len(output_ids)))
         if len(token_ids) == limit:
             break
-    return input_lens, output_lens, token_ids, num_empty
+    return input_lens, output_lens, token_ids, texts, num_empty
 
 
 def load_tokenizer(path: str | Path) -> Any:

@@ -23,7 +23,9 @@ class TraceRequest:
     first k*B prompt tokens exactly when their first k ids are equal. `prompt_token_ids` is set
     only when a tokenizer produced the prompt's tokens. `output_token_ids` is set only for a
     served run's record (the outputs the engine sampled): replayed through the simulator, they
-    give its prefix cache the output pages the engine cached.
+    give its prefix cache the output pages the engine cached. `prompt_text` is the prompt as
+    text where the trace has it (ShareGPT): what a benchmark client sends, so that the server
+    tokenizes it as it would a user's.
     """
 
     request_id: int  # 0..n-1 in arrival order
@@ -34,6 +36,7 @@ class TraceRequest:
     hash_block_size: int = 512
     prompt_token_ids: tuple[int, ...] | None = None
     output_token_ids: tuple[int, ...] | None = None
+    prompt_text: str | None = None
 
 
 @dataclass(slots=True)
