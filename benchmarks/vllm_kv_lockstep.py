@@ -15,9 +15,10 @@ either order).
 
     .venv/bin/python benchmarks/vllm_kv_lockstep.py [--workload random] [--runs 3] [--out DIR]
 
-`--out DIR` keeps each run (`run-K.json`, `run-K.kv_events.jsonl`: `kvlab validate --lockstep
---from-bench` replays them again) and vLLM's schedule of it (`run-K.schedule.json`: the
-order its engine queued the requests in, each step's tokens per request, each preemption).
+`--out DIR` keeps each run (`run-K.json` with its tables, `run-K.kv_events.jsonl`: `kvlab
+validate --lockstep --from-bench` replays them again) and vLLM's schedule of it
+(`run-K.schedule.json`: the order its engine queued the requests in, each step's tokens per
+request, each preemption).
 """
 
 from __future__ import annotations
@@ -32,16 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
-from kvlab.bench.kv_events import save_stream, stream_path  # noqa: E402
 from kvlab.bench.serve import BenchResult, vocab_size_of  # noqa: E402
+from kvlab.commands.bench import save_bench_result  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
 from kvlab.fidelity.kv_lockstep import SEND_ORDER_SLACK_S, kv_lockstep  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
-from tests.live_server import free_port  # noqa: E402
 from tests.peer.schedule_log import ScheduleLog, read_schedule_log  # noqa: E402
-from tests.peer.vllm_server import missing_reason, start_vllm  # noqa: E402
+from tests.peer.vllm_server import missing_reason, start_vllm_with_kv_events  # noqa: E402
 
-BLOCK_BYTES = 32 * 1024  # tiny-llama, block 32 (see tests/peer/test_peer_vllm.py)
 WORKLOADS = {
     "random": dict(dataset_name="random", num_prompts=300, seed=0, random_input_len=192,
                    random_output_len=48, random_prefix_len=512, num_prefix_groups=6,
@@ -69,12 +68,7 @@ def main() -> int:
         return 1
     options = dict(WORKLOADS[args.workload])
     trace = load_trace(options.pop("dataset_name"), None, **options)
-    port = free_port()
-    events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                         "endpoint": f"tcp://*:{port}", "topic": ""})
-    server = start_vllm(kv_cache_memory_bytes=256 * BLOCK_BYTES, prefix_caching=True,
-                        log_schedule=True, extra=("--kv-events-config", events),
-                        env={"VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache
+    server, endpoint = start_vllm_with_kv_events(256, log_schedule=True)
     try:
         card = resolve_model(server.base_url, None, None)
         vocab_size = vocab_size_of(card, None, None)  # the model folder's config.json
@@ -83,7 +77,7 @@ def main() -> int:
             client = ClientConfig(base_url=server.base_url, model=card["id"], ignore_eos=True,
                                   request_id_prefix=prefix)
             result = bench_serve(trace, client, card=card, vocab_size=vocab_size,
-                                 kv_events=f"tcp://127.0.0.1:{port}", reset_cache=True)
+                                 kv_events=endpoint, reset_cache=True)
             report = kv_lockstep(result, server_sim_config(result.server, "tiny-llama"))
             log = read_schedule_log(server.schedule_log, prefix)
             gaps = engine_inversions(log, {r.request_id: r.arrival_s for r in result.requests})
@@ -101,12 +95,11 @@ def main() -> int:
 
 
 def keep(folder: Path, run: int, result: BenchResult, log: ScheduleLog) -> None:
-    """Save run `run`: the bench result with its KV events, and vLLM's schedule of it."""
+    """Save run `run`: the bench result with its tables and KV events (as `kvlab bench serve
+    --save-detailed` does), and vLLM's schedule of it."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"run-{run}.json"
-    path.write_text(json.dumps(result.to_json(result.summary(), detailed=True)))
-    if result.kv_events is not None:
-        save_stream(result.kv_events, stream_path(path))
+    save_bench_result(result, result.summary(), result_dir=folder,
+                      result_filename=f"run-{run}.json", detailed=True)
     (folder / f"run-{run}.schedule.json").write_text(json.dumps(dataclasses.asdict(log)))
 
 

@@ -48,10 +48,8 @@ from tests.peer.schedule_log import (  # noqa: E402
     replay_on_engine_clock,
     simulated_schedule,
 )
-from tests.peer.vllm_server import missing_reason, start_vllm  # noqa: E402
+from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm  # noqa: E402
 from tests.peer.workloads import queued_behind_a_long_request  # noqa: E402
-
-BLOCK_BYTES = 32 * 1024  # tiny-llama: 2 layers x K,V x 2 heads x 32 dims x 4 bytes x 32 tokens
 
 # name -> (KV blocks, max_model_len, trace loader keywords, or {} for a workload of
 # tests/peer/workloads.py)

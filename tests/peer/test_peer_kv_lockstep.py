@@ -11,25 +11,17 @@ import json
 import pytest
 
 from kvlab.cli import main
-from tests.live_server import free_port
-from tests.peer.vllm_server import missing_reason, start_vllm
+from tests.peer.vllm_server import missing_reason, start_vllm_with_kv_events
 
 pytestmark = pytest.mark.peer
-
-BLOCK_BYTES = 32 * 1024  # tiny-llama, block 32 (see test_peer_vllm)
 
 
 @pytest.fixture(scope="module")
 def vllm_with_events():
     if missing_reason() is not None:
         pytest.skip(missing_reason())
-    port = free_port()
-    config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                         "endpoint": f"tcp://*:{port}", "topic": ""})
-    server = start_vllm(kv_cache_memory_bytes=256 * BLOCK_BYTES, prefix_caching=True,
-                        extra=("--kv-events-config", config),
-                        env={"VLLM_SERVER_DEV_MODE": "1"})  # /reset_prefix_cache
-    yield server, f"tcp://127.0.0.1:{port}"
+    server, endpoint = start_vllm_with_kv_events(256)
+    yield server, endpoint
     server.stop()
 
 

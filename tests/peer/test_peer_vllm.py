@@ -21,13 +21,12 @@ from tests.peer.schedule_log import (
     replay_on_engine_clock,
     simulated_schedule,
 )
-from tests.peer.vllm_server import missing_reason, start_vllm
+from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm
 from tests.peer.workloads import queued_behind_a_long_request
 
 pytestmark = pytest.mark.peer
 
 NUM_BLOCKS = 40
-BLOCK_BYTES = 32 * 1024  # tiny-llama, block 32: 2 layers x K,V x 2 heads x 32 dims x 4 bytes
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ the checkout's `kernels/` ahead of vLLM's own import of `kernels`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PEER_PYTHON = Path(os.environ.get("KVLAB_VLLM_PYTHON", ROOT / ".peer/vllm/bin/python"))
 PEER_MODEL = Path(os.environ.get("KVLAB_VLLM_MODEL", ROOT / ".peer/tiny-llama"))
 START_TIMEOUT_S = 240.0
+# KV bytes of one block of the exported tiny-llama at block 32: 2 layers x K,V x 2 heads x
+# 32 dims x 4 bytes x 32 tokens
+BLOCK_BYTES = 32 * 1024
 
 
 def missing_reason() -> str | None:
@@ -99,3 +103,17 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
             time.sleep(1.0)
     server.stop()
     raise RuntimeError(f"vLLM did not answer /health in {START_TIMEOUT_S:.0f} s; see {log_path}")
+
+
+def start_vllm_with_kv_events(num_blocks: int, *, log_schedule: bool = False
+                              ) -> tuple[PeerServer, str]:
+    """`start_vllm` with `num_blocks` blocks of KV and prefix caching, publishing its KV events
+    on a free port, its prefix cache resettable (`VLLM_SERVER_DEV_MODE`, /reset_prefix_cache).
+    Returns the server and the endpoint to subscribe to."""
+    port = _free_port()
+    config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                         "endpoint": f"tcp://*:{port}", "topic": ""})
+    server = start_vllm(kv_cache_memory_bytes=num_blocks * BLOCK_BYTES, prefix_caching=True,
+                        extra=("--kv-events-config", config),
+                        env={"VLLM_SERVER_DEV_MODE": "1"}, log_schedule=log_schedule)
+    return server, f"tcp://127.0.0.1:{port}"
