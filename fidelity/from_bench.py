@@ -86,6 +86,9 @@ BENCH_TERMS = ("step_overhead_s", "prefill_token_s", "attention_pair_s", "decode
                "context_token_s")
 BENCH_TERMS_KVLAB = (*BENCH_TERMS, "padded_context_token_s")
 GAP_FRACTIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
+# A chunk read up to this many median inter-chunk gaps after its step's first chunk may still
+# join that step after the next step's chunks began (`_group`).
+LATE_MEMBER_FRACTION = 1.5
 LATENCY_STEP_S = 0.01  # stage 2 moves the API latency in steps of this size
 # Stage 2's loss adds, per run, this weight times the sum of the squared log-scale factors of
 # the groups: the steps measured in stage 1 stay evidence. Why: free to move, stage 2 fitted
@@ -213,7 +216,8 @@ def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
     """The chunk arrivals (time, request index) grouped into steps: a new step begins after
     a gap longer than a threshold, or when a request would appear twice (a step gives each
     request one chunk), or with `causal` at a request's first chunk when the step would
-    have begun (the client saw the step before it end) before the request was sent. The
+    have begun (the client saw the step before it end) before the request was sent; a chunk
+    read late, after the next step's had begun, still joins its own step (`_group`). The
     threshold is the one of `fractions` (times the median inter-chunk gap) whose step count
     comes closest to the server's own count when it exports one (a server streams one step's
     chunks over a spread that depends on its load), else a third of the median gap."""
@@ -222,28 +226,47 @@ def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
     median = float(np.median(gaps)) if gaps else 0.0
     sent = ({(r.chunk_times_s[0], i): r.arrival_s for i, r in enumerate(requests)
              if r.chunk_times_s} if causal else None)
+    late_s = LATE_MEMBER_FRACTION * median
     if not num_server_steps:
-        return _group(events, max(2e-4, median / 3.0), sent)
-    candidates = [_group(events, max(2e-5, fraction * median), sent) for fraction in fractions]
+        return _group(events, max(2e-4, median / 3.0), sent, late_s)
+    candidates = [_group(events, max(2e-5, fraction * median), sent, late_s)
+                  for fraction in fractions]
     return min(candidates, key=lambda groups: abs(len(groups) - num_server_steps))
 
 
 def _group(events: list[tuple[float, int]], threshold: float,
-           sent: dict[tuple[float, int], float] | None = None) -> list[list[tuple[float, int]]]:
+           sent: dict[tuple[float, int], float] | None = None,
+           late_s: float = 0.0) -> list[list[tuple[float, int]]]:
+    """Greedy grouping (`group_steps`). A chunk of a request whose previous chunk came in the
+    group before the last two (so it is in neither), and that arrives within
+    `late_s` of the start of the second to last, joins that one: a late member of the step
+    before, read after a chunk of the next step had opened a new group. (A client reading
+    300 streams reads one step's chunks over 10-20 ms, and some after the next step's.)"""
     groups: list[list[tuple[float, int]]] = []
-    members: set[int] = set()
+    members: list[set[int]] = []
+    last_group: dict[int, int] = {}  # request -> the group of its latest chunk
     last = began = -math.inf  # began: when the client saw the step before this group end
     for time_s, index in events:
-        joins = bool(groups) and time_s - last <= threshold and index not in members
+        current = len(groups) - 1
+        previous = last_group.get(index)
+        if (late_s and current >= 1 and previous == current - 2
+                and time_s - groups[-2][0][0] <= late_s and time_s - last <= threshold):
+            groups[-2].append((time_s, index))
+            members[-2].add(index)
+            last_group[index], last = current - 1, time_s
+            continue
+        joins = bool(groups) and time_s - last <= threshold and index not in members[-1]
         if joins and sent is not None and sent.get((time_s, index), -math.inf) > began:
             joins = False  # its first token: from a step that began before it was sent
         if not joins:
             began = groups[-1][0][0] if groups else -math.inf
             groups.append([])
-            members = set()
+            members.append(set())
         groups[-1].append((time_s, index))
-        members.add(index)
-        last = time_s
+        members[-1].add(index)
+        last_group[index], last = len(groups) - 1, time_s
+    for group in groups:  # a late member joined after later chunks
+        group.sort()
     return groups
 
 

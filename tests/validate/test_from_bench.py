@@ -74,6 +74,17 @@ def test_chunks_that_arrive_together_are_one_step():
     assert len(group_steps([c], num_server_steps=1)) == 3
 
 
+def test_a_chunk_read_after_the_next_steps_still_joins_its_own_step():
+    # three requests at 20 ms steps; the client reads b's chunks of steps 2 and 3 together,
+    # then c's chunk of step 2: c belongs to step 2 still (it had no chunk since step 1)
+    a = _record(0.0, 10, [0.100, 0.120, 0.135])
+    b = _record(0.0, 10, [0.101, 0.129, 0.129])
+    c = _record(0.0, 10, [0.102, 0.131, 0.136])
+    steps = group_steps([a, b, c], num_server_steps=3)
+    assert [sorted(i for _, i in step) for step in steps] == [[0, 1, 2]] * 3
+    assert [time_s for time_s, i in steps[1] if i == 2] == [0.131]
+
+
 def test_every_prompt_and_output_token_is_attributed_to_one_step(bench_run):
     result = bench_run.result
     assert all(r.completed for r in result.requests)
