@@ -237,9 +237,9 @@ def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
 def _group(events: list[tuple[float, int]], threshold: float,
            sent: dict[tuple[float, int], float] | None = None,
            late_s: float = 0.0) -> list[list[tuple[float, int]]]:
-    """Greedy grouping (`group_steps`). A chunk of a request whose previous chunk came in the
-    group before the last two (so it is in neither), and that arrives within
-    `late_s` of the start of the second to last, joins that one: a late member of the step
+    """Greedy grouping (`group_steps`). A chunk of a request in neither of the last two
+    groups, though not its first (its previous chunk came before them), that arrives within
+    `late_s` of the start of the second to last joins that one: a late member of the step
     before, read after a chunk of the next step had opened a new group. (A client reading
     300 streams reads one step's chunks over 10-20 ms, and some after the next step's.)"""
     groups: list[list[tuple[float, int]]] = []
@@ -249,7 +249,7 @@ def _group(events: list[tuple[float, int]], threshold: float,
     for time_s, index in events:
         current = len(groups) - 1
         previous = last_group.get(index)
-        if (late_s and current >= 1 and previous == current - 2
+        if (late_s and previous is not None and previous <= current - 2
                 and time_s - groups[-2][0][0] <= late_s and time_s - last <= threshold):
             groups[-2].append((time_s, index))
             members[-2].add(index)
