@@ -89,6 +89,8 @@ GAP_FRACTIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
 # A chunk read up to this many median inter-chunk gaps after its step's first chunk may still
 # join that step after the next step's chunks began (`_group`).
 LATE_MEMBER_FRACTION = 1.5
+# A request's first two chunks this many median gaps apart or less came in one read.
+READ_TOGETHER_FRACTION = 0.05
 LATENCY_STEP_S = 0.01  # stage 2 moves the API latency in steps of this size
 # Stage 2's loss adds, per run, this weight times the sum of the squared log-scale factors of
 # the groups: the steps measured in stage 1 stay evidence. Why: free to move, stage 2 fitted
@@ -226,31 +228,45 @@ def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
     median = float(np.median(gaps)) if gaps else 0.0
     sent = ({(r.chunk_times_s[0], i): r.arrival_s for i, r in enumerate(requests)
              if r.chunk_times_s} if causal else None)
-    late_s = LATE_MEMBER_FRACTION * median
+    late = _LateChunks(LATE_MEMBER_FRACTION * median, {
+        (r.chunk_times_s[0], i) for i, r in enumerate(requests) if len(r.chunk_times_s) > 1
+        and r.chunk_times_s[1] - r.chunk_times_s[0] <= READ_TOGETHER_FRACTION * median})
     if not num_server_steps:
-        return _group(events, max(2e-4, median / 3.0), sent, late_s)
-    candidates = [_group(events, max(2e-5, fraction * median), sent, late_s)
+        return _group(events, max(2e-4, median / 3.0), sent, late)
+    candidates = [_group(events, max(2e-5, fraction * median), sent, late)
                   for fraction in fractions]
     return min(candidates, key=lambda groups: abs(len(groups) - num_server_steps))
 
 
+@dataclass(slots=True, frozen=True)
+class _LateChunks:
+    """What may join the step before the last (`_group`): chunks up to `window_s` after its
+    start, and which first chunks came in one read with the request's second."""
+
+    window_s: float = 0.0
+    first_read_with_second: set[tuple[float, int]] = field(default_factory=set)
+
+
 def _group(events: list[tuple[float, int]], threshold: float,
            sent: dict[tuple[float, int], float] | None = None,
-           late_s: float = 0.0) -> list[list[tuple[float, int]]]:
-    """Greedy grouping (`group_steps`). A chunk of a request in neither of the last two
-    groups, though not its first (its previous chunk came before them), that arrives within
-    `late_s` of the start of the second to last joins that one: a late member of the step
-    before, read after a chunk of the next step had opened a new group. (A client reading
-    300 streams reads one step's chunks over 10-20 ms, and some after the next step's.)"""
+           late: _LateChunks | None = None) -> list[list[tuple[float, int]]]:
+    """Greedy grouping (`group_steps`). A chunk that arrives within `late.window_s` of the
+    start of the second to last group joins that one, a late member of its step read after a
+    chunk of the next step had opened a new group, where its request is in neither of the
+    last two groups and the chunk is not its first; or where it is its first, read together
+    with its second (its token came a step before the read), from a step begun after the
+    request was sent. (A client reading 300 streams reads one step's chunks over 10-20 ms,
+    some after the next step's, and after a pause of its own, each stream's backlog at once.)
+    """
     groups: list[list[tuple[float, int]]] = []
     members: list[set[int]] = []
     last_group: dict[int, int] = {}  # request -> the group of its latest chunk
     last = began = -math.inf  # began: when the client saw the step before this group end
     for time_s, index in events:
         current = len(groups) - 1
-        previous = last_group.get(index)
-        if (late_s and previous is not None and previous <= current - 2
-                and time_s - groups[-2][0][0] <= late_s and time_s - last <= threshold):
+        if (late is not None and current >= 1 and time_s - last <= threshold
+                and time_s - groups[-2][0][0] <= late.window_s
+                and _late_member(time_s, index, last_group.get(index), groups, late, sent)):
             groups[-2].append((time_s, index))
             members[-2].add(index)
             last_group[index], last = current - 1, time_s
@@ -268,6 +284,18 @@ def _group(events: list[tuple[float, int]], threshold: float,
     for group in groups:  # a late member joined after later chunks
         group.sort()
     return groups
+
+
+def _late_member(time_s: float, index: int, previous: int | None,
+                 groups: list[list[tuple[float, int]]], late: _LateChunks,
+                 sent: dict[tuple[float, int], float] | None) -> bool:
+    """Whether the chunk may join the second to last group (`_group`'s rules)."""
+    if previous is not None:
+        return previous <= len(groups) - 3
+    if (time_s, index) not in late.first_read_with_second:
+        return False
+    began = groups[-3][0][0] if len(groups) >= 3 else -math.inf
+    return sent is None or sent.get((time_s, index), -math.inf) <= began
 
 
 class _Attribution:

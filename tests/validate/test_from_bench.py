@@ -85,6 +85,15 @@ def test_a_chunk_read_after_the_next_steps_still_joins_its_own_step():
     assert [time_s for time_s, i in steps[1] if i == 2] == [0.131]
 
 
+def test_a_first_chunk_read_with_the_second_joins_the_step_before():
+    # c's first token came out in step 2, its second in step 3; the client read both at once
+    a = _record(0.0, 10, [0.100, 0.120, 0.140])
+    b = _record(0.0, 10, [0.101, 0.121, 0.141])
+    c = _record(0.05, 10, [0.1405, 0.1406])
+    steps = group_steps([a, b, c], num_server_steps=3)
+    assert [sorted(i for _, i in step) for step in steps] == [[0, 1], [0, 1, 2], [0, 1, 2]]
+
+
 def test_every_prompt_and_output_token_is_attributed_to_one_step(bench_run):
     result = bench_run.result
     assert all(r.completed for r in result.requests)
