@@ -89,7 +89,7 @@ GAP_FRACTIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
 # A chunk read up to this many median inter-chunk gaps after its step's first chunk may still
 # join that step after the next step's chunks began (`_group`).
 LATE_MEMBER_FRACTION = 1.5
-# A request's first two chunks this many median gaps apart or less came in one read.
+# Chunks this many median gaps apart or less came in one read (or one burst of reads).
 READ_TOGETHER_FRACTION = 0.05
 LATENCY_STEP_S = 0.01  # stage 2 moves the API latency in steps of this size
 # Stage 2's loss adds, per run, this weight times the sum of the squared log-scale factors of
@@ -228,9 +228,10 @@ def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
     median = float(np.median(gaps)) if gaps else 0.0
     sent = ({(r.chunk_times_s[0], i): r.arrival_s for i, r in enumerate(requests)
              if r.chunk_times_s} if causal else None)
-    late = _LateChunks(LATE_MEMBER_FRACTION * median, {
+    together_s = READ_TOGETHER_FRACTION * median
+    late = _LateChunks(LATE_MEMBER_FRACTION * median, together_s, {
         (r.chunk_times_s[0], i) for i, r in enumerate(requests) if len(r.chunk_times_s) > 1
-        and r.chunk_times_s[1] - r.chunk_times_s[0] <= READ_TOGETHER_FRACTION * median})
+        and r.chunk_times_s[1] - r.chunk_times_s[0] <= together_s})
     if not num_server_steps:
         return _group(events, max(2e-4, median / 3.0), sent, late)
     candidates = [_group(events, max(2e-5, fraction * median), sent, late)
@@ -241,9 +242,11 @@ def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
 @dataclass(slots=True, frozen=True)
 class _LateChunks:
     """What may join the step before the last (`_group`): chunks up to `window_s` after its
-    start, and which first chunks came in one read with the request's second."""
+    start; chunks up to `together_s` apart came in one read (or one burst of reads), and
+    `first_read_with_second` are the first chunks that came with their request's second."""
 
     window_s: float = 0.0
+    together_s: float = 0.0
     first_read_with_second: set[tuple[float, int]] = field(default_factory=set)
 
 
@@ -253,10 +256,11 @@ def _group(events: list[tuple[float, int]], threshold: float,
     """Greedy grouping (`group_steps`). A chunk that arrives within `late.window_s` of the
     start of the second to last group joins that one, a late member of its step read after a
     chunk of the next step had opened a new group, where its request is in neither of the
-    last two groups and the chunk is not its first; or where it is its first, read together
-    with its second (its token came a step before the read), from a step begun after the
-    request was sent. (A client reading 300 streams reads one step's chunks over 10-20 ms,
-    some after the next step's, and after a pause of its own, each stream's backlog at once.)
+    last two groups and the chunk is not its first; or, with `sent` (causal grouping), where
+    it is its first, from a step begun after the request was sent, read together with its
+    second (its token came a step before the read) or with the late members of that step.
+    (A client reading 300 streams reads one step's chunks over 10-20 ms, some after the next
+    step's, and after a pause of its own, each stream's backlog at once.)
     """
     groups: list[list[tuple[float, int]]] = []
     members: list[set[int]] = []
@@ -275,7 +279,7 @@ def _group(events: list[tuple[float, int]], threshold: float,
         if joins and sent is not None and sent.get((time_s, index), -math.inf) > began:
             joins = False  # its first token: from a step that began before it was sent
         if not joins:
-            began = groups[-1][0][0] if groups else -math.inf
+            began = groups[-1][0][0] if groups else math.inf  # (none seen end: any)
             groups.append([])
             members.append(set())
         groups[-1].append((time_s, index))
@@ -292,10 +296,15 @@ def _late_member(time_s: float, index: int, previous: int | None,
     """Whether the chunk may join the second to last group (`_group`'s rules)."""
     if previous is not None:
         return previous <= len(groups) - 3
-    if (time_s, index) not in late.first_read_with_second:
+    if sent is None:  # a first chunk moves back only where it is known when it was sent
         return False
-    began = groups[-3][0][0] if len(groups) >= 3 else -math.inf
-    return sent is None or sent.get((time_s, index), -math.inf) <= began
+    before, latest = groups[-2], groups[-1]
+    with_late_members = (before[-1][0] > latest[0][0]  # it took chunks after the last began
+                         and time_s - before[-1][0] <= late.together_s)
+    if not with_late_members and (time_s, index) not in late.first_read_with_second:
+        return False
+    began = groups[-3][0][0] if len(groups) >= 3 else math.inf  # (none seen end: any)
+    return sent.get((time_s, index), -math.inf) <= began
 
 
 class _Attribution:

@@ -87,11 +87,24 @@ def test_a_chunk_read_after_the_next_steps_still_joins_its_own_step():
 
 def test_a_first_chunk_read_with_the_second_joins_the_step_before():
     # c's first token came out in step 2, its second in step 3; the client read both at once
+    # (first chunks move only in the causal grouping, which knows when each request was sent)
     a = _record(0.0, 10, [0.100, 0.120, 0.140])
     b = _record(0.0, 10, [0.101, 0.121, 0.141])
     c = _record(0.05, 10, [0.1405, 0.1406])
-    steps = group_steps([a, b, c], num_server_steps=3)
+    steps = group_steps([a, b, c], num_server_steps=3, causal=True)
     assert [sorted(i for _, i in step) for step in steps] == [[0, 1], [0, 1, 2], [0, 1, 2]]
+
+
+def test_a_first_chunk_read_with_late_members_joins_their_step():
+    # b's chunks of steps 2 and 3 come in one read, then c's of step 2 (late) and, in the
+    # same burst, d's first, also of step 2
+    a = _record(0.0, 10, [0.100, 0.120, 0.130])
+    b = _record(0.0, 10, [0.101, 0.125, 0.125])
+    c = _record(0.0, 10, [0.102, 0.1251, 0.131])
+    d = _record(0.05, 10, [0.1252, 0.140])
+    steps = group_steps([a, b, c, d], num_server_steps=3, causal=True)
+    assert [sorted(i for _, i in step) for step in steps] == [[0, 1, 2], [0, 1, 2, 3],
+                                                              [0, 1, 2, 3]]
 
 
 def test_every_prompt_and_output_token_is_attributed_to_one_step(bench_run):
