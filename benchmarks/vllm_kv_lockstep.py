@@ -8,10 +8,10 @@ blocks of KV, prefix caching and KV events. Workloads: `random` (192 prompt toke
 of six shared 512-token prefixes, 48 out, 300 requests at 30 req/s: 50-80 preemptions) and
 `mooncake` (the bundled excerpt scaled down 16x, 120 requests at 4x: evictions, no
 preemption; the peer test's). Printed per run: blocks changed on each side, the share matched
-in order, the causes of the rest, the preemptions (server / kvlab), and how many pairs of
+in order, the causes of the rest, the preemptions (server / kvlab), how many pairs of
 requests vLLM's engine queued out of the order they were sent, with the largest gap between
 their sends (kvlab's replay lets requests sent less than `SEND_ORDER_SLACK_S` apart start in
-either order).
+either order), and the `vllm` preset step for step on vLLM's engine clock (`engine_clock`).
 
     .venv/bin/python benchmarks/vllm_kv_lockstep.py [--workload random] [--runs 3] [--out DIR]
 
@@ -36,9 +36,16 @@ from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
 from kvlab.bench.serve import BenchResult, vocab_size_of  # noqa: E402
 from kvlab.commands.bench import save_bench_result  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
+from kvlab.fidelity.from_bench import bench_trace  # noqa: E402
 from kvlab.fidelity.kv_lockstep import SEND_ORDER_SLACK_S, kv_lockstep  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
-from tests.peer.schedule_log import ScheduleLog, read_schedule_log  # noqa: E402
+from tests.peer.schedule_log import (  # noqa: E402
+    ScheduleLog,
+    first_difference,
+    read_schedule_log,
+    replay_on_engine_clock,
+    simulated_schedule,
+)
 from tests.peer.vllm_server import missing_reason, start_vllm_with_kv_events  # noqa: E402
 
 WORKLOADS = {
@@ -55,6 +62,21 @@ def engine_inversions(log: ScheduleLog, sent_s: dict[int, float]) -> list[float]
     return [sent_s[earlier] - sent_s[later]
             for index, earlier in enumerate(order) for later in order[index + 1:]
             if sent_s[earlier] > sent_s[later]]
+
+
+def engine_clock(result: BenchResult, log: ScheduleLog) -> str:
+    """The `vllm` preset step for step on vLLM's engine clock (each request queued when vLLM's
+    engine queued it, each step as long as vLLM's, prompts and outputs as the server's
+    tokens): whether every step scheduled the same tokens per request, and the preemptions."""
+    replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=True), log)
+    steps, preempted = simulated_schedule(replay, server_sim_config(result.server, "tiny-llama"),
+                                          durations)
+    differs = first_difference(steps, log.steps)
+    same = (f"all {len(steps)} steps as vLLM's" if differs is None and len(steps) ==
+            len(log.steps) else f"steps as vLLM's up to {differs} of {len(log.steps)}")
+    return (f"engine clock: {same}, preemptions {sum(preempted.values())} / "
+            f"{len(log.preemptions)}, per request "
+            f"{'equal' if preempted == log.preemptions_per_request() else 'different'}")
 
 
 def main() -> int:
@@ -86,7 +108,8 @@ def main() -> int:
                   f"{report.unmatched or ''}; preemptions server {report.num_server_preemptions}"
                   f", kvlab {report.num_kvlab_preemptions}; queued out of send order: "
                   f"{len(gaps)} pairs, sent up to {1000 * max(gaps, default=0.0):.1f} ms apart "
-                  f"(slack {1000 * SEND_ORDER_SLACK_S:.0f} ms)", flush=True)
+                  f"(slack {1000 * SEND_ORDER_SLACK_S:.0f} ms); {engine_clock(result, log)}",
+                  flush=True)
             if args.out is not None:
                 keep(args.out, run, result, log)
     finally:

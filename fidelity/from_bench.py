@@ -181,19 +181,30 @@ def server_sim_config(info: ServerInfo, model: str | ModelSpec, *, preset: str |
                      serving=server_serving(info, preset=preset, overrides=overrides))
 
 
-def bench_trace(result: BenchResult) -> Trace:
+def bench_trace(result: BenchResult, *, token_ids: bool = False) -> Trace:
     """The benchmark's requests as the simulator replays them: sent when the client sent
     them, each with the output it produced (completed) or asked for (failed), sharing prompt
-    blocks as the workload did."""
+    blocks as the workload did. With `token_ids`, a completed request of a result that kept
+    its prompts (`--kv-events`) carries the prompt and output token ids the server saw, so
+    that its output blocks are cached and hashed as the server's too."""
+    prompts = result.prompt_token_ids if token_ids else None
     requests = []
-    for record, hash_ids in zip(result.requests, result.hash_ids, strict=True):
+    for index, (record, hash_ids) in enumerate(zip(result.requests, result.hash_ids,
+                                                   strict=True)):
         output = record.num_output_tokens if record.completed else record.max_tokens
-        requests.append(TraceRequest(
+        request = TraceRequest(
             request_id=record.request_id, arrival_s=record.arrival_s,
             input_len=record.prompt_len, output_len=max(1, output),
             hash_ids=None if hash_ids is None else tuple(hash_ids),
             hash_block_size=result.hash_block_size,
-        ))
+        )
+        if prompts and prompts[index] and record.completed and record.output_token_ids:
+            request = dataclasses.replace(
+                request, hash_ids=None, input_len=len(prompts[index]),
+                output_len=len(record.output_token_ids),
+                prompt_token_ids=tuple(prompts[index]),
+                output_token_ids=tuple(record.output_token_ids))
+        requests.append(request)
     requests.sort(key=lambda r: r.arrival_s)
     meta = result.run.metadata
     return Trace(name=str(meta.get("dataset") or "bench"),

@@ -5,6 +5,7 @@ it was fitted on, and bad input is one clear line."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from types import SimpleNamespace
@@ -146,6 +147,22 @@ def test_the_servers_configuration_reaches_the_simulator(bench_run):
     assert [r.output_len for r in trace.requests] == [
         r.num_output_tokens for r in sorted(bench_run.result.requests,
                                             key=lambda r: r.arrival_s)]
+
+
+def test_bench_trace_with_token_ids_carries_the_servers_tokens(bench_run):
+    result = bench_run.result
+    assert all(r.output_token_ids for r in result.requests)  # kvlab serve returns them
+    prompts = [list(range(1, r.prompt_len + 1)) for r in result.requests]
+    kept = dataclasses.replace(result, prompt_token_ids=prompts)
+    by_id = {r.request_id: (r, p) for r, p in zip(result.requests, prompts, strict=True)}
+    for request in bench_trace(kept, token_ids=True).requests:
+        record, prompt = by_id[request.request_id]
+        assert request.prompt_token_ids == tuple(prompt)
+        assert request.output_token_ids == tuple(record.output_token_ids)
+        assert (request.input_len, request.output_len) == (len(prompt), len(
+            record.output_token_ids))
+    # without kept prompts (no --kv-events), the hash ids as before
+    assert bench_trace(result, token_ids=True) == bench_trace(result)
 
 
 def test_the_fit_reproduces_the_run_it_was_fitted_on(bench_run):
