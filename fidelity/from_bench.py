@@ -191,25 +191,31 @@ def bench_trace(result: BenchResult, *, token_ids: bool = False) -> Trace:
     requests = []
     for index, (record, hash_ids) in enumerate(zip(result.requests, result.hash_ids,
                                                    strict=True)):
+        if prompts and prompts[index] and record.completed and record.output_token_ids:
+            requests.append(served_request(record, prompts[index], record.arrival_s))
+            continue
         output = record.num_output_tokens if record.completed else record.max_tokens
-        request = TraceRequest(
+        requests.append(TraceRequest(
             request_id=record.request_id, arrival_s=record.arrival_s,
             input_len=record.prompt_len, output_len=max(1, output),
             hash_ids=None if hash_ids is None else tuple(hash_ids),
             hash_block_size=result.hash_block_size,
-        )
-        if prompts and prompts[index] and record.completed and record.output_token_ids:
-            request = dataclasses.replace(
-                request, hash_ids=None, input_len=len(prompts[index]),
-                output_len=len(record.output_token_ids),
-                prompt_token_ids=tuple(prompts[index]),
-                output_token_ids=tuple(record.output_token_ids))
-        requests.append(request)
+        ))
     requests.sort(key=lambda r: r.arrival_s)
     meta = result.run.metadata
     return Trace(name=str(meta.get("dataset") or "bench"),
                  dataset_name=str(meta.get("dataset_name") or "bench"),
                  source="bench", requests=requests)
+
+
+def served_request(record: Any, prompt: list[int], arrival_s: float) -> TraceRequest:
+    """A request as the server ran it, arriving at `arrival_s`: its prompt and the output it
+    streamed back as token ids (`record.output_token_ids`), so that its prompt and output
+    blocks hash as the server's."""
+    outputs = record.output_token_ids
+    return TraceRequest(request_id=record.request_id, arrival_s=arrival_s,
+                        input_len=len(prompt), output_len=len(outputs),
+                        prompt_token_ids=tuple(prompt), output_token_ids=tuple(outputs))
 
 
 def reconstruct_profile(result: BenchResult, max_num_batched_tokens: int,
@@ -242,7 +248,7 @@ def group_steps(requests: Sequence[Any], num_server_steps: int | None = None,
     together_s = READ_TOGETHER_FRACTION * median
     late = _LateChunks(LATE_MEMBER_FRACTION * median, together_s, {
         (r.chunk_times_s[0], i) for i, r in enumerate(requests) if len(r.chunk_times_s) > 1
-        and r.chunk_times_s[1] - r.chunk_times_s[0] <= together_s})
+        and r.chunk_times_s[1] - r.chunk_times_s[0] <= together_s} if causal else set())
     if not num_server_steps:
         return _group(events, max(2e-4, median / 3.0), sent, late)
     candidates = [_group(events, max(2e-5, fraction * median), sent, late)
@@ -262,8 +268,8 @@ class _LateChunks:
 
 
 def _group(events: list[tuple[float, int]], threshold: float,
-           sent: dict[tuple[float, int], float] | None = None,
-           late: _LateChunks | None = None) -> list[list[tuple[float, int]]]:
+           sent: dict[tuple[float, int], float] | None,
+           late: _LateChunks) -> list[list[tuple[float, int]]]:
     """Greedy grouping (`group_steps`). A chunk that arrives within `late.window_s` of the
     start of the second to last group joins that one, a late member of its step read after a
     chunk of the next step had opened a new group, where its request is in neither of the
@@ -274,27 +280,24 @@ def _group(events: list[tuple[float, int]], threshold: float,
     step's, and after a pause of its own, each stream's backlog at once.)
     """
     groups: list[list[tuple[float, int]]] = []
-    members: list[set[int]] = []
     last_group: dict[int, int] = {}  # request -> the group of its latest chunk
     last = began = -math.inf  # began: when the client saw the step before this group end
     for time_s, index in events:
         current = len(groups) - 1
-        if (late is not None and current >= 1 and time_s - last <= threshold
+        if (current >= 1 and time_s - last <= threshold
                 and time_s - groups[-2][0][0] <= late.window_s
                 and _late_member(time_s, index, last_group.get(index), groups, late, sent)):
             groups[-2].append((time_s, index))
-            members[-2].add(index)
             last_group[index], last = current - 1, time_s
             continue
-        joins = bool(groups) and time_s - last <= threshold and index not in members[-1]
+        # (a request is in the last group exactly when its latest chunk is)
+        joins = bool(groups) and time_s - last <= threshold and last_group.get(index) != current
         if joins and sent is not None and sent.get((time_s, index), -math.inf) > began:
             joins = False  # its first token: from a step that began before it was sent
         if not joins:
             began = groups[-1][0][0] if groups else math.inf  # (none seen end: any)
             groups.append([])
-            members.append(set())
         groups[-1].append((time_s, index))
-        members[-1].add(index)
         last_group[index], last = len(groups) - 1, time_s
     for group in groups:  # a late member joined after later chunks
         group.sort()

@@ -20,11 +20,16 @@ import difflib
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kvlab.bench.observed import series_increase
 from kvlab.errors import KvlabError
-from kvlab.fidelity.from_bench import GAP_FRACTIONS, group_steps, server_step_count
+from kvlab.fidelity.from_bench import (
+    GAP_FRACTIONS,
+    group_steps,
+    served_request,
+    server_step_count,
+)
 from kvlab.policies.kv_events import CLEARED, REMOVED, STORED, KVEventLog
 from kvlab.policies.request import hash_page
 from kvlab.sim.simulator import Simulation
@@ -195,17 +200,13 @@ def replay_trace(result: BenchResult, step_ends: list[float], budget: int, page_
         while record.arrival_s - answered[num_before][0].arrival_s > SEND_ORDER_SLACK_S:
             latest = max(latest, requests[num_before].arrival_s)
             num_before += 1
-        outputs = cast("list[int]", record.output_token_ids)
         step, first_token_step = _admitting_step(record, prompt, step_ends, page_size, stored_at)
         arrival = record.arrival_s
         if step is not None and (len(prompt) <= budget or step < first_token_step):
             arrival = step_ends[step - 1] if step > 0 else 0.0
             if not exact_steps:  # a step's start as the client saw it: never before the send
                 arrival = max(arrival, record.arrival_s)
-        requests.append(TraceRequest(
-            request_id=record.request_id, arrival_s=max(arrival, latest),
-            input_len=len(prompt), output_len=len(outputs),
-            prompt_token_ids=tuple(prompt), output_token_ids=tuple(outputs)))
+        requests.append(served_request(record, prompt, max(arrival, latest)))
     if not requests:
         raise KvlabError("no request of the bench result streamed token ids back: the server "
                          "must return them (vLLM and kvlab serve do with return_token_ids)")
