@@ -106,5 +106,6 @@ def engine_metadata(engine: LLMEngine) -> dict[str, Any]:
         "enable_prefix_caching": policy.prefix_caching,
         "preemption_costs": costs.to_json() if hasattr(costs, "to_json") else None,
         "seed": serving.seed,
+        **({"scheduler_reserve_full_isl": True} if serving.scheduler_reserve_full_isl else {}),
         **({"kv_tiers": serving.kv_tiers.to_json()} if serving.kv_tiers else {}),
     }

@@ -63,9 +63,10 @@ if TYPE_CHECKING:
 # vLLM 0.32's scheduler on a CPU OpenAI server (EngineArgs' cpu defaults), and vLLM V1's
 # memory policy: LRU prefix-cache eviction (free blocks holding no prefix reused first, as
 # 0.32's free_blocks prepends them), recompute preemption of the last admitted request, no
-# admission watermark; one page is vLLM's null block (`vllm` preset).
+# admission watermark, a waiting request admitted only when its whole prompt fits
+# (scheduler_reserve_full_isl, 0.32's default); one page is vLLM's null block (`vllm` preset).
 VLLM_SCHEDULER = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                  "enable_chunked_prefill": True}
+                  "enable_chunked_prefill": True, "scheduler_reserve_full_isl": True}
 VLLM_POLICY = "paged:preemption=recompute,victim=last-admitted,watermark=0"
 VLLM_NULL_BLOCKS = 1
 # (summary key, weight) that stage 2 matches; log-ratio errors, so every metric counts alike.
@@ -152,6 +153,7 @@ def server_serving(
             max_num_seqs=int(info.scheduler.get("max_num_seqs", 256)),
             max_num_batched_tokens=int(info.scheduler.get("max_num_batched_tokens", 8192)),
             enable_chunked_prefill=info.scheduler.get("enable_chunked_prefill") != "False",
+            scheduler_reserve_full_isl=info.scheduler.get("scheduler_reserve_full_isl") == "True",
         )
         null_blocks = 0
     else:

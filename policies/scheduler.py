@@ -21,12 +21,16 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 @dataclass(slots=True, frozen=True)
 class SchedulerConfig:
-    """Batch limits: requests per step, tokens per step, model length, chunked prefill."""
+    """Batch limits: requests per step, tokens per step, model length, chunked prefill; and
+    `reserve_full_isl`: admit a waiting request only when its whole known sequence (prompt
+    and the output it has so far) would fit in KV memory now, not just its first chunk
+    (vLLM's `--scheduler-reserve-full-isl`, on by default since vLLM 0.32)."""
 
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
+    reserve_full_isl: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -325,13 +329,13 @@ class Scheduler:
                     break
                 num_new = step.budget
             request.num_computed_tokens = hit
-            ops = manager.allocate(request, num_new)
+            ops = self._admit(request, hit, num_new)
             if ops is None and hit and not running:
                 # Alone, a request always fits once every cached page is evictable; its own
                 # prefix hits pin pages and can fragment contiguous memory, so drop them.
                 request.num_computed_tokens = hit = request.kv_transfer_tokens = 0
                 num_new = min(request.num_tokens, step.budget)
-                ops = manager.allocate(request, num_new)
+                ops = self._admit(request, hit, num_new)
             if ops is None:
                 request.num_computed_tokens = 0
                 break
@@ -344,6 +348,16 @@ class Scheduler:
                     manager.count_first_hits()
             running.append(request)
             step.add(request, num_new, ops)
+
+    def _admit(self, request: Request, hit: int, num_new: int) -> MemOps | None:
+        """Allocate a waiting request's first `num_new` tokens after its `hit`; with
+        `reserve_full_isl`, only if the rest of its known sequence would fit now as well (the
+        check of vLLM's allocate_slots: hit pages that are cached-free count as taken)."""
+        rest = request.num_tokens - hit
+        if (self.config.reserve_full_isl and num_new < rest
+                and not self.manager.can_allocate(request, rest)):
+            return None
+        return self.manager.allocate(request, num_new)
 
     def _admission_error(self, request: Request) -> str | None:
         max_len = self.config.max_model_len

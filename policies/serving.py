@@ -59,7 +59,8 @@ class ServingConfig:
 
     `policy` is the policy as run (see `create` for the page-size and prefix-caching
     switches). `max_model_len` None means the model's own limit (`resolve_max_model_len`).
-    KV memory: `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
+    `scheduler_reserve_full_isl`: admit a waiting request only when its whole prompt would fit,
+    not just its first chunk (vLLM 0.32's default; off by default here). KV memory: `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
     `gpu_memory_utilization` of the device minus weights and activations. `swap_space_bytes`
     bounds the host swap pages unless the policy's `host_pages` does. `kv_tiers` are the memory
     tiers below the device that the prefix cache spills to (policies/tiers.py; none by
@@ -72,6 +73,7 @@ class ServingConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
+    scheduler_reserve_full_isl: bool = False
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -84,6 +86,9 @@ class ServingConfig:
             raise TypeError("ServingConfig.policy is a PolicySpec; use ServingConfig.create")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             check_whole_number(name, getattr(self, name), 1)
+        if not isinstance(self.scheduler_reserve_full_isl, bool):
+            raise KvlabError(f"scheduler_reserve_full_isl is {self.scheduler_reserve_full_isl!r}; "
+                             "expected true or false", parameters=("scheduler_reserve_full_isl",))
         for name, low in (("max_model_len", 1), ("num_gpu_blocks_override", 1),
                           ("kv_cache_memory_bytes", 0)):
             if getattr(self, name) is not None:
@@ -167,6 +172,7 @@ class ServingConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
+            reserve_full_isl=self.scheduler_reserve_full_isl,
         )
 
     def num_host_pages(self, num_pages: int, swap_space_pages: int | None = None) -> int:

@@ -123,6 +123,7 @@ class SimConfig:
             "enable_chunked_prefill": serving.enable_chunked_prefill,
             "enable_prefix_caching": policy.prefix_caching,
             "seed": serving.seed,
+            **({"scheduler_reserve_full_isl": True} if serving.scheduler_reserve_full_isl else {}),
             **({"kv_tiers": serving.kv_tiers.to_json()} if serving.kv_tiers else {}),
         }
 

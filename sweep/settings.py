@@ -204,6 +204,7 @@ def _settings() -> dict[str, Setting]:
         Setting("max_num_batched_tokens", "serving", _int,
                 _serving_field("max_num_batched_tokens")),
         Setting("enable_chunked_prefill", "serving", _bool),
+        Setting("scheduler_reserve_full_isl", "serving", _bool),
         Setting("max_model_len", "serving", optional_int, _serving_field("max_model_len")),
         Setting("gpu_memory_utilization", "serving", _float,
                 _serving_field("gpu_memory_utilization")),

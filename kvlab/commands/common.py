@@ -254,6 +254,12 @@ def add_serving_arguments(
         default=defaults.enable_chunked_prefill,
         help="split long prompts over steps within the token budget (default: on)",
     )
+    policy.add_argument(
+        "--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
+        default=defaults.scheduler_reserve_full_isl,
+        help="admit a waiting request only when its whole prompt fits in KV memory, not just "
+        "its first chunk (vLLM 0.32's default; default here: off)",
+    )
     memory.add_argument(
         "--max-model-len", type=int, default=None,
         help="longest request (prompt + output); default: the model's; longer requests fail",
@@ -340,6 +346,7 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         seed=args.seed,

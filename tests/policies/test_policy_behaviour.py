@@ -344,6 +344,23 @@ def test_chunked_prefill_splits_a_prompt_over_the_token_budget():
     assert chunks == [10, 10, 5]
 
 
+@pytest.mark.parametrize(("reserve_full_isl", "admitted"), [(False, True), (True, False)])
+def test_reserve_full_isl_admits_only_a_prompt_that_fits_whole(reserve_full_isl, admitted):
+    manager = KVCacheManager("paged:block_size=4,watermark=0", 8, max_model_len=64)
+    config = SchedulerConfig(max_model_len=64, max_num_batched_tokens=16,
+                             reserve_full_isl=reserve_full_isl)
+    scheduler = Scheduler(config, manager)
+    running, waiting = Request(0, 14, 10), Request(1, 20, 2)
+    scheduler.add_request(running)
+    scheduler.update(scheduler.schedule(0), None, 1)  # 4 of the 8 pages
+    scheduler.add_request(waiting)
+    output = scheduler.schedule(1)
+    # a 15-token first chunk takes the 4 free pages; the whole prompt would take 5
+    scheduled = {item.request.request_id: item.num_new_tokens for item in output.scheduled}
+    assert scheduled == ({0: 1, 1: 15} if admitted else {0: 1})
+    assert (waiting.status is RequestStatus.RUNNING) is admitted
+
+
 def test_a_request_longer_than_max_model_len_fails_without_blocking_the_queue():
     manager = KVCacheManager("paged:block_size=4", 32, max_model_len=32)
     scheduler = Scheduler(SchedulerConfig(max_model_len=32, max_num_batched_tokens=64), manager)

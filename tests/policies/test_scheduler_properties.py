@@ -43,6 +43,7 @@ def workloads(draw):
         max_num_batched_tokens=budget,
         max_model_len=MAX_MODEL_LEN,
         enable_chunked_prefill=chunked,
+        reserve_full_isl=draw(st.booleans()),
     )
     spec = spec.replace(":", f":block_size={block_size},", 1)
     return spec, num_pages, config, requests

@@ -60,6 +60,7 @@ def shadow_workloads(draw):
         max_num_batched_tokens=budget,
         max_model_len=MAX_MODEL_LEN,
         enable_chunked_prefill=draw(st.booleans()) or budget < MAX_MODEL_LEN,
+        reserve_full_isl=draw(st.booleans()),
     )
     rng = random.Random(draw(st.integers(0, 2**32 - 1)))
     requests = [_request(rng, request_id) for request_id in range(rng.randint(1, 24))]

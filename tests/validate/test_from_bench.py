@@ -139,10 +139,15 @@ def test_the_servers_configuration_reaches_the_simulator(bench_run):
     serving = server_serving(info)
     assert (serving.policy.block_size, serving.num_gpu_blocks_override) == (4, 400)
     assert serving.max_num_batched_tokens == BUDGET
+    assert serving.scheduler_reserve_full_isl is False  # as the kvlab serve exports it
     vllm_view = server_serving(info, preset="vllm", overrides={"max_num_seqs": 7})
     assert vllm_view.num_gpu_blocks_override == 399  # vLLM's null block is not usable
     assert vllm_view.max_num_seqs == 7
     assert (vllm_view.policy.victim, vllm_view.policy.watermark) == ("last-admitted", 0)
+    assert vllm_view.scheduler_reserve_full_isl is True  # vLLM 0.32's default
+    gated = dataclasses.replace(info, scheduler={**info.scheduler,
+                                                 "scheduler_reserve_full_isl": "True"})
+    assert server_serving(gated).scheduler_reserve_full_isl is True
     trace = bench_trace(bench_run.result)
     assert [r.output_len for r in trace.requests] == [
         r.num_output_tokens for r in sorted(bench_run.result.requests,
