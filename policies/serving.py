@@ -60,7 +60,8 @@ class ServingConfig:
     `policy` is the policy as run (see `create` for the page-size and prefix-caching
     switches). `max_model_len` None means the model's own limit (`resolve_max_model_len`).
     `scheduler_reserve_full_isl`: admit a waiting request only when its whole prompt would fit,
-    not just its first chunk (vLLM 0.32's default; off by default here). KV memory: `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
+    not just its first chunk (vLLM 0.32's default; off by default here). KV memory:
+    `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
     `gpu_memory_utilization` of the device minus weights and activations. `swap_space_bytes`
     bounds the host swap pages unless the policy's `host_pages` does. `kv_tiers` are the memory
     tiers below the device that the prefix cache spills to (policies/tiers.py; none by
