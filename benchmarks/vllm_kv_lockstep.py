@@ -36,15 +36,13 @@ from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
 from kvlab.bench.serve import BenchResult, vocab_size_of  # noqa: E402
 from kvlab.commands.bench import save_bench_result  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
-from kvlab.fidelity.from_bench import bench_trace  # noqa: E402
 from kvlab.fidelity.kv_lockstep import SEND_ORDER_SLACK_S, kv_lockstep  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
 from tests.peer.schedule_log import (  # noqa: E402
     ScheduleLog,
     first_difference,
+    preset_on_engine_clock,
     read_schedule_log,
-    replay_on_engine_clock,
-    simulated_schedule,
 )
 from tests.peer.vllm_server import missing_reason, start_vllm_with_kv_events  # noqa: E402
 
@@ -68,9 +66,7 @@ def engine_clock(result: BenchResult, log: ScheduleLog) -> str:
     """The `vllm` preset step for step on vLLM's engine clock (each request queued when vLLM's
     engine queued it, each step as long as vLLM's, prompts and outputs as the server's
     tokens): whether every step scheduled the same tokens per request, and the preemptions."""
-    replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=True), log)
-    steps, preempted = simulated_schedule(replay, server_sim_config(result.server, "tiny-llama"),
-                                          durations)
+    steps, preempted = preset_on_engine_clock(result, log, token_ids=True)
     differs = first_difference(steps, log.steps)
     same = (f"all {len(steps)} steps as vLLM's" if differs is None and len(steps) ==
             len(log.steps) else f"steps as vLLM's up to {differs} of {len(log.steps)}")

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
+from kvlab.bench import BenchResult
+from kvlab.fidelity import server_sim_config
+from kvlab.fidelity.from_bench import bench_trace
 from kvlab.policies import SchedulerOutput
 from kvlab.sim import SimConfig, Simulation
 from kvlab.sim.replayed import ReplayedStepTimes
@@ -114,3 +117,13 @@ def simulated_schedule(trace: Trace, config: SimConfig, durations_s: list[float]
     result = simulation.run()
     preempted = {r.request_id: r.num_preemptions for r in result.requests if r.num_preemptions}
     return steps, preempted
+
+
+def preset_on_engine_clock(result: BenchResult, log: ScheduleLog, *, token_ids: bool = False
+                           ) -> tuple[list[dict[int, int]], dict[int, int]]:
+    """`simulated_schedule` of a bench run against the peer, under the `vllm` preset with the
+    server's configuration, replayed on vLLM's engine clock (`replay_on_engine_clock`).
+    `token_ids`: prompts and outputs as the server's tokens (`bench_trace`), so that output
+    blocks are cached and hashed as vLLM's (needed where prefix caching meets preemptions)."""
+    replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=token_ids), log)
+    return simulated_schedule(replay, server_sim_config(result.server, "tiny-llama"), durations)

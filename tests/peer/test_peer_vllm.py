@@ -12,15 +12,8 @@ import pytest
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
 from kvlab.cli import main
 from kvlab.engine import LLM, SamplingParams
-from kvlab.fidelity import server_sim_config
-from kvlab.fidelity.from_bench import bench_trace
 from kvlab.traces import load_trace, synthesize_prompt_ids
-from tests.peer.schedule_log import (
-    first_difference,
-    read_schedule_log,
-    replay_on_engine_clock,
-    simulated_schedule,
-)
+from tests.peer.schedule_log import first_difference, preset_on_engine_clock, read_schedule_log
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm
 from tests.peer.workloads import queued_behind_a_long_request
 
@@ -89,9 +82,7 @@ def test_the_vllm_preset_schedules_as_vllm_does_step_for_step(logged_vllm, workl
     log = read_schedule_log(logged_vllm.schedule_log, prefix)
     assert sorted(log.arrivals) == [r.request_id for r in trace.requests]
     assert log.preemptions, "40 blocks should preempt this workload"
-    replay, durations = replay_on_engine_clock(bench_trace(result), log)
-    steps, preempted = simulated_schedule(replay, server_sim_config(result.server, "tiny-llama"),
-                                          durations)
+    steps, preempted = preset_on_engine_clock(result, log)
     assert preempted == log.preemptions_per_request()
     differs = first_difference(steps, log.steps)
     assert differs is None, (f"step {differs}: vLLM {log.steps[differs]}, simulator "
