@@ -79,9 +79,14 @@ def sidebar_setup() -> Setup:
         max_len = st.number_input("max_model_len (0: the model's)", 0, 10_000_000, 0,
                                   key="max_model_len",
                                   help="longer requests fail, as with --max-model-len")
+        full_isl = st.checkbox("scheduler_reserve_full_isl", defaults.scheduler_reserve_full_isl,
+                               key="reserve_full_isl",
+                               help="admit a waiting request only when its whole prompt fits in "
+                               "KV memory, not just its first chunk (vLLM 0.32's default)")
     serving = ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
                             gpu_memory_utilization=float(util),
-                            max_model_len=int(max_len) or None)
+                            max_model_len=int(max_len) or None,
+                            scheduler_reserve_full_isl=bool(full_isl))
     setup = Setup(trace=name, upload=upload, dataset_name=dataset,
                   num_prompts=int(num_prompts) or None,
                   request_rate=None if rate is None else float(rate),

@@ -178,6 +178,12 @@ def test_max_model_len_reaches_the_setup(app):
     assert app.session_state[SETUP_STATE].serving.max_model_len is None  # the model's
 
 
+def test_the_full_prompt_admission_gate_reaches_the_setup(app):
+    assert app.session_state[SETUP_STATE].serving.scheduler_reserve_full_isl is False
+    checked(app.checkbox(key="reserve_full_isl").check().run())
+    assert app.session_state[SETUP_STATE].serving.scheduler_reserve_full_isl is True
+
+
 def test_validate_says_how_to_make_its_json(app):
     checked(app.switch_page("validate.py").run())
     assert "kvlab validate --save-result" in app.code[0].value
