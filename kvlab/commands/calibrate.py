@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help="the server's per-step token budget (default: exported, or the "
                        "preset's: vLLM 0.32 on CPU 2048)")
+    bench.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="whether the server admits a waiting request only when its whole "
+                       "prompt fits (default: the preset's: on for vllm, as 0.32 does; off for "
+                       "older vLLM or --no-scheduler-reserve-full-isl)")
     bench.add_argument("--no-refine", action="store_true",
                        help="stop after the step fit (no simulator-in-the-loop search)")
 
@@ -138,6 +143,7 @@ def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
+        "scheduler_reserve_full_isl": args.scheduler_reserve_full_isl,
     }
     name = args.model or result.server.model
     try:

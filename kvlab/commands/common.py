@@ -255,10 +255,10 @@ def add_serving_arguments(
         help="split long prompts over steps within the token budget (default: on)",
     )
     policy.add_argument(
-        "--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction,
-        default=defaults.scheduler_reserve_full_isl,
+        "--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=None,
         help="admit a waiting request only when its whole prompt fits in KV memory, not just "
-        "its first chunk (vLLM 0.32's default; default here: off)",
+        "its first chunk (vLLM 0.32's default; default here: off, and against a server "
+        "(validate --base-url) the preset's: on for vllm)",
     )
     memory.add_argument(
         "--max-model-len", type=int, default=None,
@@ -346,7 +346,7 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_chunked_prefill=args.enable_chunked_prefill,
-        scheduler_reserve_full_isl=args.scheduler_reserve_full_isl,
+        scheduler_reserve_full_isl=bool(args.scheduler_reserve_full_isl),  # None: off
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         seed=args.seed,

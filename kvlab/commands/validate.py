@@ -309,4 +309,10 @@ def _server_target(args: argparse.Namespace) -> Any:
                           scrape_interval_s=args.metrics_interval)
     return ServerTarget(client=client, card=card,
                         vocab_size=vocab_size_of(card, None, args.vocab_size), model=model,
-                        preset=args.preset, seed=args.seed)
+                        preset=args.preset, overrides=server_overrides(args), seed=args.seed)
+
+
+def server_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The serving settings the flags give for a server's simulator, over its preset's (a
+    vLLM run with --no-scheduler-reserve-full-isl, or one older than 0.32, has no gate)."""
+    return {"scheduler_reserve_full_isl": args.scheduler_reserve_full_isl}

@@ -54,14 +54,16 @@ def run_saved_lockstep(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None) -> int:
     """Replay, print and save the report; 0 when every block change matched, else 1."""
     from kvlab.commands.bench import check_stream, describe_stream
-    from kvlab.commands.validate import save_document
+    from kvlab.commands.validate import save_document, server_overrides
     from kvlab.fidelity import server_sim_config
     from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
 
     stream = result.kv_events
     print(describe_stream(stream))
     check_stream(stream)
-    report = kv_lockstep(result, server_sim_config(result.server, model, preset=args.preset))
+    config = server_sim_config(result.server, model, preset=args.preset,
+                               overrides=server_overrides(args))
+    report = kv_lockstep(result, config)
     print(format_kv_lockstep(report))
     if path is not None:
         document = {"reference": "server", "base_url": result.run.metadata.get("base_url"),

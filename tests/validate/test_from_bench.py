@@ -5,6 +5,8 @@ it was fitted on, and bad input is one clear line."""
 
 from __future__ import annotations
 
+import argparse
+
 import dataclasses
 import itertools
 import json
@@ -15,6 +17,7 @@ import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, load_bench_result, resolve_model
 from kvlab.cli import main
+from kvlab.commands.calibrate import bench_sim_config
 from kvlab.engine.config import EngineConfig
 from kvlab.errors import KvlabError
 from kvlab.fidelity import fit_bench, server_serving, server_sim_config
@@ -196,6 +199,15 @@ def test_stage_2_keeps_a_latency_the_server_measured(bench_run):
     assert fit.stage1.api_latency_s > 0 or fit.stage1.api_latency_per_request_s > 0
     assert fit.cost_model.api_latency_s == fit.stage1.api_latency_s
     assert fit.cost_model.api_latency_per_request_s == fit.stage1.api_latency_per_request_s
+
+
+@pytest.mark.parametrize(("flag", "gated"), [(None, True), (False, False)])
+def test_calibrate_flags_override_the_presets_admission_gate(bench_run, flag, gated):
+    args = argparse.Namespace(block_size=None, num_gpu_blocks_override=None, max_num_seqs=None,
+                              max_num_batched_tokens=None, scheduler_reserve_full_isl=flag,
+                              model="tiny-llama", preset="vllm")
+    config = bench_sim_config(bench_run.result, args)
+    assert config.serving.scheduler_reserve_full_isl is gated  # vllm's: on, as 0.32 does
 
 
 def test_calibrate_from_bench_writes_a_model_sim_runs(bench_run, tmp_path, capsys):
