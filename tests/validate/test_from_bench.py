@@ -6,7 +6,6 @@ it was fitted on, and bad input is one clear line."""
 from __future__ import annotations
 
 import argparse
-
 import dataclasses
 import itertools
 import json
