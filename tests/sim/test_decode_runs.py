@@ -79,13 +79,15 @@ def test_the_fast_path_is_taken(monkeypatch):
     max_num_seqs=st.sampled_from([2, 8, 64]),
     rate=st.sampled_from([2.0, 20.0, 200.0]),
     seed=st.integers(0, 1000),
+    reserve_full_isl=st.booleans(),
 )
 def test_random_small_runs_match_stepping(policy, block_size, num_pages, max_num_seqs, rate,
-                                          seed):
+                                          seed, reserve_full_isl):
     trace = load_trace("random", num_prompts=24, seed=seed, random_input_len=24,
                        random_output_len=40, random_range_ratio=0.9, request_rate=rate,
                        random_prefix_len=16, num_prefix_groups=3)
     config = _config(policy, block_size=block_size, num_gpu_blocks_override=num_pages * 16
                      // block_size, max_num_seqs=max_num_seqs, max_model_len=256,
-                     enable_prefix_caching="eviction" in policy)
+                     enable_prefix_caching="eviction" in policy,
+                     scheduler_reserve_full_isl=reserve_full_isl)
     assert_same_run(trace, config)

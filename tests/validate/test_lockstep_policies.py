@@ -30,10 +30,11 @@ def small_trace() -> Trace:
     return Trace("lockstep", "mooncake", "synthetic", requests, {})
 
 
-def engine_config(policy: str, num_pages: int = 24) -> EngineConfig:
+def engine_config(policy: str, num_pages: int = 24, **serving_settings) -> EngineConfig:
     """tiny-llama with a cache small enough to preempt."""
     serving = ServingConfig.create(
-        policy, num_gpu_blocks_override=num_pages, max_model_len=64, max_num_batched_tokens=32
+        policy, num_gpu_blocks_override=num_pages, max_model_len=64, max_num_batched_tokens=32,
+        **serving_settings,
     )
     return EngineConfig(model="tiny-llama", serving=serving)
 
@@ -65,6 +66,15 @@ def test_lockstep_is_identical_for_every_policy_family(policy, expect):
     }
     if expect is not None:  # the case exercises what it is named for
         assert all(counts[name] > 0 for name in expect.split("+")), counts
+
+
+def test_lockstep_is_identical_with_the_full_prompt_admission_gate():
+    config = engine_config("paged:block_size=4,eviction=lru", scheduler_reserve_full_isl=True)
+    result, engine, ran = run_engine(config, small_trace())
+    sim_config = sim_config_for(engine)
+    assert sim_config.serving.scheduler_reserve_full_isl
+    report = lockstep(result, ran, sim_config, engine.preemption_costs)
+    assert report.identical, report.describe()
 
 
 def test_lockstep_reports_the_first_step_and_columns_that_differ():
