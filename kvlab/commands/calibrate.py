@@ -134,6 +134,7 @@ def _from_bench(args: argparse.Namespace) -> int:
 def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
     """The SimConfig of the benchmarked server: its model (--model, else the name it serves)
     and its serving config (`server_serving`, flags overriding)."""
+    from kvlab.commands.validate import server_overrides
     from kvlab.errors import KvlabError
     from kvlab.fidelity.from_bench import server_sim_config
     from kvlab.specs import get_model
@@ -143,7 +144,7 @@ def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
-        "scheduler_reserve_full_isl": args.scheduler_reserve_full_isl,
+        **server_overrides(args),
     }
     name = args.model or result.server.model
     try:
