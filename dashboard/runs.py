@@ -43,7 +43,8 @@ HEADLINE = (
 # The serving config's fields a simulated setup carries into a sweep's settings
 SERVING_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "enable_chunked_prefill", "scheduler_reserve_full_isl",
-                    "gpu_memory_utilization", "num_gpu_blocks_override", "swap_space_bytes")
+                    "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_bytes",
+                    "swap_space_bytes")
 # Parameters a sweep can vary: name -> (where it lives, how a typed value is read)
 SWEEP_PARAMETERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "block_size": ("policy", int),

@@ -76,6 +76,9 @@ def sidebar_setup() -> Setup:
                                      key="max_num_batched_tokens")
         util = st.number_input("gpu_memory_utilization", 0.05, 1.0,
                                defaults.gpu_memory_utilization, key="gpu_util")
+        kv_mib = st.number_input("KV cache MiB per device (0: from the utilisation)", 0,
+                                 10_000_000, 0, key="kv_cache_mib",
+                                 help="as vLLM's --kv-cache-memory-bytes")
         max_len = st.number_input("max_model_len (0: the model's)", 0, 10_000_000, 0,
                                   key="max_model_len",
                                   help="longer requests fail, as with --max-model-len")
@@ -85,6 +88,7 @@ def sidebar_setup() -> Setup:
                                "KV memory, not just its first chunk (vLLM 0.32's default)")
     serving = ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
                             gpu_memory_utilization=float(util),
+                            kv_cache_memory_bytes=int(kv_mib) * 2**20 or None,
                             max_model_len=int(max_len) or None,
                             scheduler_reserve_full_isl=bool(full_isl))
     setup = Setup(trace=name, upload=upload, dataset_name=dataset,

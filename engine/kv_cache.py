@@ -12,6 +12,7 @@ from kvlab.engine.platform import Platform
 from kvlab.errors import KvlabError
 from kvlab.policies.outputs import MemOps, TierBatch
 from kvlab.policies.serving import GiB, ServingConfig
+from kvlab.specs.capacity import num_pages_for_budget
 
 # vLLM's CPU backend reserves 4 GiB for KV when VLLM_CPU_KVCACHE_SPACE is unset.
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB
@@ -20,20 +21,6 @@ DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB
 def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
     """Bytes one page takes over every layer, K and V."""
     return page_size * config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
-
-
-def num_pages_for_budget(
-    budget_bytes: int, page_bytes: int, why: str, parameters: tuple[str, ...]
-) -> int:
-    """Pages that fit in a budget; below one page a KvlabError with `why` (the settings and
-    figures that made the budget, about `parameters`)."""
-    num_pages = budget_bytes // page_bytes if budget_bytes > 0 else 0
-    if num_pages < 1:
-        raise KvlabError(
-            f"not enough memory for one KV page of {page_bytes:,} bytes: {why}",
-            parameters=parameters,
-        )
-    return num_pages
 
 
 def num_swap_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:

@@ -85,27 +85,15 @@ def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -
 
 def engine_metadata(engine: LLMEngine) -> dict[str, Any]:
     """The engine's configuration as saved with a result (JSON-ready)."""
-    config, policy = engine.config, engine.policy
-    serving, costs = config.serving, engine.preemption_costs
+    config, costs = engine.config, engine.preemption_costs
     return {
-        "policy": policy.to_string(),
-        "policy_json": policy.to_json(),
         "model": config.model,
         "hardware": engine.device_name,
         "backend": f"engine:{engine.platform.name}",
         "device": str(engine.platform.device),
         "attention_backend": config.attention_backend,
         "dtype": str(engine.kv_cache.k_caches[0].dtype).removeprefix("torch."),
-        "max_num_seqs": serving.max_num_seqs,
-        "max_num_batched_tokens": serving.max_num_batched_tokens,
         "max_model_len": engine.max_model_len,
-        "gpu_memory_utilization": serving.gpu_memory_utilization,
-        "num_gpu_blocks_override": serving.num_gpu_blocks_override,
-        "kv_cache_memory_bytes": serving.kv_cache_memory_bytes,
-        "enable_chunked_prefill": serving.enable_chunked_prefill,
-        "enable_prefix_caching": policy.prefix_caching,
         "preemption_costs": costs.to_json() if hasattr(costs, "to_json") else None,
-        "seed": serving.seed,
-        **({"scheduler_reserve_full_isl": True} if serving.scheduler_reserve_full_isl else {}),
-        **({"kv_tiers": serving.kv_tiers.to_json()} if serving.kv_tiers else {}),
+        **config.serving.result_metadata(),
     }

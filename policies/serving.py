@@ -187,6 +187,27 @@ class ServingConfig:
             return policy.host_pages
         return num_pages if swap_space_pages is None else min(num_pages, swap_space_pages)
 
+    def result_metadata(self) -> dict[str, Any]:
+        """The settings as saved with a run's result, under vLLM's names (JSON-ready; the
+        simulator and the engine add their own keys): the KV cache's size, the admission gate
+        and the tiers only when set (the stored results of runs without them keep their keys)."""
+        policy = self.policy
+        return {
+            "policy": policy.to_string(),
+            "policy_json": policy.to_json(),
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "num_gpu_blocks_override": self.num_gpu_blocks_override,
+            "enable_chunked_prefill": self.enable_chunked_prefill,
+            "enable_prefix_caching": policy.prefix_caching,
+            "seed": self.seed,
+            **({"kv_cache_memory_bytes": self.kv_cache_memory_bytes}
+               if self.kv_cache_memory_bytes is not None else {}),
+            **({"scheduler_reserve_full_isl": True} if self.scheduler_reserve_full_isl else {}),
+            **({"kv_tiers": self.kv_tiers.to_json()} if self.kv_tiers else {}),
+        }
+
     def to_json(self) -> dict[str, Any]:
         """Every field, the policy and the tiers as dicts (`from_json` reads it back)."""
         return {**asdict(self), "kv_tiers": self.kv_tiers.to_json()}

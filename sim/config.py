@@ -106,25 +106,14 @@ class SimConfig:
     def metadata(self) -> dict[str, Any]:
         """The config as saved with a result (JSON-ready; names, not specs); `cost_model` only
         when a calibrated one is named (the roofline's results keep their keys)."""
-        serving, policy = self.serving, self.serving.policy
         calibrated = {} if self.cost_model is None else {"cost_model": self.cost_model}
         return {
             **calibrated,
-            "policy": policy.to_string(),
-            "policy_json": policy.to_json(),
             "model": self.model_spec.name,
             "hardware": self.hardware_spec.name,
             "tensor_parallel_size": self.tensor_parallel_size,
-            "max_num_seqs": serving.max_num_seqs,
-            "max_num_batched_tokens": serving.max_num_batched_tokens,
             "max_model_len": self.max_model_len,
-            "gpu_memory_utilization": serving.gpu_memory_utilization,
-            "num_gpu_blocks_override": serving.num_gpu_blocks_override,
-            "enable_chunked_prefill": serving.enable_chunked_prefill,
-            "enable_prefix_caching": policy.prefix_caching,
-            "seed": serving.seed,
-            **({"scheduler_reserve_full_isl": True} if serving.scheduler_reserve_full_isl else {}),
-            **({"kv_tiers": serving.kv_tiers.to_json()} if serving.kv_tiers else {}),
+            **self.serving.result_metadata(),
         }
 
     def _capacity(self) -> KVCapacity:
@@ -138,6 +127,7 @@ class SimConfig:
             gpu_memory_utilization=serving.gpu_memory_utilization,
             tensor_parallel_size=self.tensor_parallel_size,
             num_gpu_blocks_override=serving.num_gpu_blocks_override,
+            kv_cache_memory_bytes=serving.kv_cache_memory_bytes,
         )
         _check_books_fit(capacity.num_pages)
         return capacity

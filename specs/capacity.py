@@ -68,12 +68,15 @@ def kv_cache_capacity_tokens(
     gpu_memory_utilization: float = 0.9,
     tensor_parallel_size: int = 1,
     num_gpu_blocks_override: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
     activation_reserve_bytes: int | None = None,
 ) -> KVCapacity:
     """The KV cache that fits on each device: HBM x utilisation - weights - activations.
 
     `activation_reserve_bytes` defaults to `estimate_activation_bytes`. `num_gpu_blocks_override`
-    sets the page count outright, as vLLM's flag does, whatever the memory says. Raises
+    sets the page count outright, as vLLM's flag does, whatever the memory says; else
+    `kv_cache_memory_bytes` sets the KV cache's bytes per device (vLLM's
+    `--kv-cache-memory-bytes`: utilisation, weights and activations then play no part). Raises
     KvlabError for bad flags and when not even one page fits.
     """
     _check_flags(page_size, gpu_memory_utilization, num_gpu_blocks_override)
@@ -90,6 +93,10 @@ def kv_cache_capacity_tokens(
     num_pages = max(available, 0) // page_bytes
     if num_gpu_blocks_override is not None:
         num_pages = num_gpu_blocks_override
+    elif kv_cache_memory_bytes is not None:
+        why = f"kv_cache_memory_bytes is {kv_cache_memory_bytes:,}"
+        num_pages = num_pages_for_budget(kv_cache_memory_bytes, page_bytes, why,
+                                         ("kv_cache_memory_bytes",))
     elif num_pages < 1:
         raise KvlabError(
             f"model {model.name!r} does not fit on hardware {hardware.name!r} with room for one "
@@ -111,6 +118,20 @@ def kv_cache_capacity_tokens(
         weight_bytes=weight_bytes,
         activation_bytes=activation_bytes,
     )
+
+
+def num_pages_for_budget(
+    budget_bytes: int, page_bytes: int, why: str, parameters: tuple[str, ...]
+) -> int:
+    """Pages that fit in a budget; below one page a KvlabError with `why` (the settings and
+    figures that made the budget, about `parameters`)."""
+    num_pages = budget_bytes // page_bytes if budget_bytes > 0 else 0
+    if num_pages < 1:
+        raise KvlabError(
+            f"not enough memory for one KV page of {page_bytes:,} bytes: {why}",
+            parameters=parameters,
+        )
+    return num_pages
 
 
 def _check_flags(

@@ -130,6 +130,12 @@ def _swap_space(value: Any) -> int:
                              "swap_space_bytes", bare_unit="gib")
 
 
+def _kv_cache_memory(value: Any) -> int | None:
+    if value is None or value == "none":
+        return None
+    return parse_memory_size(value if isinstance(value, (int, str)) else _str(value))
+
+
 def _policy_key(name: str) -> Callable[[Any], object]:
     return lambda value: PolicySpec(**{name: value})
 
@@ -210,6 +216,8 @@ def _settings() -> dict[str, Setting]:
                 _serving_field("gpu_memory_utilization")),
         Setting("num_gpu_blocks_override", "serving", optional_int,
                 _serving_field("num_gpu_blocks_override")),
+        Setting("kv_cache_memory_bytes", "serving", _kv_cache_memory,
+                _serving_field("kv_cache_memory_bytes")),
         Setting("swap_space_bytes", "serving", _swap_space),
         # the policy's own keys, applied over the policy spec (kvlab policies)
         Setting("reserve", "policy", _str, _policy_key("reserve")),

@@ -215,10 +215,10 @@ def add_serving_arguments(
 ) -> None:
     """The serving config's flags (vLLM's names), one group for every command that runs an
     instance: `--policy` (or, with `compare`, `--compare SPEC ...` instead), page size, prefix
-    caching, batch limits, model length and KV memory sizing; `engine` adds the memory flags
-    that only a real engine uses (`--kv-cache-memory`, `--swap-space`). Defaults are
-    `ServingConfig`'s. The dests are ServingConfig's field names, so that the CLI can name the
-    flag of a setting a library error speaks of."""
+    caching, batch limits, model length and KV memory sizing; `engine` adds the flag that only
+    a real engine uses (`--swap-space`) and the engine's cpu default of `--kv-cache-memory`
+    to its help. Defaults are `ServingConfig`'s. The dests are ServingConfig's field names, so
+    that the CLI can name the flag of a setting a library error speaks of."""
     from kvlab.policies.serving import ServingConfig
 
     defaults = ServingConfig()
@@ -273,14 +273,16 @@ def add_serving_arguments(
         "--num-gpu-blocks-override", type=int, default=None,
         help="KV pages per device, whatever the memory says",
     )
+    default_size = (f"on cpu: {DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from "
+                    "--gpu-memory-utilization") if engine else "from --gpu-memory-utilization"
+    memory.add_argument(
+        "--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory_bytes",
+        default=None, metavar="SIZE",
+        help=f"KV cache size per device, e.g. 256MiB or 2GiB, as vLLM's "
+        f"--kv-cache-memory-bytes (--num-gpu-blocks-override wins; default {default_size})",
+    )
     add_tier_arguments(memory)
     if engine:
-        memory.add_argument(
-            "--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory_bytes",
-            default=None, metavar="SIZE",
-            help=f"KV cache size, e.g. 256MiB or 2GiB (default on cpu: "
-            f"{DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from --gpu-memory-utilization)",
-        )
         memory.add_argument(
             "--swap-space", dest="swap_space_bytes", default="4", metavar="GiB",
             help="host memory bounding the swap pages, in GiB as vLLM's --swap-space "
@@ -334,8 +336,8 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
     if hasattr(args, "swap_space_bytes"):
         memory["swap_space_bytes"] = parse_memory_size(args.swap_space_bytes, "swap_space_bytes",
                                                        bare_unit="gib")
-        if args.kv_cache_memory_bytes is not None:
-            memory["kv_cache_memory_bytes"] = parse_memory_size(args.kv_cache_memory_bytes)
+    if getattr(args, "kv_cache_memory_bytes", None) is not None:
+        memory["kv_cache_memory_bytes"] = parse_memory_size(args.kv_cache_memory_bytes)
     tiers = tiers_config(args)
     return ServingConfig.create(
         args.policy if policy is None else policy,

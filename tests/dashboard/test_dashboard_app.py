@@ -178,6 +178,13 @@ def test_max_model_len_reaches_the_setup(app):
     assert app.session_state[SETUP_STATE].serving.max_model_len is None  # the model's
 
 
+def test_the_kv_cache_size_reaches_the_setup(app):
+    checked(app.number_input(key="kv_cache_mib").set_value(2048).run())
+    assert app.session_state[SETUP_STATE].serving.kv_cache_memory_bytes == 2 * 2**30
+    checked(app.number_input(key="kv_cache_mib").set_value(0).run())
+    assert app.session_state[SETUP_STATE].serving.kv_cache_memory_bytes is None  # utilisation
+
+
 def test_the_full_prompt_admission_gate_reaches_the_setup(app):
     assert app.session_state[SETUP_STATE].serving.scheduler_reserve_full_isl is False
     checked(app.checkbox(key="reserve_full_isl").check().run())

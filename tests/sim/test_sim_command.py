@@ -28,6 +28,12 @@ def test_default_run_prints_the_startup_lines_then_the_report(capsys):
     assert "azure-conv excerpt" in text
 
 
+def test_kv_cache_memory_sizes_the_cache_as_vllms_flag(capsys):
+    assert main(["sim", *FAST, "--kv-cache-memory", "2GiB"]) == 0
+    # Llama-2-7B: 512 KiB a token, so 2 GiB is 4,096 tokens, 256 pages of 16
+    assert capsys.readouterr().out.splitlines()[0] == "GPU KV cache size: 4,096 tokens"
+
+
 def test_compare_prints_the_policies_side_by_side(capsys):
     code = main(["sim", *FAST, "--compare", "paged", "contiguous:reserve=pow2"])
     assert code == 0
@@ -177,6 +183,8 @@ def test_request_rate_and_time_scale_reach_the_trace(tmp_path):
         (["--max-num-seqs", "0"], "--max-num-seqs"),
         (["--max-model-len", "999999"], "--max-model-len"),
         (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+        (["--kv-cache-memory", "lots"], "--kv-cache-memory"),
+        (["--kv-cache-memory", "1KiB"], "--kv-cache-memory"),
         (["--tensor-parallel-size", "3"], "--tensor-parallel-size 3"),
         (["--goodput", "ttft=5"], "--goodput"),
         (["--percentile-metrics", "ttft,speed"], "'speed'"),

@@ -32,6 +32,13 @@ def test_num_gpu_blocks_override_sets_the_page_count():
     assert (result.num_total_pages, result.page_size, result.kv_cache_size_tokens) == (77, 32, 2464)
 
 
+def test_kv_cache_memory_bytes_sizes_the_simulated_cache():
+    serving = ServingConfig.create("paged:block_size=32", kv_cache_memory_bytes=64 * 2**20)
+    result = simulate(TRACE, SimConfig(serving=serving))
+    assert result.num_total_pages == 64 * 2**20 // (32 * 512 * 1024)  # 4
+    assert result.metadata["kv_cache_memory_bytes"] == 64 * 2**20
+
+
 def test_prefix_caching_turns_no_eviction_into_lru_but_keeps_a_chosen_one():
     assert ServingConfig.create(enable_prefix_caching=True).policy.eviction == "lru"
     chosen = ServingConfig.create("paged:eviction=fifo", enable_prefix_caching=True)

@@ -43,6 +43,26 @@ def test_default_reserve_is_the_activation_estimate():
     assert default == explicit
 
 
+def test_kv_cache_memory_bytes_sizes_the_cache_whatever_the_utilisation():
+    llama, a100 = get_model("llama-2-7b"), get_hardware("a100-80g")
+    page_bytes = 16 * 512 * 1024  # 16 tokens of 512 KiB each
+    for utilization in (0.3, 0.9):
+        capacity = kv_cache_capacity_tokens(llama, a100, page_size=16,
+                                            gpu_memory_utilization=utilization,
+                                            kv_cache_memory_bytes=10 * page_bytes + 1)
+        assert capacity.num_pages == 10
+    overridden = kv_cache_capacity_tokens(llama, a100, page_size=16, num_gpu_blocks_override=3,
+                                          kv_cache_memory_bytes=10 * page_bytes)
+    assert overridden.num_pages == 3  # the page count wins, as in vLLM
+
+
+def test_kv_cache_memory_below_one_page_names_the_setting():
+    with pytest.raises(KvlabError, match="kv_cache_memory_bytes is 1,000") as caught:
+        kv_cache_capacity_tokens(get_model("llama-2-7b"), get_hardware("a100-80g"),
+                                 page_size=16, kv_cache_memory_bytes=1000)
+    assert caught.value.parameters == ("kv_cache_memory_bytes",)
+
+
 def test_startup_lines_have_vllm_format():
     capacity = KVCapacity(
         num_pages=7321,
