@@ -183,12 +183,15 @@ def server_sim_config(info: ServerInfo, model: str | ModelSpec, *, preset: str |
                      serving=server_serving(info, preset=preset, overrides=overrides))
 
 
-def bench_trace(result: BenchResult, *, token_ids: bool = False) -> Trace:
+def bench_trace(result: BenchResult, *, token_ids: bool = True) -> Trace:
     """The benchmark's requests as the simulator replays them: sent when the client sent
     them, each with the output it produced (completed) or asked for (failed), sharing prompt
-    blocks as the workload did. With `token_ids`, a completed request of a result that kept
-    its prompts (`--kv-events`) carries the prompt and output token ids the server saw, so
-    that its output blocks are cached and hashed as the server's too."""
+    blocks as the workload did. With `token_ids` (the default), a completed request of a
+    result that kept its prompts (`--kv-events`) carries the prompt and output token ids the
+    server saw, so that its output blocks are cached and hashed as the server's too: vLLM
+    caches full output blocks, and with the trace's hash ids alone its evictions came out
+    otherwise in 3 of 7 runs (docs/validation.md, "Step for step"). Without, or where the
+    run kept no prompts, the prompts share blocks by the trace's hash ids."""
     prompts = result.prompt_token_ids if token_ids else None
     requests = []
     for index, (record, hash_ids) in enumerate(zip(result.requests, result.hash_ids,

@@ -162,14 +162,16 @@ def test_bench_trace_with_token_ids_carries_the_servers_tokens(bench_run):
     prompts = [list(range(1, r.prompt_len + 1)) for r in result.requests]
     kept = dataclasses.replace(result, prompt_token_ids=prompts)
     by_id = {r.request_id: (r, p) for r, p in zip(result.requests, prompts, strict=True)}
-    for request in bench_trace(kept, token_ids=True).requests:
+    for request in bench_trace(kept).requests:  # the server's tokens by default
         record, prompt = by_id[request.request_id]
         assert request.prompt_token_ids == tuple(prompt)
         assert request.output_token_ids == tuple(record.output_token_ids)
         assert (request.input_len, request.output_len) == (len(prompt), len(
             record.output_token_ids))
-    # without kept prompts (no --kv-events), the hash ids as before
-    assert bench_trace(result, token_ids=True) == bench_trace(result)
+    hashed = bench_trace(kept, token_ids=False).requests
+    assert all(r.prompt_token_ids is None and r.output_token_ids is None for r in hashed)
+    # without kept prompts (no --kv-events), the hash ids either way
+    assert bench_trace(result, token_ids=True) == bench_trace(result, token_ids=False)
 
 
 def test_the_fit_reproduces_the_run_it_was_fitted_on(bench_run):
