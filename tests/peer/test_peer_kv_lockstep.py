@@ -52,20 +52,8 @@ def test_mooncake_schedules_as_vllms_step_for_step(vllm_with_events):
     # replayed on vLLM's engine clock with the server's tokens, every step must be vLLM's
     # (782-903 steps in five runs of 2026-12-03). With trace hash ids instead, 3 of 7 runs
     # parted at a step near 400: vLLM caches output blocks too, and they shift its evictions.
-    server, endpoint = vllm_with_events
     trace = load_trace("mooncake", None, num_prompts=120, time_scale=4, length_scale=16)
-    card = resolve_model(server.base_url, None, None)
-    client = ClientConfig(base_url=server.base_url, model=str(card["id"]), ignore_eos=True,
-                          request_id_prefix="mooncake-")
-    result = bench_serve(trace, client, card=card, vocab_size=2048, kv_events=endpoint,
-                         reset_cache=True)
-    log = read_schedule_log(server.schedule_log, "mooncake-")
-    steps, preempted = preset_on_engine_clock(result, log, token_ids=True)
-    differs = first_difference(steps, log.steps)
-    assert differs is None, (f"step {differs}: vLLM {log.steps[differs]}, simulator "
-                             f"{steps[differs]}")
-    assert len(steps) == len(log.steps)
-    assert preempted == log.preemptions_per_request()
+    _schedules_as_vllm(vllm_with_events, trace, "mooncake-")
 
 
 def test_prefix_hits_and_preemptions_schedule_as_vllms_step_for_step(vllm_with_events):
@@ -76,20 +64,28 @@ def test_prefix_hits_and_preemptions_schedule_as_vllms_step_for_step(vllm_with_e
     # tokens (a preempted request's own output blocks are cached), every step must be vLLM's:
     # this needs vLLM 0.32's full-prompt admission gate (scheduler_reserve_full_isl), without
     # which 3 of 10 runs parted from vLLM (docs/validation.md, "Step for step").
-    server, endpoint = vllm_with_events
     trace = load_trace("random", None, num_prompts=300, seed=0, random_input_len=192,
                        random_output_len=48, random_prefix_len=512, num_prefix_groups=6,
                        request_rate=float("inf"))
+    log = _schedules_as_vllm(vllm_with_events, trace, "prefixes-")
+    assert len(log.preemptions) > 20, "256 blocks should preempt this workload"
+
+
+def _schedules_as_vllm(vllm_with_events, trace, prefix: str):
+    """Benchmark `trace` with request ids `prefix`<id> and assert that the `vllm` preset,
+    replayed on vLLM's engine clock with the server's tokens, makes every step and
+    preemption of vLLM's; returns vLLM's schedule log of the run."""
+    server, endpoint = vllm_with_events
     card = resolve_model(server.base_url, None, None)
     client = ClientConfig(base_url=server.base_url, model=str(card["id"]), ignore_eos=True,
-                          request_id_prefix="prefixes-")
+                          request_id_prefix=prefix)
     result = bench_serve(trace, client, card=card, vocab_size=2048, kv_events=endpoint,
                          reset_cache=True)
-    log = read_schedule_log(server.schedule_log, "prefixes-")
-    assert len(log.preemptions) > 20, "256 blocks should preempt this workload"
+    log = read_schedule_log(server.schedule_log, prefix)
     steps, preempted = preset_on_engine_clock(result, log, token_ids=True)
     differs = first_difference(steps, log.steps)
     assert differs is None, (f"step {differs}: vLLM {log.steps[differs]}, simulator "
                              f"{steps[differs]}")
     assert len(steps) == len(log.steps)
     assert preempted == log.preemptions_per_request()
+    return log
