@@ -33,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=utilization,
                         help="share of device memory for weights, activations and KV cache "
                         f"(default {utilization})")
+    parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", default=None,
+                        dest="kv_cache_memory_bytes", metavar="SIZE",
+                        help="KV cache size per device, e.g. 256MiB or 2GiB, as vLLM's "
+                        "--kv-cache-memory-bytes (default: from --gpu-memory-utilization)")
+    parser.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
+                        help="KV pages per device, whatever the memory says (wins over "
+                        "--kv-cache-memory)")
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="the server will cache prefixes (Ascend: forces block 128)")
     parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
@@ -45,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One answer per block size: pages, tokens, bytes per page, concurrency, warnings."""
     from kvlab.errors import KvlabError
+    from kvlab.policies.serving import parse_memory_size
     from kvlab.specs import get_hardware, get_model
     from kvlab.specs.block_rules import block_size_warnings
     from kvlab.specs.capacity import kv_cache_capacity_tokens
@@ -53,6 +61,8 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     length = args.max_model_len or model.max_model_len
     if length < 1:
         raise KvlabError(f"--max-model-len {length}: expected 1 or more")
+    kv_cache_memory_bytes = None if args.kv_cache_memory_bytes is None \
+        else parse_memory_size(args.kv_cache_memory_bytes)
     rows = []
     for block_size in args.block_size:
         if block_size < 1:
@@ -60,7 +70,9 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         capacity = kv_cache_capacity_tokens(
             model, hardware, page_size=block_size,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            tensor_parallel_size=args.tensor_parallel_size)
+            tensor_parallel_size=args.tensor_parallel_size,
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+            kv_cache_memory_bytes=kv_cache_memory_bytes)
         rows.append({
             "block_size": block_size,
             "num_gpu_blocks": capacity.num_pages,
@@ -88,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     length = rows[0]["max_model_len"]
     print(f"{args.model} on {args.hardware} (tensor parallel {args.tensor_parallel_size}, "
-          f"gpu_memory_utilization {args.gpu_memory_utilization}), per device:")
+          f"{_sizing(args)}), per device:")
     print(f"{'block size':>10} {'KV pages':>12} {'KV tokens':>14} {'KiB/page':>9} "
           f"{f'requests of {length:,} tokens at once':>34}")
     for row in rows:
@@ -99,3 +111,12 @@ def run(args: argparse.Namespace) -> int:
         for warning in row["warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _sizing(args: argparse.Namespace) -> str:
+    """The flag that sized the KV cache, as the table's heading names it."""
+    if args.num_gpu_blocks_override is not None:
+        return f"num_gpu_blocks_override {args.num_gpu_blocks_override}"
+    if args.kv_cache_memory_bytes is not None:
+        return f"KV cache {args.kv_cache_memory_bytes}"
+    return f"gpu_memory_utilization {args.gpu_memory_utilization}"

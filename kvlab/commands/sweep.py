@@ -181,7 +181,8 @@ def _print_runs(store: Any, points: list[dict[str, Any]], swept: list[str],
         return
     rows = {row["run_key"]: row
             for row in frame.astype(object).where(frame.notna(), None).to_dict("records")}
-    shown = [name for name in keys if name in frame.columns]
+    # a swept setting is printed once, as the setting (a summary key can share its name)
+    shown = [name for name in keys if name in frame.columns and name not in swept]
     table = []
     for key in (run_key(point) for point in points):
         if key in rows:

@@ -44,3 +44,25 @@ def test_sim_warns_of_the_same_rule(capsys):
 def test_bad_numbers_are_one_line(capsys):
     assert main([*ASK[:5], "--block-size", "0"]) == 2
     assert "--block-size 0: expected 1 or more" in capsys.readouterr().err
+
+
+def test_a_fixed_kv_size_sizes_the_answer_as_sim_does(capsys):
+    """--kv-cache-memory and --num-gpu-blocks-override: the numbers `kvlab sim` sizes its
+    cache from with the same flags (the override wins)."""
+    model, hardware = get_model("llama-3.1-8b"), get_hardware("atlas-800t-a2")
+    assert main([*ASK, "--kv-cache-memory", "8GiB", "--json"]) == 0
+    answers = json.loads(capsys.readouterr().out)["answers"]
+    for answer, block_size in zip(answers, (16, 128), strict=True):
+        expected = kv_cache_capacity_tokens(model, hardware, page_size=block_size,
+                                            kv_cache_memory_bytes=8 << 30)
+        assert answer["num_gpu_blocks"] == expected.num_pages == (8 << 30) // answer["page_bytes"]
+    assert main([*ASK, "--kv-cache-memory", "8GiB", "--num-gpu-blocks-override", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "num_gpu_blocks_override 100" in out and out.count("        100 ") == 2
+
+
+def test_a_bad_kv_size_names_the_flag(capsys):
+    assert main([*ASK, "--kv-cache-memory", "8Gx"]) == 2
+    assert "--kv-cache-memory '8Gx': expected a size" in capsys.readouterr().err
+    assert main([*ASK, "--kv-cache-memory", "1KiB"]) == 2
+    assert "--kv-cache-memory is 1,024" in capsys.readouterr().err

@@ -28,6 +28,15 @@ def test_a_grid_sweep_writes_its_rows_and_prints_them(tmp_path, capsys):
     assert "max_num_seqs  eviction" in printed and "4 runs simulated" in printed
 
 
+def test_a_swept_setting_asked_for_by_show_is_printed_once(tmp_path, capsys):
+    """max_num_seqs is a summary key too: the table prints it once, as the setting."""
+    assert sweep("--grid", "max_num_seqs=4,64", "--show", "max_num_seqs,output_throughput",
+                 "-o", str(tmp_path / "rows"), "--workers", "1") == 0
+    header = next(line for line in capsys.readouterr().out.splitlines()
+                  if "output_throughput" in line)
+    assert header.split() == ["max_num_seqs", "output_throughput"]
+
+
 def test_a_rerun_skips_the_stored_runs_and_force_redoes_them(tmp_path, capsys):
     out = str(tmp_path / "rows")
     assert sweep("--grid", "max_num_seqs=4,64", "-o", out, "--workers", "1") == 0
