@@ -16,9 +16,10 @@ throughput / mean TTFT / mean TPOT; the issue's targets 5% / 10% / 10%) with the
 the host's CPU that the hypervisor withheld meanwhile (steal time), then the mean
 absolute errors and the windows within all three targets. A window benchmarked several times
 is judged on its runs pooled (as validate does), with how far the server's own runs of it
-stray from their pool; `--single` judges each run of it alone instead. A kvlab serve run leaves the
-server's own step profile beside the runs (server.steps.csv: the true step times to compare
-the reconstructed ones with).
+stray from their pool; `--single` judges each run of it alone instead. Each window's line
+ends with how far its simulated metrics move per 1% slower steps (`speed_sensitivity`). A
+kvlab serve run leaves the server's own step profile beside the runs (server.steps.csv: the
+true step times to compare the reconstructed ones with).
 
     .venv/bin/python benchmarks/server_windows.py run --server vllm --time-scale 10 --out runs/v1
     .venv/bin/python benchmarks/server_windows.py refit runs/v1 runs/v2 ...
@@ -50,6 +51,7 @@ from kvlab.fidelity.from_bench import SUMMARY_OPTIONS  # noqa: E402
 from kvlab.fidelity.server_validation import (  # noqa: E402
     ServerWindow,
     simulate_window,
+    speed_sensitivity,
     window_json,
 )
 from kvlab.traces import load_trace, split_windows  # noqa: E402
@@ -143,8 +145,9 @@ def refit(args: argparse.Namespace) -> None:
               + ", ".join("n/a" if s is None else f"{s:.1f}%" for s in steal)
               + f"; host_steal_slowdown {model.host_steal_slowdown:g}")
         for number, benches in enumerate(windows, start=1):
-            report = window_json(ServerWindow(benches, simulate_window(benches, config, model),
-                                              model, "refit", []))
+            sims = simulate_window(benches, config, model)
+            report = window_json(ServerWindow(benches, sims, model, "refit", [],
+                                              speed_sensitivity(benches, config, model, sims)))
             errors = [report["metrics"][key]["rel_error"] for key, _ in METRICS]
             rows.append(errors)
             line = f"  window {number}: " + " / ".join(f"{100 * e:+.1f}%" for e in errors)
@@ -154,6 +157,8 @@ def refit(args: argparse.Namespace) -> None:
                 line += "   server's runs off their pool by up to " + " / ".join(
                     f"{100 * report['server_repeats'][key]['max_rel_deviation']:.1f}%"
                     for key, _ in METRICS)
+            line += "   1% slower steps: " + " / ".join(
+                f"{report['speed_sensitivity'][key]:+.1f}%" for key, _ in METRICS)
             print(line, flush=True)
     means = [100 * sum(abs(r[i]) for r in rows) / len(rows) for i in range(len(METRICS))]
     within = sum(all(abs(e) <= bar for e, (_, bar) in zip(r, METRICS, strict=True))

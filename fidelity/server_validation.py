@@ -36,6 +36,12 @@ from kvlab.specs import ModelSpec
 from kvlab.traces import Trace
 
 REFERENCE = "server"
+# `speed_sensitivity` simulates each window again with every step this much longer and shorter.
+SPEED_STEP = 0.05
+# A window whose mean TTFT moves more than this many percent per 1% of step time is a queue
+# (a burst of arrivals waiting for prefills): a warning says its TTFT judges the server's own
+# speed in each run more than the model (docs/validation.md).
+QUEUE_SENSITIVITY = 2.0
 
 
 @dataclass(slots=True)
@@ -49,6 +55,7 @@ class ServerWindow:
     cost_model: CalibratedCostModel
     calibration: str
     warnings: list[str]
+    sensitivity: dict[str, float | None] | None = None  # `speed_sensitivity`, where computed
 
 
 @dataclass(slots=True, frozen=True)
@@ -115,7 +122,8 @@ def validate_server(
         sims = simulate_window(benches, config, cost_model)
         for sim in sims:
             sim.metadata["hardware"] = f"sim of {target.client.base_url}"
-        runs.append(ServerWindow(benches, sims, cost_model, calibration, warnings))
+        runs.append(ServerWindow(benches, sims, cost_model, calibration, warnings,
+                                 speed_sensitivity(benches, config, cost_model, sims)))
     server_summary = pooled_server_summary(every_validated)
     sim_summary = _summarize(merge_runs([sim for run in runs for sim in run.sims]))
     result = ValidationResult(
@@ -127,7 +135,8 @@ def validate_server(
         reference=REFERENCE,
         warnings=[*warnings, *steal_warnings(every_validated, "window",
                                              cost_model.host_steal_slowdown,
-                                             labels=_run_labels(len(windows), num_repeats))],
+                                             labels=_run_labels(len(windows), num_repeats)),
+                  *queue_warnings([run.sensitivity for run in runs])],
     )
     if len(runs) > 1 or num_repeats > 1:
         result.windows = [window_json(run) for run in runs]
@@ -147,6 +156,42 @@ def simulate_window(benches: Sequence[BenchResult], config: SimConfig,
     return [simulate(bench_trace(bench), config,
                      cost_model=cost_model.under_steal(steal_share(bench)))
             for bench in benches]
+
+
+def speed_sensitivity(benches: Sequence[BenchResult], config: SimConfig,
+                      cost_model: CalibratedCostModel,
+                      sims: Sequence[RunResult]) -> dict[str, float | None]:
+    """How far each window metric (`WINDOW_METRICS`) of the simulated window moves, in
+    percent, per 1% longer steps: its runs simulated again with every step `SPEED_STEP`
+    longer and shorter (a central difference over the fitted runs, `sims`). About -1 for the
+    output throughput and +1 for TPOT; a mean TTFT far above 1 is a queue, which multiplies
+    any change of the server's own speed (a noisy machine's runs of one window then differ
+    in TTFT by several times their speed)."""
+    base = _summarize(merge_runs(list(sims)))
+    slow, fast = (_summarize(merge_runs(simulate_window(benches, config,
+                                                        cost_model.scaled(1.0 + step))))
+                  for step in (SPEED_STEP, -SPEED_STEP))
+    moves: dict[str, float | None] = {}
+    for key in WINDOW_METRICS:
+        centre, high, low = base.get(key), slow.get(key), fast.get(key)
+        moves[key] = (None if centre is None or high is None or low is None or not centre
+                      else (high - low) / centre / (2.0 * SPEED_STEP))
+    return moves
+
+
+def queue_warnings(sensitivities: Sequence[dict[str, float | None] | None]) -> list[str]:
+    """A warning for each window (numbered from 1) whose mean TTFT is a queue
+    (`QUEUE_SENSITIVITY`)."""
+    warnings = []
+    for number, moves in enumerate(sensitivities, start=1):
+        ttft = (moves or {}).get("mean_ttft_ms")
+        if ttft is not None and ttft > QUEUE_SENSITIVITY:
+            warnings.append(
+                f"window {number}: its mean TTFT moves {ttft:.1f}% per 1% of the server's step "
+                "time (requests queue for their prefill), so each run's TTFT follows the "
+                "server's speed in that run more than the model; a lower load (--time-scale, "
+                "--request-rate) judges the model better")
+    return warnings
 
 
 def _bench(target: ServerTarget, trace: Trace,
@@ -246,6 +291,8 @@ def window_json(run: ServerWindow) -> dict[str, Any]:
     }
     if len(run.benches) > 1:
         document["server_repeats"] = repeat_spread(run.benches, server)
+    if run.sensitivity is not None:
+        document["speed_sensitivity"] = run.sensitivity
     return document
 
 

@@ -267,6 +267,11 @@ def format_validation(result: ValidationResult) -> str:
                     for key in WINDOW_METRICS
                 )
                 lines.append(f"    {reference}'s own runs off their pool by up to: {spread}")
+            if window.get("speed_sensitivity"):
+                moves = ", ".join(_percent(None if move is None else move / 100.0)
+                                  for move in (window["speed_sensitivity"].get(key)
+                                               for key in WINDOW_METRICS))
+                lines.append(f"    1% slower steps move these by: {moves}")
     if result.lockstep is not None:
         lines.append("-" * width)
         lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")

@@ -118,7 +118,11 @@ class CalibratedCostModel:
         """This model on a host whose hypervisor withheld `steal_share` (0..1) of its CPU:
         every step, swap and copy time times 1 + host_steal_slowdown x steal_share (the API
         latency, measured per run, as it is)."""
-        factor = 1.0 + self.host_steal_slowdown * steal_share
+        return self.scaled(1.0 + self.host_steal_slowdown * steal_share)
+
+    def scaled(self, factor: float) -> CalibratedCostModel:
+        """This model with every step, swap and copy time times `factor` (a slower or faster
+        machine); the API latency and the steal sensitivity as they are."""
         if factor == 1.0:
             return self
         slowed: dict[str, Any] = {name: value * factor

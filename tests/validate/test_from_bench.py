@@ -23,9 +23,11 @@ from kvlab.fidelity import fit_bench, server_serving, server_sim_config
 from kvlab.fidelity.calibration import TIME_COLUMN
 from kvlab.fidelity.from_bench import bench_trace, group_steps, reconstruct_profile
 from kvlab.fidelity.optimize import nelder_mead
+from kvlab.fidelity.server_validation import queue_warnings, simulate_window, speed_sensitivity
+from kvlab.fidelity.validation import WINDOW_METRICS
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim import simulate
-from kvlab.sim.calibrated import load_cost_model
+from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
 from kvlab.traces import Trace, TraceRequest
 from tests.live_server import start_live_server
 
@@ -189,6 +191,32 @@ def test_the_fit_reproduces_the_run_it_was_fitted_on(bench_run):
     sim = simulate(bench_trace(result), config, cost_model=fit.cost_model)
     assert sum(r.num_output_tokens for r in sim.requests) == sum(
         r.num_output_tokens for r in result.requests)
+
+
+def test_speed_sensitivity_says_how_far_a_slower_server_moves_each_metric(bench_run):
+    """Every step 5% longer and shorter: TPOT follows the step time about one for one, the
+    throughput the other way, TTFT (prefill steps and the queue before them) upwards."""
+    result = bench_run.result
+    config = server_sim_config(result.server, "tiny-llama")
+    model = fit_bench(result, config, max_evaluations=4).stage1
+    assert model is not None
+    sims = simulate_window([result], config, model)
+    moves = speed_sensitivity([result], config, model, sims)
+    assert set(moves) == set(WINDOW_METRICS)
+    assert 0.7 < moves["mean_tpot_ms"] < 1.3
+    assert moves["output_throughput"] < 0 < moves["mean_ttft_ms"]
+    # a model whose steps cost nothing: only the API latency is left, which no speed moves
+    # (and a TPOT of 0 moves by no share of itself)
+    idle = CalibratedCostModel(api_latency_s=0.02)
+    assert speed_sensitivity([result], config, idle, simulate_window([result], config, idle)) \
+        == {"output_throughput": 0.0, "mean_ttft_ms": 0.0, "mean_tpot_ms": None}
+
+
+def test_a_window_whose_ttft_is_a_queue_is_a_warning():
+    moves = [{"mean_ttft_ms": 1.2}, {"mean_ttft_ms": 3.4}, None, {"mean_ttft_ms": None}]
+    (warning,) = queue_warnings(moves)
+    assert warning.startswith("window 2: its mean TTFT moves 3.4% per 1% of the server's step")
+    assert "--time-scale" in warning
 
 
 def test_stage_2_keeps_a_latency_the_server_measured(bench_run):

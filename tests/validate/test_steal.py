@@ -33,6 +33,17 @@ def test_a_model_under_steal_is_slower_by_its_slowdown_but_its_api_latency():
     assert flat.under_steal(0.3) is flat
 
 
+def test_a_scaled_model_scales_every_time_but_the_api_latency():
+    shape = StepShape(num_prefill_tokens=64, num_decode_tokens=4, num_context_tokens=900,
+                      num_seqs=5)
+    faster = DEDICATED.scaled(0.8)
+    assert faster.step_time_s(shape) == pytest.approx(0.8 * DEDICATED.step_time_s(shape))
+    assert faster.recompute_time_s(50) == pytest.approx(0.8 * DEDICATED.recompute_time_s(50))
+    assert (faster.api_latency_s, faster.host_steal_slowdown) == (0.01, 2.0)
+    assert DEDICATED.scaled(1.0) is DEDICATED
+    assert DEDICATED.under_steal(0.1) == DEDICATED.scaled(1.2)
+
+
 def test_the_slowdown_is_saved_only_when_there_is_one():
     assert "host_steal_slowdown" not in CalibratedCostModel().to_json()["coefficients"]
     assert CalibratedCostModel.from_json(DEDICATED.to_json()) == DEDICATED

@@ -59,10 +59,13 @@ def test_repeats_judge_each_window_on_its_runs_pooled(live, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "window 1 (6 requests x 2 runs)" in out
     assert "server's own runs off their pool by up to:" in out
+    assert "1% slower steps move these by:" in out
     document = json.loads((tmp_path / "r.json").read_text())
     assert document["server"]["completed"] == document["sim"]["completed"] == 12
     (window,) = document["windows"]
     assert window["num_repeats"] == 2
+    assert set(window["speed_sensitivity"]) == {"output_throughput", "mean_ttft_ms",
+                                                "mean_tpot_ms"}
     ttft = window["server_repeats"]["mean_ttft_ms"]
     assert len(ttft["values"]) == 2 and ttft["pooled"] == window["metrics"]["mean_ttft_ms"][
         "server"]
