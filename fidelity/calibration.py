@@ -328,6 +328,10 @@ def format_fit(model: CalibratedCostModel) -> str:
         scale, unit = (1e9, "ns") if name in units else (1e6, "us")
         label = name.removesuffix("_s") + f" ({unit}):"
         lines.append(f"{label:<40}{value * scale:<10.4f}")
+        if name == "api_latency_s" and model.fit.get("in_server_latency_s"):
+            # (the part a bench fit added for the server's own path; `in_server_latency`)
+            inside = 1e6 * model.fit["in_server_latency_s"]
+            lines.append(f"{'  of it inside the server (us):':<40}{inside:<10.4f}")
     fit = model.fit
     if fit:
         lines.append("Fit quality")
