@@ -30,6 +30,13 @@ SERIES = (
     # the API adds (`calibrate --from-bench` fits it as api_latency_s)
     ("ttft_sum_total", "vllm:time_to_first_token_seconds_sum", 1.0),
     ("ttft_count_total", "vllm:time_to_first_token_seconds_count", 1.0),
+    # where the server's TTFT went: its engine's queue (vLLM: from when the engine took the
+    # request in; kvlab serve: from its arrival) and prefill (scheduled to first token),
+    # both counted at each request's finish
+    ("queue_time_sum_total", "vllm:request_queue_time_seconds_sum", 1.0),
+    ("queue_time_count_total", "vllm:request_queue_time_seconds_count", 1.0),
+    ("prefill_time_sum_total", "vllm:request_prefill_time_seconds_sum", 1.0),
+    ("prefill_time_count_total", "vllm:request_prefill_time_seconds_count", 1.0),
     # finished requests by their number of preemptions (vLLM's buckets le 1..5: 0 and 1
     # together; kvlab serve adds le 0), and their count and sum
     *((f"request_preemptions_le{k}_total",
@@ -159,6 +166,23 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
         "num_total_pages": pages,
         "kv_cache_size_tokens": pages * page_size if pages and page_size else None,
     }
+
+
+def server_latency_summary(series: dict[str, list[float]]) -> dict[str, float | None]:
+    """The server's own view of the run's first tokens, in ms, means over the requests it
+    counted (None where it exports no such histogram): `server_mean_ttft_ms` (from when its
+    front end took a request in), `server_mean_queue_time_ms` (waiting to be scheduled) and
+    `server_mean_prefill_time_ms` (scheduled to first token). The client's TTFT less the
+    first is its API; the first less the other two, what the server spends outside its
+    engine's queue and steps (vLLM: its front end and the hand-over to its engine process)."""
+    out: dict[str, float | None] = {}
+    for key, column in (("server_mean_ttft_ms", "ttft"), ("server_mean_queue_time_ms",
+                                                          "queue_time"),
+                        ("server_mean_prefill_time_ms", "prefill_time")):
+        total = series_increase(series, f"{column}_sum_total")
+        count = series_increase(series, f"{column}_count_total")
+        out[key] = 1000.0 * total / count if total is not None and count else None
+    return out
 
 
 def preemptions_per_request(series: dict[str, list[float]]) -> dict[int, int] | None:

@@ -29,7 +29,13 @@ from kvlab.bench.client import (
 )
 from kvlab.bench.host_cpu import ticks_between
 from kvlab.bench.kv_events import KVEventStream, KVEventSubscriber
-from kvlab.bench.observed import ServerInfo, kv_summary, metrics_series, server_info
+from kvlab.bench.observed import (
+    ServerInfo,
+    kv_summary,
+    metrics_series,
+    server_info,
+    server_latency_summary,
+)
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.scrape import parse_metrics
 from kvlab.errors import KvlabError
@@ -86,6 +92,7 @@ class BenchResult:
         for key in UNOBSERVED_KEYS:
             summary.pop(key, None)
         summary.update(kv_summary(self.series, self.server))
+        summary.update(server_latency_summary(self.series))
         summary["host_cpu_steal_perc"] = self.host_cpu_steal_perc()
         if "request_goodput" not in summary:
             summary["request_goodput"] = None

@@ -55,6 +55,12 @@ KV_CACHE_ROWS = (
     ("num_swaps_in", "Swap-ins (requests):"),
     ("num_swap_in_pages", "Swapped-in pages:"),
 )
+# A benchmark's server, from its own histograms (kvlab bench serve)
+SERVER_ROWS = (
+    ("server_mean_ttft_ms", "Server's mean TTFT (ms):"),
+    ("server_mean_queue_time_ms", "Server's mean queue time (ms):"),
+    ("server_mean_prefill_time_ms", "Server's mean prefill time (ms):"),
+)
 RUN_ROWS = (
     ("policy", "Policy:"),
     ("backend", "Backend:"),
@@ -170,7 +176,7 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
             lines.append(_header(METRIC_NAMES[metric][1], "-"))
             lines.extend(_row(label, summary[key]) for key, label in rows)
     for section, section_rows in (("KV Cache", KV_CACHE_ROWS), ("KV Tiers", _tier_rows(summary)),
-                                  ("Run", RUN_ROWS)):
+                                  ("Server's Own Latency", SERVER_ROWS), ("Run", RUN_ROWS)):
         present = [(k, label) for k, label in section_rows if summary.get(k) is not None]
         if present:
             lines.append(_header(section, "-"))

@@ -78,6 +78,8 @@ class ServerMetrics:
                              LATENCY_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds",
                                     "Arrival to first scheduled.", LATENCY_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                      "First scheduled to first token.", LATENCY_BUCKETS)
         self.request_preemptions = histogram(
             "vllm:request_num_preemptions", "Histogram of the number of times a request was "
             "preempted.", REQUEST_PREEMPTION_BUCKETS)
@@ -148,6 +150,8 @@ class ServerMetrics:
         self.generation_tokens.inc(request.num_output_tokens)
         if request.first_scheduled_s is not None:
             self.queue_time.observe(request.first_scheduled_s - request.arrival_s)
+            if request.first_token_s is not None:
+                self.prefill_time.observe(request.first_token_s - request.first_scheduled_s)
         if request.finish_s is not None:
             self.e2e.observe(request.finish_s - request.arrival_s)
         self.request_preemptions.observe(request.num_preemptions)

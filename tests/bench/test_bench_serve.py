@@ -17,6 +17,7 @@ from kvlab.bench import (
     preemptions_per_request,
     resolve_model,
 )
+from kvlab.bench.observed import server_latency_summary
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.serve import peaks
 from kvlab.cli import main
@@ -25,6 +26,7 @@ from kvlab.engine.config import EngineConfig
 from kvlab.errors import KvlabError
 from kvlab.policies import RequestStatus
 from kvlab.policies.serving import ServingConfig
+from kvlab.report import format_report
 from kvlab.traces import load_trace, synthesize_prompt_ids
 from tests.live_server import start_live_server
 
@@ -93,6 +95,23 @@ def test_streamed_tokens_equal_the_offline_engine_and_preemptions_are_read(live)
     assert summary["max_concurrent_requests"] >= 1
     assert summary["request_goodput"] is None
     assert "internal_fragmentation_perc" not in summary  # a client cannot see it
+    # the server's own view: kvlab serve counts queue, prefill and TTFT from one arrival,
+    # so each request's first two make its third; the client, sending first, waits longer
+    assert summary["server_mean_queue_time_ms"] + summary["server_mean_prefill_time_ms"] \
+        == pytest.approx(summary["server_mean_ttft_ms"], rel=1e-3)
+    assert 0 < summary["server_mean_ttft_ms"] <= summary["mean_ttft_ms"]
+    assert "Server's mean prefill time (ms):" in format_report(summary)
+
+
+def test_the_servers_latency_is_the_histograms_increase_over_the_run():
+    series = {"ttft_sum_total": [0.0, float("nan"), 3.0], "ttft_count_total": [0.0, 1.0, 10.0],
+              "queue_time_sum_total": [1.0, 1.5], "queue_time_count_total": [2.0, 12.0],
+              "prefill_time_sum_total": [0.0, 0.0], "prefill_time_count_total": [0.0, 0.0]}
+    assert server_latency_summary(series) == {
+        "server_mean_ttft_ms": pytest.approx(300.0),  # 3 s over 10 first tokens
+        "server_mean_queue_time_ms": pytest.approx(50.0),
+        "server_mean_prefill_time_ms": None}  # no request counted
+    assert set(server_latency_summary({}).values()) == {None}  # a server without them
 
 
 def test_the_saved_result_reads_back_to_the_same_summary(live, tmp_path):

@@ -57,6 +57,11 @@ def test_vllm_streams_kvlabs_greedy_tokens_and_tells_its_cache(vllm):
                                                 ignore_eos=True) for r in prompts])
     for record, output in zip(result.requests, expected, strict=True):
         assert record.output_token_ids == output.outputs[0].token_ids
+    # its own latency histograms: queue and prefill (engine stamps) inside its TTFT (front
+    # end), which is inside the client's
+    summary = result.summary()
+    inside = summary["server_mean_queue_time_ms"] + summary["server_mean_prefill_time_ms"]
+    assert 0 < inside < summary["server_mean_ttft_ms"] <= summary["mean_ttft_ms"]
 
 
 @pytest.fixture(scope="module")

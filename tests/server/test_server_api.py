@@ -154,6 +154,7 @@ def test_models_health_version_and_metrics(live):
                  "vllm:inter_token_latency_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:request_queue_time_seconds_bucket", "vllm:iteration_tokens_total_bucket",
+                 "vllm:request_prefill_time_seconds_bucket",
                  "vllm:cache_config_info", "kvlab:kv_pages_used", "kvlab:kv_pages_cached_free",
                  "kvlab:kv_pages_free", "kvlab:host_pages_used",
                  "kvlab:internal_fragmentation_perc", "kvlab:external_fragmentation_pages",
