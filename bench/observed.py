@@ -175,14 +175,18 @@ def server_latency_summary(series: dict[str, list[float]]) -> dict[str, float | 
     `server_mean_prefill_time_ms` (scheduled to first token). The client's TTFT less the
     first is its API; the first less the other two, what the server spends outside its
     engine's queue and steps (vLLM: its front end and the hand-over to its engine process)."""
-    out: dict[str, float | None] = {}
-    for key, column in (("server_mean_ttft_ms", "ttft"), ("server_mean_queue_time_ms",
-                                                          "queue_time"),
-                        ("server_mean_prefill_time_ms", "prefill_time")):
-        total = series_increase(series, f"{column}_sum_total")
-        count = series_increase(series, f"{column}_count_total")
-        out[key] = 1000.0 * total / count if total is not None and count else None
-    return out
+    return {"server_mean_ttft_ms": histogram_mean_ms(series, "ttft"),
+            "server_mean_queue_time_ms": histogram_mean_ms(series, "queue_time"),
+            "server_mean_prefill_time_ms": histogram_mean_ms(series, "prefill_time")}
+
+
+def histogram_mean_ms(series: dict[str, list[float]], column: str) -> float | None:
+    """The mean, in ms, of what a seconds histogram observed during the run (its
+    `<column>_sum_total` increase over its `<column>_count_total` increase); None where the
+    server exports none or counted nothing."""
+    total = series_increase(series, f"{column}_sum_total")
+    count = series_increase(series, f"{column}_count_total")
+    return 1000.0 * total / count if total is not None and count and count > 0 else None
 
 
 def preemptions_per_request(series: dict[str, list[float]]) -> dict[int, int] | None:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from kvlab.bench.observed import series_increase
+from kvlab.bench.observed import histogram_mean_ms, series_increase
 from kvlab.errors import KvlabError
 from kvlab.fidelity.calibration import (
     MEMORY_COLUMNS,
@@ -621,11 +621,9 @@ def latency_by_load(result: BenchResult) -> list[tuple[float, float, int]]:
 def api_latency(result: BenchResult, measured: dict[str, Any]) -> float:
     """What the server's API adds to a request's latency: the client's mean TTFT less the
     server's own (its TTFT histogram over the run); 0 when the server exports none."""
-    total = series_increase(result.series, "ttft_sum_total")
-    count = series_increase(result.series, "ttft_count_total")
-    if total is None or not count or count <= 0:
+    server_ms = histogram_mean_ms(result.series, "ttft")
+    if server_ms is None:
         return 0.0
-    server_ms = 1000.0 * total / count
     return max(0.0, (measured["mean_ttft_ms"] - server_ms) / 1000.0)
 
 
