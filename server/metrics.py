@@ -77,7 +77,7 @@ class ServerMetrics:
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.",
                              LATENCY_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Arrival to first scheduled.", LATENCY_BUCKETS)
+                                    "Taken in by the engine to first scheduled.", LATENCY_BUCKETS)
         self.prefill_time = histogram("vllm:request_prefill_time_seconds",
                                       "First scheduled to first token.", LATENCY_BUCKETS)
         self.request_preemptions = histogram(
@@ -143,13 +143,19 @@ class ServerMetrics:
         if request.first_token_s is not None:
             self.ttft.observe(request.first_token_s - request.arrival_s)
 
-    def observe_finished(self, request: Request, finished_reason: str) -> None:
-        """A request ended (engine thread): its latencies and token counts."""
+    def observe_finished(self, request: Request, finished_reason: str,
+                         queued_s: float | None = None) -> None:
+        """A request ended (engine thread): its latencies and token counts. Its queue time
+        counts from `queued_s`, when the engine took it in (its arrival where None), as vLLM's
+        counts from when its engine core queued it, at a step's boundary: a server's TTFT less
+        its queue and prefill times is then what it spends outside its engine's queue and
+        steps (`calibrate --from-bench` reads it)."""
         self.request_success.labels(finished_reason=finished_reason, **self._labels).inc()
         self.prompt_tokens.inc(request.prompt_len)
         self.generation_tokens.inc(request.num_output_tokens)
         if request.first_scheduled_s is not None:
-            self.queue_time.observe(request.first_scheduled_s - request.arrival_s)
+            queued = request.arrival_s if queued_s is None else queued_s
+            self.queue_time.observe(max(0.0, request.first_scheduled_s - queued))
             if request.first_token_s is not None:
                 self.prefill_time.observe(request.first_token_s - request.first_scheduled_s)
         if request.finish_s is not None:

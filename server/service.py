@@ -50,7 +50,7 @@ class Stream:
     """One request's events, put by the engine thread and read by its handler."""
 
     __slots__ = ("_events", "_loop", "each_token", "first_token_counted", "num_sent",
-                 "request")
+                 "queued_s", "request")
 
     def __init__(self, request: Request, loop: asyncio.AbstractEventLoop,
                  each_token: bool = True) -> None:
@@ -60,6 +60,7 @@ class Stream:
         self.each_token = each_token
         self.num_sent = 0  # output tokens already put on the stream (engine thread)
         self.first_token_counted = False  # its TTFT observed (engine thread)
+        self.queued_s: float | None = None  # when the engine thread took it in
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -262,6 +263,7 @@ class EngineService:
             elif isinstance(command, _Submit):
                 num_submitted += 1
                 stream = command.stream
+                stream.queued_s = max(now_s, stream.request.arrival_s)
                 self._streams[stream.request.request_id] = stream
                 loop.submit(stream.request)
             else:
@@ -316,7 +318,7 @@ class EngineService:
         request = stream.request
         reason = FINISH_REASONS.get(request.status, "abort")
         event = Event(self._take_unsent(stream), reason, request.error)
-        self.metrics.observe_finished(request, reason)
+        self.metrics.observe_finished(request, reason, stream.queued_s)
         return event
 
     def _take_unsent(self, stream: Stream) -> list[int]:

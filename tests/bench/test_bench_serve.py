@@ -95,11 +95,12 @@ def test_streamed_tokens_equal_the_offline_engine_and_preemptions_are_read(live)
     assert summary["max_concurrent_requests"] >= 1
     assert summary["request_goodput"] is None
     assert "internal_fragmentation_perc" not in summary  # a client cannot see it
-    # the server's own view: kvlab serve counts queue, prefill and TTFT from one arrival,
-    # so each request's first two make its third; the client, sending first, waits longer
-    assert summary["server_mean_queue_time_ms"] + summary["server_mean_prefill_time_ms"] \
-        == pytest.approx(summary["server_mean_ttft_ms"], rel=1e-3)
-    assert 0 < summary["server_mean_ttft_ms"] <= summary["mean_ttft_ms"]
+    # the server's own view: kvlab serve counts its TTFT from the handler's arrival, its
+    # queue time (as vLLM) from when the engine took the request in, at a step's boundary:
+    # queue and prefill leave out that wait; the client, sending first, waits longer still
+    inside = summary["server_mean_queue_time_ms"] + summary["server_mean_prefill_time_ms"]
+    assert 0 < inside <= summary["server_mean_ttft_ms"] + 1e-3
+    assert summary["server_mean_ttft_ms"] <= summary["mean_ttft_ms"]
     assert "Server's mean prefill time (ms):" in format_report(summary)
 
 
