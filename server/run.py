@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+import torch
+
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
 from kvlab.server.api import build_app
@@ -80,6 +82,7 @@ def serve(config: ServeConfig) -> int:
     service, name = start_service(config)
     for line in service.engine.startup_lines:
         log.info(line)
+    log.info("torch CPU threads: %d", torch.get_num_threads())  # (`--num-threads`)
     app = build_app(service, model_name=name, api_key=config.api_key)
 
     class Server(uvicorn.Server):

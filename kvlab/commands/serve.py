@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     machine = parser.add_argument_group("device and memory")
     add_device_arguments(machine)
     machine.add_argument("--seed", type=int, default=0, help="seed of requests that give none")
+    machine.add_argument("--num-threads", type=int, default=None, metavar="N",
+                         help="torch CPU threads of the engine (default: torch's, one per "
+                         "core; vLLM's CPU backend leaves a core to its front end)")
     add_serving_arguments(parser.add_argument_group("policy and scheduler"), machine, engine=True)
 
 
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise KvlabError(f"--max-queue {args.max_queue}: expected 1 or more")
     if not args.shutdown_timeout >= 0:
         raise KvlabError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
+    if args.num_threads is not None and args.num_threads < 1:
+        raise KvlabError(f"--num-threads {args.num_threads}: expected 1 or more")
     if args.kv_cache_memory_bytes is None and args.device == "cpu" and (
         args.num_gpu_blocks_override is None
     ):
@@ -71,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
 
         kv_events = parse_kv_events_config(args.kv_events_config)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
     engine = EngineConfig(model=args.model, device=args.device, serving=serving_config(args),
                           attention_backend=args.attention_backend, dtype=args.dtype)
     return serve(ServeConfig(

@@ -27,7 +27,8 @@ def test_sigterm_drains_writes_the_profile_and_exits_0(tmp_path):
     port, profile = _free_port(), tmp_path / "live.steps.csv"
     command = [sys.executable, "-c", "from kvlab.cli import main; raise SystemExit(main())",
                "serve", "tiny-llama", "--port", str(port), "--num-gpu-blocks-override", "600",
-               "--block-size", "4", "--shutdown-timeout", "1", "--profile-path", str(profile)]
+               "--block-size", "4", "--shutdown-timeout", "1", "--profile-path", str(profile),
+               "--num-threads", "1"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, cwd=tmp_path)
     try:
@@ -59,7 +60,16 @@ def test_sigterm_drains_writes_the_profile_and_exits_0(tmp_path):
             process.kill()
     assert process.returncode == 0, output
     assert "every page and host page came back" in output
+    assert "torch CPU threads: 1" in output  # --num-threads
     steps = pd.read_csv(profile)
     assert list(steps.columns) == list(STEP_COLUMNS) and len(steps) > 4
     model = fit_cost_model(load_profiles([profile]))  # what `kvlab calibrate` does with it
     assert model.decode_token_s + model.step_overhead_s > 0
+
+
+def test_a_bad_thread_count_is_one_line(capsys):
+    from kvlab.cli import main
+
+    assert main(["serve", "tiny-llama", "--num-threads", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "--num-threads 0: expected 1 or more" in err and "Traceback" not in err
