@@ -20,8 +20,9 @@ searched, where the server exports vLLM's TTFT histogram: per scrape interval, t
 mean TTFT less the server's, fitted as a line in the requests in flight (`api_latency_fit`).
 Then, as a last step, the latency inside the server that neither that difference nor the steps
 show (its front end handing a request to its engine and the first token back) is added to it:
-the median, over the calibration requests, of the client's TTFT less the simulated one
-(`in_server_latency`).
+the server's mean TTFT less its queue and prefill times, less the simulated wait for the
+running step, where it exports those histograms; else the median, over the calibration
+requests, of the client's TTFT less the simulated one (`in_server_latency`).
 
 What a client cannot see is left to the simulator: prefix hits shorten prefills it
 reconstructs as whole, and a preempted request's recompute is not attributed (steps where a
@@ -32,10 +33,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -56,7 +57,12 @@ from kvlab.fidelity.validation import relative_error
 from kvlab.metrics import summarize
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim import SimConfig, simulate
-from kvlab.sim.api_latency import in_flight_at_send
+from kvlab.sim.api_latency import (
+    api_delays,
+    api_latency_terms,
+    in_flight_at_send,
+    scheduler_arrivals,
+)
 from kvlab.sim.calibrated import CalibratedCostModel
 from kvlab.traces import Trace, TraceRequest
 
@@ -456,7 +462,7 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         errors = _mean_errors(run_errors)
     unseen = 0.0
     if latency.measured:  # (else stage 2 searched the latency on the TTFTs already)
-        unseen = in_server_latency(runs, simulate_runs(model))
+        unseen = in_server_latency(runs, simulate_runs(model), model)
         model = dataclasses.replace(model, api_latency_s=max(0.0, model.api_latency_s + unseen))
         errors = _mean_errors(errors_of(model))
     # judged on the steps as the dedicated host the coefficients describe would run them
@@ -483,15 +489,64 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
     return BenchFit(model, errors, stage1_errors, steps, server_steps, warnings, stage1=stage1)
 
 
-def in_server_latency(runs: Sequence[BenchResult], sims: Sequence[RunResult]) -> float:
+def in_server_latency(runs: Sequence[BenchResult], sims: Sequence[RunResult],
+                      cost_model: CalibratedCostModel) -> float:
     """Seconds of a request's TTFT that the server spends outside its engine's steps and its
-    measured API latency, from each run and its simulation with that latency: the median,
-    over every request with a first token in both, of the client's TTFT less the simulated
-    one (0 with none). Why it exists: vLLM stamps a request's arrival in its front end, but
-    its engine process takes it in only at a step's boundary, and the first token goes back
-    through its output loop; on vLLM 0.32 (CPU, 2x load) its TTFT less its queue and prefill
-    times (engine stamps) was 6-14 ms a request, the wait for the running step (which the
-    simulator makes) included. Why the median: a busy calibration run whose queue the
+    measured API latency (its front end handing a request to its engine, the first token
+    back), from each run and its simulation under `cost_model`.
+
+    Where every run has the server's queue-time and prefill-time histograms beside its TTFT
+    (vLLM, kvlab serve): the mean over the runs of its TTFT less its queue and prefill times
+    (`engine_intake_overhead`: those two count from when its engine takes a request in, at a
+    step's boundary), less the simulation's mean wait for the step running at an arrival
+    (`mean_boundary_wait`), which the simulator makes itself. Else the median, over the
+    requests with a first token in both, of the client's TTFT less the simulated one
+    (`median_ttft_residual`). Why the histograms first: the residual of a busy run takes in
+    the simulator's queue errors (vLLM at 10x: 69 ms, where its histograms left 25-33 ms,
+    the step's wait included)."""
+    overheads = [engine_intake_overhead(run) for run in runs]
+    if not runs or None in overheads:
+        return median_ttft_residual(runs, sims)
+    waits = [mean_boundary_wait(sim, cost_model) for sim in sims]
+    return float(np.mean([cast("float", overhead) - wait
+                          for overhead, wait in zip(overheads, waits, strict=True)]))
+
+
+def engine_intake_overhead(run: BenchResult) -> float | None:
+    """Seconds of the server's own mean TTFT outside its engine's queue and prefill: the
+    wait for the running step before its engine takes a request in, and the way in and out
+    (None where it exports no such histograms)."""
+    means = [histogram_mean_ms(run.series, column)
+             for column in ("ttft", "queue_time", "prefill_time")]
+    if None in means:
+        return None
+    ttft, queue, prefill = cast("list[float]", means)
+    return (ttft - queue - prefill) / 1000.0
+
+
+def mean_boundary_wait(sim: RunResult, cost_model: CalibratedCostModel) -> float:
+    """The mean over a simulation's scheduled requests of the wait from when its scheduler
+    saw each (send plus API latency) to the end of the step then running (0 when none
+    ran: an idle engine takes it at once)."""
+    requests = sim.requests
+    per_request = api_latency_terms(cost_model)[1]
+    in_flight = in_flight_at_send(requests) if per_request else None
+    arrivals = scheduler_arrivals([r.arrival_s for r in requests],
+                                  api_delays(requests, cost_model, in_flight))
+    starts, durations = sim.steps.columns["start_s"], sim.steps.columns["duration_s"]
+    waits = []
+    for request, arrival in zip(requests, arrivals, strict=True):
+        if request.first_scheduled_s is None:
+            continue
+        running = bisect_left(starts, arrival) - 1  # a step starting at the arrival takes it
+        waits.append(max(0.0, starts[running] + durations[running] - arrival)
+                     if running >= 0 else 0.0)
+    return float(np.mean(waits)) if waits else 0.0
+
+
+def median_ttft_residual(runs: Sequence[BenchResult], sims: Sequence[RunResult]) -> float:
+    """The median, over every request with a first token in both, of the client's TTFT less
+    the simulated one (0 with none). Why the median: a busy calibration run whose queue the
     simulator gets wrong moves a mean by tens of milliseconds."""
     residuals = []
     for run, sim in zip(runs, sims, strict=True):

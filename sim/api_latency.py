@@ -72,17 +72,25 @@ def api_delays(requests: Sequence[Request], cost_model: object,
 
 
 def delay_arrivals(requests: Sequence[Request], delays_s: Sequence[float]) -> list[float]:
-    """Move each request's arrival later by its delay (when the scheduler sees it), in the
-    order they were sent: an API hands requests on first come, first served, so none reaches
-    the scheduler before one sent earlier (whose delay, under more load, was longer).
+    """Move each request's arrival to when the scheduler sees it (`scheduler_arrivals`).
     Returns the sends, for `restore_sends` after the run."""
     assert len(delays_s) == len(requests), "a delay for each request"
     sends = [request.arrival_s for request in requests]
-    latest = -math.inf
-    for index in sorted(range(len(requests)), key=sends.__getitem__):  # stable: ties in order
-        latest = max(latest, sends[index] + delays_s[index])
-        requests[index].arrival_s = latest
+    for request, arrival in zip(requests, scheduler_arrivals(sends, delays_s), strict=True):
+        request.arrival_s = arrival
     return sends
+
+
+def scheduler_arrivals(sends_s: Sequence[float], delays_s: Sequence[float]) -> list[float]:
+    """When the scheduler sees each request: its send plus its delay, in the order they were
+    sent: an API hands requests on first come, first served, so none reaches the scheduler
+    before one sent earlier (whose delay, under more load, was longer)."""
+    arrivals = [0.0] * len(sends_s)
+    latest = -math.inf
+    for index in sorted(range(len(sends_s)), key=sends_s.__getitem__):  # stable: ties in order
+        latest = max(latest, sends_s[index] + delays_s[index])
+        arrivals[index] = latest
+    return arrivals
 
 
 def restore_sends(requests: Sequence[Request], sends_s: Sequence[float]) -> None:
