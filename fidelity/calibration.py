@@ -331,7 +331,9 @@ def format_fit(model: CalibratedCostModel) -> str:
         if name == "api_latency_s" and model.fit.get("in_server_latency_s"):
             # (the part a bench fit added for the server's own path; `in_server_latency`)
             inside = 1e6 * model.fit["in_server_latency_s"]
-            lines.append(f"{'  of it inside the server (us):':<40}{inside:<10.4f}")
+            source = model.fit.get("in_server_latency_from")
+            lines.append(f"{'  of it inside the server (us):':<40}{inside:<10.4f}"
+                         + (f"(from its {source})" if source else ""))
     fit = model.fit
     if fit:
         lines.append("Fit quality")

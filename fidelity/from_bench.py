@@ -460,9 +460,9 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         model, run_errors, evaluations = _refine(stage1, errors_of, max_evaluations,
                                                  fit_latency=not latency.measured)
         errors = _mean_errors(run_errors)
-    unseen = 0.0
+    unseen, unseen_from = 0.0, None
     if latency.measured:  # (else stage 2 searched the latency on the TTFTs already)
-        unseen = in_server_latency(runs, simulate_runs(model), model)
+        unseen, unseen_from = in_server_latency(runs, simulate_runs(model), model)
         model = dataclasses.replace(model, api_latency_s=max(0.0, model.api_latency_s + unseen))
         errors = _mean_errors(errors_of(model))
     # judged on the steps as the dedicated host the coefficients describe would run them
@@ -480,7 +480,7 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         "total_error_perc": finite_or_none(quality.total_error_perc),
         "num_reconstructed_steps": steps, "num_server_steps": server_steps,
         "host_steal_perc": [round(100.0 * share, 2) for share in shares],
-        "in_server_latency_s": unseen,
+        "in_server_latency_s": unseen, "in_server_latency_from": unseen_from,
         "sim_errors": errors, "server": runs[0].server.to_json(),
         "model": config.model_spec.name,
     })
@@ -490,7 +490,7 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
 
 
 def in_server_latency(runs: Sequence[BenchResult], sims: Sequence[RunResult],
-                      cost_model: CalibratedCostModel) -> float:
+                      cost_model: CalibratedCostModel) -> tuple[float, str]:
     """Seconds of a request's TTFT that the server spends outside its engine's steps and its
     measured API latency (its front end handing a request to its engine, the first token
     back), from each run and its simulation under `cost_model`.
@@ -503,13 +503,14 @@ def in_server_latency(runs: Sequence[BenchResult], sims: Sequence[RunResult],
     requests with a first token in both, of the client's TTFT less the simulated one
     (`median_ttft_residual`). Why the histograms first: the residual of a busy run takes in
     the simulator's queue errors (vLLM at 10x: 69 ms, where its histograms left 25-33 ms,
-    the step's wait included)."""
+    the step's wait included). Returns (seconds, where they came from: "server histograms"
+    or "TTFT residuals")."""
     overheads = [engine_intake_overhead(run) for run in runs]
     if not runs or None in overheads:
-        return median_ttft_residual(runs, sims)
+        return median_ttft_residual(runs, sims), "TTFT residuals"
     waits = [mean_boundary_wait(sim, cost_model) for sim in sims]
-    return float(np.mean([cast("float", overhead) - wait
-                          for overhead, wait in zip(overheads, waits, strict=True)]))
+    return float(np.mean([cast("float", overhead) - wait for overhead, wait
+                          in zip(overheads, waits, strict=True)])), "server histograms"
 
 
 def engine_intake_overhead(run: BenchResult) -> float | None:
