@@ -50,6 +50,7 @@ from kvlab.fidelity import fit_bench, server_sim_config  # noqa: E402
 from kvlab.fidelity.from_bench import SUMMARY_OPTIONS  # noqa: E402
 from kvlab.fidelity.server_validation import (  # noqa: E402
     ServerWindow,
+    preemption_warnings,
     simulate_window,
     speed_sensitivity,
     window_json,
@@ -132,8 +133,9 @@ def _by_window(folder: Path, role: str) -> list[list[Path]]:
 def refit(args: argparse.Namespace) -> None:
     rows: list[list[float]] = []
     for folder in map(Path, args.folders):
-        calibration = [load_bench_result(p) for group in _by_window(folder, "calibration")
-                       for p in group]
+        calibration_groups = [[load_bench_result(p) for p in group]
+                              for group in _by_window(folder, "calibration")]
+        calibration = [run for group in calibration_groups for run in group]
         windows = [[load_bench_result(p) for p in group]
                    for group in _by_window(folder, "window")]
         if args.single:
@@ -160,6 +162,9 @@ def refit(args: argparse.Namespace) -> None:
             line += "   1% slower steps: " + " / ".join(
                 f"{report['speed_sensitivity'][key]:+.1f}%" for key, _ in METRICS)
             print(line, flush=True)
+        for warning in (preemption_warnings(calibration_groups, "calibration window")
+                        + preemption_warnings(windows, "window")):
+            print(f"  warning: {warning}")
     means = [100 * sum(abs(r[i]) for r in rows) / len(rows) for i in range(len(METRICS))]
     within = sum(all(abs(e) <= bar for e, (_, bar) in zip(r, METRICS, strict=True))
                  for r in rows)

@@ -42,6 +42,9 @@ SPEED_STEP = 0.05
 # (a burst of arrivals waiting for prefills): a warning says its TTFT judges the server's own
 # speed in each run more than the model (docs/validation.md).
 QUEUE_SENSITIVITY = 2.0
+# A window some of whose runs preempted no request while another preempted at least this
+# many is on the edge of the server's KV memory: a warning says so (`preemption_warnings`).
+PREEMPTION_EDGE = 3
 
 
 @dataclass(slots=True)
@@ -136,7 +139,10 @@ def validate_server(
         warnings=[*warnings, *steal_warnings(every_validated, "window",
                                              cost_model.host_steal_slowdown,
                                              labels=_run_labels(len(windows), num_repeats)),
-                  *queue_warnings([run.sensitivity for run in runs])],
+                  *queue_warnings([run.sensitivity for run in runs]),
+                  *preemption_warnings(_by_window(calibration_runs, len(windows)),
+                                       "calibration window"),
+                  *preemption_warnings(validated, "window")],
     )
     if len(runs) > 1 or num_repeats > 1:
         result.windows = [window_json(run) for run in runs]
@@ -192,6 +198,36 @@ def queue_warnings(sensitivities: Sequence[dict[str, float | None] | None]) -> l
                 "server's speed in that run more than the model; a lower load (--time-scale, "
                 "--request-rate) judges the model better")
     return warnings
+
+
+def preemption_warnings(windows: Sequence[Sequence[BenchResult]], role: str) -> list[str]:
+    """A warning for each window (numbered from 1; `windows`: each one's runs) that the
+    server preempted no request in one run and `PREEMPTION_EDGE` or more in another: whether
+    its requests are preempted depends on its speed in the run (vLLM at 2x under 64 MiB:
+    0, 0 and 13 preemptions, mean TTFT 49-312 ms), and the simulator, deterministic, takes
+    one side for all of them."""
+    warnings = []
+    for number, runs in enumerate(windows, start=1):
+        counts = [count for run in runs
+                  if (count := run.summary().get("num_preemptions")) is not None]
+        if len(counts) > 1 and min(counts) == 0 and max(counts) >= PREEMPTION_EDGE:
+            warnings.append(
+                f"{role} {number}: the server preempted {_listed(counts)} times in its runs "
+                "of it: its KV memory is at the edge of this load, where each run's speed "
+                "decides whether requests are preempted (and their TTFT by up to seconds); "
+                "more KV memory on the server or a lower load judges the model better")
+    return warnings
+
+
+def _listed(counts: Sequence[int]) -> str:
+    """'0, 0 and 13'."""
+    words = [str(count) for count in counts]
+    return ", ".join(words[:-1]) + f" and {words[-1]}"
+
+
+def _by_window(runs: Sequence[BenchResult], num_windows: int) -> list[list[BenchResult]]:
+    """Runs made in rounds over `num_windows` windows, grouped by window."""
+    return [list(runs[index::num_windows]) for index in range(num_windows)]
 
 
 def _bench(target: ServerTarget, trace: Trace,

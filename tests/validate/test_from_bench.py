@@ -29,7 +29,12 @@ from kvlab.fidelity.from_bench import (
     reconstruct_profile,
 )
 from kvlab.fidelity.optimize import nelder_mead
-from kvlab.fidelity.server_validation import queue_warnings, simulate_window, speed_sensitivity
+from kvlab.fidelity.server_validation import (
+    preemption_warnings,
+    queue_warnings,
+    simulate_window,
+    speed_sensitivity,
+)
 from kvlab.fidelity.validation import WINDOW_METRICS
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim import simulate
@@ -225,6 +230,19 @@ def test_a_window_whose_ttft_is_a_queue_is_a_warning():
     (warning,) = queue_warnings(moves)
     assert warning.startswith("window 2: its mean TTFT moves 3.4% per 1% of the server's step")
     assert "--time-scale" in warning
+
+
+def test_a_window_on_the_edge_of_the_servers_kv_memory_is_a_warning():
+    def runs(*counts):
+        return [SimpleNamespace(summary=lambda n=n: {"num_preemptions": n}) for n in counts]
+
+    windows = [runs(0, 0, 13), runs(24, 30, 27), runs(0, 2), runs(5), runs(None, 0, 3)]
+    warnings = preemption_warnings(windows, "calibration window")
+    assert [w.split(":")[0] for w in warnings] == ["calibration window 1",
+                                                   "calibration window 5"]
+    assert warnings[0].startswith("calibration window 1: the server preempted 0, 0 and 13 "
+                                  "times in its runs of it")
+    assert "0 and 3 times" in warnings[1]  # (a run whose server exports no count: left out)
 
 
 def test_stage_2_keeps_a_latency_the_server_measured(bench_run):
