@@ -18,7 +18,9 @@ the host's CPU that the hypervisor withheld meanwhile (steal time), then the mea
 absolute errors and the windows within all three targets. A window benchmarked several times
 is judged on its runs pooled (as validate does), with how far the server's own runs of it
 stray from their pool; `--single` judges each run of it alone instead. Each window's line
-ends with how far its simulated metrics move per 1% slower steps (`speed_sensitivity`). A
+ends with how far its simulated metrics move per 1% slower steps (`speed_sensitivity`); the
+folder's line gives the fit's latency inside the server, and windows on the edge of the
+server's KV memory are warnings (`preemption_warnings`). A
 kvlab serve run leaves the server's own step profile beside the runs (server.steps.csv: the
 true step times to compare the reconstructed ones with).
 
@@ -149,7 +151,10 @@ def refit(args: argparse.Namespace) -> None:
         steal = [run.host_cpu_steal_perc() for run in calibration]
         print(f"{folder.name}: calibration runs' steal "
               + ", ".join("n/a" if s is None else f"{s:.1f}%" for s in steal)
-              + f"; host_steal_slowdown {model.host_steal_slowdown:g}")
+              + f"; host_steal_slowdown {model.host_steal_slowdown:g}"
+              + (f"; inside the server {1000 * model.fit['in_server_latency_s']:.1f} ms "
+                 f"(from its {source})"
+                 if (source := model.fit.get("in_server_latency_from")) else ""))
         for number, benches in enumerate(windows, start=1):
             sims = simulate_window(benches, config, model)
             report = window_json(ServerWindow(benches, sims, model, "refit", [],
