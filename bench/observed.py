@@ -30,9 +30,9 @@ SERIES = (
     # the API adds (`calibrate --from-bench` fits it as api_latency_s)
     ("ttft_sum_total", "vllm:time_to_first_token_seconds_sum", 1.0),
     ("ttft_count_total", "vllm:time_to_first_token_seconds_count", 1.0),
-    # where the server's TTFT went: its engine's queue (vLLM: from when the engine took the
-    # request in; kvlab serve: from its arrival) and prefill (scheduled to first token),
-    # both counted at each request's finish
+    # where the server's TTFT went: its engine's queue (from when the engine took the request
+    # in, at a step's boundary) and prefill (scheduled to first token), both counted at each
+    # request's finish
     ("queue_time_sum_total", "vllm:request_queue_time_seconds_sum", 1.0),
     ("queue_time_count_total", "vllm:request_queue_time_seconds_count", 1.0),
     ("prefill_time_sum_total", "vllm:request_prefill_time_seconds_sum", 1.0),

@@ -208,8 +208,8 @@ def preemption_warnings(windows: Sequence[Sequence[BenchResult]], role: str) -> 
     one side for all of them."""
     warnings = []
     for number, runs in enumerate(windows, start=1):
-        counts = [count for run in runs
-                  if (count := run.summary().get("num_preemptions")) is not None]
+        counts = [int(count) for run in runs  # (the summary's count, without the rest of it)
+                  if (count := series_increase(run.series, "num_preemptions_total")) is not None]
         if len(counts) > 1 and min(counts) == 0 and max(counts) >= PREEMPTION_EDGE:
             warnings.append(
                 f"{role} {number}: the server preempted {_listed(counts)} times in its runs "

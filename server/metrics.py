@@ -144,18 +144,17 @@ class ServerMetrics:
             self.ttft.observe(request.first_token_s - request.arrival_s)
 
     def observe_finished(self, request: Request, finished_reason: str,
-                         queued_s: float | None = None) -> None:
+                         queued_s: float) -> None:
         """A request ended (engine thread): its latencies and token counts. Its queue time
-        counts from `queued_s`, when the engine took it in (its arrival where None), as vLLM's
-        counts from when its engine core queued it, at a step's boundary: a server's TTFT less
-        its queue and prefill times is then what it spends outside its engine's queue and
-        steps (`calibrate --from-bench` reads it)."""
+        counts from `queued_s`, when the engine took it in, as vLLM's counts from when its
+        engine core queued it, at a step's boundary: a server's TTFT less its queue and
+        prefill times is then what it spends outside its engine's queue and steps
+        (`calibrate --from-bench` reads it)."""
         self.request_success.labels(finished_reason=finished_reason, **self._labels).inc()
         self.prompt_tokens.inc(request.prompt_len)
         self.generation_tokens.inc(request.num_output_tokens)
         if request.first_scheduled_s is not None:
-            queued = request.arrival_s if queued_s is None else queued_s
-            self.queue_time.observe(max(0.0, request.first_scheduled_s - queued))
+            self.queue_time.observe(max(0.0, request.first_scheduled_s - queued_s))
             if request.first_token_s is not None:
                 self.prefill_time.observe(request.first_token_s - request.first_scheduled_s)
         if request.finish_s is not None:

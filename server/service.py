@@ -60,7 +60,7 @@ class Stream:
         self.each_token = each_token
         self.num_sent = 0  # output tokens already put on the stream (engine thread)
         self.first_token_counted = False  # its TTFT observed (engine thread)
-        self.queued_s: float | None = None  # when the engine thread took it in
+        self.queued_s = request.arrival_s  # when the engine thread took it in (set then)
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
 

@@ -234,7 +234,8 @@ def test_a_window_whose_ttft_is_a_queue_is_a_warning():
 
 def test_a_window_on_the_edge_of_the_servers_kv_memory_is_a_warning():
     def runs(*counts):
-        return [SimpleNamespace(summary=lambda n=n: {"num_preemptions": n}) for n in counts]
+        return [SimpleNamespace(series={} if n is None else {"num_preemptions_total": [0.0, n]})
+                for n in counts]
 
     windows = [runs(0, 0, 13), runs(24, 30, 27), runs(0, 2), runs(5), runs(None, 0, 3)]
     warnings = preemption_warnings(windows, "calibration window")
