@@ -139,7 +139,13 @@ def predict(model: CalibratedCostModel, profile: pd.DataFrame) -> np.ndarray:
     c = model.coefficients()
     step = step_features(profile) @ np.array([c[name] for name in STEP_COEFFICIENTS])
     memory = memory_features(profile) @ np.array([c[name] for name in MEMORY_COEFFICIENTS])
-    return step + memory
+    return step + memory + c["first_decode_token_s"] * first_decodes_column(
+        profile, c["first_decodes"])
+
+
+def first_decodes_column(profile: pd.DataFrame, first_decodes: float) -> np.ndarray:
+    """Each step's decodes up to `first_decodes`: the bent decode term's feature."""
+    return np.minimum(profile["num_decode_tokens"].to_numpy(dtype=np.float64), first_decodes)
 
 
 def fit_quality(model: CalibratedCostModel, profile: pd.DataFrame) -> FitQuality:
@@ -207,20 +213,25 @@ def fit_cost_model(
 
 
 def robust_step_fit(
-    profile: pd.DataFrame, terms: Sequence[str], *, iterations: int = 5, huber_k: float = 1.5
+    profile: pd.DataFrame, terms: Sequence[str], *, iterations: int = 5, huber_k: float = 1.5,
+    first_decodes: float = 0.0,
 ) -> CalibratedCostModel:
     """A forward-pass fit on `terms` only (names of STEP_COEFFICIENTS; the others 0), robust to
     outlying steps: iteratively reweighted nnls with Huber weights (a step whose residual is
     past `huber_k` robust standard deviations counts in proportion). For step times measured
-    from outside a server, where a loaded client or host stalls some steps."""
+    from outside a server, where a loaded client or host stalls some steps. `first_decodes`
+    > 0 fits the bent decode term too (`first_decode_token_s` for a step's first that many
+    decodes; CalibratedCostModel)."""
     unknown = [t for t in terms if t not in STEP_COEFFICIENTS]
     if unknown:
         raise ValueError(f"unknown step terms {unknown}")
     columns = [STEP_COEFFICIENTS.index(t) for t in terms]
     features = step_features(profile)[:, columns]
+    if first_decodes > 0:
+        features = np.column_stack([features, first_decodes_column(profile, first_decodes)])
     measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
     weights = np.ones_like(measured)
-    coefficients = np.zeros(len(columns))
+    coefficients = np.zeros(features.shape[1])
     for _ in range(iterations):
         root = np.sqrt(weights)
         coefficients = _scaled_nnls(features * root[:, None], measured * root)
@@ -229,7 +240,10 @@ def robust_step_fit(
         if spread <= 0:
             break
         weights = np.minimum(1.0, huber_k * spread / np.maximum(np.abs(residual), 1e-12))
-    fitted: dict[str, Any] = dict(zip(terms, coefficients.tolist(), strict=True))
+    values = coefficients.tolist()
+    fitted: dict[str, Any] = dict(zip(terms, values[:len(terms)], strict=True))
+    if first_decodes > 0 and values[-1] > 0:
+        fitted.update(first_decode_token_s=values[-1], first_decodes=float(first_decodes))
     return CalibratedCostModel(**fitted)
 
 
@@ -325,6 +339,11 @@ def format_fit(model: CalibratedCostModel) -> str:
         if name == "host_steal_slowdown":
             lines.append(f"{'host_steal_slowdown (x steal share):':<40}{value:<10.4f}")
             continue
+        if name in ("first_decode_token_s", "first_decodes") and not model.first_decode_token_s:
+            continue  # no bent decode term
+        if name == "first_decodes":
+            lines.append(f"{'  for this many decodes of a step:':<40}{value:g}")
+            continue
         scale, unit = (1e9, "ns") if name in units else (1e6, "us")
         label = name.removesuffix("_s") + f" ({unit}):"
         lines.append(f"{label:<40}{value * scale:<10.4f}")
@@ -332,8 +351,11 @@ def format_fit(model: CalibratedCostModel) -> str:
             # (the part a bench fit added for the server's own path; `in_server_latency`)
             inside = 1e6 * model.fit["in_server_latency_s"]
             source = model.fit.get("in_server_latency_from")
+            notes = [f"from its {source}"] if source else []
+            if inside < 0:  # (the API latency itself stays >= 0)
+                notes.append("negative: the simulator waits longer for the running step")
             lines.append(f"{'  of it inside the server (us):':<40}{inside:<10.4f}"
-                         + (f"(from its {source})" if source else ""))
+                         + (f" ({'; '.join(notes)})" if notes else ""))
     fit = model.fit
     if fit:
         lines.append("Fit quality")

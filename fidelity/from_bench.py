@@ -88,7 +88,8 @@ MATCHED_METRICS = (("mean_ttft_ms", 1.0), ("median_ttft_ms", 0.5), ("mean_tpot_m
 GROUPS = {
     "step": ("step_overhead_s", "seq_s"),
     "prefill": ("prefill_token_s", "attention_pair_s"),
-    "decode": ("decode_token_s", "context_token_s", "padded_context_token_s"),
+    "decode": ("decode_token_s", "context_token_s", "padded_context_token_s",
+               "first_decode_token_s"),
 }
 # The step terms stage 1 fits from outside a server: fewer than an engine's own profile allows
 # (its features are reconstructed, its times noisier), so that collinear terms (per sequence,
@@ -123,6 +124,10 @@ STEAL_WARNING_PERC = 5.0
 # runs' steal shares must be for it to tell them apart.
 STEAL_SLOWDOWNS = tuple(k / 4 for k in range(17))  # 0 to 4
 MIN_STEAL_SPREAD = 0.03
+# The knees stage 1 tries for the bent decode term (`bent_step_fit`): a step's first this many
+# decodes cost more each. None below 4: there the term is the step overhead's twin (a trial
+# that let it choose 2 on kvlab serve moved the overhead into it; docs/validation.md).
+FIRST_DECODES = (4, 8, 16, 32)
 SUMMARY_OPTIONS: dict[str, Any] = {"percentile_metrics": ("ttft", "tpot", "itl", "e2el"),
                                    "metric_percentiles": (50, 99)}
 
@@ -568,24 +573,51 @@ def steal_share(run: BenchResult) -> float:
 def steal_step_fit(profile: pd.DataFrame, terms: Sequence[str]) -> CalibratedCostModel:
     """`robust_step_fit` of the steps as a dedicated host would run them: each step's time
     divided by 1 + k x its run's `steal_share`, with the slowdown k (STEAL_SLOWDOWNS) whose
-    fit, slowed down again, best matches the measured steps (lowest mean relative error,
-    each step's capped at 100%). k is the model's `host_steal_slowdown`; 0 where the runs'
-    steal shares differ by less than MIN_STEAL_SPREAD (nothing tells k then)."""
+    fit, slowed down again, best matches the measured steps (`step_error`), and the knee of
+    the bent decode term that `bent_step_fit` finds in the steps as measured. k is the
+    model's `host_steal_slowdown`; 0 where the runs' steal shares differ by less than
+    MIN_STEAL_SPREAD (nothing tells k then)."""
+    bent = bent_step_fit(profile, terms)
     shares = profile["steal_share"].to_numpy(dtype=np.float64)
     measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
-    positive = measured > 0
-    if not positive.any() or float(np.ptp(shares)) < MIN_STEAL_SPREAD:
-        return robust_step_fit(profile, terms)
+    if not (measured > 0).any() or float(np.ptp(shares)) < MIN_STEAL_SPREAD:
+        return bent
     best, best_error = CalibratedCostModel(), math.inf
     for slowdown in STEAL_SLOWDOWNS:
         factor = 1.0 + slowdown * shares
-        model = robust_step_fit(profile.assign(**{TIME_COLUMN: measured / factor}), terms)
-        predicted = predict(model, profile) * factor
-        relative = np.abs(predicted - measured)[positive] / measured[positive]
-        error = float(np.mean(np.minimum(relative, 1.0)))
+        model = robust_step_fit(profile.assign(**{TIME_COLUMN: measured / factor}), terms,
+                                first_decodes=bent.first_decodes)
+        error = step_error(predict(model, profile) * factor, measured)
         if error < best_error:
             best, best_error = dataclasses.replace(model, host_steal_slowdown=slowdown), error
     return best
+
+
+def bent_step_fit(profile: pd.DataFrame, terms: Sequence[str]) -> CalibratedCostModel:
+    """`robust_step_fit` on `terms`, with the bent decode term for each knee of
+    FIRST_DECODES and without it: the fit whose steps are nearest the measured ones
+    (`step_error`). Why: a CPU server's steps grow faster over their first decodes than
+    after (kvlab serve's own steps: a line made steps of 1-2 decodes 51-70% too long and
+    those of 16-64 up to 11% too short), so a line fitted to them puts light windows' TPOT
+    high and busy ones' low."""
+    measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
+    best, best_error = CalibratedCostModel(), math.inf
+    for first_decodes in (0, *FIRST_DECODES):
+        model = robust_step_fit(profile, terms, first_decodes=first_decodes)
+        error = step_error(predict(model, profile), measured)
+        if error < best_error:
+            best, best_error = model, error
+    return best
+
+
+def step_error(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """The mean relative error of predicted step times, each step's capped at 100% (steps
+    measured as 0 s left out; inf where none is left)."""
+    positive = measured > 0
+    if not positive.any():
+        return math.inf
+    relative = np.abs(predicted - measured)[positive] / measured[positive]
+    return float(np.mean(np.minimum(relative, 1.0)))
 
 
 def _mean_errors(per_run: list[dict[str, float | None]]) -> dict[str, float | None]:

@@ -6,9 +6,13 @@ A step costs a fixed overhead plus a linear term in each of the step's counts:
     step_s = overhead + prefill_token x num_prefill_tokens + decode_token x num_decode_tokens
              + context_token x num_context_tokens + attention_pair x num_attention_pairs
              + seq x num_seqs + padded_context_token x num_padded_context_tokens
+             + first_decode_token x min(num_decode_tokens, first_decodes)
 
 (`num_padded_context_tokens`: the decodes times the longest decode context, what a backend that
-pads its decode batch reads; the fit gives it 0 where attention does not pad.)
+pads its decode batch reads; the fit gives it 0 where attention does not pad. The last term
+bends the decode cost: a step's first `first_decodes` decodes cost `first_decode_token` more
+each, as the steps of a CPU server grow fast over their first decodes and slower after; 0
+where the steps are a line.)
 
 and its memory work (executed before the forward pass, on the same stream) costs
 `swap_transfer_s` per separate copy plus `swap_page_s` per page moved either way, and
@@ -36,9 +40,12 @@ FORMAT = "kvlab-calibrated-cost-model"
 # 2: padded_context_token_s (a version-1 file lacks it: refit from the profile, see from_json)
 FORMAT_VERSION = 2
 # Written only when nonzero (`to_json`): added to version 2 without a new version.
-OPTIONAL_COEFFICIENTS = ("api_latency_per_request_s", "host_steal_slowdown")
-# What a server's API adds, and the steal sensitivity: not scaled by `under_steal`.
-UNSCALED_COEFFICIENTS = ("api_latency_s", "api_latency_per_request_s", "host_steal_slowdown")
+OPTIONAL_COEFFICIENTS = ("api_latency_per_request_s", "host_steal_slowdown",
+                         "first_decode_token_s", "first_decodes")
+# What a server's API adds, the steal sensitivity and a count of decodes: not scaled by
+# `under_steal`.
+UNSCALED_COEFFICIENTS = ("api_latency_s", "api_latency_per_request_s", "host_steal_slowdown",
+                         "first_decodes")
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +79,10 @@ class CalibratedCostModel:
     # (docs/validation.md). `calibrate --from-bench` fits this sensitivity where its runs
     # recorded the client host's steal time; `under_steal` applies it.
     host_steal_slowdown: float = 0.0
+    # The bent decode term (module docstring): seconds more for each of a step's first
+    # `first_decodes` decodes (a count, not seconds; `calibrate --from-bench` picks it).
+    first_decode_token_s: float = 0.0
+    first_decodes: float = 0.0
     fit: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def step_time_s(self, shape: StepShapeLike) -> float:
@@ -85,6 +96,7 @@ class CalibratedCostModel:
             + self.attention_pair_s * shape.num_attention_pairs
             + self.seq_s * shape.num_seqs
             + self.padded_context_token_s * shape.num_padded_context_tokens
+            + self.first_decode_token_s * min(shape.num_decode_tokens, self.first_decodes)
         )
 
     def decode_step_time(self, num_seqs: int) -> Callable[[int, int], float]:
@@ -95,10 +107,11 @@ class CalibratedCostModel:
                    + self.decode_token_s * num_seqs)
         context_s, no_pairs_s = self.context_token_s, self.attention_pair_s * 0
         seqs_s, padded_s = self.seq_s * num_seqs, self.padded_context_token_s
+        first_s = self.first_decode_token_s * min(num_seqs, self.first_decodes)
 
         def time_s(num_context: int, num_padded: int) -> float:
             return (batch_s + context_s * num_context + no_pairs_s + seqs_s
-                    + padded_s * num_padded)
+                    + padded_s * num_padded + first_s)
 
         return time_s
 
@@ -131,7 +144,7 @@ class CalibratedCostModel:
         return replace(self, **slowed)
 
     def coefficients(self) -> dict[str, float]:
-        """The coefficients by name, in seconds (everything but `fit`)."""
+        """The coefficients by name, in seconds but `first_decodes` (everything but `fit`)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "fit"}
 
     def to_json(self) -> dict[str, Any]:

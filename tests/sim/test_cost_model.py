@@ -178,12 +178,14 @@ def test_the_roofline_times_a_decode_step_as_its_shape(run, tp, case):
     assert decode_step_timer(model)(num_seqs)(context, padded) == model.step_time_s(shape)
 
 
-@given(run=decode_runs, values=st.lists(coefficients, min_size=7, max_size=7))
-def test_a_calibrated_model_times_a_decode_step_as_its_shape(run, values):
+@given(run=decode_runs, values=st.lists(coefficients, min_size=8, max_size=8),
+       first_decodes=st.sampled_from([0.0, 4.0, 16.0, 32.0]))
+def test_a_calibrated_model_times_a_decode_step_as_its_shape(run, values, first_decodes):
     num_seqs, context, padded = run
     names = ["step_overhead_s", "prefill_token_s", "decode_token_s", "context_token_s",
-             "attention_pair_s", "seq_s", "padded_context_token_s"]
-    model = CalibratedCostModel(**dict(zip(names, values, strict=True)))
+             "attention_pair_s", "seq_s", "padded_context_token_s", "first_decode_token_s"]
+    model = CalibratedCostModel(**dict(zip(names, values, strict=True)),
+                                first_decodes=first_decodes)
     shape = StepShape(num_decode_tokens=num_seqs, num_context_tokens=context, num_seqs=num_seqs,
                       num_padded_context_tokens=padded)
     assert decode_step_timer(model)(num_seqs)(context, padded) == model.step_time_s(shape)
@@ -197,3 +199,17 @@ def test_a_subclass_with_its_own_step_time_gets_no_decode_timer(llama_a100):
     doubled = Doubled(get_model("llama-2-7b"), get_hardware("a100-80g"), page_size=16)
     assert decode_step_timer(doubled) is None
     assert decode_step_timer(llama_a100) is not None
+
+
+def test_the_bent_decode_term_charges_only_a_steps_first_decodes():
+    line = CalibratedCostModel(step_overhead_s=1e-3, decode_token_s=1e-4)
+    bent = CalibratedCostModel(step_overhead_s=1e-3, decode_token_s=1e-4,
+                               first_decode_token_s=5e-4, first_decodes=8.0)
+    for decodes, extra in ((1, 5e-4), (8, 8 * 5e-4), (64, 8 * 5e-4)):
+        shape = StepShape(num_decode_tokens=decodes, num_seqs=decodes)
+        assert bent.step_time_s(shape) - line.step_time_s(shape) == pytest.approx(extra)
+    prefill_only = StepShape(num_prefill_tokens=100, num_seqs=1)
+    assert bent.step_time_s(prefill_only) == line.step_time_s(prefill_only)
+    # a slower machine slows the term, not the count of decodes it covers
+    slowed = bent.scaled(2.0)
+    assert slowed.first_decode_token_s == pytest.approx(1e-3) and slowed.first_decodes == 8.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
-from kvlab.fidelity.calibration import fit_cost_model, fit_quality, load_profiles, nnls
+from kvlab.fidelity.calibration import (
+    fit_cost_model,
+    fit_quality,
+    format_fit,
+    load_profiles,
+    nnls,
+    robust_step_fit,
+)
+from kvlab.fidelity.from_bench import bent_step_fit
 from kvlab.metrics import STEP_COLUMNS
 from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
 from kvlab.sim.cost_model import StepShape
@@ -170,3 +179,52 @@ def test_profiles_from_several_files_are_fitted_together(tmp_path):
     fitted = fit_cost_model(profile, skip_first_steps=1)
     assert fitted.fit["num_steps"] == 398
     assert fit_quality(fitted, profile).r2 == pytest.approx(1.0)
+
+
+BENT = dataclasses.replace(TRUE, swap_transfer_s=0.0, swap_page_s=0.0, copy_page_s=0.0,
+                           first_decode_token_s=4e-4, first_decodes=8.0)
+STEP_TERMS = ("step_overhead_s", "prefill_token_s", "decode_token_s", "context_token_s",
+              "attention_pair_s", "seq_s", "padded_context_token_s")
+
+
+def test_the_bent_decode_term_is_recovered_at_its_knee():
+    profile = synthetic_profile(BENT)
+    fitted = robust_step_fit(profile, STEP_TERMS, first_decodes=8)
+    assert fitted.first_decodes == 8.0
+    assert fitted.first_decode_token_s == pytest.approx(4e-4, rel=1e-6)
+    assert fitted.decode_token_s == pytest.approx(3e-4, rel=1e-6)
+
+
+@pytest.mark.parametrize("model, knee", [
+    (BENT, 8.0),
+    (dataclasses.replace(BENT, first_decodes=16.0), 16.0),
+    (dataclasses.replace(BENT, first_decode_token_s=0.0), 0.0),
+])
+def test_stage_one_picks_the_knee_the_steps_bend_at_or_none(model, knee):
+    profile = synthetic_profile(model, noise=0.02)
+    fitted = bent_step_fit(profile, STEP_TERMS)
+    assert fitted.first_decodes == knee
+    assert (fitted.first_decode_token_s > 0) == (knee > 0)
+
+
+def test_a_bent_model_round_trips_and_a_straight_one_writes_no_bent_term(tmp_path):
+    bent = dataclasses.replace(BENT, fit={"num_steps": 1, "num_memory_steps": 0, "r2": 1.0,
+                                          "mape_perc": 0.0, "total_error_perc": 0.0})
+    assert load_cost_model(bent.save(tmp_path / "bent.json")) == bent
+    assert "for this many decodes of a step:" in format_fit(bent)
+    straight = dataclasses.replace(bent, first_decode_token_s=0.0, first_decodes=0.0)
+    written = json.loads(straight.save(tmp_path / "line.json").read_text())
+    assert "first_decode_token_s" not in written["coefficients"]
+    assert "first_decodes" not in written["coefficients"]
+    assert "first_decode" not in format_fit(straight)
+
+
+@pytest.mark.parametrize("inside_s, negative", [(0.004, False), (-0.008, True)])
+def test_the_report_says_where_the_latency_inside_the_server_came_from(inside_s, negative):
+    fit = {"num_steps": 1, "num_memory_steps": 0, "r2": 1.0, "mape_perc": 0.0,
+           "total_error_perc": 0.0, "in_server_latency_s": inside_s,
+           "in_server_latency_from": "server histograms"}
+    text = format_fit(CalibratedCostModel(api_latency_s=0.01, fit=fit))
+    line = next(row for row in text.splitlines() if "inside the server" in row)
+    assert f"{inside_s * 1e6:.4f}" in line and "(from its server histograms" in line
+    assert ("negative: the simulator waits longer" in line) == negative
