@@ -128,6 +128,10 @@ MIN_STEAL_SPREAD = 0.03
 # decodes cost more each. None below 4: there the term is the step overhead's twin (a trial
 # that let it choose 2 on kvlab serve moved the overhead into it; docs/validation.md).
 FIRST_DECODES = (4, 8, 16, 32)
+# ... and keeps one only where it takes the steps' error this much below the line's. Measured:
+# 15-30% on kvlab serve's steps (concave), 0-6% on vLLM's, where a knee chosen anyway made a
+# fresh 10x run's windows worse (3 -> 2 of 4; docs/validation.md).
+MIN_BENT_GAIN = 0.10
 SUMMARY_OPTIONS: dict[str, Any] = {"percentile_metrics": ("ttft", "tpot", "itl", "e2el"),
                                    "metric_percentiles": (50, 99)}
 
@@ -594,18 +598,20 @@ def steal_step_fit(profile: pd.DataFrame, terms: Sequence[str]) -> CalibratedCos
 
 
 def bent_step_fit(profile: pd.DataFrame, terms: Sequence[str]) -> CalibratedCostModel:
-    """`robust_step_fit` on `terms`, with the bent decode term for each knee of
-    FIRST_DECODES and without it: the fit whose steps are nearest the measured ones
-    (`step_error`). Why: a CPU server's steps grow faster over their first decodes than
-    after (kvlab serve's own steps: a line made steps of 1-2 decodes 51-70% too long and
-    those of 16-64 up to 11% too short), so a line fitted to them puts light windows' TPOT
-    high and busy ones' low."""
+    """`robust_step_fit` on `terms`, with the bent decode term at the knee of FIRST_DECODES
+    whose steps are nearest the measured ones (`step_error`) where that error is at least
+    MIN_BENT_GAIN below the line's; else the line. Why: a CPU server's steps can grow faster
+    over their first decodes than after (kvlab serve's own steps: a line made steps of 1-2
+    decodes 51-70% too long and those of 16-64 up to 11% too short), and a line fitted to
+    them puts light windows' TPOT high and busy ones' low."""
     measured = profile[TIME_COLUMN].to_numpy(dtype=np.float64)
-    best, best_error = CalibratedCostModel(), math.inf
-    for first_decodes in (0, *FIRST_DECODES):
+    line = robust_step_fit(profile, terms)
+    best, best_error = line, step_error(predict(line, profile), measured)
+    threshold = (1.0 - MIN_BENT_GAIN) * best_error
+    for first_decodes in FIRST_DECODES:
         model = robust_step_fit(profile, terms, first_decodes=first_decodes)
         error = step_error(predict(model, profile), measured)
-        if error < best_error:
+        if error <= threshold and error < best_error:
             best, best_error = model, error
     return best
 
