@@ -13,6 +13,8 @@ draw of a noisy machine; each window also reports how far its repeats were from 
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,10 @@ QUEUE_SENSITIVITY = 2.0
 # A window some of whose runs preempted no request while another preempted at least this
 # many is on the edge of the server's KV memory: a warning says so (`preemption_warnings`).
 PREEMPTION_EDGE = 3
+# A window whose pooled server metric is uncertain by more than this many percent (one
+# standard error of the mean over its runs) is a warning: a simulator error under about
+# twice that is within the server's own noise (`noise_warnings`).
+NOISY_POOL_PERC = 5.0
 
 
 @dataclass(slots=True)
@@ -146,6 +152,7 @@ def validate_server(
     )
     if len(runs) > 1 or num_repeats > 1:
         result.windows = [window_json(run) for run in runs]
+        result.warnings += noise_warnings(result.windows)
     return result
 
 
@@ -335,9 +342,11 @@ def window_json(run: ServerWindow) -> dict[str, Any]:
 def repeat_spread(benches: Sequence[BenchResult],
                   pooled: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The server's own spread over repeats of one window (`pooled`: their pooled summary),
-    per window metric: each repeat's value and the largest relative distance of one from
-    the pooled value (how far a single run of this window strays from what the server does
-    on it on average: no prediction of one run can be surer than that)."""
+    per window metric: each repeat's value, the largest relative distance of one from the
+    pooled value (how far a single run of this window strays from what the server does on
+    it on average: no prediction of one run can be surer than that), and the relative
+    standard error of their mean (how sure the pool itself is of that average; it shrinks
+    with the square root of the number of runs)."""
     summaries = [bench.summary(**SUMMARY_OPTIONS) for bench in benches]
     spread: dict[str, dict[str, Any]] = {}
     for key in WINDOW_METRICS:
@@ -346,5 +355,40 @@ def repeat_spread(benches: Sequence[BenchResult],
         known = [float(v) for v in values if v is not None]
         deviation = (max(abs(v - float(centre)) for v in known) / abs(float(centre))
                      if known and centre else None)
-        spread[key] = {"values": values, "pooled": centre, "max_rel_deviation": deviation}
+        spread[key] = {"values": values, "pooled": centre, "max_rel_deviation": deviation,
+                       "rel_std_error": relative_std_error(known, centre)}
     return spread
+
+
+def relative_std_error(values: list[float], centre: float | None) -> float | None:
+    """The standard error of the mean of `values` (sample deviation over sqrt(n)), relative to
+    `centre`; None with fewer than two values or no centre."""
+    if len(values) < 2 or not centre:
+        return None
+    return statistics.stdev(values) / math.sqrt(len(values)) / abs(float(centre))
+
+
+def noise_warnings(windows: Sequence[dict[str, Any]]) -> list[str]:
+    """A warning for each window report (numbered from 1) whose pooled server metrics are
+    uncertain by more than NOISY_POOL_PERC (one standard error over its runs): the error
+    the simulator can be judged on there, and about how many runs would halve it."""
+    warnings = []
+    for number, window in enumerate(windows, start=1):
+        spread = window.get("server_repeats") or {}
+        noisy = {key: error for key in WINDOW_METRICS
+                 if (error := (spread.get(key) or {}).get("rel_std_error")) is not None
+                 and 100.0 * error > NOISY_POOL_PERC}
+        if not noisy:
+            continue
+        named = ", ".join(f"{_WINDOW_LABELS[key]} +-{100.0 * error:.1f}%"
+                          for key, error in noisy.items())
+        runs = window.get("num_repeats", 1)
+        warnings.append(
+            f"window {number}: its {runs} runs leave the server's own means uncertain by "
+            f"{named} (one standard error): a simulator error under about twice that is "
+            f"within the server's noise; {4 * runs} runs (--num-repeats) would halve it")
+    return warnings
+
+
+_WINDOW_LABELS = {"output_throughput": "throughput", "mean_ttft_ms": "TTFT",
+                  "mean_tpot_ms": "TPOT"}

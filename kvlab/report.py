@@ -268,11 +268,13 @@ def format_validation(result: ValidationResult) -> str:
             size = f"{window['num_prompts']} requests" + (f" x {runs} runs" if runs > 1 else "")
             lines.append(f"  window {number} ({size}): {errors}")
             if "server_repeats" in window:
-                spread = ", ".join(
-                    _spread(window["server_repeats"][key]["max_rel_deviation"])
-                    for key in WINDOW_METRICS
-                )
+                repeats = window["server_repeats"]
+                spread = ", ".join(_spread(repeats[key]["max_rel_deviation"])
+                                   for key in WINDOW_METRICS)
                 lines.append(f"    {reference}'s own runs off their pool by up to: {spread}")
+                error = ", ".join(_spread(repeats[key].get("rel_std_error"))
+                                  for key in WINDOW_METRICS)
+                lines.append(f"    its pool's standard error: {error}")
             if window.get("speed_sensitivity"):
                 moves = ", ".join(_percent(None if move is None else move / 100.0)
                                   for move in (window["speed_sensitivity"].get(key)

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,8 +31,10 @@ from kvlab.fidelity.from_bench import (
 )
 from kvlab.fidelity.optimize import nelder_mead
 from kvlab.fidelity.server_validation import (
+    noise_warnings,
     preemption_warnings,
     queue_warnings,
+    relative_std_error,
     simulate_window,
     speed_sensitivity,
 )
@@ -244,6 +247,27 @@ def test_a_window_on_the_edge_of_the_servers_kv_memory_is_a_warning():
     assert warnings[0].startswith("calibration window 1: the server preempted 0, 0 and 13 "
                                   "times in its runs of it")
     assert "0 and 3 times" in warnings[1]  # (a run whose server exports no count: left out)
+
+
+def test_a_window_whose_pooled_server_means_are_uncertain_is_a_warning():
+    def window(runs, **errors):
+        return {"num_repeats": runs, "server_repeats": {
+            key: {"rel_std_error": errors.get(key)} for key in WINDOW_METRICS}}
+
+    windows = [window(3, mean_ttft_ms=0.12, mean_tpot_ms=0.06, output_throughput=0.01),
+               window(6, mean_ttft_ms=0.04), {"num_repeats": 1}, window(2, mean_tpot_ms=0.051)]
+    first, second = noise_warnings(windows)
+    assert first.startswith("window 1: its 3 runs leave the server's own means uncertain by "
+                            "TTFT +-12.0%, TPOT +-6.0% (one standard error)")
+    assert first.endswith("12 runs (--num-repeats) would halve it")
+    assert second.startswith("window 4: its 2 runs") and "TPOT +-5.1%" in second
+
+
+def test_the_standard_error_of_a_pool_shrinks_with_the_square_root_of_its_runs():
+    assert relative_std_error([90.0, 110.0], 100.0) == pytest.approx(0.1)  # 14.1 / sqrt(2)
+    # the same spread over 8 runs: sample variance 800 / 7, over 8 runs
+    assert relative_std_error([90.0, 110.0] * 4, 100.0) == pytest.approx(math.sqrt(100 / 7) / 100)
+    assert relative_std_error([5.0], 5.0) is None and relative_std_error([1.0, 2.0], 0) is None
 
 
 def test_stage_2_keeps_a_latency_the_server_measured(bench_run):

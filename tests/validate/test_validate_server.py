@@ -74,6 +74,9 @@ def test_repeats_judge_each_window_on_its_runs_pooled(live, tmp_path, capsys):
     first, second = ttft["values"]
     assert ttft["pooled"] == pytest.approx((first + second) / 2)
     assert ttft["max_rel_deviation"] == pytest.approx(abs(first - second) / (first + second))
+    # and of two runs the standard error of their mean is half their difference
+    assert ttft["rel_std_error"] == pytest.approx(abs(first - second) / (first + second))
+    assert "its pool's standard error:" in out
 
 
 @pytest.mark.parametrize("extra, message", [
