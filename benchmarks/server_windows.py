@@ -17,15 +17,18 @@ throughput / mean TTFT / mean TPOT; the issue's targets 5% / 10% / 10%) with the
 the host's CPU that the hypervisor withheld meanwhile (steal time), then the mean
 absolute errors and the windows within all three targets. A window benchmarked several times
 is judged on its runs pooled (as validate does), with how far the server's own runs of it
-stray from their pool; `--single` judges each run of it alone instead. Each window's line
-ends with how far its simulated metrics move per 1% slower steps (`speed_sensitivity`); the
-folder's line gives the fit's latency inside the server, and windows on the edge of the
-server's KV memory are warnings (`preemption_warnings`). A
+stray from their pool and the standard error of the pool's mean; `--single` judges each run
+of it alone instead, and `--pool` takes the folders as runs of one setup (fitted on all their
+calibration runs, each window judged on all its runs: more runs than one sitting holds).
+Each window's line ends with how far its simulated metrics move per 1% slower steps
+(`speed_sensitivity`); the folder's line gives the fit's latency inside the server, and
+windows on the edge of the server's KV memory are warnings (`preemption_warnings`). A
 kvlab serve run leaves the server's own step profile beside the runs (server.steps.csv: the
 true step times to compare the reconstructed ones with).
 
     .venv/bin/python benchmarks/server_windows.py run --server vllm --time-scale 10 --out runs/v1
     .venv/bin/python benchmarks/server_windows.py refit runs/v1 runs/v2 ...
+    .venv/bin/python benchmarks/server_windows.py refit --pool runs/v1 runs/v2
 """
 
 from __future__ import annotations
@@ -136,14 +139,26 @@ def _by_window(folder: Path, role: str) -> list[list[Path]]:
     return [[groups[k][r] for r in sorted(groups[k])] for k in sorted(groups)]
 
 
+def _pooled_windows(folders: list[Path], role: str) -> list[list[Path]]:
+    """`_by_window` of each folder, window K's runs of every folder together: folders of one
+    setup (the same server, windows and time scale) as repeats of one experiment."""
+    groups = [_by_window(folder, role) for folder in folders]
+    if len({len(windows) for windows in groups}) > 1:
+        raise SystemExit(f"--pool: the folders hold different numbers of {role} windows")
+    return [[path for windows in groups for path in windows[k]] for k in range(len(groups[0]))]
+
+
 def refit(args: argparse.Namespace) -> None:
     rows: list[list[float]] = []
-    for folder in map(Path, args.folders):
+    experiments = [[Path(f) for f in args.folders]] if args.pool \
+        else [[Path(f)] for f in args.folders]
+    for folders in experiments:
+        folder = folders[0] if len(folders) == 1 else Path("+".join(f.name for f in folders))
         calibration_groups = [[load_bench_result(p) for p in group]
-                              for group in _by_window(folder, "calibration")]
+                              for group in _pooled_windows(folders, "calibration")]
         calibration = [run for group in calibration_groups for run in group]
         windows = [[load_bench_result(p) for p in group]
-                   for group in _by_window(folder, "window")]
+                   for group in _pooled_windows(folders, "window")]
         if args.single:
             windows = [[run] for group in windows for run in group]
         config = server_sim_config(windows[0][0].server, "tiny-llama")
@@ -165,9 +180,11 @@ def refit(args: argparse.Namespace) -> None:
             if report["host_cpu_steal_perc"] is not None:
                 line += f"   (steal {report['host_cpu_steal_perc']:.1f}%)"
             if "server_repeats" in report:
+                repeats = report["server_repeats"]
                 line += "   server's runs off their pool by up to " + " / ".join(
-                    f"{100 * report['server_repeats'][key]['max_rel_deviation']:.1f}%"
-                    for key, _ in METRICS)
+                    f"{100 * repeats[key]['max_rel_deviation']:.1f}%" for key, _ in METRICS)
+                line += ", its s.e. " + " / ".join(
+                    f"{100 * repeats[key]['rel_std_error']:.1f}%" for key, _ in METRICS)
             line += "   1% slower steps: " + " / ".join(
                 f"{report['speed_sensitivity'][key]:+.1f}%" for key, _ in METRICS)
             print(line, flush=True)
@@ -202,6 +219,9 @@ def main() -> None:
     refitter.add_argument("folders", nargs="+")
     refitter.add_argument("--single", action="store_true",
                           help="judge each run of a repeated window alone, not pooled")
+    refitter.add_argument("--pool", action="store_true",
+                          help="the folders are runs of one setup: fit on all their "
+                          "calibration runs, judge each window on all its runs")
     args = parser.parse_args()
     (run if args.command == "run" else refit)(args)
 
