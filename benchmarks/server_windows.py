@@ -182,9 +182,9 @@ def refit(args: argparse.Namespace) -> None:
             if "server_repeats" in report:
                 repeats = report["server_repeats"]
                 line += "   server's runs off their pool by up to " + " / ".join(
-                    f"{100 * repeats[key]['max_rel_deviation']:.1f}%" for key, _ in METRICS)
+                    _share(repeats[key]["max_rel_deviation"]) for key, _ in METRICS)
                 line += ", its s.e. " + " / ".join(
-                    f"{100 * repeats[key]['rel_std_error']:.1f}%" for key, _ in METRICS)
+                    _share(repeats[key]["rel_std_error"]) for key, _ in METRICS)
             line += "   1% slower steps: " + " / ".join(
                 f"{report['speed_sensitivity'][key]:+.1f}%" for key, _ in METRICS)
             print(line, flush=True)
@@ -196,6 +196,10 @@ def refit(args: argparse.Namespace) -> None:
                  for r in rows)
     print("mean abs. error thr / TTFT / TPOT: " + " / ".join(f"{m:.1f}%" for m in means)
           + f"; windows within all three: {within} of {len(rows)}")
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
 def main() -> None:
