@@ -153,7 +153,7 @@ def refit(args: argparse.Namespace) -> None:
     experiments = [[Path(f) for f in args.folders]] if args.pool \
         else [[Path(f)] for f in args.folders]
     for folders in experiments:
-        folder = folders[0] if len(folders) == 1 else Path("+".join(f.name for f in folders))
+        name = "+".join(folder.name for folder in folders)
         calibration_groups = [[load_bench_result(p) for p in group]
                               for group in _pooled_windows(folders, "calibration")]
         calibration = [run for group in calibration_groups for run in group]
@@ -164,7 +164,7 @@ def refit(args: argparse.Namespace) -> None:
         config = server_sim_config(windows[0][0].server, "tiny-llama")
         model = fit_bench(calibration, config).cost_model
         steal = [run.host_cpu_steal_perc() for run in calibration]
-        print(f"{folder.name}: calibration runs' steal "
+        print(f"{name}: calibration runs' steal "
               + ", ".join("n/a" if s is None else f"{s:.1f}%" for s in steal)
               + f"; host_steal_slowdown {model.host_steal_slowdown:g}"
               + (f"; inside the server {1000 * model.fit['in_server_latency_s']:.1f} ms "
