@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import DEVICES
 from engine_hf_models import transformers_greedy
 
 from kvlab.engine import LLM, SamplingParams
@@ -65,31 +66,38 @@ def _generate(folder, policy: str, **kwargs) -> tuple[LLM, list[list[int]]]:
 FAMILIES = ["llama", "qwen2"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_recompute_preemption_keeps_transformers_tokens(reference, family):
+def test_recompute_preemption_keeps_transformers_tokens(reference, family, device):
     folder, expected = reference[family]
-    llm, tokens = _generate(folder, f"paged:block_size={PAGE}", num_gpu_blocks_override=16)
+    llm, tokens = _generate(
+        folder, f"paged:block_size={PAGE}", num_gpu_blocks_override=16, device=device
+    )
     assert tokens == expected
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.scheduler.num_swaps_out == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_swap_preemption_keeps_transformers_tokens(reference, family):
+def test_swap_preemption_keeps_transformers_tokens(reference, family, device):
     folder, expected = reference[family]
     llm, tokens = _generate(
-        folder, f"paged:block_size={PAGE},preemption=swap", num_gpu_blocks_override=16
+        folder, f"paged:block_size={PAGE},preemption=swap", num_gpu_blocks_override=16,
+        device=device,
     )
     assert tokens == expected
     assert llm.engine.scheduler.num_swaps_out > 0
     assert llm.engine.scheduler.num_swaps_in > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_prefix_caching_hits_keep_transformers_tokens(reference, family):
+def test_prefix_caching_hits_keep_transformers_tokens(reference, family, device):
     folder, expected = reference[family]
     llm, tokens = _generate(
-        folder, f"paged:block_size={PAGE},eviction=lru", num_gpu_blocks_override=128
+        folder, f"paged:block_size={PAGE},eviction=lru", num_gpu_blocks_override=128,
+        device=device,
     )
     assert tokens == expected
     assert llm.engine.manager.num_prefix_hits >= 2 * len(SHARED_PREFIX) // PAGE
@@ -159,15 +167,16 @@ PREEMPTING_FAMILIES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("policy", "num_pages"), PREEMPTING_FAMILIES)
 def test_every_policy_family_under_memory_pressure_keeps_transformers_tokens(
-    reference, policy, num_pages
+    reference, policy, num_pages, device
 ):
     folder, expected = reference["llama"]
     kind, options = policy.split(":")
     llm, tokens = _generate(
         folder, f"{kind}:block_size={PAGE},{options}", num_gpu_blocks_override=num_pages,
-        max_model_len=64,
+        max_model_len=64, device=device,
     )
     assert tokens == expected
     if "predicted" in policy or kind == "contiguous":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import DEVICES
 
 from kvlab.engine import LLM, SamplingParams
 from kvlab.errors import KvlabError
@@ -26,9 +27,10 @@ def _generate(**settings):
     return llm.engine, [output.outputs[0].token_ids for output in outputs]
 
 
-def test_hits_served_from_the_host_tier_give_the_same_greedy_tokens():
-    _, plain = _generate()
-    engine, tiered = _generate(kv_tiers="host:64p")
+@pytest.mark.parametrize("device", DEVICES)
+def test_hits_served_from_the_host_tier_give_the_same_greedy_tokens(device):
+    _, plain = _generate(device=device)
+    engine, tiered = _generate(kv_tiers="host:64p", device=device)
     assert tiered == plain
     host = engine.manager.tiers[0]
     assert host.stats.num_hits >= 6 * 5  # six repeats, five full prompt pages each
@@ -47,10 +49,14 @@ def test_write_through_gives_the_same_tokens_too():
     assert tiered == plain
 
 
-def test_a_page_round_trips_through_the_host_tier_bit_exactly():
-    llm = LLM("tiny-llama", policy=f"paged:block_size={PAGE}", num_gpu_blocks_override=8,
-              kv_tiers="host:8p", verbose=False)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_page_round_trips_through_the_host_tier_bit_exactly(device):
+    llm = LLM("tiny-llama", device=device, policy=f"paged:block_size={PAGE}",
+              num_gpu_blocks_override=8, kv_tiers="host:8p", verbose=False)
     cache = llm.engine.kv_cache
+    # the tier lies in host memory, page-locked where a GPU copies from it
+    assert all(t.device.type == "cpu" for t in cache.tier_k_caches + cache.tier_v_caches)
+    assert all(t.is_pinned() == (device == "cuda") for t in cache.tier_k_caches)
     for k_cache, v_cache in zip(cache.k_caches, cache.v_caches, strict=True):
         k_cache.normal_()
         v_cache.normal_()

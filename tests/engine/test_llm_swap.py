@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import DEVICES
 
 from kvlab.engine import LLM, SamplingParams
 
@@ -19,14 +20,16 @@ def _token_kv(engine, request) -> list[torch.Tensor]:
     num_tokens = request.num_computed_tokens
     out = []
     for cache in (*engine.kv_cache.k_caches, *engine.kv_cache.v_caches):
-        pages = cache.index_select(0, table)
+        pages = cache.index_select(0, table.to(cache.device))
         out.append(pages.reshape(-1, *cache.shape[2:])[:num_tokens].clone())
     return out
 
 
-def test_swap_out_then_in_restores_the_kv_pages_bit_exactly():
+@pytest.mark.parametrize("device", DEVICES)
+def test_swap_out_then_in_restores_the_kv_pages_bit_exactly(device):
     llm = LLM(
         "tiny-llama",
+        device=device,
         policy=f"paged:block_size={PAGE},preemption=swap",
         num_gpu_blocks_override=32,
         verbose=False,
