@@ -8,7 +8,9 @@ Calibration and validated windows are sent in turn (calibration 1, validated 1, 
 sent that many times (rounds), and each window is judged on its repeats pooled: the server's
 expected behaviour on that window, which the deterministic simulator predicts, instead of one
 draw of a noisy machine; each window also reports how far its repeats were from each other
-(the server's own spread, the floor of any prediction of one run).
+(the server's own spread, the floor of any prediction of one run). With a standard error to
+reach (`until_std_error`), rounds go on until every window's pooled means are that sure (or the
+rounds run out), so that a noisy machine gets the runs it needs and a quiet one no more.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ PREEMPTION_EDGE = 3
 # standard error of the mean over its runs) is a warning: a simulator error under about
 # twice that is within the server's own noise (`noise_warnings`).
 NOISY_POOL_PERC = 5.0
+# `until_std_error` judges a pool's standard error from this many rounds on: from two runs it
+# is itself too unsure to stop on (one difference).
+MIN_ROUNDS_TO_SETTLE = 3
 
 
 @dataclass(slots=True)
@@ -89,10 +94,14 @@ def validate_server(
     cost_model: CalibratedCostModel | None = None,
     calibrate_on_same_run: bool = False,
     num_repeats: int = 1,
+    until_std_error: float | None = None,
     on_finish: Callable[[BenchRequest], object] | None = None,
 ) -> ValidationResult:
     """Benchmark every window (its calibration requests, then its validated ones;
-    `num_repeats` rounds of that), fit one cost model on all calibration runs together
+    `num_repeats` rounds of that, or with `until_std_error` (a fraction) as few rounds, from
+    MIN_ROUNDS_TO_SETTLE on, as leave every window's pooled server means (throughput, mean
+    TTFT and TPOT) within that relative standard error), fit one cost model on all calibration
+    runs together
     (`fit_bench`: a short window's fit follows that window's share of the machine's drift, the
     pooled one averages it), simulate each validated run with it, and compare the pooled
     requests of all windows, as `validate` does for the engine; each window keeps its own
@@ -102,16 +111,18 @@ def validate_server(
         raise KvlabError("no calibration: give cost_model FILE, calibration windows with "
                          "requests, or calibrate_on_same_run",
                          parameters=("cost_model", "calibrate_on_same_run"))
-    if isinstance(num_repeats, bool) or not isinstance(num_repeats, int) or num_repeats < 1:
-        raise KvlabError(f"--num-repeats {num_repeats!r}: expected 1 or more",
-                         parameters=("num_repeats",))
+    _check_repeats(num_repeats, until_std_error)
     calibration_runs: list[BenchResult] = []
     validated: list[list[BenchResult]] = [[] for _ in windows]
-    for _ in range(num_repeats):  # rounds: a window's repeats meet the whole run's drift
+    for round_number in range(1, num_repeats + 1):  # a window's repeats meet the run's drift
         for repeats, (trace, calibration_trace) in zip(validated, windows, strict=True):
             if separate and calibration_trace is not None:
                 calibration_runs.append(_bench(target, calibration_trace, on_finish))
             repeats.append(_bench(target, trace, on_finish))
+        if (until_std_error is not None and round_number >= MIN_ROUNDS_TO_SETTLE
+                and max_pool_std_error(validated) <= until_std_error):
+            break
+    num_rounds = len(validated[0])
     every_validated = [bench for repeats in validated for bench in repeats]
     config = server_sim_config(every_validated[0].server, target.model, preset=target.preset,
                                overrides=target.overrides)
@@ -144,16 +155,48 @@ def validate_server(
         reference=REFERENCE,
         warnings=[*warnings, *steal_warnings(every_validated, "window",
                                              cost_model.host_steal_slowdown,
-                                             labels=_run_labels(len(windows), num_repeats)),
+                                             labels=_run_labels(len(windows), num_rounds)),
                   *queue_warnings([run.sensitivity for run in runs]),
                   *preemption_warnings(_by_window(calibration_runs, len(windows)),
                                        "calibration window"),
                   *preemption_warnings(validated, "window")],
     )
-    if len(runs) > 1 or num_repeats > 1:
+    if len(runs) > 1 or num_rounds > 1:
         result.windows = [window_json(run) for run in runs]
-        result.warnings += noise_warnings(result.windows)
+        if until_std_error is None:
+            result.warnings += noise_warnings(result.windows)
+        elif (unsettled := noise_warnings(result.windows, 100.0 * until_std_error)):
+            result.warnings += [f"--until-std-error {100.0 * until_std_error:g}%: not reached "
+                                f"in {num_rounds} rounds (--num-repeats)", *unsettled]
     return result
+
+
+def _check_repeats(num_repeats: int, until_std_error: float | None) -> None:
+    if isinstance(num_repeats, bool) or not isinstance(num_repeats, int) or num_repeats < 1:
+        raise KvlabError(f"--num-repeats {num_repeats!r}: expected 1 or more",
+                         parameters=("num_repeats",))
+    if until_std_error is None:
+        return
+    if not isinstance(until_std_error, (int, float)) or not until_std_error > 0:
+        given = (f"{100.0 * until_std_error:g}" if isinstance(until_std_error, (int, float))
+                 else repr(until_std_error))
+        raise KvlabError(f"--until-std-error {given}: expected a percentage > 0",
+                         parameters=("until_std_error",))
+    if num_repeats < MIN_ROUNDS_TO_SETTLE:
+        raise KvlabError(f"--num-repeats {num_repeats} with --until-std-error: expected "
+                         f"{MIN_ROUNDS_TO_SETTLE} or more (the most rounds; a standard error "
+                         f"is judged from {MIN_ROUNDS_TO_SETTLE} runs on)",
+                         parameters=("num_repeats", "until_std_error"))
+
+
+def max_pool_std_error(validated: Sequence[Sequence[BenchResult]]) -> float:
+    """The largest relative standard error of any window's pooled server mean throughput,
+    TTFT or TPOT, over its runs so far (`validated`: each window's runs); inf while a window
+    has fewer than two runs."""
+    errors = [spread["rel_std_error"]
+              for benches in validated
+              for spread in repeat_spread(benches, pooled_server_summary(benches)).values()]
+    return max((math.inf if error is None else error for error in errors), default=math.inf)
 
 
 def _run_labels(num_windows: int, num_repeats: int) -> list[str]:
@@ -368,16 +411,17 @@ def relative_std_error(values: list[float], centre: float | None) -> float | Non
     return statistics.stdev(values) / math.sqrt(len(values)) / abs(float(centre))
 
 
-def noise_warnings(windows: Sequence[dict[str, Any]]) -> list[str]:
+def noise_warnings(windows: Sequence[dict[str, Any]],
+                   limit_perc: float = NOISY_POOL_PERC) -> list[str]:
     """A warning for each window report (numbered from 1) whose pooled server metrics are
-    uncertain by more than NOISY_POOL_PERC (one standard error over its runs): the error
-    the simulator can be judged on there, and about how many runs would halve it."""
+    uncertain by more than `limit_perc` (one standard error over its runs): the error the
+    simulator can be judged on there, and about how many runs would halve it."""
     warnings = []
     for number, window in enumerate(windows, start=1):
         spread = window.get("server_repeats") or {}
         noisy = {key: error for key in WINDOW_METRICS
                  if (error := (spread.get(key) or {}).get("rel_std_error")) is not None
-                 and 100.0 * error > NOISY_POOL_PERC}
+                 and 100.0 * error > limit_perc}
         if not noisy:
             continue
         named = ", ".join(f"{_WINDOW_LABELS[key]} +-{100.0 * error:.1f}%"

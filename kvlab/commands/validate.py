@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 DEFAULT_NUM_PROMPTS = 8
+# --until-std-error's most rounds by default. On this project's 2-core machine six runs left
+# the noisiest window's pooled means uncertain by 6-10% (docs/validation.md, "More runs per
+# window"); twelve shrink that by a factor of about 1.4 (the square root of 2).
+DEFAULT_MAX_ROUNDS = 12
 # Calibration requests per validated request: 3 averaged the machine's drift enough for the
 # throughput target in 15 of 15 runs where 1 did in 11 of 15 (docs/validation.md).
 CALIBRATION_PROMPTS_PER_PROMPT = 3
@@ -124,11 +128,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--preset", choices=("vllm", "kvlab"), default=None,
                         help="the server's scheduling conventions (default: kvlab for kvlab "
                         "serve, vllm otherwise)")
-    server.add_argument("--num-repeats", type=int, default=1, metavar="R",
+    server.add_argument("--num-repeats", type=int, default=None, metavar="R",
                         help="send the whole sequence of windows R times (rounds) and judge "
                         "each window on its R runs pooled, reporting how far the server's own "
-                        "runs of it differ (default 1); on a shared or noisy machine a single "
-                        "run of a window is one draw, and the simulator predicts the average")
+                        "runs of it differ (default 1; with --until-std-error the most "
+                        f"rounds, default {DEFAULT_MAX_ROUNDS}); on a shared or noisy machine a "
+                        "single run of a window is one draw, and the simulator predicts the "
+                        "average")
+    server.add_argument("--until-std-error", type=float, default=None, metavar="PERC",
+                        help="repeat rounds (3 at least, --num-repeats at most) until every "
+                        "window's pooled server means (output throughput, mean TTFT and TPOT) "
+                        "have a relative standard error of at most PERC percent, e.g. 5: a "
+                        "simulator error is then judged against a steady average, with the runs "
+                        "a noisy machine needs and no more; a warning names the windows still "
+                        "above it when the rounds run out")
     add_client_arguments(server)
     server.add_argument("--kv-events", default=None, metavar="ENDPOINT",
                         help="with --lockstep: the server's KV event stream (tcp://HOST:PORT "
@@ -151,11 +164,15 @@ def default_calibration_run(device: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Calibrate (unless given a model), run engine and simulator, print and save the table
     (against a server: `_run_server`; a saved run's KV lockstep: --from-bench)."""
-    if args.num_repeats != 1 and (args.base_url is None or args.lockstep):
+    repeated = args.num_repeats not in (None, 1) or args.until_std_error is not None
+    if repeated and (args.base_url is None or args.lockstep):
         from kvlab.errors import KvlabError
 
-        raise KvlabError("--num-repeats: only with --base-url, without --lockstep (the "
-                         "engine's side is timed on its CPU clock and needs no repeats)")
+        raise KvlabError("--num-repeats, --until-std-error: only with --base-url, without "
+                         "--lockstep (the engine's side is timed on its CPU clock and needs no "
+                         "repeats)")
+    if args.num_repeats is None:
+        args.num_repeats = 1 if args.until_std_error is None else DEFAULT_MAX_ROUNDS
     if args.from_bench is not None:
         from kvlab.commands.validate_kv import run_saved_lockstep
 
@@ -278,6 +295,8 @@ def _run_server(args: argparse.Namespace) -> int:
         result = validate_server(target, windows, cost_model=cost_model,
                                  calibrate_on_same_run=args.calibrate_on_same_run,
                                  num_repeats=args.num_repeats,
+                                 until_std_error=None if args.until_std_error is None
+                                 else args.until_std_error / 100.0,
                                  on_finish=lambda _: bar.update(1))
     print(format_validation(result))
     if args.save_result:

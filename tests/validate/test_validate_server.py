@@ -100,4 +100,41 @@ def test_an_unreachable_server_is_named(capsys):
 
 def test_repeats_need_a_server(capsys):
     assert main(["validate", "--num-repeats", "2"]) != 0
-    assert "--num-repeats: only with --base-url" in capsys.readouterr().err
+    assert "--num-repeats, --until-std-error: only with --base-url" in capsys.readouterr().err
+
+
+def test_rounds_go_on_until_every_windows_pool_is_sure_enough(live, tmp_path, capsys):
+    workload = list(WORKLOAD)
+    workload[workload.index("--num-windows") + 1] = "1"
+    base = ["validate", "--base-url", live.base_url, *workload, "--save-result",
+            "--result-dir", str(tmp_path)]
+    # any pool is within 1000%: the rounds (at most 12 by default) stop at the fewest a
+    # standard error is judged from
+    assert main([*base, "--until-std-error", "1000", "--result-filename", "wide.json"]) == 0
+    assert "window 1 (6 requests x 3 runs)" in capsys.readouterr().out
+    (window,) = json.loads((tmp_path / "wide.json").read_text())["windows"]
+    assert window["num_repeats"] == 3
+    # no pool of three runs is within a millionth of a percent: all rounds run, and a warning
+    # says the target was not reached and where
+    assert main([*base, "--num-repeats", "3", "--until-std-error", "1e-6",
+                 "--result-filename", "narrow.json"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: --until-std-error 1e-06%: not reached in 3 rounds (--num-repeats)" in out
+    assert "warning: window 1: its 3 runs leave the server's own means uncertain by" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--until-std-error", "0"], "--until-std-error 0: expected a percentage > 0"),
+    (["--until-std-error", "-5"], "--until-std-error -5: expected a percentage > 0"),
+    (["--until-std-error", "5", "--num-repeats", "2"],
+     "--num-repeats 2 with --until-std-error: expected 3 or more"),
+])
+def test_bad_repeat_targets_are_one_line(live, extra, message, capsys):
+    assert main(["validate", "--base-url", live.base_url, *WORKLOAD, *extra]) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_standard_error_target_needs_a_server(capsys):
+    assert main(["validate", "--until-std-error", "5"]) != 0
+    assert "--num-repeats, --until-std-error: only with --base-url" in capsys.readouterr().err
