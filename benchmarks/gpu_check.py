@@ -7,6 +7,9 @@
    scaled_dot_product_attention over contiguous K/V holding the same tokens.
 3. Bandwidth: KV bytes read / Triton decode time, against a measured device-to-device copy
    bandwidth (bytes read + written / time); the target is >= 80%.
+4. Page copy (device, copy-on-write) and swap (device <-> pinned host: preemption by swap and
+   the host tier's writes and loads) in GB/s, pages scattered and in runs, against one
+   contiguous copy of the same bytes over the host link.
 
     python benchmarks/gpu_check.py [--batch 64] [--context 4096] [--page-sizes 16 128]
 
@@ -257,6 +260,44 @@ def bench_decode(
     )
 
 
+def bench_copy_swap(backends: dict[str, KernelBackend], num_pages: int, page_size: int,
+                    device: str, time_ms: Callable[[Callable[[], object]], float]) -> None:
+    """GB/s of copy_pages on the device and of swap_pages out to pinned host memory and back
+    (K and V bytes moved per call; `time_ms`: the device's timer, milliseconds of one call),
+    each backend and page layout, then one contiguous host-to-device copy of as many bytes."""
+    shape = (2 * num_pages, page_size, 8, 128)
+    dev_k = torch.randn(shape).to(torch.bfloat16).to(device)
+    dev_v = torch.randn(shape).to(torch.bfloat16).to(device)
+    pin = device != "cpu"
+    host_k = torch.empty((num_pages, *shape[1:]), dtype=torch.bfloat16, pin_memory=pin)
+    host_v = torch.empty_like(host_k, pin_memory=pin)
+    moved = 2 * num_pages * dev_k[0].numel() * 2  # K and V bytes per call
+    scattered = torch.randperm(num_pages)
+    layouts = {
+        "scattered": torch.stack([scattered, scattered + num_pages], 1),
+        "runs": torch.stack([torch.arange(num_pages), torch.arange(num_pages) + num_pages], 1),
+    }
+    for label, backend in backends.items():
+        for layout, pairs in layouts.items():
+            copy_ms = time_ms(lambda b=backend, p=pairs: b.copy_pages(dev_k, dev_v, p))
+            out_pairs = torch.stack([pairs[:, 0], torch.arange(num_pages)], 1)
+            in_pairs = out_pairs.flip(1)
+            out_ms = time_ms(lambda b=backend, p=out_pairs: b.swap_pages(dev_k, dev_v, host_k,
+                                                                          host_v, p))
+            in_ms = time_ms(lambda b=backend, p=in_pairs: b.swap_pages(host_k, host_v, dev_k,
+                                                                        dev_v, p))
+            print(
+                f"  {label:<7} {layout:<9} {num_pages} pages of {page_size}: copy "
+                f"{moved / copy_ms / 1e6:.1f} GB/s, swap out {moved / out_ms / 1e6:.1f} GB/s, "
+                f"swap in {moved / in_ms / 1e6:.1f} GB/s"
+            )
+    source = torch.cat([host_k, host_v]).pin_memory() if pin else torch.cat([host_k, host_v])
+    target = torch.empty_like(source, device=device)
+    link_ms = time_ms(lambda: target.copy_(source, non_blocking=True))
+    print(f"  one contiguous host-to-device copy of the same bytes: "
+          f"{moved / link_ms / 1e6:.1f} GB/s")
+
+
 def main() -> int:
     """Run the accuracy checks, then the timings; the exit code says whether accuracy held."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -266,6 +307,7 @@ def main() -> int:
     parser.add_argument("--num-heads", type=int, default=32)
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--swap-pages", type=int, default=256)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device found; nothing to check here (run it on a CUDA GPU)")
@@ -284,6 +326,10 @@ def main() -> int:
     )
     for page_size in args.page_sizes:
         bench_decode(triton_backend, args, page_size, copy_bw)
+    print("page copy and swap (K and V bytes moved per second)")
+    bench_copy_swap({"triton": triton_backend, "torch": get_backend("torch")}, args.swap_pages,
+                    args.page_sizes[0], "cuda",
+                    lambda fn: cuda_ms(fn, repeats=10, graph=False)[0])
     print(f"accuracy: {'all passed' if not failures else f'{failures} FAILED'}")
     return 1 if failures else 0
 

@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+# the twin's copy and swap timing, on the npu's timer (this folder is on sys.path when run)
+from gpu_check import bench_copy_swap
+
 from kvlab.kernels import AttentionMetadata, KernelBackend, get_backend
 
 SHAPES = {"llama3-8b": (32, 8, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, kv heads, head_dim
@@ -203,37 +206,6 @@ def bench_decode(
                 )
 
 
-def bench_copy_swap(backends: dict[str, KernelBackend], num_pages: int, page_size: int) -> None:
-    """GB/s of copy_pages on the device and of swap_pages out to pinned host memory and back."""
-    shape = (2 * num_pages, page_size, 8, 128)
-    dev_k = torch.randn(shape).to(torch.bfloat16).to("npu")
-    dev_v = torch.randn(shape).to(torch.bfloat16).to("npu")
-    host_k = torch.empty((num_pages, *shape[1:]), dtype=torch.bfloat16).pin_memory()
-    host_v = torch.empty_like(host_k).pin_memory()
-    moved = 2 * num_pages * dev_k[0].numel() * 2  # K and V bytes per call
-    scattered = torch.randperm(num_pages)
-    layouts = {
-        "scattered": torch.stack([scattered, scattered + num_pages], 1),
-        "runs": torch.stack([torch.arange(num_pages), torch.arange(num_pages) + num_pages], 1),
-    }
-    for label, backend in backends.items():
-        for layout, pairs in layouts.items():
-            copy_ms = npu_ms(lambda b=backend, p=pairs: b.copy_pages(dev_k, dev_v, p), repeats=10)
-            out_pairs = torch.stack([pairs[:, 0], torch.arange(num_pages)], 1)
-            in_pairs = out_pairs.flip(1)
-            out_ms = npu_ms(
-                lambda b=backend, p=out_pairs: b.swap_pages(dev_k, dev_v, host_k, host_v, p), 10
-            )
-            in_ms = npu_ms(
-                lambda b=backend, p=in_pairs: b.swap_pages(host_k, host_v, dev_k, dev_v, p), 10
-            )
-            print(
-                f"  {label:<7} {layout:<9} {num_pages} pages of {page_size}: copy "
-                f"{moved / copy_ms / 1e6:.1f} GB/s, swap out {moved / out_ms / 1e6:.1f} GB/s, "
-                f"swap in {moved / in_ms / 1e6:.1f} GB/s"
-            )
-
-
 def _npu() -> Any:
     """torch_npu when an NPU is usable here, else None."""
     if importlib.util.find_spec("torch_npu") is None:
@@ -278,7 +250,8 @@ def main() -> int:
     )
     bench_decode(backends, args, copy_bw)
     print("page copy and swap (K and V bytes moved per second)")
-    bench_copy_swap(backends, args.swap_pages, args.page_sizes[0])
+    bench_copy_swap(backends, args.swap_pages, args.page_sizes[0], "npu",
+                    lambda fn: npu_ms(fn, repeats=10))
     print(f"accuracy: {'all passed' if not failures else f'{failures} FAILED'}")
     return 1 if failures else 0
 
