@@ -1,4 +1,4 @@
-"""The devices an engine test runs on: the CPU always, a CUDA GPU as a `cuda` case.
+"""The devices an engine or kernel test runs on: the CPU always, a CUDA GPU as a `cuda` case.
 
 The `cuda` case is out of the default run (its marker) and skips with a reason where no GPU is
 visible; `pytest -m cuda` on a GPU machine runs it.

@@ -5,10 +5,10 @@ and prefix caching."""
 from __future__ import annotations
 
 import pytest
-from devices import DEVICES
 from engine_hf_models import transformers_greedy
 
 from kvlab.engine import LLM, SamplingParams
+from tests.devices import DEVICES
 
 pytest.importorskip("triton")
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from devices import DEVICES
 from engine_hf_models import transformers_greedy
 
 from kvlab.engine import LLM, SamplingParams
 from kvlab.engine.costs import MeasuredPreemptionCosts
+from tests.devices import DEVICES
 
 PAGE = 4
 SHARED_PREFIX = [7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67]  # 4 pages

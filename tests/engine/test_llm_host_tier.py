@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from devices import DEVICES
 
 from kvlab.engine import LLM, SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.policies.outputs import TierBatch
+from tests.devices import DEVICES
 
 PAGE = 4
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from devices import DEVICES
 
 from kvlab.engine import LLM, SamplingParams
+from tests.devices import DEVICES
 
 PAGE = 4
 

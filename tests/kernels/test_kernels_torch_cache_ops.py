@@ -1,8 +1,11 @@
 """write_kv, copy_pages and swap_pages of the torch reference backend."""
 
+import pytest
 import torch
 
 from kvlab.kernels import AttentionMetadata, get_backend
+from kvlab.kernels.torch_backend import host_runs
+from tests.devices import DEVICES
 
 PAGE_SHAPE = (4, 2, 3)  # page_size, num_kv_heads, head_dim
 
@@ -63,3 +66,32 @@ def test_swap_out_then_in_restores_pages_bit_exact():
     dev_v[[1, 4]] = 0
     backend.swap_pages(host_k, host_v, dev_k, dev_v, torch.tensor([[3, 5], [0, 2]]))
     assert torch.equal(dev_k[[5, 2]], original_k) and torch.equal(dev_v[[5, 2]], original_v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swap_between_device_and_host_by_runs_and_scattered_is_bit_exact(device):
+    backend = get_backend("torch")
+    dev_k = torch.randn(12, *PAGE_SHAPE, device=device)
+    dev_v = torch.randn(12, *PAGE_SHAPE, device=device)
+    pin = device != "cpu"
+    host_k = torch.zeros(10, *PAGE_SHAPE, pin_memory=pin)
+    host_v = torch.zeros(10, *PAGE_SHAPE, pin_memory=pin)
+    # host pages in two runs and two strays; device pages scattered
+    out = torch.tensor([[7, 2], [0, 3], [11, 4], [5, 9], [3, 0], [8, 6], [1, 7]])
+    backend.swap_pages(dev_k, dev_v, host_k, host_v, out)
+    for dev, host in ((dev_k, host_k), (dev_v, host_v)):
+        assert torch.equal(host[out[:, 1]], dev[out[:, 0].to(device)].cpu())
+        assert not host[[1, 5, 8]].any()  # pages no pair names keep what they held
+    back = torch.stack([out[:, 1], torch.tensor([10, 4, 6, 2, 1, 9, 0])], 1)
+    backend.swap_pages(host_k, host_v, dev_k, dev_v, back)
+    for dev, host in ((dev_k, host_k), (dev_v, host_v)):
+        assert torch.equal(dev[back[:, 1].to(device)].cpu(), host[back[:, 0]])
+
+
+def test_host_runs_cover_each_host_page_once_in_order():
+    pages = [5, 6, 7, 2, 3, 9, 0, 1]
+    runs = host_runs(pages)
+    assert runs == [(5, 0, 3), (2, 3, 2), (9, 5, 1), (0, 6, 2)]
+    assert [first + k for first, _, count in runs for k in range(count)] == pages
+    assert [start + k for _, start, count in runs for k in range(count)] == list(range(8))
+    assert host_runs([]) == []
