@@ -110,10 +110,11 @@ def swap_pages_by_index(
 
     Between a device and host memory, the device side is gathered (or scattered) there with
     one index op, and the host side is copied as runs of consecutive pages, one transfer each,
-    straight from or into the host cache (pinned where a GPU reads it). The host's own gather
-    and scatter (index ops element by element) and a transfer through pageable memory moved
-    1-6 GB/s on an H200 whose link takes 53 GB/s (benchmarks/gpu_check.py); a swap or a tier
-    write takes host pages mostly in a row. Within one memory: one gather, one scatter.
+    straight from or into the host cache (pinned where a GPU reads it). A gather or scatter on
+    the host side (index_select, index_copy_) with a transfer through pageable memory moved
+    1-6 GB/s on an H200 whose link takes 53 GB/s, this 30-33 (benchmarks/gpu_check.py); a swap
+    or a tier write takes host pages mostly in a row. Within one memory: one gather, one
+    scatter.
     """
     src_device, dst_device = src_k.device, dst_k.device
     if dst_device.type == "cpu" and src_device.type != "cpu":
