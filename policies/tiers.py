@@ -26,8 +26,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from itertools import compress, repeat
-from operator import is_not
-from typing import Any, cast
+from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -375,33 +374,24 @@ class PrefixTier:
 def tier_chain(maps: list[dict[Hashable, int]], keys: list) -> list[tuple[int, int]]:
     """(level, page) of each key in turn, from the first of `maps` (key -> page, level 1
     first) holding it, up to the first key none holds: a prefix lookup below the device."""
-    if not keys or all(keys[0] not in held for held in maps):  # most lookups end here
-        return []
-    # The lookups in C: a column of pages per tier, from the first key the chain needs it
-    # for; a chain is runs of keys found in one tier (a prompt's pages move down together).
-    columns: list[list | None] = [None] * len(maps)
-
-    def column(level: int, start: int) -> list:
-        pages = columns[level - 1]
-        if pages is None:
-            pages = columns[level - 1] = [None] * start + list(map(maps[level - 1].get,
-                                                                   keys[start:]))
-        return pages
-
+    # A chain is runs of keys found in one tier (a prompt's pages move down together), so
+    # the work is in C per run: the run's tier is the first holding its first key; the
+    # run's pages, one map lookup per key to its end (the first key that tier lacks); a
+    # higher tier holding none of the run's keys (the usual case) is one membership pass.
     chain: list[tuple[int, int]] = []
     start, num_keys = 0, len(keys)
     while start < num_keys:
-        level = next((level for level in range(1, len(maps) + 1)
-                      if column(level, start)[start] is not None), 0)
+        key = keys[start]
+        level = next((level for level, held in enumerate(maps, 1) if key in held), 0)
         if not level:
             break
-        pages = column(level, start)
-        end = _index_of(pages, None, start, num_keys)
-        for above in columns[: level - 1]:  # a higher tier's copy breaks the run
-            found = list(map(is_not, cast("list", above)[start:end], repeat(None)))
-            end = _index_of(found, True, 0, end - start) + start
-        run = cast("list[int]", pages[start:end])
-        chain += zip(repeat(level, len(run)), run, strict=True)
+        pages = list(map(maps[level - 1].get, keys[start:]))
+        end = _index_of(pages, None, 0, len(pages)) + start
+        for above in maps[: level - 1]:  # a higher tier's copy breaks the run
+            if not above.keys().isdisjoint(keys[start:end]):
+                found = list(map(above.__contains__, keys[start:end]))
+                end = _index_of(found, True, 0, end - start) + start
+        chain += zip(repeat(level, end - start), pages[: end - start], strict=True)
         start = end
     return chain
 
