@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from itertools import compress, repeat
-from typing import Any
+from typing import Any, cast
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -391,7 +391,8 @@ def tier_chain(maps: list[dict[Hashable, int]], keys: list) -> list[tuple[int, i
             if not above.keys().isdisjoint(keys[start:end]):
                 found = list(map(above.__contains__, keys[start:end]))
                 end = _index_of(found, True, 0, end - start) + start
-        chain += zip(repeat(level, end - start), pages[: end - start], strict=True)
+        run = cast("list[int]", pages[: end - start])  # (no None before `end`)
+        chain += zip(repeat(level, len(run)), run, strict=True)
         start = end
     return chain
 
