@@ -22,7 +22,10 @@ Then, as a last step, the latency inside the server that neither that difference
 show (its front end handing a request to its engine and the first token back) is added to it:
 the server's mean TTFT less its queue and prefill times, less the simulated wait for the
 running step, where it exports those histograms; else the median, over the calibration
-requests, of the client's TTFT less the simulated one (`in_server_latency`).
+requests, of the client's TTFT less the simulated one (`in_server_latency`). Both latencies
+together are a request's way in at most: stage 1 is then fitted again on the steps that the
+engine cannot have spent waiting for a request on that way (`reconstruct_profile`'s
+`intake_s`).
 
 What a client cannot see is left to the simulator: prefix hits shorten prefills it
 reconstructs as whole, and a preempted request's recompute is not attributed (steps where a
@@ -31,6 +34,7 @@ running request is missing are left out of stage 1; stage 2 sees them through th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from bisect import bisect_left, bisect_right
@@ -244,13 +248,22 @@ def served_request(record: Any, prompt: list[int], arrival_s: float) -> TraceReq
 
 
 def reconstruct_profile(result: BenchResult, max_num_batched_tokens: int,
-                        enable_chunked_prefill: bool = True) -> pd.DataFrame:
+                        enable_chunked_prefill: bool = True,
+                        intake_s: float = 0.0) -> pd.DataFrame:
     """Stage 1's step profile: one row per reconstructed step, with the columns
     `fit_cost_model` reads (memory work none) and `regular` (False where a running request
-    missed the step: preempted, or its chunk arrived late; such rows are left out of the fit).
-    """
+    missed the step: preempted, or its chunk arrived late; or where the engine may have been
+    idle before it; such rows are left out of the fit).
+
+    `intake_s`: how long a request may take from its send to the server's engine. A step
+    begins at the end of the one before only where the engine was busy then: a request was
+    streaming its tokens, or had been sent more than `intake_s` before and was still to
+    have its first token; a request sent later may still have been on its way in, the
+    engine idle until it came, and the step as timed holds that wait (`fit_bench` measures
+    the way in and reconstructs again)."""
     groups = group_steps(result.requests, server_step_count(result))
-    rows = _Attribution(result.requests, max_num_batched_tokens, enable_chunked_prefill)
+    rows = _Attribution(result.requests, max_num_batched_tokens, enable_chunked_prefill,
+                        intake_s)
     return pd.DataFrame([rows.step(index, group) for index, group in enumerate(groups)])
 
 
@@ -349,8 +362,10 @@ def _late_member(time_s: float, index: int, previous: int | None,
 class _Attribution:
     """Walks the steps in order, keeping each request's prefill progress and tokens."""
 
-    def __init__(self, requests: Sequence[Any], budget: int, chunked: bool) -> None:
+    def __init__(self, requests: Sequence[Any], budget: int, chunked: bool,
+                 intake_s: float = 0.0) -> None:
         self.requests, self.budget, self.chunked = requests, budget, chunked
+        self.intake_s = intake_s
         self.progress = [0] * len(requests)  # prompt tokens prefilled
         self.emitted = [0] * len(requests)  # output tokens received
         self.next_chunk = [0] * len(requests)
@@ -417,8 +432,11 @@ class _Attribution:
                 and self.progress[i] < self.requests[i].prompt_len]
 
     def _in_flight(self, time_s: float) -> bool:
-        """Some request was sent by `time_s` and still had chunks to come."""
-        return any(r.arrival_s <= time_s and r.chunk_times_s and r.chunk_times_s[-1] > time_s
+        """Some request was at the engine at `time_s` with chunks to come: streaming them,
+        or sent more than `intake_s` before."""
+        sent_by = time_s - self.intake_s
+        return any(r.chunk_times_s and r.chunk_times_s[-1] > time_s
+                   and (r.arrival_s <= sent_by or r.chunk_times_s[0] <= time_s)
                    for r in self.requests)
 
 
@@ -434,21 +452,18 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
     if completed < 2:
         raise KvlabError(f"{source}: {completed} request(s) completed; calibrating needs a "
                          "run with more")
-    serving = config.serving
-    profiles = [reconstruct_profile(run, serving.max_num_batched_tokens,
-                                    serving.enable_chunked_prefill) for run in runs]
-    # each run's first step pays a cold start; steps a running request missed are left out
     shares = [steal_share(run) for run in runs]
-    regular = pd.concat([p[p["regular"]].iloc[1:].assign(steal_share=share)
-                         for p, share in zip(profiles, shares, strict=True) if len(p)])
-    if len(regular) < 4:
-        raise KvlabError(f"{source}: only {len(regular)} steps could be reconstructed from "
-                         "the streamed timestamps (was the run streamed, with several tokens "
-                         "per request?)")
     terms = BENCH_TERMS_KVLAB if server_preset(runs[0].server) == "kvlab" else BENCH_TERMS
     latency = api_latency_fit(runs, measured)
-    stage1 = dataclasses.replace(steal_step_fit(regular, terms), api_latency_s=latency.base_s,
-                                 api_latency_per_request_s=latency.per_request_s)
+
+    def step_fit(intake_s: float) -> tuple[list[pd.DataFrame], pd.DataFrame,
+                                           CalibratedCostModel]:
+        profiles, regular = regular_steps(runs, config.serving, shares, intake_s, source)
+        return profiles, regular, dataclasses.replace(
+            steal_step_fit(regular, terms), api_latency_s=latency.base_s,
+            api_latency_per_request_s=latency.per_request_s)
+
+    profiles, regular, stage1 = step_fit(0.0)
     traces = [bench_trace(run) for run in runs]
 
     def simulate_runs(model: CalibratedCostModel) -> list[RunResult]:
@@ -463,6 +478,15 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
                         for key, _ in MATCHED_METRICS})
         return out
 
+    intake_s = 0.0
+    if latency.measured:  # the way in measured: the steps the engine may have waited
+        # for it are left out, and stage 1 fitted again (else they hold the wait, and the
+        # latency added at the end counts it twice: 20-30% too long a TTFT, measured)
+        way_in_s = latency.base_s + in_server_latency(runs, simulate_runs(stage1), stage1)[0]
+        if way_in_s > 0.0:
+            with contextlib.suppress(KvlabError):  # (too few steps left: the first fit)
+                profiles, regular, stage1 = step_fit(way_in_s)
+                intake_s = way_in_s
     stage1_errors = _mean_errors(errors_of(stage1))
     model, errors, evaluations = stage1, stage1_errors, 0
     if refine:
@@ -490,12 +514,30 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
         "num_reconstructed_steps": steps, "num_server_steps": server_steps,
         "host_steal_perc": [round(100.0 * share, 2) for share in shares],
         "in_server_latency_s": unseen, "in_server_latency_from": unseen_from,
-        "sim_errors": errors, "server": runs[0].server.to_json(),
+        "intake_s": intake_s, "sim_errors": errors, "server": runs[0].server.to_json(),
         "model": config.model_spec.name,
     })
     warnings = [*_warnings(errors, steps, server_steps),
                 *steal_warnings(runs, "calibration run", model.host_steal_slowdown)]
     return BenchFit(model, errors, stage1_errors, steps, server_steps, warnings, stage1=stage1)
+
+
+def regular_steps(runs: Sequence[BenchResult], serving: ServingConfig, shares: list[float],
+                  intake_s: float = 0.0, source: str = "bench"
+                  ) -> tuple[list[pd.DataFrame], pd.DataFrame]:
+    """Each run's reconstructed steps (`reconstruct_profile`) and the regular ones of all,
+    pooled, each with its run's steal share: every run's first step is left out (it pays a
+    cold start), as are the steps a running request missed or the engine may have been
+    idle before."""
+    profiles = [reconstruct_profile(run, serving.max_num_batched_tokens,
+                                    serving.enable_chunked_prefill, intake_s) for run in runs]
+    regular = pd.concat([p[p["regular"]].iloc[1:].assign(steal_share=share)
+                         for p, share in zip(profiles, shares, strict=True) if len(p)])
+    if len(regular) < 4:
+        raise KvlabError(f"{source}: only {len(regular)} steps could be reconstructed from "
+                         "the streamed timestamps (was the run streamed, with several tokens "
+                         "per request?)")
+    return profiles, regular
 
 
 def in_server_latency(runs: Sequence[BenchResult], sims: Sequence[RunResult],
