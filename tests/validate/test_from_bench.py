@@ -333,6 +333,7 @@ def test_a_latency_inside_the_server_beyond_its_steps_joins_the_api_latency(benc
     # in eight runs, either way
     assert abs(fit.errors["median_ttft_ms"]) < 0.1
     assert fit.cost_model.fit["intake_s"] > 0.04  # measured: 0.050-0.055 s
+    assert "without those after a way in of (ms):" in format_fit(fit.cost_model)
 
 
 def test_without_the_servers_histograms_the_latency_inside_is_the_median_ttft_left_over():
