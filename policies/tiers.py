@@ -375,9 +375,11 @@ def tier_chain(maps: list[dict[Hashable, int]], keys: list) -> list[tuple[int, i
     """(level, page) of each key in turn, from the first of `maps` (key -> page, level 1
     first) holding it, up to the first key none holds: a prefix lookup below the device."""
     # A chain is runs of keys found in one tier (a prompt's pages move down together), so
-    # the work is in C per run: the run's tier is the first holding its first key; the
-    # run's pages, one map lookup per key to its end (the first key that tier lacks); a
-    # higher tier holding none of the run's keys (the usual case) is one membership pass.
+    # the work is in C per run: the run's tier is the first holding its first key; its
+    # pages, from that tier's column (a lookup per key from where the chain first needs the
+    # tier, kept for later runs), to the first key the tier lacks; a higher tier holding none
+    # of the run's keys (the usual case) is one membership pass.
+    columns: dict[int, tuple[int, list]] = {}  # level -> (first key's index, pages from it)
     chain: list[tuple[int, int]] = []
     start, num_keys = 0, len(keys)
     while start < num_keys:
@@ -385,13 +387,15 @@ def tier_chain(maps: list[dict[Hashable, int]], keys: list) -> list[tuple[int, i
         level = next((level for level, held in enumerate(maps, 1) if key in held), 0)
         if not level:
             break
-        pages = list(map(maps[level - 1].get, keys[start:]))
-        end = _index_of(pages, None, 0, len(pages)) + start
+        if level not in columns:
+            columns[level] = (start, list(map(maps[level - 1].get, keys[start:])))
+        first, pages = columns[level]
+        end = _index_of(pages, None, start - first, len(pages)) + first
         for above in maps[: level - 1]:  # a higher tier's copy breaks the run
             if not above.keys().isdisjoint(keys[start:end]):
                 found = list(map(above.__contains__, keys[start:end]))
                 end = _index_of(found, True, 0, end - start) + start
-        run = cast("list[int]", pages[: end - start])  # (no None before `end`)
+        run = cast("list[int]", pages[start - first : end - first])  # (no None before `end`)
         chain += zip(repeat(level, len(run)), run, strict=True)
         start = end
     return chain
