@@ -323,15 +323,16 @@ def test_a_latency_inside_the_server_beyond_its_steps_joins_the_api_latency(benc
     source = "server histograms" if histograms else "TTFT residuals"
     assert fit.cost_model.fit["in_server_latency_from"] == source
     assert f"(from its {source})" in format_fit(fit.cost_model)
-    if histograms:  # measured: the delay, and the little more that kvlab serve spends
-        assert 0.045 < inside < 0.06
-    else:  # fitted to what is left: measured 0.048-0.054 s in eight runs
-        assert 0.035 < inside < 0.055
     # the steps the engine waited through for a request on its way in are left out of stage
     # 1 (else they hold part of the delay, which the latency then counts again: the median
-    # TTFT came out 18-33% long with the histograms, in eight runs); measured -4.5% to +2.6%
-    # in eight runs, either way
-    assert abs(fit.errors["median_ttft_ms"]) < 0.1
+    # TTFT came out 18-33% long with the histograms, in eight runs)
+    if histograms:  # measured: the delay, and the little more that kvlab serve spends
+        assert 0.045 < inside < 0.06
+        assert abs(fit.errors["median_ttft_ms"]) < abs(fit.stage1_errors["median_ttft_ms"]) / 2
+        assert abs(fit.errors["median_ttft_ms"]) < 0.1  # measured -4.5% to +2.6%, eight runs
+    else:  # fitted to what is left: measured 0.048-0.054 s in eight runs
+        assert 0.035 < inside < 0.055
+        assert abs(fit.errors["median_ttft_ms"]) < 0.05  # measured -1.3% to +1.4%
     assert fit.cost_model.fit["intake_s"] > 0.04  # measured: 0.050-0.055 s
     assert "without those after a way in of (ms):" in format_fit(fit.cost_model)
 
