@@ -472,9 +472,17 @@ def fit_bench(results: BenchResult | Sequence[BenchResult], config: SimConfig, *
     profiles, regular, stage1 = step_fit(0.0)
     traces = [bench_trace(run) for run in runs]
 
+    last: list[tuple[CalibratedCostModel, list[RunResult]]] = []  # the last model simulated
+
     def simulate_runs(model: CalibratedCostModel) -> list[RunResult]:
-        return [simulate(trace, config, cost_model=model.under_steal(share))
+        # (a model is often simulated again at once: measured for the way in, then judged;
+        # judged, then stage 2's starting point; without stage 2, judged, then measured)
+        if last and last[0][0] == model:
+            return last[0][1]
+        sims = [simulate(trace, config, cost_model=model.under_steal(share))
                 for trace, share in zip(traces, shares, strict=True)]
+        last[:] = [(model, sims)]
+        return sims
 
     def errors_of(model: CalibratedCostModel) -> list[dict[str, float | None]]:
         out = []
