@@ -146,13 +146,14 @@ def swap_pages_by_index(
 def host_runs(host_pages: list[int]) -> list[tuple[int, int, int]]:
     """(first host page, index of its pair, number of pages) of each run of consecutive host
     pages in `host_pages`, in order."""
+    # (imported here: `get_backend("torch")` loads no module beyond the backend's own)
+    from kvlab.kernels.extents import extents_of
+
     runs: list[tuple[int, int, int]] = []
-    for index, page in enumerate(host_pages):
-        if runs and page == runs[-1][0] + runs[-1][2]:
-            first, start, count = runs[-1]
-            runs[-1] = (first, start, count + 1)
-        else:
-            runs.append((page, index, 1))
+    start = 0
+    for first, count in extents_of(host_pages, len(host_pages)):
+        runs.append((first, start, count))
+        start += count
     return runs
 
 
