@@ -59,13 +59,13 @@ class TierSpec:
             raise _tier_error(f"{self.kind} tier: size {self.size_bytes} bytes; expected > 0")
         if self.size_pages is not None and self.size_pages < 1:
             raise _tier_error(f"{self.kind} tier: {self.size_pages} pages; expected >= 1")
+        caching = _caching_evictions()
         if self.eviction not in registry.names("eviction"):
             raise _tier_error(f"{self.kind} tier: eviction {self.eviction!r}; expected one of "
-                              + ", ".join(registry.names("eviction")))
-        entry = registry.get("eviction", self.eviction)
-        if not entry.factory().caches:
+                              + ", ".join(caching))
+        if self.eviction not in caching:
             raise _tier_error(f"{self.kind} tier: eviction {self.eviction!r} caches nothing; "
-                              "a tier needs a caching policy (lru, fifo, lfu, arc, slru, cost)")
+                              f"a tier needs a caching policy ({', '.join(caching)})")
         for name in ("read_bandwidth", "write_bandwidth", "latency_s"):
             value = getattr(self, name)
             if value is not None and not value >= (0.0 if name == "latency_s" else 1.0):
@@ -198,6 +198,12 @@ def _tier_option(text: str, key: str, value: str) -> dict[str, Any]:
     except ValueError:
         raise _tier_error(f"tier {text!r}: {key}={value!r} is not a number") from None
     return {name: number * scale}
+
+
+def _caching_evictions() -> list[str]:
+    """The eviction policies that keep cached pages (those a tier can use)."""
+    return [name for name in registry.names("eviction")
+            if registry.get("eviction", name).factory().caches]
 
 
 def _tier_error(message: str) -> KvlabError:

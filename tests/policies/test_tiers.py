@@ -69,6 +69,13 @@ def test_bad_tiers_say_what_was_expected(text, words):
     assert caught.value.parameters == ("kv_tiers",)
 
 
+def test_an_unknown_tier_eviction_lists_only_the_policies_a_tier_can_use():
+    with pytest.raises(KvlabError) as caught:
+        parse_tiers("host:1GiB:eviction=mru")
+    offered = str(caught.value).rpartition("expected one of ")[2].split(", ")
+    assert "lru" in offered and "arc" in offered and "none" not in offered
+
+
 @pytest.mark.parametrize("settings, parameter", [
     ({"write_policy": "sometimes"}, "kv_tier_write"),
     ({"overlap": "always"}, "kv_tier_overlap"),
