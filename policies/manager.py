@@ -68,6 +68,18 @@ class _Plan:
     num_transfer_pages: int = 0
 
 
+@dataclass(slots=True)
+class DecodeAhead:
+    """A run of plain decode steps the batch can take on the fast path
+    (`KVCacheManager.decode_run_ahead`): how many steps, the sequences' states in batch order,
+    and the sum and the largest of their computed tokens before the first step."""
+
+    num_steps: int
+    states: list[_SeqState]
+    sum_computed: int
+    max_computed: int
+
+
 class KVCacheManager:
     """Pages, prefix cache, swap space and the policies that decide over them (torch-free).
 
@@ -397,58 +409,77 @@ class KVCacheManager:
         self._num_live_slots += num_claimed + adjust
         return num_claimed
 
-    def num_decode_steps_ahead(self, requests: list[Request], max_steps: int) -> int:
+    def decode_run_ahead(self, requests: list[Request], max_steps: int) -> DecodeAhead | None:
         """How many steps (at most `max_steps`) of one decode token for each of `requests`
         take `allocate_decodes`' fast path only, none of them reaching its output length
         before the last: each request a plain decode (an output token already out) whose slot
         is unclaimed, with no page to register, copy or share ahead, and every page it fills
-        next taken from the free list (no eviction). 0 when any request is not such a
-        decode."""
+        next taken from the free list (no eviction). None when any request is not such a
+        decode; otherwise the steps, with what `advance_decodes` and the caller's step
+        records need (the requests' states, the sum and the largest of their computed tokens)
+        so that no one walks the batch again for them."""
         free = self._free_list
         if free is None or max_steps <= 0 or self._pending_through:
-            return 0
-        page_size, seqs = self.page_size, self._seqs
+            return None
+        page_size, state_of = self.page_size, self._seqs.get
         steps, nearest = max_steps, max_steps  # nearest: the fewest steps to a page's end
+        states: list[_SeqState] = []
+        add_state = states.append
+        sum_computed = max_computed = 0
         for request in reversed(requests):  # the newest first: the likeliest not to decode
             done = request.num_computed_tokens
             num_output = request.num_output_tokens
-            state = seqs.get(request.request_id)
+            state = state_of(request.request_id)
             # (no output yet: the last token of a prompt, a prefill that stamps a first token)
             if (request.prompt_len + num_output - done != 1 or not num_output
                     or state is None or state.hash_outputs or state.num_tokens != done):
-                return 0
+                return None
             held = len(state.pages) * page_size
             if state.fast_limit != held:  # a page to register or a shared tail ahead
-                return 0
+                return None
             if held - done < nearest:
                 nearest = held - done
             if request.max_output_tokens - num_output < steps:
                 steps = request.max_output_tokens - num_output
-        # Each request takes at most ceil(steps / page_size) pages in `steps` steps: count
+            sum_computed += done
+            if done > max_computed:
+                max_computed = done
+            add_state(state)
+        states.reverse()  # batch order, as `advance_decodes` takes the pages
+        return DecodeAhead(self._steps_with_free_pages(states, steps, nearest), states,
+                           sum_computed, max_computed)
+
+    def _steps_with_free_pages(self, states: list[_SeqState], steps: int, nearest: int) -> int:
+        """The first of `steps` decode steps of the sequences of `states` (plain decodes,
+        each at least `nearest` steps from its pages' end) whose page the free list lacks;
+        `steps` when it has them all."""
+        page_size, free = self.page_size, self._free_list
+        assert free is not None
+        # Each sequence takes at most ceil(steps / page_size) pages in `steps` steps: count
         # them one by one only where the free list might run short.
-        if nearest >= steps or len(requests) * -(-steps // page_size) <= len(free):
+        if nearest >= steps or len(states) * -(-steps // page_size) <= len(free):
             return steps
         crossings: list[int] = []  # for every page to take: the step that takes it
-        for request in requests:
-            held = len(seqs[request.request_id].pages) * page_size
-            crossings += range(held - request.num_computed_tokens, steps, page_size)
+        for state in states:  # (a plain decode: num_tokens is its computed tokens)
+            crossings += range(len(state.pages) * page_size - state.num_tokens, steps, page_size)
         if len(crossings) <= len(free):
             return steps
         crossings.sort()
-        return crossings[len(free)]  # the first step whose page the free list lacks
+        return crossings[len(free)]
 
-    def advance_decodes(self, requests: list[Request], num_steps: int) -> list[int]:
-        """Claim `num_steps` decode tokens for each request, exactly as `num_steps` calls of
-        `allocate_decodes(requests, 0, len(requests))` would, one step after another (the same
-        pages in the same order); `num_decode_steps_ahead` must allow them. Returns the pages
-        taken by the end of each step, cumulated. The caller commits the tokens."""
-        page_size, free, seqs = self.page_size, self._free_list, self._seqs
+    def advance_decodes(self, ahead: DecodeAhead, num_steps: int) -> list[int]:
+        """Claim `num_steps` decode tokens for each sequence of `ahead` (`decode_run_ahead`
+        must have allowed them, with nothing changed since), exactly as `num_steps` calls of
+        `allocate_decodes` over the batch would, one step after another (the same pages in the
+        same order). Returns the pages taken by the end of each step, cumulated. The caller
+        commits the tokens."""
+        assert num_steps <= ahead.num_steps, "more steps than decode_run_ahead allowed"
+        page_size, free = self.page_size, self._free_list
         assert free is not None
         crossings: list[tuple[int, int, _SeqState]] = []  # (step, batch position, state) per page
-        for index, request in enumerate(requests):
-            state = seqs[request.request_id]
-            # (num_decode_steps_ahead: num_tokens is the computed tokens, fast_limit the
-            # pages' end) the step that fills its last page
+        for index, state in enumerate(ahead.states):
+            # (decode_run_ahead: num_tokens is the computed tokens, fast_limit the pages'
+            # end) the step that fills its last page
             first = state.fast_limit - state.num_tokens
             if first < num_steps:
                 crossings.append((first, index, state))
@@ -464,7 +495,7 @@ class KVCacheManager:
             taken[step] += 1
         for _, _, state in crossings:  # the others' limit is still the end of their pages
             state.fast_limit = len(state.pages) * page_size
-        self._num_live_slots += len(requests) * num_steps
+        self._num_live_slots += len(ahead.states) * num_steps
         return list(itertools.accumulate(taken))
 
     def free(self, seq: Request) -> None:

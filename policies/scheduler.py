@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
-from kvlab.policies.manager import NO_OPS, KVCacheManager
+from kvlab.policies.manager import NO_OPS, DecodeAhead, KVCacheManager
 from kvlab.policies.outputs import MemOps, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus
 
@@ -157,41 +157,38 @@ class Scheduler:
             self.running = _without(self.running, finished)
         return finished
 
-    def decode_run_limit(self, max_steps: int) -> int:
-        """How many steps (at most `max_steps`) the running batch would take as nothing but its
-        own decodes, one token each: no request waiting or swapped out, the batch within the
+    def plan_decode_run(self, max_steps: int) -> DecodeAhead | None:
+        """The steps (at most `max_steps`) the running batch would take as nothing but its own
+        decodes, one token each: no request waiting or swapped out, the batch within the
         token budget, none finishing before the last of these steps (some may finish in it),
-        memory from the free list
-        (`KVCacheManager.num_decode_steps_ahead`); arrivals are the caller's to check. Such a
-        run is committed at once by `advance_decode_run` (the simulator's fast path). 0 where
-        fewer than two such steps could run: one step gains nothing over stepping."""
+        memory from the free list (`KVCacheManager.decode_run_ahead`); arrivals are the
+        caller's to check. Such a run is committed at once by `advance_decode_run` (the
+        simulator's fast path). None where fewer than two such steps could run: one step
+        gains nothing over stepping."""
         running = self.running
         if (self.waiting or self.swapped or not running
                 or len(running) > self.config.max_num_batched_tokens):
-            return 0
-        limit = self.manager.num_decode_steps_ahead(running, max_steps)
-        return limit if limit >= 2 else 0
+            return None
+        ahead = self.manager.decode_run_ahead(running, max_steps)
+        return ahead if ahead is not None and ahead.num_steps >= 2 else None
 
-    def advance_decode_run(self, ends_s: Sequence[float]) -> DecodeRun:
+    def advance_decode_run(self, ends_s: Sequence[float], ahead: DecodeAhead) -> DecodeRun:
         """Schedule and commit `len(ends_s)` steps of one decode token per running request,
         step j ending at `ends_s[j]`: the same pages, token counts, stamps and inter-token gaps
         as `schedule` and `update` step by step, and the requests that reach their output
-        length in the last step finished and freed (`decode_run_limit` must allow them)."""
+        length in the last step finished and freed (`plan_decode_run` must have planned
+        `ahead`, for at least as many steps, with nothing changed since)."""
         running, num_steps = self.running, len(ends_s)
-        pages_taken = self.manager.advance_decodes(running, num_steps)
+        assert len(ahead.states) == len(running), "the batch changed since the run was planned"
+        pages_taken = self.manager.advance_decodes(ahead, num_steps)
         num_seqs = len(running)
         first_end, last = ends_s[0], ends_s[-1]
         gaps: list[float] = []
         finished = []
-        sum_computed = max_computed = 0
         for request in running:  # one pass: the first step's gaps, the stamps, the counts
-            done = request.num_computed_tokens
-            sum_computed += done
-            if done > max_computed:
-                max_computed = done
-            # every request has a token out (num_decode_steps_ahead): last_token_s is set
+            # every request has a token out (decode_run_ahead): last_token_s is set
             gaps.append(first_end - request.last_token_s)  # type: ignore[operator]
-            request.num_computed_tokens = done + num_steps
+            request.num_computed_tokens += num_steps
             request.num_output_tokens += num_steps
             request.last_token_s = last
             if request.num_output_tokens >= request.max_output_tokens:
@@ -206,8 +203,8 @@ class Scheduler:
             for request in finished:
                 self.manager.free(request)
             self.running = _without(running, finished)
-        run = DecodeRun(self.step_id, num_seqs, sum_computed, max_computed, pages_taken,
-                        finished)
+        run = DecodeRun(self.step_id, num_seqs, ahead.sum_computed, ahead.max_computed,
+                        pages_taken, finished)
         self.step_id += num_steps
         return run
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from kvlab.metrics import StepRecorder
 from kvlab.policies.arrivals import ArrivalQueue
+from kvlab.policies.manager import DecodeAhead
 from kvlab.policies.outputs import MemoryUsage, SchedulerOutput
 from kvlab.policies.request import Request
 from kvlab.policies.scheduler import Scheduler
@@ -114,15 +115,15 @@ class StepLoop:
         return scheduler.update(output, sampled_token_ids, end_s, stopped)
 
 
-    def commit_decode_run(self, starts_s: list[float], ends_s: Sequence[float]
-                          ) -> list[Request]:
+    def commit_decode_run(self, starts_s: list[float], ends_s: Sequence[float],
+                          ahead: DecodeAhead) -> list[Request]:
         """Schedule, record and commit the steps from `starts_s[j]` to `ends_s[j]` as plain
-        decodes of the running batch (`Scheduler.decode_run_limit` must allow that many): the
-        rows and tokens that `schedule` and `commit` step by step would give. Returns the
+        decodes of the running batch, as `Scheduler.plan_decode_run` planned them (`ahead`):
+        the rows and tokens that `schedule` and `commit` step by step would give. Returns the
         requests the last step finished."""
         scheduler = self.scheduler
         usage = scheduler.manager.usage()  # before the run's first step
-        run = scheduler.advance_decode_run(ends_s)
+        run = scheduler.advance_decode_run(ends_s, ahead)
         num_steps, num_seqs, page_size = len(ends_s), run.num_seqs, usage.page_size
         contexts, padded = run.context_columns(num_steps)
         used = [usage.num_used_pages + taken for taken in run.pages_taken]

@@ -10,7 +10,7 @@ contract: one `cost_model.step_time_s(output)` per step, in order.
 
 The fast path: where the running batch would take several steps of nothing but its own decodes
 (no arrival before their start, nothing waiting or swapped, nobody finishing before the last
-of them, pages from the free list: `Scheduler.decode_run_limit`), those steps are timed one by
+of them, pages from the free list: `Scheduler.plan_decode_run`), those steps are timed one by
 one and committed at once (`StepLoop.commit_decode_run`), with exactly the records, stamps
 and pages that stepping would give (tests/sim/test_decode_runs.py compares the two on whole
 traces). Most steps of a
@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import simpy
 
 from kvlab.policies import Request, Scheduler, SchedulerOutput, StepLoop
+from kvlab.policies.manager import DecodeAhead
 from kvlab.policies.scheduler import decode_contexts
 from kvlab.sim.arrivals import delay_until
 from kvlab.sim.cost_model import CostModel, StepShape, decode_step_timer
@@ -140,36 +141,35 @@ class SimInstance:
             output = loop.schedule(now)
             yield from self._execute(output, now)
 
-    def _plan_decode_run(self, now_s: float) -> tuple[list[float], list[float]] | None:
+    def _plan_decode_run(self, now_s: float
+                         ) -> tuple[list[float], list[float], DecodeAhead] | None:
         """The durations and the end times of the decode-only steps the batch takes from
-        `now_s` until an arrival would join it (None where fewer than two could run: stepping
-        costs the same). Each end is the previous plus the step's duration, as SimPy's clock
-        adds them."""
+        `now_s` until an arrival would join it, and the scheduler's plan of them (None where
+        fewer than two could run: stepping costs the same). Each end is the previous plus the
+        step's duration, as SimPy's clock adds them."""
         scheduler = self.loop.scheduler
-        limit = scheduler.decode_run_limit(MAX_DECODE_RUN)
-        if limit < 2:
+        ahead = scheduler.plan_decode_run(MAX_DECODE_RUN)
+        if ahead is None:
             return None
         next_arrival = self._next_arrival_s()  # alone: the loop's; in a cluster: any
         horizon = float("inf") if next_arrival is None else next_arrival
-        running = scheduler.running
-        num_seqs = len(running)
-        computed = [request.num_computed_tokens for request in running]
-        sum_computed, max_computed = sum(computed), max(computed)
+        num_seqs = len(ahead.states)
         durations: list[float] = []
         ends: list[float] = []
         time_s = now_s
-        contexts, paddeds = decode_contexts(num_seqs, sum_computed, max_computed, limit)
+        contexts, paddeds = decode_contexts(num_seqs, ahead.sum_computed, ahead.max_computed,
+                                            ahead.num_steps)
         decode_step_time = self._decode_step_time
         timer = (self._shape_timer(num_seqs, scheduler.step_id) if decode_step_time is None
                  else decode_step_time(num_seqs))
-        for step, context, padded in zip(range(limit), contexts, paddeds, strict=True):
+        for step, context, padded in zip(range(ahead.num_steps), contexts, paddeds, strict=True):
             if step and time_s >= horizon:  # a step starting here admits the arrival first
                 break
             duration = timer(context, padded)
             durations.append(duration)
             time_s = time_s + duration
             ends.append(time_s)
-        return durations, ends  # the cost model timed these steps: they run here, not again
+        return durations, ends, ahead  # the cost model timed these steps: they run here
 
     def _shape_timer(self, num_seqs: int, first_step_id: int) -> Callable[[int, int], float]:
         """`step_time_s` of the run's steps in turn, given each one's context and padded
@@ -185,8 +185,8 @@ class SimInstance:
 
         return time_s
 
-    def _run_decodes(self, now_s: float, durations: list[float], ends_s: list[float]
-                     ) -> Generator[simpy.Event, Any, None]:
+    def _run_decodes(self, now_s: float, durations: list[float], ends_s: list[float],
+                     ahead: DecodeAhead) -> Generator[simpy.Event, Any, None]:
         """Carry out a planned decode run, then commit it. Alone, nothing else acts on this
         instance or reads its clock before the run ends, so one timeout to the last end serves
         where SimPy reaches it exactly; otherwise one timeout per step, as stepping. (Tier
@@ -202,7 +202,7 @@ class SimInstance:
             for duration in durations:
                 yield env.timeout(duration)
         self.step_end_s = None
-        finished = self.loop.commit_decode_run([now_s, *ends_s[:-1]], ends_s)
+        finished = self.loop.commit_decode_run([now_s, *ends_s[:-1]], ends_s, ahead)
         if self.on_finished is not None and finished:
             self.on_finished(finished)
 

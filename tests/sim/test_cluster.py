@@ -119,7 +119,7 @@ def test_decode_runs_give_the_stepped_records_in_a_cluster(router, monkeypatch):
     calls = []
     commit = StepLoop.commit_decode_run
     monkeypatch.setattr(StepLoop, "commit_decode_run",
-                        lambda loop, s, e: calls.append(len(s)) or commit(loop, s, e))
+                        lambda loop, s, *rest: calls.append(len(s)) or commit(loop, s, *rest))
     trace = load_trace("azure", num_prompts=240, time_scale=4.0)
     config = SimConfig(serving=ServingConfig.create("paged", enable_prefix_caching=True,
                                                     num_gpu_blocks_override=1500))

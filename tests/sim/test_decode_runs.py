@@ -63,7 +63,7 @@ def test_the_fast_path_is_taken(monkeypatch):
     calls = []
     commit = StepLoop.commit_decode_run
     monkeypatch.setattr(StepLoop, "commit_decode_run",
-                        lambda loop, s, e: calls.append(len(s)) or commit(loop, s, e))
+                        lambda loop, s, *rest: calls.append(len(s)) or commit(loop, s, *rest))
     simulation = Simulation(load_trace("azure", num_prompts=200), _config())
     simulation.run()
     assert sum(calls) > len(simulation.loop.steps) / 2
