@@ -59,13 +59,12 @@ class TierSpec:
             raise _tier_error(f"{self.kind} tier: size {self.size_bytes} bytes; expected > 0")
         if self.size_pages is not None and self.size_pages < 1:
             raise _tier_error(f"{self.kind} tier: {self.size_pages} pages; expected >= 1")
-        caching = _caching_evictions()
         if self.eviction not in registry.names("eviction"):
             raise _tier_error(f"{self.kind} tier: eviction {self.eviction!r}; expected one of "
-                              + ", ".join(caching))
-        if self.eviction not in caching:
+                              + ", ".join(_caching_evictions()))
+        if not registry.get("eviction", self.eviction).factory().caches:
             raise _tier_error(f"{self.kind} tier: eviction {self.eviction!r} caches nothing; "
-                              f"a tier needs a caching policy ({', '.join(caching)})")
+                              f"a tier needs a caching policy ({', '.join(_caching_evictions())})")
         for name in ("read_bandwidth", "write_bandwidth", "latency_s"):
             value = getattr(self, name)
             if value is not None and not value >= (0.0 if name == "latency_s" else 1.0):
