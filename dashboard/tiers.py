@@ -35,8 +35,9 @@ def main() -> None:
     tpot = cols[2].number_input("TPOT SLO (ms)", 0.0, value=100.0, step=10.0, key="tiers_tpot")
     run = cols[3].button("Run", key="tiers_run", type="primary")
     st.caption("Goodput counts the requests meeting both SLOs per second (vLLM's definition). "
-               "Write policy, reuse threshold and layerwise loads: `kvlab sweep --grid "
-               "kv_tier_write=...`, then read the folder on the Sweep page.")
+               "Write policy, reuse threshold, tier page size and layerwise loads: `kvlab "
+               "sweep --grid kv_tier_write=...` (`kv_tier_block_size`, ...), then read the "
+               "folder on the Sweep page.")
     if run:
         with user_errors():
             values = parse_values("kv_tiers", text)

@@ -24,6 +24,7 @@ from kvlab.engine.kv_cache import (
     model_dtype,
     num_swap_pages,
     num_tier_pages,
+    page_bytes_all_layers,
     startup_lines,
 )
 from kvlab.engine.loader import load_model
@@ -42,7 +43,7 @@ from kvlab.policies import (
     SchedulerOutput,
     StepLoop,
 )
-from kvlab.policies.tiers import PrefixTier
+from kvlab.policies.tiers import build_tiers
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -125,7 +126,8 @@ class LLMEngine:
             costs = measure_preemption_costs(self.runner, self.max_model_len)
         self.preemption_costs = costs
         # the host tier's pages are the cache's tier pages (none without a tier)
-        self.tiers = [PrefixTier(tier, tier_pages) for tier in serving.kv_tiers.tiers] or None
+        self.tiers = build_tiers(serving.kv_tiers, spec.block_size, page_bytes_all_layers(
+            self.model_config, spec.block_size, dtype)) or None
         self.manager = KVCacheManager(
             spec,
             num_pages,

@@ -180,7 +180,8 @@ def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 
 
 def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:
-    """Pages of the host tier of the serving config (0 without one); a KvlabError for a tier
+    """Pages of the host tier of the serving config, in device pages (0 without one; a whole
+    number of tier pages, `TiersConfig.block_size` each); a KvlabError for a tier
     the engine does not run (ssd, remote: the simulator's only)."""
     tiers = serving.kv_tiers.tiers
     if not tiers:
@@ -190,7 +191,9 @@ def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dty
         raise KvlabError(
             f"kv_tiers: the engine runs a host tier only, not {', '.join(others)} (simulate "
             "those with `kvlab sim --kv-tiers`)", parameters=("kv_tiers",))
-    return tiers[0].num_pages(page_bytes_all_layers(config, serving.page_size, dtype))
+    block_pages = serving.kv_tiers.block_pages(serving.page_size)
+    page_bytes = page_bytes_all_layers(config, serving.page_size, dtype)
+    return tiers[0].num_blocks(page_bytes, block_pages) * block_pages
 
 
 def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
@@ -336,7 +339,7 @@ class KVCache:
               dst_k: list[torch.Tensor], dst_v: list[torch.Tensor]) -> None:
         """Copy a batch of pages from one memory to another, every layer (one gather, one
         transfer, one scatter: its destinations are distinct)."""
-        table = torch.tensor([batch.src_pages, batch.dst_pages], dtype=torch.long).T
+        table = torch.tensor([list(batch.src_pages), list(batch.dst_pages)], dtype=torch.long).T
         for layer in range(len(src_k)):
             self.backend.swap_pages(src_k[layer], src_v[layer], dst_k[layer], dst_v[layer],
                                     table)

@@ -6,7 +6,8 @@ import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from itertools import compress
+from itertools import chain, compress, repeat
+from typing import cast
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
@@ -98,12 +99,15 @@ class KVCacheManager:
         "_num_dup_slots",
         "_num_live_slots",
         "_owners",
-        "_pending_through",
         "_reserve",
         "_reuse",
         "_seqs",
+        "_through_keys",
+        "_through_pages",
+        "_tier_unit",
         "_tier_writes",
         "_write_backs",
+        "_writes_back",
         "allocator",
         "block_sizing",
         "caching",
@@ -189,11 +193,21 @@ class KVCacheManager:
         self.tiers: list[PrefixTier] | None = list(tiers) if tiers else None
         self.write_through = config.write_policy == "write-through"
         self.store_threshold = config.store_threshold
+        # device pages per tier page: tier page p is slots p * unit onwards of the tier's
+        # memory (executors copy device pages); a unit of several pages is written through
+        # whole, never back (its pages leave the device one by one)
+        self._tier_unit = config.block_pages(self.page_size)
+        assert all(tier.block_pages == self._tier_unit for tier in self.tiers or ()), \
+            "tiers built for another kv_tier_block_size"
+        self._writes_back = self.tiers is not None and self._tier_unit == 1
         self._tier_writes: list[TierBatch] = []  # this step's, in order
         # Device pages evicted since the last write-back, with their keys: stored in batches
         # (before the next tier lookup, and at the end of the step).
         self._write_backs: tuple[list[int], list] = ([], [])
-        self._pending_through: list[tuple[int, Hashable]] = []  # (page, key) to write next step
+        # device pages registered this step, and their keys: written through next step (in
+        # whole units: the unit's key is its last page's)
+        self._through_pages: list[int] = []
+        self._through_keys: list = []
         self._reuse: dict[Hashable, int] = {}  # key -> prefix hits on it (store_threshold > 0)
         # pages a new sequence's allocation hit, per level (device, then each tier), and their
         # sums over requests' first admissions (`count_first_hits`)
@@ -265,15 +279,27 @@ class KVCacheManager:
         self._last_lookup = (seq.request_id, self._cache_epoch, pages)
         if self.tiers is not None and len(pages) < limit:
             self._flush_write_backs()  # content evicted this step is found below
-            below = self._tier_chain(hashes[len(pages):limit])
+            below = self._tier_chain(hashes, len(pages), limit)
             self._last_lookup = (seq.request_id, self._cache_epoch, pages, below,
                                  self._tier_epoch())
             return (len(pages) + len(below)) * self.page_size
         return len(pages) * self.page_size
 
-    def _tier_chain(self, keys: list) -> list[tuple[int, int]]:
+    def _tier_chain(self, hashes: list, start: int, limit: int) -> list[tuple[int, int]]:
+        """(level, tier slot) of each page from `start` (the first the device lacks) that
+        the tiers hold, in a chain, up to `limit`: by units of several pages, the whole units
+        before `limit` (a unit's key is its last page's), but for the pages the device
+        holds of the first."""
         assert self.tiers is not None
-        return tier_chain([tier.pages_by_key for tier in self.tiers], keys)
+        maps, unit = [tier.pages_by_key for tier in self.tiers], self._tier_unit
+        if unit == 1:
+            return tier_chain(maps, hashes[start:limit])
+        first = start // unit * unit
+        units = tier_chain(maps, hashes[first + unit - 1 : limit // unit * unit : unit])
+        slots: list[tuple[int, int]] = []
+        for level, page in units:  # a unit's slots in C
+            slots += zip(repeat(level, unit), range(page * unit, (page + 1) * unit), strict=True)
+        return slots[start - first :]
 
     def _tier_epoch(self) -> int:
         assert self.tiers is not None
@@ -419,7 +445,7 @@ class KVCacheManager:
         records need (the requests' states, the sum and the largest of their computed tokens)
         so that no one walks the batch again for them."""
         free = self._free_list
-        if free is None or max_steps <= 0 or self._pending_through:
+        if free is None or max_steps <= 0 or self._through_keys:
             return None
         page_size, state_of = self.page_size, self._seqs.get
         steps, nearest = max_steps, max_steps  # nearest: the fewest steps to a page's end
@@ -513,14 +539,15 @@ class KVCacheManager:
             return False
         events, self.events = self.events, None  # one cleared event, not one per page
         tiers, self.tiers = self.tiers, None  # forgotten, not written below
+        writes_back, self._writes_back = self._writes_back, False
         try:
             self._evict(len(self.evictor))
         finally:
-            self.events, self.tiers = events, tiers
+            self.events, self.tiers, self._writes_back = events, tiers, writes_back
         assert not self._cached, "a cached prefix outlived its pages"
         for tier in tiers or ():
             tier.clear()
-        self._pending_through.clear()
+        self._through_pages, self._through_keys = [], []
         self._last_lookup = None
         if events is not None:
             events.cleared()
@@ -553,16 +580,23 @@ class KVCacheManager:
 
     def begin_step(self) -> None:
         """A step's decisions start: write through the pages registered by the step before
-        (their KV is computed now), unless their content left the device since."""
-        pending = self._pending_through
-        if not pending:
+        (their KV is computed now), unless their content left the device since (a unit of
+        several pages: unless any of its pages' did)."""
+        pages, keys = self._through_pages, self._through_keys
+        if not keys:
             return
-        self._pending_through = []
+        self._through_pages, self._through_keys = [], []
         assert self.tiers is not None
-        cached = self._cached
-        live = [(page, key) for page, key in pending if cached.get(key) == page]
-        if live:
-            self._store(0, [page for page, _ in live], [key for _, key in live], 1)
+        unit = self._tier_unit
+        found = list(map(self._cached.get, keys))
+        if found != pages:  # some content left the device (the common case: none did)
+            live = [page == held for page, held in zip(pages, found, strict=True)]
+            if unit > 1:
+                live = _each_page([all(live[start : start + unit])
+                                   for start in range(0, len(live), unit)], unit)
+            pages, keys = list(compress(pages, live)), list(compress(keys, live))
+        if keys:
+            self._store(0, pages, keys[unit - 1 :: unit], 1)
 
     def end_step(self, ops: MemOps) -> None:
         """A step's decisions are made: append its tier writes to `ops` (in the order they
@@ -589,12 +623,19 @@ class KVCacheManager:
             assert not tier.num_pinned_pages, f"{tier.kind} tier pages left pinned"
 
     def _pin_tier_hits(self, seq: Request, start: int, hits: list[tuple[int, int]]) -> None:
-        """Pin the tier pages of `seq`'s hits below the device, its pages `start` onwards."""
+        """Pin the tier pages of `seq`'s hits below the device, its pages `start` onwards (a
+        unit of several pages: pinned, and counted, whole)."""
         assert self.tiers is not None
-        keys = seq.page_hashes(self.page_size)[start : start + len(hits)]
+        unit, hashes = self._tier_unit, seq.page_hashes(self.page_size)
+        if unit == 1:
+            keys = hashes[start : start + len(hits)]
+        else:  # a unit where the hits start, then every `unit` hits; its key its last page's
+            firsts = [0, *range(unit - hits[0][1] % unit, len(hits), unit)]
+            keys = [hashes[(start + offset) // unit * unit + unit - 1] for offset in firsts]
+            hits = [(hits[offset][0], hits[offset][1] // unit) for offset in firsts]
         for level, (pages, level_keys) in _by_level(hits, keys).items():
             self.tiers[level - 1].pin_many(pages, level_keys)
-            self.tier_stats[level - 1].num_hits += len(pages)
+            self.tier_stats[level - 1].num_hits += len(pages) * unit
 
     def _received(self, state: _SeqState, plan: _Plan) -> MemOps:
         """What fills a new sequence's pages after its device hits (the plan took them): the
@@ -621,11 +662,12 @@ class KVCacheManager:
             self._store(0, pages, keys, 1)
 
     def _store(self, src_level: int, src_pages: list[int], keys: list, level: int) -> None:
-        """Write `keys` (held by `src_pages` of `src_level`) to tier `level`, skipping what it
-        holds already (and, from the device, what was not hit often enough); the pages they
-        take there, where they held other content, first move it to the next tier. A tier
-        whose pages are all read by loads of this step skips the write."""
-        tiers = self.tiers
+        """Write `keys` (held by `src_pages` of `src_level`, a unit of `_tier_unit` pages
+        each, in order) to tier `level`, skipping what it holds already (and, from the device,
+        what was not hit often enough); the pages they take there, where they held other
+        content, first move it to the next tier. A tier whose pages are all read by loads of
+        this step skips the write."""
+        tiers, unit = self.tiers, self._tier_unit
         assert tiers is not None
         tier = tiers[level - 1]
         held = tier.pages_by_key
@@ -635,29 +677,35 @@ class KVCacheManager:
         if src_level == 0 and self.store_threshold:
             threshold, reuse = self.store_threshold, self._reuse
             keep = [key not in held and reuse.get(key, 0) >= threshold for key in keys]
-            keys, src_pages = list(compress(keys, keep)), list(compress(src_pages, keep))
+            keys = list(compress(keys, keep))
+            src_pages = list(compress(src_pages, _each_page(keep, unit)))
         elif len(keys) <= tier.num_free_pages:  # room for all: found and stored in one pass
             stored_keys, pages = tier.put_into_free(keys)
             if stored_keys is not None:
-                src_pages = list(compress(src_pages, stored_keys))
-            own.num_stores += len(pages)
-            if pages:
-                self._tier_writes.append(TierBatch(src_level, src_pages, level, pages))
+                src_pages = list(compress(src_pages, _each_page(stored_keys, unit)))
+            own.num_stores += len(pages) * unit
+            if pages:  # (a row of free pages: one range of slots)
+                slots = pages if unit == 1 else range(pages[0] * unit, (pages[-1] + 1) * unit)
+                self._tier_writes.append(TierBatch(src_level, src_pages, level, slots))
             return
         elif not held.keys().isdisjoint(keys):
             keep = [key not in held for key in keys]
-            keys, src_pages = list(compress(keys, keep)), list(compress(src_pages, keep))
+            keys = list(compress(keys, keep))
+            src_pages = list(compress(src_pages, _each_page(keep, unit)))
         if not keys:
             return
         stored, pages, victim_pages, victim_keys = tier.put_many(keys)
-        own.num_stores += len(stored)
-        own.num_evictions += len(victim_keys)
+        own.num_stores += len(stored) * unit
+        own.num_evictions += len(victim_keys) * unit
+        victim_slots = _slots(victim_pages, unit)
         if victim_keys and level < len(tiers):
-            tier.stats.num_demotions += len(victim_keys)
-            own.num_demotions += len(victim_keys)
-            self._store(level, victim_pages, victim_keys, level + 1)
-        sources = src_pages[len(src_pages) - len(stored):]  # put_many keeps the last keys
-        self._tier_writes.append(TierBatch(src_level, sources, level, pages))
+            tier.stats.num_demotions += len(victim_keys) * unit
+            own.num_demotions += len(victim_keys) * unit
+            self._store(level, victim_slots, victim_keys, level + 1)
+        sources = src_pages[len(src_pages) - len(stored) * unit :]  # put_many keeps the last
+        # a full tier's victims' pages take the keys: their slots listed once (batches are read)
+        slots = victim_slots if unit > 1 and pages == victim_pages else _slots(pages, unit)
+        self._tier_writes.append(TierBatch(src_level, sources, level, slots))
 
     def _count_reuse(self, seq: Request, num_hit_pages: int) -> None:
         reuse = self._reuse
@@ -732,7 +780,7 @@ class KVCacheManager:
             self._cache_epoch += 1
             if self.events is not None:
                 self.events.removed([key])
-            if self.tiers is not None:
+            if self._writes_back:
                 self._write_back([page], [key])
         state.pages.append(page)
         state.num_blocks += 1
@@ -971,7 +1019,7 @@ class KVCacheManager:
         self._cache_epoch += 1
         if self.events is not None:
             self.events.removed(keys)
-        if self.tiers is not None:
+        if self._writes_back:
             self._write_back(pages, keys)
         return pages
 
@@ -1004,8 +1052,39 @@ class KVCacheManager:
         if self.events is not None:
             self._record_stored(seq, hashes, new)
         if self.write_through and self.tiers is not None:
+            self._queue_through(state, new, start, num_full)
+
+    def _queue_through(self, state: _SeqState, new: range | list[int], start: int,
+                       num_full: int) -> None:
+        """Queue for writing through the pages `_register` just put in the cache (`new`, of
+        pages `start` to `num_full`): with units of several pages, each unit whose last page
+        is among them (so a unit is queued once, by the table registering its key), from the
+        device pages holding its content (a unit whose pages are not all on the device is
+        not written)."""
+        unit, hashes = self._tier_unit, state.hashes
+        if unit == 1:
             pages = state.pages
-            self._pending_through += [(pages[index], hashes[index]) for index in new]
+            self._through_pages += [pages[index] for index in new]
+            self._through_keys += [hashes[index] for index in new]
+            return
+        first, end = start // unit * unit, num_full // unit * unit  # the units completed
+        if first >= end:
+            return
+        if isinstance(new, range):  # every page new
+            keys = hashes[first:end]
+            # a regular table's pages hold its registered content (none cached elsewhere)
+            held = state.pages[first:end] if state.regular else list(map(self._cached.get, keys))
+        else:  # only units whose last page is new here: another table queued the others
+            fresh = set(new)
+            starts = [index for index in range(first, end, unit) if index + unit - 1 in fresh]
+            keys = list(chain.from_iterable(hashes[index : index + unit] for index in starts))
+            held = list(map(self._cached.get, keys))
+        if None in held:
+            whole = _each_page([None not in held[index : index + unit]
+                                for index in range(0, len(held), unit)], unit)
+            keys, held = list(compress(keys, whole)), list(compress(held, whole))
+        self._through_pages += cast("list[int]", held)
+        self._through_keys += keys
 
     def _record_stored(self, seq: Request, hashes: list, indices: range | list[int]) -> None:
         """Stored events for the pages at `indices` of `seq`'s table, just registered."""
@@ -1140,6 +1219,21 @@ class KVCacheManager:
     def _fill(self, index: int, num_tokens: int) -> int:
         """Tokens held in page `index` of a sequence of `num_tokens` tokens."""
         return max(0, min(self.page_size, num_tokens - index * self.page_size))
+
+
+def _each_page(flags: list[bool], unit: int) -> list[bool]:
+    """A flag per unit as a flag per page, `unit` pages a unit."""
+    if unit == 1:
+        return flags
+    return [flag for flag in flags for _ in range(unit)]
+
+
+def _slots(tier_pages: list[int], unit: int) -> list[int]:
+    """The device-page slots of tier pages of `unit` device pages each, in order."""
+    if unit == 1:
+        return tier_pages
+    starts = [page * unit for page in tier_pages]  # then a range each, in C
+    return list(chain.from_iterable(map(range, starts, map(unit.__add__, starts))))
 
 
 def _by_level(hits: list[tuple[int, int]], values: list) -> dict[int, tuple[list[int], list]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -13,9 +14,9 @@ class TierBatch(NamedTuple):
     `src_pages[j]` of `src_level` to `dst_pages[j]` of `dst_level`; no destination twice."""
 
     src_level: int
-    src_pages: list[int]
+    src_pages: Sequence[int]  # a list, or a range for a row of tier pages
     dst_level: int
-    dst_pages: list[int]
+    dst_pages: Sequence[int]
 
 
 @dataclass(slots=True)

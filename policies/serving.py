@@ -108,6 +108,7 @@ class ServingConfig:
                 "memory tiers (kv_tiers) hold prefix-cache pages: enable prefix caching "
                 f"(policy {self.policy.to_string()!r} caches nothing)",
                 parameters=("kv_tiers", "enable_prefix_caching"))
+        self.kv_tiers.block_pages(self.page_size)  # a KvlabError for a block the pages can't make
         limit = self.max_model_len
         if (limit is not None and not self.enable_chunked_prefill
                 and self.max_num_batched_tokens < limit):

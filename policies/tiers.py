@@ -7,9 +7,10 @@ a page evicted from the device is written to the first tier (write-back; with wr
 every page is written as soon as its KV is computed), a page a tier evicts moves down to the
 next tier, and a prefix lookup that runs out of device pages goes on through the tiers, so a
 hit below the device becomes a load into a fresh device page before the request's prefill.
-Tiers are inclusive: a page loaded back stays in its tier. Pages are the device's pages (the
-same token slots and bytes), so a tier's capacity in bytes is a number of pages
-(`TierSpec.num_pages`).
+Tiers are inclusive: a page loaded back stays in its tier. A tier page is one device page (the
+same token slots and bytes), or several (`TiersConfig.block_size`: vLLM's offloaded block
+size), so a tier's capacity in bytes is a number of device pages (`TierSpec.num_pages`), in
+whole tier pages (`TierSpec.num_blocks`).
 
 Spec grammar (`parse_tiers`, the CLI's `--kv-tiers`): tiers in order, separated by commas or
 `+` (one sweep value: `--grid kv_tiers=host:64GiB,host:64GiB+ssd:1TiB` is two runs), each
@@ -82,6 +83,14 @@ class TierSpec:
                               f"{page_bytes} bytes; make it larger")
         return pages
 
+    def num_blocks(self, page_bytes: int, block_pages: int) -> int:
+        """The tier's capacity in tier pages of `block_pages` device pages (at least one)."""
+        pages = self.num_pages(page_bytes)
+        if pages < block_pages:
+            raise _tier_error(f"{self.kind} tier of {pages} device pages holds no tier page of "
+                              f"{block_pages}; make it larger or the tier pages smaller")
+        return pages // block_pages
+
     def to_string(self) -> str:
         """This tier in the spec grammar (`parse_tier` reads it back)."""
         size = f"{self.size_pages}{_PAGES_SUFFIX}" if self.size_pages is not None \
@@ -106,12 +115,18 @@ class TiersConfig:
     skipped). `store_threshold`: write only pages whose content was hit at least that many
     times (vLLM's reuse gating; 0 writes every page). `overlap`: none (a step waits for its
     loads, then computes) or layerwise (loads stream layer by layer under the forward pass).
+    `block_size`: tokens per tier page (vLLM's offloaded `block_size`, LMCache's
+    `chunk_size`), a multiple of the device page size; None: one device page. A tier page of
+    several device pages is written whole as its last page is computed (write-through only:
+    the pages of a block leave the device one by one), found by its last page's prefix key,
+    and loaded whole (but for the device pages a hit holds already).
     """
 
     tiers: tuple[TierSpec, ...] = ()
     write_policy: str = "write-back"
     store_threshold: int = 0
     overlap: str = "none"
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
@@ -124,6 +139,11 @@ class TiersConfig:
         if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
             raise KvlabError(f"kv_tier_store_threshold {threshold!r}: expected a whole number "
                              ">= 0", parameters=("kv_tier_store_threshold",))
+        block = self.block_size
+        if block is not None and (isinstance(block, bool) or not isinstance(block, int)
+                                  or block < 1):
+            raise KvlabError(f"kv_tier_block_size {block!r}: expected a number of tokens >= 1",
+                             parameters=("kv_tier_block_size",))
         kinds = [tier.kind for tier in self.tiers]
         for kind in set(kinds):
             if kinds.count(kind) > 1:
@@ -140,7 +160,8 @@ class TiersConfig:
     def to_json(self) -> dict[str, Any]:
         """JSON-ready: the spec string and the write settings (`from_json` reads it back)."""
         return {"tiers": self.to_string(), "write_policy": self.write_policy,
-                "store_threshold": self.store_threshold, "overlap": self.overlap}
+                "store_threshold": self.store_threshold, "overlap": self.overlap,
+                "block_size": self.block_size}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> TiersConfig:
@@ -149,6 +170,22 @@ class TiersConfig:
             return cls()
         data = dict(data)
         return cls(tiers=parse_tiers(data.pop("tiers", "")), **data)
+
+    def block_pages(self, page_size: int) -> int:
+        """Device pages of `page_size` tokens per tier page (`block_size`); a KvlabError
+        naming kv_tier_block_size where it is not a multiple of the page size, or spans
+        several pages under write-back."""
+        block = self.block_size
+        if block is None or block == page_size:
+            return 1
+        if block % page_size:
+            raise KvlabError(f"kv_tier_block_size {block}: expected a multiple of the page size "
+                             f"({page_size} tokens)", parameters=("kv_tier_block_size",))
+        if self.write_policy != "write-through":
+            raise KvlabError(f"kv_tier_block_size {block}: a tier page of several device pages "
+                             "is written as it is computed; set kv_tier_write write-through",
+                             parameters=("kv_tier_block_size", "kv_tier_write"))
+        return block // page_size
 
     def with_tiers(self, tiers: tuple[TierSpec, ...]) -> TiersConfig:
         """A copy with other tiers (the same write settings)."""
@@ -211,7 +248,7 @@ def _tier_error(message: str) -> KvlabError:
 
 @dataclass(slots=True)
 class TierStats:
-    """What one tier did over a run, in pages."""
+    """What one tier did over a run, in device pages (a tier page of several counts them all)."""
 
     num_hits: int = 0  # prefix pages found here (and loaded to the device)
     num_stores: int = 0  # pages written here (from the device or the tier above)
@@ -238,16 +275,20 @@ class PrefixTier:
     pages pinned by a load of the step being decided (not evictable until `unpin_all`). A
     remote pool is one PrefixTier shared by the managers of a cluster.
 
-    A tier page is never freed alone (content leaves only by eviction, which reuses the page
-    at once), so the free pages are always the tail of the page range.
+    A tier page holds `block_pages` device pages (`TiersConfig.block_size`; tier page p is
+    slots p * block_pages onwards of the tier's memory, in device pages) under the prefix key
+    of its last one; `stats` count device pages. A tier page is never freed alone (content
+    leaves only by eviction, which reuses the page at once), so the free pages are always the
+    tail of the page range.
     """
 
-    __slots__ = ("_num_handed_out", "_page_of", "_pinned", "_pinned_keys", "epoch", "evictor",
-                 "num_total_pages", "spec", "stats")
+    __slots__ = ("_num_handed_out", "_page_of", "_pinned", "_pinned_keys", "block_pages",
+                 "epoch", "evictor", "num_total_pages", "spec", "stats")
 
-    def __init__(self, spec: TierSpec, num_total_pages: int) -> None:
+    def __init__(self, spec: TierSpec, num_total_pages: int, block_pages: int = 1) -> None:
         self.spec = spec
         self.num_total_pages = num_total_pages
+        self.block_pages = block_pages
         self.stats = TierStats()
         self.epoch = 0  # counts contents dropped: a lookup from an older epoch may be stale
         self._num_handed_out = 0
@@ -293,7 +334,7 @@ class PrefixTier:
         """Loads read `pages` (holding `keys`) this step: count the hits and keep the pages
         from being evicted (one pinned already by another load of this step stays so)."""
         assert len(pages) == len(keys), "a key for each page"
-        self.stats.num_hits += len(pages)
+        self.stats.num_hits += len(pages) * self.block_pages
         taken = take_hits(self.evictor, pages)  # (false for a page pinned already)
         self._pinned += compress(pages, taken)
         self._pinned_keys += compress(keys, taken)
@@ -329,10 +370,10 @@ class PrefixTier:
             pages += victim_pages
             add_cached(self.evictor, pages, keys)
         deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
-        self.stats.num_evictions += num_victims
+        self.stats.num_evictions += num_victims * self.block_pages
         self.epoch += 1
         self._page_of.update(zip(keys, pages, strict=True))
-        self.stats.num_stores += len(keys)
+        self.stats.num_stores += len(keys) * self.block_pages
         return keys, pages, victim_pages, victim_keys
 
     def put_into_free(self, keys: list) -> tuple[list[bool] | None, list[int]]:
@@ -355,7 +396,7 @@ class PrefixTier:
             page_of.update(zip(keys, pages, strict=True))
         self._num_handed_out += len(keys)
         add_cached(self.evictor, fresh, keys)
-        self.stats.num_stores += len(keys)
+        self.stats.num_stores += len(keys) * self.block_pages
         return stored, pages
 
     def clear(self) -> None:
@@ -414,13 +455,21 @@ def _index_of(values: list, value: object, start: int, end: int) -> int:
         return end
 
 
-def build_tiers(config: TiersConfig, page_bytes: int,
+def build_tiers(config: TiersConfig, page_size: int, page_bytes: int,
                 shared: dict[str, PrefixTier] | None = None) -> list[PrefixTier]:
-    """The run-time tiers of one instance; a kind in `shared` (a cluster's remote pool) is
-    that object, shared, instead of a new one."""
+    """The run-time tiers of one instance with device pages of `page_size` tokens and
+    `page_bytes` bytes; a kind in `shared` (a cluster's remote pool) is that object, shared,
+    instead of a new one."""
     shared = shared or {}
-    return [shared.get(spec.kind) or PrefixTier(spec, spec.num_pages(page_bytes))
+    return [shared.get(spec.kind) or build_tier(config, spec, page_size, page_bytes)
             for spec in config.tiers]
+
+
+def build_tier(config: TiersConfig, spec: TierSpec, page_size: int,
+               page_bytes: int) -> PrefixTier:
+    """One tier of `config`, its pages `config.block_size` tokens each."""
+    block_pages = config.block_pages(page_size)
+    return PrefixTier(spec, spec.num_blocks(page_bytes, block_pages), block_pages)
 
 
 def tier_summary(tiers: list[PrefixTier], stats: list[TierStats], first_hit_pages: list[int],
@@ -429,7 +478,7 @@ def tier_summary(tiers: list[PrefixTier], stats: list[TierStats], first_hit_page
     """A run's tier counters as flat summary keys. Hit rates are shares of the prompt tokens
     of the requests scheduled, hit at their first admission, as `prefix_cache_hit_rate_perc`
     counts them (which is their sum): the device's own, then each tier's (`<kind>_tier_...`);
-    then per tier its pages and, from `stats` (the run's own counters: a manager's
+    then per tier its size in device pages and, from `stats` (the run's own counters: a manager's
     `tier_stats`, its share of a pool shared by a cluster), pages hit (every admission,
     re-admissions after a preemption too), stored, evicted, moved down and, from the
     simulator, its link's busy seconds."""
@@ -439,7 +488,7 @@ def tier_summary(tiers: list[PrefixTier], stats: list[TierStats], first_hit_page
     summary: dict[str, Any] = {"device_prefix_hit_rate_perc": rate(first_hit_pages[0])}
     for index, tier in enumerate(tiers):
         key = f"{tier.kind}_tier"
-        summary[f"{key}_pages"] = tier.num_total_pages
+        summary[f"{key}_pages"] = tier.num_total_pages * tier.block_pages
         summary[f"{key}_hit_rate_perc"] = rate(first_hit_pages[index + 1])
         summary.update(stats[index].summary(tier.kind))
         if busy_s is not None:

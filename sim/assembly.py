@@ -38,7 +38,8 @@ def instance_tiers(config: SimConfig,
     """The memory tiers of one instance of `config` (None without `kv_tiers`); a kind in
     `shared` (a cluster's remote pool) is that tier object, shared."""
     tier_config = config.serving.kv_tiers
-    return build_tiers(tier_config, config.page_bytes, shared) if tier_config else None
+    return build_tiers(tier_config, config.policy.block_size, config.page_bytes, shared) \
+        if tier_config else None
 
 
 def build_manager(config: SimConfig, cost_model: CostModel,

@@ -31,7 +31,7 @@ from kvlab.metrics import RunResult, StepRecorder
 from kvlab.policies import Request, Scheduler, StepLoop
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.scheduler import check_whole_number
-from kvlab.policies.tiers import PrefixTier, TierStats
+from kvlab.policies.tiers import PrefixTier, TierStats, build_tier
 from kvlab.sim.api_latency import (
     api_delays,
     api_latency_terms,
@@ -71,7 +71,8 @@ def shared_remote_pool(config: SimConfig) -> dict[str, PrefixTier]:
     """The cluster's remote pool, one for every instance ({} without a remote tier)."""
     for tier in config.serving.kv_tiers.tiers:
         if tier.kind == "remote":
-            return {"remote": PrefixTier(tier, tier.num_pages(config.page_bytes))}
+            return {"remote": build_tier(config.serving.kv_tiers, tier, config.policy.block_size,
+                                         config.page_bytes)}
     return {}
 
 
@@ -417,7 +418,7 @@ class Cluster:
                                          instance.requests).items():
                 total[key] = total.get(key, 0) + value
         for kind, pool in self.shared_tiers.items():  # one pool: its pages once, not N times
-            total[f"{kind}_tier_pages"] = pool.num_total_pages
+            total[f"{kind}_tier_pages"] = pool.num_total_pages * pool.block_pages
             level = [tier.kind for tier in instances[0].tiers or ()].index(kind)
             shares = TierStats()
             for instance in instances:

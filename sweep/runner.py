@@ -83,7 +83,8 @@ def tiers_config(settings: Mapping[str, Any]) -> TiersConfig:
     text = tiers.pop("kv_tiers", "")
     options = {"write_policy": tiers.pop("kv_tier_write", "write-back"),
                "store_threshold": tiers.pop("kv_tier_store_threshold", 0),
-               "overlap": tiers.pop("kv_tier_overlap", "none")}
+               "overlap": tiers.pop("kv_tier_overlap", "none"),
+               "block_size": tiers.pop("kv_tier_block_size", None)}
     return TiersConfig(parse_tiers(text), **options)
 
 

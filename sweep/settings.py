@@ -233,6 +233,8 @@ def _settings() -> dict[str, Setting]:
         Setting("kv_tier_store_threshold", "tiers", _int,
                 lambda v: TiersConfig(store_threshold=v)),
         Setting("kv_tier_overlap", "tiers", _str, lambda v: TiersConfig(overlap=v)),
+        Setting("kv_tier_block_size", "tiers", optional_int,
+                lambda v: TiersConfig(block_size=v)),
         # the summary's options: the same for every run of a sweep
         Setting("percentile_metrics", "summary", _text_list, parse_percentile_metrics,
                 sweepable=False),

@@ -292,7 +292,7 @@ def add_serving_arguments(
 
 def add_tier_arguments(memory: argparse._ArgumentGroup) -> None:
     """The memory-tier flags (policies/tiers.py): the tiers, their write policy, the reuse
-    threshold and load overlap."""
+    threshold, the tier page size and load overlap."""
     from kvlab.policies.tiers import OVERLAP_MODES, WRITE_POLICIES
 
     memory.add_argument(
@@ -311,6 +311,12 @@ def add_tier_arguments(memory: argparse._ArgumentGroup) -> None:
         help="write to the tiers only pages hit at least K times (vLLM's reuse gating; "
         "default 0: every page)")
     memory.add_argument(
+        "--kv-tier-block-size", type=int, default=None, metavar="TOKENS",
+        help="tokens per tier page, a multiple of --block-size (vLLM's offloaded block_size, "
+        "LMCache's chunk_size, e.g. 256): a tier page is written whole as it is computed "
+        "(needs --kv-tier-write write-through) and loaded whole; fewer, larger tier entries "
+        "(default: one device page)")
+    memory.add_argument(
         "--kv-tier-overlap", default="none", choices=OVERLAP_MODES,
         help="none: a step computes after its tier loads; layerwise: loads stream under the "
         "forward pass layer by layer (default none)")
@@ -324,7 +330,7 @@ def tiers_config(args: argparse.Namespace) -> Any:
         return TiersConfig()
     return TiersConfig(parse_tiers(args.kv_tiers), write_policy=args.kv_tier_write,
                        store_threshold=args.kv_tier_store_threshold,
-                       overlap=args.kv_tier_overlap)
+                       overlap=args.kv_tier_overlap, block_size=args.kv_tier_block_size)
 
 
 def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:

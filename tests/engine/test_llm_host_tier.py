@@ -49,6 +49,21 @@ def test_write_through_gives_the_same_tokens_too():
     assert tiered == plain
 
 
+def test_tier_pages_of_several_device_pages_give_the_same_tokens_too():
+    _, plain = _generate()
+    from kvlab.policies.tiers import TiersConfig, parse_tiers
+
+    # tier pages of two device pages (vLLM's offloaded block_size): 32 of them in 64 slots
+    tiers = TiersConfig(parse_tiers("host:64p"), write_policy="write-through",
+                        block_size=2 * PAGE)
+    engine, tiered = _generate(kv_tiers=tiers)
+    host = engine.manager.tiers[0]
+    assert host.num_total_pages == 32 and engine.kv_cache.num_tier_pages == 64
+    assert host.stats.num_hits >= 6 * 4  # six repeats, two whole tier pages each
+    assert tiered == plain
+    engine.manager.check_tiers()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_page_round_trips_through_the_host_tier_bit_exactly(device):
     llm = LLM("tiny-llama", device=device, policy=f"paged:block_size={PAGE}",

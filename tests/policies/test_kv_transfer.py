@@ -74,7 +74,8 @@ def test_hits_below_the_device_and_a_transfer_in_one_admission():
 
     config = TiersConfig((TierSpec("host", size_pages=2),))
     manager = KVCacheManager(f"paged:block_size={PAGE},eviction=lru", 6, max_model_len=64,
-                             tiers=build_tiers(config, page_bytes=1), tier_config=config)
+                             tiers=build_tiers(config, page_size=PAGE, page_bytes=1),
+                             tier_config=config)
     scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_model_len=64),
                           manager)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -87,6 +89,28 @@ def test_bad_write_settings_name_their_setting(settings, parameter):
     assert caught.value.parameters == (parameter,)
 
 
+@pytest.mark.parametrize("settings, page_size, words", [
+    ({"block_size": 0}, 4, "kv_tier_block_size 0: expected a number of tokens >= 1"),
+    ({"block_size": 6, "write_policy": "write-through"}, 4,
+     "kv_tier_block_size 6: expected a multiple of the page size (4 tokens)"),
+    ({"block_size": 8}, 4, "set kv_tier_write write-through"),
+])
+def test_bad_tier_page_sizes_say_what_was_expected(settings, page_size, words):
+    with pytest.raises(KvlabError, match=re.escape(words)) as error:
+        TiersConfig((TierSpec("host", size_pages=8),), **settings).block_pages(page_size)
+    assert "kv_tier_block_size" in error.value.parameters
+
+
+def test_tier_pages_of_several_device_pages_divide_the_capacity():
+    config = TiersConfig(parse_tiers("host:10p"), write_policy="write-through", block_size=12)
+    assert config.block_pages(4) == 3 and TiersConfig().block_pages(4) == 1
+    (host,) = build_tiers(config, page_size=4, page_bytes=1)
+    assert (host.num_total_pages, host.block_pages) == (3, 3)  # 9 of the 10 pages' room
+    with pytest.raises(KvlabError, match="holds no tier page of 3"):
+        build_tiers(TiersConfig(parse_tiers("host:2p"), write_policy="write-through",
+                                block_size=12), page_size=4, page_bytes=1)
+
+
 def test_two_remote_pools_are_refused():
     with pytest.raises(KvlabError, match="one remote pool"):
         TiersConfig(parse_tiers("remote:1GiB,remote:2GiB"))
@@ -139,8 +163,8 @@ def test_pins_end_with_the_step_and_make_the_page_recent():
 
 def test_a_shared_kind_is_the_same_object_for_every_instance():
     config = TiersConfig(parse_tiers("host:4p,remote:8p"))
-    first = build_tiers(config, page_bytes=1)
-    second = build_tiers(config, page_bytes=1, shared={"remote": first[1]})
+    first = build_tiers(config, page_size=4, page_bytes=1)
+    second = build_tiers(config, page_size=4, page_bytes=1, shared={"remote": first[1]})
     assert second[1] is first[1] and second[0] is not first[0]
 
 

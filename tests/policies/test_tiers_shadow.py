@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.policies import KVCacheManager, Request, RequestStatus
+from kvlab.policies.spec import parse_policy
 from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
 from tests.policies.harness import ShadowCost
 from tests.policies.test_scheduler_shadow import MAX_MODEL_LEN, shadow_workloads
@@ -24,16 +25,19 @@ def tiered_workloads(draw):
     spec, num_pages, config, requests = draw(shadow_workloads())
     if "eviction=none" in spec:
         spec = spec.replace("eviction=none", "eviction=lru")
+    unit = draw(st.sampled_from([1, 1, 2, 3, 4]))  # device pages per tier page
     tiers = tuple(
-        TierSpec(kind, size_pages=draw(st.integers(1, 24)),
+        TierSpec(kind, size_pages=draw(st.integers(unit, 24)),
                  eviction=draw(st.sampled_from(EVICTIONS)))
         for kind in draw(st.sampled_from([["host"], ["host", "ssd"], ["remote"],
                                           ["host", "ssd", "remote"]]))
     )
     tier_config = TiersConfig(
         tiers,
-        write_policy=draw(st.sampled_from(["write-back", "write-through"])),
+        write_policy="write-through" if unit > 1 else
+        draw(st.sampled_from(["write-back", "write-through"])),
         store_threshold=draw(st.sampled_from([0, 0, 1, 2])),
+        block_size=None if unit == 1 else unit * parse_policy(spec).block_size,
     )
     return spec, num_pages, config, requests, tier_config
 
@@ -41,7 +45,7 @@ def tiered_workloads(draw):
 def serve_on_shadow(spec, num_pages, config, requests, tier_config):
     """Serve the requests to the end on a shadow executor, every tier checked after every
     step; returns the manager."""
-    tiers = build_tiers(tier_config, page_bytes=1)
+    tiers = build_tiers(tier_config, page_size=parse_policy(spec).block_size, page_bytes=1)
     manager = KVCacheManager(spec, num_pages, max_model_len=MAX_MODEL_LEN, costs=ShadowCost(),
                              tiers=tiers, tier_config=tier_config)
     return serve_with_shadow(manager, config, requests, after_step=manager.check_tiers)

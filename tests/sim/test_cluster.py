@@ -232,10 +232,10 @@ def test_a_cluster_runs_once_with_its_parts_reachable():
     assert result.num_instances == 2
 
 
-def tier_config(tiers: str = "host:40GiB") -> SimConfig:
+def tier_config(tiers: str = "host:40GiB", **settings) -> SimConfig:
     serving = ServingConfig.create("paged", enable_prefix_caching=True,
                                    num_gpu_blocks_override=3000,
-                                   kv_tiers=TiersConfig(parse_tiers(tiers)))
+                                   kv_tiers=TiersConfig(parse_tiers(tiers), **settings))
     return SimConfig(model="llama-3.1-8b", hardware="h200-141g", serving=serving)
 
 
@@ -269,20 +269,35 @@ def test_each_instance_has_its_own_tier_and_the_cluster_adds_them_up():
 
 def test_the_remote_pool_is_one_for_the_whole_cluster():
     trace = load_trace("mooncake", num_prompts=200)
-    cluster = Cluster(trace, [InstanceSpec(tier_config("remote:40GiB"))] * 3)
+    cluster, summary = _pooled_run(trace, tier_config("remote:40GiB"))
+    own = summarize(simulate_cluster(trace, tier_config("host:40GiB"), num_instances=3).cluster)
+    # round-robin spreads a conversation over the instances: only a shared pool finds it again
+    assert summary["remote_tier_hit_rate_perc"] > 2 * own["host_tier_hit_rate_perc"]
+    assert summary["remote_tier_pages"] == cluster.instances[0].tiers[0].num_total_pages
+
+
+def test_a_pool_of_tier_pages_of_several_device_pages_counts_device_pages():
+    config = tier_config("remote:40GiB", write_policy="write-through", block_size=256)
+    cluster, summary = _pooled_run(load_trace("mooncake", num_prompts=200), config)
+    pool = cluster.instances[0].tiers[0]
+    assert pool.block_pages == 16 and summary["remote_tier_hit_pages"] > 0
+    # 40 GiB of 2 MiB device pages, in whole tier pages of 16
+    assert summary["remote_tier_pages"] == pool.num_total_pages * 16 == 20480
+
+
+def _pooled_run(trace, config: SimConfig) -> tuple[Cluster, dict]:
+    """Three instances sharing `config`'s remote pool, run; the pool is one object, counted
+    once, and each instance's share of its counters adds up to the pool's."""
+    cluster = Cluster(trace, [InstanceSpec(config)] * 3)
     pools = {id(instance.tiers[0]) for instance in cluster.instances}
     assert len(pools) == 1  # one pool, reached by each instance over its own link
     result = cluster.run()  # run() checks every instance's pages
     summary = summarize(result.cluster)
-    own = summarize(simulate_cluster(trace, tier_config("host:40GiB"), num_instances=3).cluster)
-    # round-robin spreads a conversation over the instances: only a shared pool finds it again
-    assert summary["remote_tier_hit_rate_perc"] > 2 * own["host_tier_hit_rate_perc"]
-    pool = cluster.instances[0].tiers[0]
-    assert summary["remote_tier_pages"] == pool.num_total_pages  # counted once, not 3 times
-    assert summary["remote_tier_stored_pages"] == pool.stats.num_stores
+    assert summary["remote_tier_stored_pages"] == cluster.instances[0].tiers[0].stats.num_stores
     # each instance reports its own share of the pool's counters, and the shares add up
     instances = instance_summaries(result)
     for counter in ("hit_pages", "stored_pages", "evicted_pages"):
         shares = [s[f"remote_tier_{counter}"] for s in instances]
         assert sum(shares) == summary[f"remote_tier_{counter}"]
         assert len(set(shares)) > 1 or not any(shares), counter  # not the pool's total thrice
+    return cluster, summary

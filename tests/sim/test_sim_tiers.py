@@ -18,24 +18,25 @@ from kvlab.traces import load_trace
 PAGE = 16
 
 
-def reference_lru_hit_rate(requests, capacity_pages: int) -> float:
+def reference_lru_hit_rate(requests, capacity_pages: int, unit: int = 1) -> float:
     """Prompt tokens served from an LRU cache of `capacity_pages` pages, in percent: each
     request, in arrival order, hits its longest cached run of full prompt pages (leaving its
-    last token), then every full prompt page becomes the most recently used."""
+    last token), then every full prompt page becomes the most recently used. With `unit`
+    pages an entry: runs of whole entries (each named by its last page's hash)."""
     cache: OrderedDict = OrderedDict()
     hit = total = 0
     for request in sorted(requests, key=lambda r: r.arrival_s):
-        hashes = request.page_hashes(PAGE)
-        limit = min(len(hashes), (request.prompt_len - 1) // PAGE)
+        hashes = request.page_hashes(PAGE)[unit - 1 :: unit]
+        limit = min(len(hashes), (request.prompt_len - 1) // PAGE // unit)
         run = 0
         while run < limit and hashes[run] in cache:
             run += 1
-        hit += run * PAGE
+        hit += run * unit * PAGE
         total += request.prompt_len
-        for key in hashes[: request.prompt_len // PAGE]:
+        for key in hashes[: request.prompt_len // PAGE // unit]:
             cache[key] = None
             cache.move_to_end(key)
-        while len(cache) > capacity_pages:
+        while len(cache) > capacity_pages // unit:
             cache.popitem(last=False)
     return 100.0 * hit / total
 
@@ -48,13 +49,14 @@ def sequential_config(device_pages: int, tiers: TiersConfig) -> SimConfig:
     return SimConfig(model="llama-3.1-8b", hardware="h200-141g", serving=serving)
 
 
-def _hit_rate_and_reference(device_pages: int, tiers: TiersConfig, reference_pages: int):
+def _hit_rate_and_reference(device_pages: int, tiers: TiersConfig, reference_pages: int,
+                            unit: int = 1):
     trace = load_trace("mooncake", num_prompts=300)
     result = simulate(trace, sequential_config(device_pages, tiers))
     served = {r.request_id for r in result.requests if r.error is None}
     requests = [r for r in to_requests(trace) if r.request_id in served]
     return (summarize(result)["prefix_cache_hit_rate_perc"],
-            reference_lru_hit_rate(requests, reference_pages))
+            reference_lru_hit_rate(requests, reference_pages, unit))
 
 
 @pytest.mark.parametrize("host_pages", [3000, 20000])
@@ -63,6 +65,18 @@ def test_write_through_host_lru_hits_as_an_lru_of_its_size(host_pages):
     # cache: the device holds a subset of it.
     tiers = TiersConfig((TierSpec("host", size_pages=host_pages),), write_policy="write-through")
     simulated, reference = _hit_rate_and_reference(2000, tiers, host_pages)
+    assert reference > 0.1
+    assert simulated == pytest.approx(reference, abs=1.0)
+
+
+@pytest.mark.parametrize("unit", [3, 16, 48])
+def test_tier_pages_of_several_device_pages_hit_as_an_lru_of_such_pages(unit):
+    # Write-through of whole tier pages (`block_size`, as vLLM's offloading and LMCache's
+    # chunks): the host tier is an LRU of tier pages, hit in whole ones. (The trace shares
+    # 512-token blocks, 32 pages: units of 3 and 48 pages lose part of them.)
+    tiers = TiersConfig((TierSpec("host", size_pages=20000),), write_policy="write-through",
+                        block_size=unit * PAGE)
+    simulated, reference = _hit_rate_and_reference(2000, tiers, 20000, unit)
     assert reference > 0.1
     assert simulated == pytest.approx(reference, abs=1.0)
 
@@ -103,16 +117,20 @@ def test_loads_cost_step_time_unless_they_overlap_the_forward_pass():
     assert overlapped["mean_ttft_ms"] < waited["mean_ttft_ms"]
 
 
-def test_decode_runs_give_the_same_run_with_tiers():
+@pytest.mark.parametrize("block_size", [None, 64])
+def test_decode_runs_give_the_same_run_with_tiers(block_size):
     trace = load_trace("mooncake", num_prompts=120, length_scale=8)
-    config = _mooncake_config("host:4GiB,ssd:16GiB:eviction=arc", write_policy="write-through")
+    config = _mooncake_config("host:4GiB,ssd:16GiB:eviction=arc", write_policy="write-through",
+                              block_size=block_size)
     fast = summarize(simulate(trace, config))
     stepped = summarize(simulate(trace, config, decode_runs=False))
     assert fast == stepped
 
 
-def test_the_tiers_round_trip_through_the_result_json():
-    config = _mooncake_config("host:64GiB,ssd:1TiB:eviction=lfu:read=6", store_threshold=1)
+@pytest.mark.parametrize("settings", [{"store_threshold": 1},
+                                      {"write_policy": "write-through", "block_size": 256}])
+def test_the_tiers_round_trip_through_the_result_json(settings):
+    config = _mooncake_config("host:64GiB,ssd:1TiB:eviction=lfu:read=6", **settings)
     summary = summarize(simulate(load_trace("mooncake", num_prompts=20), config))
     saved = json.loads(json.dumps(summary))
     assert TiersConfig.from_json(saved["kv_tiers"]) == config.serving.kv_tiers
@@ -140,7 +158,7 @@ def test_kvlab_sim_reports_and_saves_the_tiers(capsys, tmp_path):
     saved = json.loads((tmp_path / "tiers.json").read_text())
     assert saved["kv_tiers"] == {"tiers": "host:68719476736,ssd:1099511627776:eviction=arc",
                                  "write_policy": "write-through", "store_threshold": 0,
-                                 "overlap": "none"}
+                                 "overlap": "none", "block_size": None}
     assert saved["enable_prefix_caching"] is True  # tiers turn prefix caching on
     assert saved["host_tier_pages"] == 64 * 2**30 // (16 * 128 * 2**10)
 
@@ -150,6 +168,13 @@ def test_kvlab_sim_reports_and_saves_the_tiers(capsys, tmp_path):
     (["--kv-tiers", "host:1GiB", "--kv-tier-store-threshold", "-1"],
      "--kv-tier-store-threshold -1: expected a whole number >= 0"),
     (["--kv-tiers", "host:1KiB"], "holds no page"),
+    (["--kv-tiers", "host:1GiB", "--kv-tier-write", "write-through", "--kv-tier-block-size",
+      "24"], "--kv-tier-block-size 24: expected a multiple of the page size (16 tokens)"),
+    (["--kv-tiers", "host:1GiB", "--kv-tier-block-size", "64"],
+     "--kv-tier-block-size 64: a tier page of several device pages is written as it is "
+     "computed; set --kv-tier-write write-through"),
+    (["--kv-tiers", "host:16MiB", "--kv-tier-write", "write-through", "--kv-tier-block-size",
+      "256"], "holds no tier page of 16"),
 ])
 def test_bad_tier_flags_name_the_flag(capsys, flags, words):
     from kvlab.cli import main
