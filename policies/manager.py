@@ -297,8 +297,17 @@ class KVCacheManager:
         first = start // unit * unit
         units = tier_chain(maps, hashes[first + unit - 1 : limit // unit * unit : unit])
         slots: list[tuple[int, int]] = []
-        for level, page in units:  # a unit's slots in C
-            slots += zip(repeat(level, unit), range(page * unit, (page + 1) * unit), strict=True)
+        index, num_units = 0, len(units)
+        while index < num_units:  # a run of units in a row in one tier: its slots in C
+            level, page = units[index]
+            end = index + 1
+            while end < num_units and units[end][1] == page + end - index \
+                    and units[end][0] == level:
+                end += 1
+            count = (end - index) * unit
+            slots += zip(repeat(level, count), range(page * unit, page * unit + count),
+                         strict=True)
+            index = end
         return slots[start - first :]
 
     def _tier_epoch(self) -> int:
