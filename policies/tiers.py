@@ -118,8 +118,10 @@ class TiersConfig:
     `block_size`: tokens per tier page (vLLM's offloaded `block_size`, LMCache's
     `chunk_size`), a multiple of the device page size; None: one device page. A tier page of
     several device pages is written whole as its last page is computed (write-through only:
-    the pages of a block leave the device one by one), found by its last page's prefix key,
-    and loaded whole (but for the device pages a hit holds already).
+    the pages of a block leave the device one by one; and only then, not again as the device
+    evicts them, so a tier smaller than the device's cache holds what the device does), found
+    by its last page's prefix key, and loaded whole (but for the device pages a hit holds
+    already).
     """
 
     tiers: tuple[TierSpec, ...] = ()
