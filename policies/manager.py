@@ -107,7 +107,6 @@ class KVCacheManager:
         "_tier_unit",
         "_tier_writes",
         "_write_backs",
-        "_writes_back",
         "allocator",
         "block_sizing",
         "caching",
@@ -199,7 +198,6 @@ class KVCacheManager:
         self._tier_unit = config.block_pages(self.page_size)
         assert all(tier.block_pages == self._tier_unit for tier in self.tiers or ()), \
             "tiers built for another kv_tier_block_size"
-        self._writes_back = self.tiers is not None and self._tier_unit == 1
         self._tier_writes: list[TierBatch] = []  # this step's, in order
         # Device pages evicted since the last write-back, with their keys: stored in batches
         # (before the next tier lookup, and at the end of the step).
@@ -548,11 +546,10 @@ class KVCacheManager:
             return False
         events, self.events = self.events, None  # one cleared event, not one per page
         tiers, self.tiers = self.tiers, None  # forgotten, not written below
-        writes_back, self._writes_back = self._writes_back, False
         try:
             self._evict(len(self.evictor))
         finally:
-            self.events, self.tiers, self._writes_back = events, tiers, writes_back
+            self.events, self.tiers = events, tiers
         assert not self._cached, "a cached prefix outlived its pages"
         for tier in tiers or ():
             tier.clear()
@@ -599,10 +596,7 @@ class KVCacheManager:
         unit = self._tier_unit
         found = list(map(self._cached.get, keys))
         if found != pages:  # some content left the device (the common case: none did)
-            live = [page == held for page, held in zip(pages, found, strict=True)]
-            if unit > 1:
-                live = _each_page([all(live[start : start + unit])
-                                   for start in range(0, len(live), unit)], unit)
+            live = _whole([page == held for page, held in zip(pages, found, strict=True)], unit)
             pages, keys = list(compress(pages, live)), list(compress(keys, live))
         if keys:
             self._store(0, pages, keys[unit - 1 :: unit], 1)
@@ -789,7 +783,7 @@ class KVCacheManager:
             self._cache_epoch += 1
             if self.events is not None:
                 self.events.removed([key])
-            if self._writes_back:
+            if self.tiers is not None and self._tier_unit == 1:  # (units: written through)
                 self._write_back([page], [key])
         state.pages.append(page)
         state.num_blocks += 1
@@ -1028,7 +1022,7 @@ class KVCacheManager:
         self._cache_epoch += 1
         if self.events is not None:
             self.events.removed(keys)
-        if self._writes_back:
+        if self.tiers is not None and self._tier_unit == 1:  # (units: written through)
             self._write_back(pages, keys)
         return pages
 
@@ -1089,8 +1083,7 @@ class KVCacheManager:
             keys = list(chain.from_iterable(hashes[index : index + unit] for index in starts))
             held = list(map(self._cached.get, keys))
         if None in held:
-            whole = _each_page([None not in held[index : index + unit]
-                                for index in range(0, len(held), unit)], unit)
+            whole = _whole([page is not None for page in held], unit)
             keys, held = list(compress(keys, whole)), list(compress(held, whole))
         self._through_pages += cast("list[int]", held)
         self._through_keys += keys
@@ -1235,6 +1228,14 @@ def _each_page(flags: list[bool], unit: int) -> list[bool]:
     if unit == 1:
         return flags
     return [flag for flag in flags for _ in range(unit)]
+
+
+def _whole(flags: list[bool], unit: int) -> list[bool]:
+    """A flag per page, `unit` pages a unit: true where all of its unit's are."""
+    if unit == 1:
+        return flags
+    return _each_page([all(flags[start : start + unit])
+                       for start in range(0, len(flags), unit)], unit)
 
 
 def _slots(tier_pages: list[int], unit: int) -> list[int]:

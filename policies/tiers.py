@@ -306,6 +306,11 @@ class PrefixTier:
         return self.spec.kind
 
     @property
+    def num_device_pages(self) -> int:
+        """The tier's size in device pages (`block_pages` each of its pages)."""
+        return self.num_total_pages * self.block_pages
+
+    @property
     def num_used_pages(self) -> int:
         """Pages holding content (pinned ones included)."""
         return self._num_handed_out
@@ -490,7 +495,7 @@ def tier_summary(tiers: list[PrefixTier], stats: list[TierStats], first_hit_page
     summary: dict[str, Any] = {"device_prefix_hit_rate_perc": rate(first_hit_pages[0])}
     for index, tier in enumerate(tiers):
         key = f"{tier.kind}_tier"
-        summary[f"{key}_pages"] = tier.num_total_pages * tier.block_pages
+        summary[f"{key}_pages"] = tier.num_device_pages
         summary[f"{key}_hit_rate_perc"] = rate(first_hit_pages[index + 1])
         summary.update(stats[index].summary(tier.kind))
         if busy_s is not None:

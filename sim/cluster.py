@@ -418,7 +418,7 @@ class Cluster:
                                          instance.requests).items():
                 total[key] = total.get(key, 0) + value
         for kind, pool in self.shared_tiers.items():  # one pool: its pages once, not N times
-            total[f"{kind}_tier_pages"] = pool.num_total_pages * pool.block_pages
+            total[f"{kind}_tier_pages"] = pool.num_device_pages
             level = [tier.kind for tier in instances[0].tiers or ()].index(kind)
             shares = TierStats()
             for instance in instances:
