@@ -6,7 +6,7 @@ import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from typing import cast
 
 from kvlab.errors import KvlabError
@@ -25,7 +25,14 @@ from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec, parse_policy
-from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats, tier_chain
+from kvlab.policies.tiers import (
+    PrefixTier,
+    TiersConfig,
+    TierStats,
+    chain_head,
+    chain_length,
+    tier_chain,
+)
 
 # Returned when a decision needs no physical work. Shared: callers must never mutate a MemOps
 # they get from the manager (the scheduler copies them into its own per-step MemOps).
@@ -62,9 +69,9 @@ class _Plan:
     # The pages as power-of-two runs, largest first, instead of one block: a request alone in
     # memory whose own blocks would not fit (see `_plan_new`).
     as_runs: bool = False
-    # Prefix hits below the device, after `hit_pages`: (level, tier page), loaded into the
-    # block's first pages.
-    tier_hits: list[tuple[int, int]] | None = None
+    # Prefix hits below the device, after `hit_pages`, as runs (level, tier slots): loaded
+    # into the block's first pages.
+    tier_hits: list[tuple[int, list[int]]] | None = None
     # Pages after those whose KV another instance sends (`Request.kv_transfer_tokens`).
     num_transfer_pages: int = 0
 
@@ -280,33 +287,24 @@ class KVCacheManager:
             below = self._tier_chain(hashes, len(pages), limit)
             self._last_lookup = (seq.request_id, self._cache_epoch, pages, below,
                                  self._tier_epoch())
-            return (len(pages) + len(below)) * self.page_size
+            return (len(pages) + chain_length(below)) * self.page_size
         return len(pages) * self.page_size
 
-    def _tier_chain(self, hashes: list, start: int, limit: int) -> list[tuple[int, int]]:
-        """(level, tier slot) of each page from `start` (the first the device lacks) that
-        the tiers hold, in a chain, up to `limit`: by units of several pages, the whole units
-        before `limit` (a unit's key is its last page's), but for the pages the device
-        holds of the first."""
+    def _tier_chain(self, hashes: list, start: int, limit: int) -> list[tuple[int, list[int]]]:
+        """The tier slots of the pages from `start` (the first the device lacks) that the
+        tiers hold, in a chain up to `limit`, as runs (level, slots) (`tier_chain`): by units
+        of several pages, the whole units before `limit` (a unit's key is its last page's),
+        but for the pages the device holds of the first."""
         assert self.tiers is not None
-        maps, unit = [tier.pages_by_key for tier in self.tiers], self._tier_unit
+        stores, unit = [tier.store for tier in self.tiers], self._tier_unit
         if unit == 1:
-            return tier_chain(maps, hashes[start:limit])
+            return tier_chain(stores, hashes[start:limit])
         first = start // unit * unit
-        units = tier_chain(maps, hashes[first + unit - 1 : limit // unit * unit : unit])
-        slots: list[tuple[int, int]] = []
-        index, num_units = 0, len(units)
-        while index < num_units:  # a run of units in a row in one tier: its slots in C
-            level, page = units[index]
-            end = index + 1
-            while end < num_units and units[end][1] == page + end - index \
-                    and units[end][0] == level:
-                end += 1
-            count = (end - index) * unit
-            slots += zip(repeat(level, count), range(page * unit, page * unit + count),
-                         strict=True)
-            index = end
-        return slots[start - first :]
+        units = tier_chain(stores, hashes[first + unit - 1 : limit // unit * unit : unit])
+        runs = [(level, _slots(pages, unit)) for level, pages in units]
+        if runs and start > first:  # the device holds the first unit's first pages
+            runs[0] = (runs[0][0], runs[0][1][start - first :])
+        return runs
 
     def _tier_epoch(self) -> int:
         assert self.tiers is not None
@@ -396,11 +394,11 @@ class KVCacheManager:
             self.num_prefix_queries += self._num_lookup_pages(seq)
             self.num_prefix_hits += len(plan.hit_pages)
             if self.store_threshold:
-                self._count_reuse(seq, len(plan.hit_pages) + len(plan.tier_hits or ()))
+                self._count_reuse(seq, len(plan.hit_pages) + chain_length(plan.tier_hits or []))
             if self.tiers is not None:
                 self._last_hit_levels = [len(plan.hit_pages), *([0] * len(self.tiers))]
-                for level, _ in plan.tier_hits or ():
-                    self._last_hit_levels[level] += 1
+                for level, slots in plan.tier_hits or ():
+                    self._last_hit_levels[level] += len(slots)
         return self._execute(seq, seq.num_computed_tokens + num_new_tokens, state, plan)
 
     def allocate_decodes(self, requests: list[Request], start: int, budget: int) -> int:
@@ -625,27 +623,30 @@ class KVCacheManager:
             tier.check(distinct=distinct)
             assert not tier.num_pinned_pages, f"{tier.kind} tier pages left pinned"
 
-    def _pin_tier_hits(self, seq: Request, start: int, hits: list[tuple[int, int]]) -> None:
-        """Pin the tier pages of `seq`'s hits below the device, its pages `start` onwards (a
-        unit of several pages: pinned, and counted, whole)."""
+    def _pin_tier_hits(self, seq: Request, start: int,
+                       hits: list[tuple[int, list[int]]]) -> None:
+        """Pin the tier pages of `seq`'s hits below the device (runs of tier slots), its pages
+        `start` onwards (a unit of several pages: pinned, and counted, whole)."""
         assert self.tiers is not None
         unit, hashes = self._tier_unit, seq.page_hashes(self.page_size)
-        if unit == 1:
-            keys = hashes[start : start + len(hits)]
-        else:  # a unit where the hits start, then every `unit` hits; its key its last page's
-            firsts = [0, *range(unit - hits[0][1] % unit, len(hits), unit)]
-            keys = [hashes[(start + offset) // unit * unit + unit - 1] for offset in firsts]
-            hits = [(hits[offset][0], hits[offset][1] // unit) for offset in firsts]
-        for level, (pages, level_keys) in _by_level(hits, keys).items():
-            self.tiers[level - 1].pin_many(pages, level_keys)
+        for level, slots in hits:
+            if unit == 1:
+                pages, keys = slots, hashes[start : start + len(slots)]
+            else:  # a unit where the run starts, then every `unit` slots; its key its last page's
+                firsts = [0, *range(unit - slots[0] % unit, len(slots), unit)]
+                keys = [hashes[(start + offset) // unit * unit + unit - 1] for offset in firsts]
+                pages = [slots[offset] // unit for offset in firsts]
+            self.tiers[level - 1].pin_many(pages, keys)
             self.tier_stats[level - 1].num_hits += len(pages) * unit
+            start += len(slots)
 
     def _received(self, state: _SeqState, plan: _Plan) -> MemOps:
         """What fills a new sequence's pages after its device hits (the plan took them): the
         loads of its hits below the device, then the pages another instance sends."""
         hits, start = plan.tier_hits or [], state.num_hit_pages
-        pages = state.pages[start : start + len(hits)]
-        start += len(hits)
+        num_hits = chain_length(hits)
+        pages = state.pages[start : start + num_hits]
+        start += num_hits
         return MemOps(tier_loads=[TierBatch(level, sources, 0, destinations)
                                   for level, (sources, destinations)
                                   in _by_level(hits, pages).items()],
@@ -673,13 +674,13 @@ class KVCacheManager:
         tiers, unit = self.tiers, self._tier_unit
         assert tiers is not None
         tier = tiers[level - 1]
-        held = tier.pages_by_key
         # Keys are unique here (one device page per key, one tier page per key); the common
         # case, none of them held below yet, is checked in C.
         own = self.tier_stats[level - 1]
         if src_level == 0 and self.store_threshold:
             threshold, reuse = self.store_threshold, self._reuse
-            keep = [key not in held and reuse.get(key, 0) >= threshold for key in keys]
+            keep = [not held and reuse.get(key, 0) >= threshold
+                    for key, held in zip(keys, tier.holds_each(keys), strict=True)]
             keys = list(compress(keys, keep))
             src_pages = list(compress(src_pages, _each_page(keep, unit)))
         elif len(keys) <= tier.num_free_pages:  # room for all: found and stored in one pass
@@ -691,8 +692,8 @@ class KVCacheManager:
                 slots = pages if unit == 1 else range(pages[0] * unit, (pages[-1] + 1) * unit)
                 self._tier_writes.append(TierBatch(src_level, src_pages, level, slots))
             return
-        elif not held.keys().isdisjoint(keys):
-            keep = [key not in held for key in keys]
+        elif tier.holds_any(keys):
+            keep = [not held for held in tier.holds_each(keys)]
             keys = list(compress(keys, keep))
             src_pages = list(compress(src_pages, _each_page(keep, unit)))
         if not keys:
@@ -805,9 +806,9 @@ class KVCacheManager:
             return plan
         return self._plan_growth(seq, total, state)
 
-    def _hit_pages(self, seq: Request) -> tuple[list[int], list[tuple[int, int]], int]:
-        """The cached pages a new sequence starts from, on the device and (level, tier page)
-        below it, and how many pages after them another instance sends: its
+    def _hit_pages(self, seq: Request) -> tuple[list[int], list[tuple[int, list[int]]], int]:
+        """The cached pages a new sequence starts from, on the device and below it (runs of
+        tier slots, `_tier_chain`), and how many pages after them another instance sends: its
         `num_computed_tokens`, looked up again unless the last lookup was this sequence's and
         no key has left the cache (or a tier) since; tokens past the hit may be computed only
         as far as its `kv_transfer_tokens`."""
@@ -824,7 +825,7 @@ class KVCacheManager:
             assert last is not None
         pages, below = last[2], last[3] if len(last) > 3 else []
         num_pages, partial = divmod(num_computed, self.page_size)
-        num_hit = len(pages) + len(below)
+        num_hit = len(pages) + chain_length(below)
         if seq.kv_transfer_tokens and num_computed > num_hit * self.page_size:
             if num_computed > seq.kv_transfer_tokens:
                 raise ValueError(
@@ -836,11 +837,11 @@ class KVCacheManager:
             # sequence whose content differs.
             raise ValueError(
                 f"request {seq.request_id}: num_computed_tokens is {num_computed}, but the "
-                f"prefix cache holds {(len(pages) + len(below)) * self.page_size} of its "
+                f"prefix cache holds {num_hit * self.page_size} of its "
                 "tokens now (whole pages); set it from num_computed_prefix_tokens() (or to 0) "
                 "just before allocate"
             )
-        return pages[:num_pages], below[: max(0, num_pages - len(pages))], 0
+        return pages[:num_pages], chain_head(below, num_pages - len(pages)), 0
 
     def _plan_new(
         self, seq: Request, total: int, hits: list[int], *, watermark: bool
@@ -1246,17 +1247,15 @@ def _slots(tier_pages: list[int], unit: int) -> list[int]:
     return list(chain.from_iterable(map(range, starts, map(unit.__add__, starts))))
 
 
-def _by_level(hits: list[tuple[int, int]], values: list) -> dict[int, tuple[list[int], list]]:
-    """Tier hits `(level, tier page)` with a value each, grouped by level: (tier pages,
-    values), in order. One level (the usual single tier) is two comprehensions, without a
-    dict lookup and two appends per hit."""
-    assert len(values) == len(hits), "one value per hit"
-    levels = {level for level, _ in hits}
-    if len(levels) == 1:
-        return {levels.pop(): ([page for _, page in hits], list(values))}
+def _by_level(hits: list[tuple[int, list[int]]], values: list) -> dict[int, tuple[list[int], list]]:
+    """Tier hits as runs `(level, tier slots)`, with a value per slot, grouped by level:
+    (tier slots, values), in order."""
     grouped: dict[int, tuple[list[int], list]] = {}
-    for (level, page), value in zip(hits, values, strict=True):
-        pages, level_values = grouped.setdefault(level, ([], []))
-        pages.append(page)
-        level_values.append(value)
+    start = 0
+    for level, slots in hits:
+        level_slots, level_values = grouped.setdefault(level, ([], []))
+        level_slots += slots
+        level_values += values[start : start + len(slots)]
+        start += len(slots)
+    assert start == len(values), "one value per hit"
     return grouped

@@ -22,16 +22,22 @@ Unset link figures are the hardware's (the simulator fills them in).
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
-from itertools import compress, repeat
-from typing import Any, cast
+from itertools import compress
+from typing import Any, Protocol, cast
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
 from kvlab.policies.interfaces import Eviction, add_cached, pop_victims, recycle, take_hits
+
+try:  # built from _tierstore.c where a C compiler was found at install (DictStore otherwise)
+    from kvlab.policies._tierstore import TierStore as _CTierStore
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _CTierStore = None  # type: ignore[assignment,misc]
 
 TIER_KINDS = ("host", "ssd", "remote")
 WRITE_POLICIES = ("write-back", "write-through")
@@ -272,20 +278,168 @@ class TierStats:
                 f"{key}_demoted_pages": self.num_demotions}
 
 
+class TierStore(Protocol):
+    """A tier's pages: which key each holds and the order they are evicted in. Pages
+    0 .. num_handed_out - 1 hold content (a page is never freed alone: content leaves only by
+    eviction, which reuses the page at once), so the free pages are the tail of the range.
+    Cached pages are evictable; a pinned one (a load of this step reads it) is not.
+
+    Two implement it: `DictStore` (a dict and any eviction policy) and, for lru tiers where it
+    is built, `kvlab.policies._tierstore.TierStore` (the same in C: `new_store`)."""
+
+    @property
+    def num_handed_out(self) -> int: ...
+    @property
+    def num_cached(self) -> int: ...
+    def __contains__(self, key: object) -> bool: ...
+    def get(self, key: Hashable) -> int | None: ...
+    def pages_of(self, keys: list) -> list[int | None]: ...
+    def holds_each(self, keys: list) -> list[bool]: ...
+    def holds_any(self, keys: list) -> bool: ...
+    def put_many(self, keys: list) -> tuple[list, list[int], list[int], list]: ...
+    def put_into_free(self, keys: list) -> tuple[list[bool] | None, list[int]]: ...
+    def pin(self, pages: list[int]) -> list[bool]: ...
+    def unpin(self, pages: list[int], keys: list) -> None: ...
+    def clear(self) -> None: ...
+    def keys(self) -> list: ...
+    def lru_pages(self) -> list[int]: ...
+    def check(self) -> None: ...
+
+
+class DictStore:
+    """A `TierStore` over a dict (key -> page) and an eviction policy of the registry (the
+    device's policies, over tier pages: a tier page holds no owner)."""
+
+    __slots__ = ("_num_handed_out", "_page_of", "eviction", "evictor", "num_total")
+
+    def __init__(self, eviction: str, num_pages: int) -> None:
+        self.num_total = num_pages
+        self.eviction = eviction
+        self.evictor: Eviction = registry.get("eviction", eviction).factory()
+        self._page_of: dict[Hashable, int] = {}
+        self._num_handed_out = 0
+
+    @property
+    def num_handed_out(self) -> int:
+        """Pages holding content."""
+        return self._num_handed_out
+
+    @property
+    def num_cached(self) -> int:
+        """Pages evictable."""
+        return len(self.evictor)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._page_of
+
+    def get(self, key: Hashable) -> int | None:
+        """The page holding `key`, or None."""
+        return self._page_of.get(key)
+
+    def pages_of(self, keys: list) -> list[int | None]:
+        """Each key's page, or None."""
+        return list(map(self._page_of.get, keys))
+
+    def holds_each(self, keys: list) -> list[bool]:
+        """Whether each key is held."""
+        return list(map(self._page_of.__contains__, keys))
+
+    def holds_any(self, keys: list) -> bool:
+        """Whether any key is held."""
+        return not self._page_of.keys().isdisjoint(keys)
+
+    def put_many(self, keys: list) -> tuple[list, list[int], list[int], list]:
+        """`PrefixTier.put_many`, but for the counters."""
+        first_free = self._num_handed_out
+        num_free = min(len(keys), self.num_total - first_free)
+        num_victims = min(len(keys) - num_free, len(self.evictor))
+        keys = keys[len(keys) - num_free - num_victims :]
+        if not num_victims:  # the free pages hold them all (a tier filling up)
+            return keys, self.put_into_free(keys)[1], [], []
+        pages = list(range(first_free, first_free + num_free))
+        self._num_handed_out += num_free
+        if not num_free:  # full: the oldest pages take the new content
+            victim_pages, victim_keys = recycle(self.evictor, num_victims, keys)
+            pages = list(victim_pages)
+        else:
+            victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
+            pages += victim_pages
+            add_cached(self.evictor, pages, keys)
+        deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
+        self._page_of.update(zip(keys, pages, strict=True))
+        return keys, pages, victim_pages, victim_keys
+
+    def put_into_free(self, keys: list) -> tuple[list[bool] | None, list[int]]:
+        """`PrefixTier.put_into_free`, but for the counters."""
+        assert len(keys) <= self.num_total - self._num_handed_out, "more keys than free pages"
+        first, page_of = self._num_handed_out, self._page_of
+        fresh = range(first, first + len(keys))
+        pages = list(fresh)
+        found = list(map(page_of.setdefault, keys, pages))
+        stored: list[bool] | None = None
+        if found != pages:  # some were held (at pages below `first`): the rest in a row again
+            stored = [page is fresh_page for page, fresh_page in zip(found, pages, strict=True)]
+            keys = list(compress(keys, stored))
+            deque(map(page_of.pop, keys), maxlen=0)
+            fresh = range(first, first + len(keys))
+            pages = list(fresh)
+            page_of.update(zip(keys, pages, strict=True))
+        self._num_handed_out += len(keys)
+        add_cached(self.evictor, fresh, keys)
+        return stored, pages
+
+    def pin(self, pages: list[int]) -> list[bool]:
+        """Take the cached ones of `pages` out of the eviction order; whether each was."""
+        return take_hits(self.evictor, pages)
+
+    def unpin(self, pages: list[int], keys: list) -> None:
+        """Pinned `pages` (holding `keys`) are evictable again: the most recently used (by
+        LRU; other policies order them their own way), in order."""
+        add_cached(self.evictor, pages, keys)
+
+    def clear(self) -> None:
+        """Drop every page's content (none pinned)."""
+        self.evictor = registry.get("eviction", self.eviction).factory()
+        self._page_of.clear()
+        self._num_handed_out = 0
+
+    def keys(self) -> list:
+        """The keys held."""
+        return list(self._page_of)
+
+    def lru_pages(self) -> list[int]:
+        """The cached pages in eviction order."""
+        return self.evictor.pages()
+
+    def check(self) -> None:
+        """Every page holding content holds one key (a pass over the store)."""
+        used = len(self._page_of)
+        assert used == self._num_handed_out, "a tier page was lost (or holds two keys)"
+        assert len(set(self._page_of.values())) == used, "a tier page holds two keys"
+
+
+def new_store(eviction: str, num_pages: int) -> TierStore:
+    """A store of `num_pages` tier pages evicting by `eviction`: for lru, the C store where it
+    is built (and KVLAB_TIER_STORE is not `python`), else a `DictStore`. Both give the same
+    pages, victims and order (tests/policies/test_tier_store.py compares them)."""
+    if eviction == "lru" and _CTierStore is not None and num_pages < 2**31 - 1 \
+            and os.environ.get("KVLAB_TIER_STORE", "") != "python":
+        return _CTierStore(num_pages)
+    return DictStore(eviction, num_pages)
+
+
 class PrefixTier:
-    """A tier's pages at run time: which content each holds, its eviction policy, and the
-    pages pinned by a load of the step being decided (not evictable until `unpin_all`). A
-    remote pool is one PrefixTier shared by the managers of a cluster.
+    """A tier's pages at run time (a `TierStore`), its counters, and the pages pinned by a
+    load of the step being decided (not evictable until `unpin_all`). A remote pool is one
+    PrefixTier shared by the managers of a cluster.
 
     A tier page holds `block_pages` device pages (`TiersConfig.block_size`; tier page p is
     slots p * block_pages onwards of the tier's memory, in device pages) under the prefix key
-    of its last one; `stats` count device pages. A tier page is never freed alone (content
-    leaves only by eviction, which reuses the page at once), so the free pages are always the
-    tail of the page range.
+    of its last one; `stats` count device pages.
     """
 
-    __slots__ = ("_num_handed_out", "_page_of", "_pinned", "_pinned_keys", "block_pages",
-                 "epoch", "evictor", "num_total_pages", "spec", "stats")
+    __slots__ = ("_pinned", "_pinned_keys", "block_pages", "epoch", "num_total_pages", "spec",
+                 "stats", "store")
 
     def __init__(self, spec: TierSpec, num_total_pages: int, block_pages: int = 1) -> None:
         self.spec = spec
@@ -293,10 +447,7 @@ class PrefixTier:
         self.block_pages = block_pages
         self.stats = TierStats()
         self.epoch = 0  # counts contents dropped: a lookup from an older epoch may be stale
-        self._num_handed_out = 0
-        self._page_of: dict[Hashable, int] = {}
-        # the same policies as the device's, over tier pages (a tier page holds no owner)
-        self.evictor: Eviction = registry.get("eviction", spec.eviction).factory()
+        self.store = new_store(spec.eviction, num_total_pages)
         self._pinned: list[int] = []  # pages pinned this step, and their keys
         self._pinned_keys: list[Hashable] = []
 
@@ -313,12 +464,12 @@ class PrefixTier:
     @property
     def num_used_pages(self) -> int:
         """Pages holding content (pinned ones included)."""
-        return self._num_handed_out
+        return self.store.num_handed_out
 
     @property
     def num_free_pages(self) -> int:
         """Pages holding nothing."""
-        return self.num_total_pages - self._num_handed_out
+        return self.num_total_pages - self.store.num_handed_out
 
     @property
     def num_pinned_pages(self) -> int:
@@ -327,33 +478,26 @@ class PrefixTier:
 
     def page_of(self, key: Hashable) -> int | None:
         """The page holding `key`, or None."""
-        return self._page_of.get(key)
-
-    @property
-    def pages_by_key(self) -> dict[Hashable, int]:
-        """key -> the page holding it (read-only: the manager's fast lookups)."""
-        return self._page_of
+        return self.store.get(key)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._page_of
+        return key in self.store
 
     def pin_many(self, pages: list[int], keys: list) -> None:
         """Loads read `pages` (holding `keys`) this step: count the hits and keep the pages
         from being evicted (one pinned already by another load of this step stays so)."""
         assert len(pages) == len(keys), "a key for each page"
         self.stats.num_hits += len(pages) * self.block_pages
-        taken = take_hits(self.evictor, pages)  # (false for a page pinned already)
+        taken = self.store.pin(pages)  # (false for a page pinned already)
         self._pinned += compress(pages, taken)
         self._pinned_keys += compress(keys, taken)
 
     def unpin_all(self) -> None:
         """The step's loads are decided: the pages read become the most recently used (by
         LRU; other policies order them their own way)."""
-        pinned = self._pinned
-        if not pinned:
-            return
-        add_cached(self.evictor, pinned, self._pinned_keys)
-        self._pinned, self._pinned_keys = [], []
+        if self._pinned:
+            self.store.unpin(self._pinned, self._pinned_keys)
+            self._pinned, self._pinned_keys = [], []
 
     def put_many(self, keys: list) -> tuple[list, list[int], list[int], list]:
         """Give each of `keys` (none held here, no two alike) a page: free pages first, then
@@ -361,100 +505,97 @@ class PrefixTier:
         the victims' pages, the victims' keys): when fewer pages are free or evictable than
         keys, the last keys are the ones stored (as one put after another would keep them),
         and a victim is always content from before this call."""
-        first_free = self._num_handed_out
-        num_free = min(len(keys), self.num_total_pages - first_free)
-        num_victims = min(len(keys) - num_free, len(self.evictor))
-        keys = keys[len(keys) - num_free - num_victims :]
-        if not num_victims:  # the free pages hold them all (a tier filling up)
-            return keys, self.put_into_free(keys)[1], [], []
-        pages = list(range(first_free, first_free + num_free))
-        self._num_handed_out += num_free
-        if not num_free:  # full: the oldest pages take the new content
-            victim_pages, victim_keys = recycle(self.evictor, num_victims, keys)
-            pages = list(victim_pages)
-        else:
-            victim_pages, victim_keys = pop_victims(self.evictor, num_victims)
-            pages += victim_pages
-            add_cached(self.evictor, pages, keys)
-        deque(map(self._page_of.pop, victim_keys), maxlen=0)  # their content is gone
-        self.stats.num_evictions += num_victims * self.block_pages
-        self.epoch += 1
-        self._page_of.update(zip(keys, pages, strict=True))
-        self.stats.num_stores += len(keys) * self.block_pages
-        return keys, pages, victim_pages, victim_keys
+        stored, pages, victim_pages, victim_keys = self.store.put_many(keys)
+        if victim_keys:
+            self.stats.num_evictions += len(victim_keys) * self.block_pages
+            self.epoch += 1
+        self.stats.num_stores += len(stored) * self.block_pages
+        return stored, pages, victim_pages, victim_keys
 
     def put_into_free(self, keys: list) -> tuple[list[bool] | None, list[int]]:
         """`put_many` of those of `keys` (no two alike) not held here, where the free pages
-        have room for all of them: each takes the next free page. One pass over the map
-        finds the held ones and stores the others (no probe before it). Returns which keys
-        were stored (None: all) and their pages."""
-        assert len(keys) <= self.num_free_pages, "more keys than free pages"
-        first, page_of = self._num_handed_out, self._page_of
-        fresh = range(first, first + len(keys))
-        pages = list(fresh)
-        found = list(map(page_of.setdefault, keys, pages))
-        stored: list[bool] | None = None
-        if found != pages:  # some were held (at pages below `first`): the rest in a row again
-            stored = [page is fresh_page for page, fresh_page in zip(found, pages, strict=True)]
-            keys = list(compress(keys, stored))
-            deque(map(page_of.pop, keys), maxlen=0)
-            fresh = range(first, first + len(keys))
-            pages = list(fresh)
-            page_of.update(zip(keys, pages, strict=True))
-        self._num_handed_out += len(keys)
-        add_cached(self.evictor, fresh, keys)
-        self.stats.num_stores += len(keys) * self.block_pages
+        have room for all of them: each takes the next free page. Returns which keys were
+        stored (None: all) and their pages."""
+        stored, pages = self.store.put_into_free(keys)
+        self.stats.num_stores += len(pages) * self.block_pages
         return stored, pages
+
+    def keys(self) -> list:
+        """The keys held here."""
+        return self.store.keys()
+
+    def holds_each(self, keys: list) -> list[bool]:
+        """Whether each key is held here."""
+        return self.store.holds_each(keys)
+
+    def holds_any(self, keys: list) -> bool:
+        """Whether any of `keys` is held here."""
+        return self.store.holds_any(keys)
 
     def clear(self) -> None:
         """Drop every page's content (no page may be pinned)."""
         assert not self._pinned, "clear a tier while a load reads it"
-        self.evictor = registry.get("eviction", self.spec.eviction).factory()
-        self._num_handed_out = 0
-        self._page_of.clear()
+        self.store.clear()
         self.epoch += 1
 
     def check(self, *, distinct: bool = True) -> None:
         """Conservation: every page free, or holding one key (and cached, or pinned).
-        `distinct`: also check that no two keys share a page (a pass over the tier)."""
-        used = len(self._page_of)
-        assert used == self._num_handed_out, "a tier page was lost (or holds two keys)"
+        `distinct`: also check the store itself, that no two keys share a page (a pass over
+        the tier)."""
+        store = self.store
+        assert store.num_cached + len(self._pinned) == store.num_handed_out, \
+            "a tier page left its evictor"
         if distinct:
-            assert len(set(self._page_of.values())) == used, "a tier page holds two keys"
-        assert len(self.evictor) + len(self._pinned) == used, "a tier page left its evictor"
+            store.check()
 
 
-def tier_chain(maps: list[dict[Hashable, int]], keys: list) -> list[tuple[int, int]]:
-    """(level, page) of each key in turn, from the first of `maps` (key -> page, level 1
-    first) holding it, up to the first key none holds: a prefix lookup below the device."""
+def tier_chain(tiers: Sequence[TierStore], keys: list) -> list[tuple[int, list[int]]]:
+    """The pages of each key in turn, from the first of `tiers` (level 1 first) holding it, up
+    to the first key none holds, as runs `(level, pages)` of keys found in one tier: a prefix
+    lookup below the device."""
     # A chain is runs of keys found in one tier (a prompt's pages move down together), so
     # the work is in C per run: the run's tier is the first holding its first key; its
     # pages, from that tier's column (a lookup per key from where the chain first needs the
     # tier, kept for later runs), to the first key the tier lacks; a higher tier holding none
     # of the run's keys (the usual case) is one membership pass.
     columns: dict[int, tuple[int, list]] = {}  # level -> (first key's index, pages from it)
-    chain: list[tuple[int, int]] = []
+    chain: list[tuple[int, list[int]]] = []
     start, num_keys = 0, len(keys)
     while start < num_keys:
         key = keys[start]
-        level = next((level for level, held in enumerate(maps, 1) if key in held), 0)
+        level = next((level for level, held in enumerate(tiers, 1) if key in held), 0)
         if not level:
             break
         if level not in columns:
-            columns[level] = (start, list(map(maps[level - 1].get, keys[start:])))
+            columns[level] = (start, tiers[level - 1].pages_of(keys[start:]))
         first, pages = columns[level]
         end = _index_of(pages, None, start - first, len(pages)) + first
-        for above in maps[: level - 1]:  # a higher tier's copy breaks the run
-            if not above.keys().isdisjoint(keys[start:end]):
-                found = list(map(above.__contains__, keys[start:end]))
+        for above in tiers[: level - 1]:  # a higher tier's copy breaks the run
+            if above.holds_any(keys[start:end]):
+                found = above.holds_each(keys[start:end])
                 end = _index_of(found, True, 0, end - start) + start
-        run = cast("list[int]", pages[start - first : end - first])  # (no None before `end`)
-        chain += zip(repeat(level, len(run)), run, strict=True)
+        chain.append((level, cast("list[int]", pages[start - first : end - first])))
         start = end
     return chain
 
 
-def _index_of(values: list, value: object, start: int, end: int) -> int:
+def chain_length(chain: list[tuple[int, list[int]]]) -> int:
+    """The pages in a `tier_chain`."""
+    return sum(len(pages) for _, pages in chain)
+
+
+def chain_head(chain: list[tuple[int, list[int]]], num_pages: int) -> list[tuple[int, list[int]]]:
+    """The first `num_pages` pages of a `tier_chain` (all of it when it is shorter)."""
+    head: list[tuple[int, list[int]]] = []
+    for level, pages in chain:
+        if num_pages <= 0:
+            break
+        head.append((level, pages if len(pages) <= num_pages else pages[:num_pages]))
+        num_pages -= len(pages)
+    return head
+
+
+def _index_of(values: Sequence, value: object, start: int, end: int) -> int:
     """The first index of `value` in values[start:end] (by equality), else `end`."""
     try:
         return values.index(value, start, end)

@@ -10,14 +10,22 @@ from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
 from kvlab.policies.tiers import (
+    DictStore,
     PrefixTier,
     TiersConfig,
     TierSpec,
     build_tiers,
+    chain_head,
+    chain_length,
     parse_tier,
     parse_tiers,
     tier_chain,
 )
+
+try:
+    from kvlab.policies._tierstore import TierStore as CTierStore
+except ImportError:
+    CTierStore = None
 
 
 def test_the_grammar_reads_sizes_pages_and_options():
@@ -168,34 +176,65 @@ def test_a_shared_kind_is_the_same_object_for_every_instance():
     assert second[1] is first[1] and second[0] is not first[0]
 
 
-def _chain_key_by_key(maps, keys):
+# Each tier store: the Python one, and the C one where it is built.
+STORES = pytest.mark.parametrize("new", [
+    pytest.param(lambda num_pages: DictStore("lru", num_pages), id="python"),
+    pytest.param(CTierStore, id="c", marks=pytest.mark.skipif(
+        CTierStore is None, reason="kvlab.policies._tierstore is not built (no C compiler at "
+        "install)")),
+])
+
+
+def _pairs(chain):
+    """A chain's runs as (level, page) pairs, key by key."""
+    return [(level, page) for level, pages in chain for page in pages]
+
+
+def _chain_key_by_key(stores, keys):
     chain = []
     for key in keys:
-        level = next((level for level, held in enumerate(maps, 1) if key in held), None)
+        level = next((level for level, held in enumerate(stores, 1) if key in held), None)
         if level is None:
             break
-        chain.append((level, maps[level - 1][key]))
+        chain.append((level, stores[level - 1].get(key)))
     return chain
 
 
+def _stores(new, holders, num_tiers):
+    """A store per tier; key i held by the tiers in holders[i], stored last key first (so
+    that pages are not the keys)."""
+    stores = []
+    for level in range(1, num_tiers + 1):
+        keys = [key for key, held in enumerate(holders) if level in held][::-1]
+        store = new(max(1, len(keys)))
+        store.put_into_free(keys)
+        stores.append(store)
+    return stores
+
+
+@STORES
 @given(holders=st.lists(st.sets(st.integers(1, 3), max_size=3), max_size=40),
        num_tiers=st.integers(1, 3))
-def test_a_chain_takes_each_key_from_the_highest_tier_holding_it(holders, num_tiers):
-    # key i is held by the tiers in holders[i], each at a page of its own
-    maps = [{key: 100 * level + key for key, held in enumerate(holders) if level in held}
-            for level in range(1, num_tiers + 1)]
+def test_a_chain_takes_each_key_from_the_highest_tier_holding_it(new, holders, num_tiers):
+    stores = _stores(new, holders, num_tiers)
     keys = list(range(len(holders)))
-    assert tier_chain(maps, keys) == _chain_key_by_key(maps, keys)
+    chain = tier_chain(stores, keys)
+    assert _pairs(chain) == _chain_key_by_key(stores, keys)
+    assert all(pages for _, pages in chain), "an empty run"
+    assert chain_length(chain) == len(_pairs(chain))
+    for num_pages in range(len(keys) + 2):
+        assert _pairs(chain_head(chain, num_pages)) == _pairs(chain)[:num_pages]
 
 
+@STORES
 @given(runs=st.lists(st.tuples(st.sets(st.integers(1, 3), max_size=3), st.integers(1, 150)),
                      max_size=6),
        num_tiers=st.integers(1, 3))
-def test_a_chain_of_long_runs_takes_each_key_from_the_highest_tier_holding_it(runs, num_tiers):
+def test_a_chain_of_long_runs_takes_each_key_from_the_highest_tier_holding_it(new, runs,
+                                                                            num_tiers):
     # runs of up to 150 keys held by the same tiers (a prompt's pages move together), where
     # the test above draws each key's holders alone
     holders = [held for held, length in runs for _ in range(length)]
-    maps = [{key: 1000 * level + key for key, held in enumerate(holders) if level in held}
-            for level in range(1, num_tiers + 1)]
+    stores = _stores(new, holders, num_tiers)
     keys = list(range(len(holders)))
-    assert tier_chain(maps, keys) == _chain_key_by_key(maps, keys)
+    assert _pairs(tier_chain(stores, keys)) == _chain_key_by_key(stores, keys)
