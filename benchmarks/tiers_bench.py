@@ -10,6 +10,8 @@ tier, a 256 GiB host tier, and host 256 GiB + 2 TiB SSD: with tier pages of one 
 through: vLLM's offloaded block_size, LMCache's chunk). Target (issue 18): a run with tiers
 costs at most 1.5x the CPU time of the same run without them. Printed: the best run's CPU time,
 its ratio to the best run without tiers, and the median over the rounds of each round's ratio.
+The lru tiers run on the C tier store where it is built (policies/_tierstore.c);
+`KVLAB_TIER_STORE=python` times the same store in Python.
 """
 
 from __future__ import annotations
