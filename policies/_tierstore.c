@@ -302,21 +302,29 @@ page_ids(TierStore *s, PyObject *pages, Py_ssize_t *count)
 
 /* ------------------------------------------------------------------------------- methods */
 
-static int
-TierStore_init(TierStore *s, PyObject *args, PyObject *kwds)
+/* TierStore(num_pages): set up whole at creation (no __init__ to call twice or skip). */
+static PyObject *
+TierStore_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"num_pages", NULL};
     Py_ssize_t num_pages;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", names, &num_pages))
-        return -1;
+        return NULL;
     if (num_pages < 1 || num_pages > INT32_MAX - 1) {
         PyErr_Format(PyExc_ValueError, "num_pages %zd: expected 1 to %d", num_pages,
                      INT32_MAX - 1);
-        return -1;
+        return NULL;
     }
+    TierStore *s = (TierStore *)type->tp_alloc(type, 0); /* (zeroed) */
+    if (s == NULL)
+        return NULL;
     s->num_total = num_pages;
     s->head = s->tail = NONE;
-    return rebuild(s, 0);
+    if (rebuild(s, 0) < 0) {
+        Py_DECREF(s);
+        return NULL;
+    }
+    return (PyObject *)s;
 }
 
 static void
@@ -742,8 +750,7 @@ static PyTypeObject TierStoreType = {
     .tp_doc = "A memory tier's key -> page map and LRU order (see policies/tiers.py).",
     .tp_basicsize = sizeof(TierStore),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)TierStore_init,
+    .tp_new = TierStore_new,
     .tp_dealloc = (destructor)TierStore_dealloc,
     .tp_methods = TierStore_methods,
     .tp_getset = TierStore_getset,
