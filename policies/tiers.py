@@ -22,8 +22,10 @@ Unset link figures are the hardware's (the simulator fills them in).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import warnings
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -422,10 +424,21 @@ def new_store(eviction: str, num_pages: int) -> TierStore:
     """A store of `num_pages` tier pages evicting by `eviction`: for lru, the C store where it
     is built (and KVLAB_TIER_STORE is not `python`), else a `DictStore`. Both give the same
     pages, victims and order (tests/policies/test_tier_store.py compares them)."""
-    if eviction == "lru" and _CTierStore is not None and num_pages < 2**31 - 1 \
+    if eviction == "lru" and num_pages < 2**31 - 1 \
             and os.environ.get("KVLAB_TIER_STORE", "") != "python":
-        return _CTierStore(num_pages)
+        if _CTierStore is not None:
+            return _CTierStore(num_pages)
+        _warn_no_c_store()
     return DictStore(eviction, num_pages)
+
+
+@functools.cache
+def _warn_no_c_store() -> None:
+    """Say once per process that lru tiers run on the Python store (same results, slower)."""
+    warnings.warn("kvlab.policies._tierstore is not built (no C compiler when kvlab was "
+                  "installed): lru tiers use the Python store, with the same results; a "
+                  "simulation with tiers takes up to about 1.3x longer (reinstall with a C compiler "
+                  "to build it)", RuntimeWarning, stacklevel=3)
 
 
 class PrefixTier:

@@ -238,3 +238,15 @@ def test_a_chain_of_long_runs_takes_each_key_from_the_highest_tier_holding_it(ne
     stores = _stores(new, holders, num_tiers)
     keys = list(range(len(holders)))
     assert _pairs(tier_chain(stores, keys)) == _chain_key_by_key(stores, keys)
+
+
+def test_lru_tiers_without_the_c_store_use_the_python_one_and_say_so(monkeypatch):
+    from kvlab.policies import tiers
+
+    monkeypatch.delenv("KVLAB_TIER_STORE", raising=False)
+    monkeypatch.setattr(tiers, "_CTierStore", None)
+    tiers._warn_no_c_store.cache_clear()
+    with pytest.warns(RuntimeWarning, match="Python store"):
+        store = tiers.new_store("lru", 8)
+    assert isinstance(store, DictStore)
+    tiers._warn_no_c_store.cache_clear()
