@@ -437,8 +437,8 @@ def _warn_no_c_store() -> None:
     """Say once per process that lru tiers run on the Python store (same results, slower)."""
     warnings.warn("kvlab.policies._tierstore is not built (no C compiler when kvlab was "
                   "installed): lru tiers use the Python store, with the same results; a "
-                  "simulation with tiers takes up to about 1.3x longer (reinstall with a C compiler "
-                  "to build it)", RuntimeWarning, stacklevel=3)
+                  "simulation with tiers takes up to about 1.3x longer (reinstall with a C "
+                  "compiler to build it)", RuntimeWarning, stacklevel=3)
 
 
 class PrefixTier:
