@@ -613,7 +613,8 @@ TierStore_clear(TierStore *s, PyObject *Py_UNUSED(ignored))
     s->num_handed_out = 0;
     s->num_cached = 0;
     s->head = s->tail = NONE;
-    memset(s->cached, 0, s->num_alloc);
+    if (s->num_alloc)
+        memset(s->cached, 0, s->num_alloc);
     if (rebuild(s, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
