@@ -226,31 +226,16 @@ assign(TierStore *s, int32_t page, PyObject *key, Py_hash_t h, size_t slot)
     lru_append(s, page);
 }
 
+/* The pages as a list of ints: `pages[0 .. count)`, or, where `pages` is NULL, `count` pages in
+ * a row from `first`. */
 static PyObject *
-page_list(const int32_t *pages, Py_ssize_t count)
+page_list(const int32_t *pages, Py_ssize_t first, Py_ssize_t count)
 {
     PyObject *list = PyList_New(count);
     if (list == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *page = PyLong_FromLong(pages[i]);
-        if (page == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, i, page);
-    }
-    return list;
-}
-
-static PyObject *
-page_range(Py_ssize_t first, Py_ssize_t count)
-{
-    PyObject *list = PyList_New(count);
-    if (list == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *page = PyLong_FromSsize_t(first + i);
+        PyObject *page = PyLong_FromSsize_t(pages != NULL ? pages[i] : first + i);
         if (page == NULL) {
             Py_DECREF(list);
             return NULL;
@@ -383,7 +368,7 @@ TierStore_put_into_free(TierStore *s, PyObject *arg)
             goto done;
         assign(s, (int32_t)s->num_handed_out++, key, h, slot);
     }
-    pages = page_range(first, s->num_handed_out - first);
+    pages = page_list(NULL, first, s->num_handed_out - first);
     if (pages != NULL)
         result = PyTuple_Pack(2, stored != NULL ? stored : Py_None, pages);
 done:
@@ -455,8 +440,8 @@ TierStore_put_many(TierStore *s, PyObject *arg)
         assign(s, ids[i], key, hashes[i], slot);
     }
     PyMem_Free(hashes);
-    pages = page_list(ids, count);
-    victim_pages = page_list(ids + num_free, num_victims);
+    pages = page_list(ids, 0, count);
+    victim_pages = page_list(ids + num_free, 0, num_victims);
     if (pages != NULL && victim_pages != NULL)
         result = PyTuple_Pack(4, stored, pages, victim_pages, victim_keys);
 done:
@@ -493,16 +478,22 @@ TierStore_contains(TierStore *s, PyObject *key)
     return page != NONE;
 }
 
-/* Each key's page, or None (`as_bool`: whether each is held; `any`: whether one is). */
+/* What a lookup of a list of keys returns. */
+typedef enum {
+    PAGE_OF_EACH, /* each key's page, or None */
+    HELD_EACH,    /* whether each key is held */
+    HELD_ANY,     /* whether any key is held (stops at the first) */
+} LookUp;
+
 static PyObject *
-look_up(TierStore *s, PyObject *arg, int mode)
+look_up(TierStore *s, PyObject *arg, LookUp mode)
 {
     PyObject *keys = as_list(arg, "keys");
     if (keys == NULL)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    PyObject *result = mode == 2 ? NULL : PyList_New(n);
-    if (mode != 2 && result == NULL)
+    PyObject *result = mode == HELD_ANY ? NULL : PyList_New(n);
+    if (mode != HELD_ANY && result == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
@@ -511,7 +502,7 @@ look_up(TierStore *s, PyObject *arg, int mode)
         int32_t page;
         if (h == -1 || find(s, key, h, &slot, &page) < 0)
             goto fail;
-        if (mode == 2) {
+        if (mode == HELD_ANY) {
             if (page != NONE) {
                 Py_DECREF(keys);
                 Py_RETURN_TRUE;
@@ -519,7 +510,7 @@ look_up(TierStore *s, PyObject *arg, int mode)
             continue;
         }
         PyObject *value;
-        if (mode == 1)
+        if (mode == HELD_EACH)
             value = Py_NewRef(page != NONE ? Py_True : Py_False);
         else if (page == NONE)
             value = Py_NewRef(Py_None);
@@ -528,7 +519,7 @@ look_up(TierStore *s, PyObject *arg, int mode)
         PyList_SET_ITEM(result, i, value);
     }
     Py_DECREF(keys);
-    if (mode == 2)
+    if (mode == HELD_ANY)
         Py_RETURN_FALSE;
     return result;
 fail:
@@ -540,19 +531,19 @@ fail:
 static PyObject *
 TierStore_pages_of(TierStore *s, PyObject *keys)
 {
-    return look_up(s, keys, 0);
+    return look_up(s, keys, PAGE_OF_EACH);
 }
 
 static PyObject *
 TierStore_holds_each(TierStore *s, PyObject *keys)
 {
-    return look_up(s, keys, 1);
+    return look_up(s, keys, HELD_EACH);
 }
 
 static PyObject *
 TierStore_holds_any(TierStore *s, PyObject *keys)
 {
-    return look_up(s, keys, 2);
+    return look_up(s, keys, HELD_ANY);
 }
 
 static PyObject *

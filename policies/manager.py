@@ -680,7 +680,7 @@ class KVCacheManager:
         if src_level == 0 and self.store_threshold:
             threshold, reuse = self.store_threshold, self._reuse
             keep = [not held and reuse.get(key, 0) >= threshold
-                    for key, held in zip(keys, tier.holds_each(keys), strict=True)]
+                    for key, held in zip(keys, tier.store.holds_each(keys), strict=True)]
             keys = list(compress(keys, keep))
             src_pages = list(compress(src_pages, _each_page(keep, unit)))
         elif len(keys) <= tier.num_free_pages:  # room for all: found and stored in one pass
@@ -692,8 +692,8 @@ class KVCacheManager:
                 slots = pages if unit == 1 else range(pages[0] * unit, (pages[-1] + 1) * unit)
                 self._tier_writes.append(TierBatch(src_level, src_pages, level, slots))
             return
-        elif tier.holds_any(keys):
-            keep = [not held for held in tier.holds_each(keys)]
+        elif tier.store.holds_any(keys):
+            keep = [not held for held in tier.store.holds_each(keys)]
             keys = list(compress(keys, keep))
             src_pages = list(compress(src_pages, _each_page(keep, unit)))
         if not keys:

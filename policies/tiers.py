@@ -535,18 +535,6 @@ class PrefixTier:
         self.stats.num_stores += len(pages) * self.block_pages
         return stored, pages
 
-    def keys(self) -> list:
-        """The keys held here."""
-        return self.store.keys()
-
-    def holds_each(self, keys: list) -> list[bool]:
-        """Whether each key is held here."""
-        return self.store.holds_each(keys)
-
-    def holds_any(self, keys: list) -> bool:
-        """Whether any of `keys` is held here."""
-        return self.store.holds_any(keys)
-
     def clear(self) -> None:
         """Drop every page's content (no page may be pinned)."""
         assert not self._pinned, "clear a tier while a load reads it"

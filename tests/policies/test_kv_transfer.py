@@ -102,7 +102,7 @@ def test_hits_below_the_device_and_a_transfer_in_one_admission():
     # the tier's pages keep their own keys: evicting them all finds each one's content
     serve(Request(3, 20, 1, prompt_token_ids=[70] * 20))
     host = manager.tiers[0]
-    assert host.stats.num_evictions >= 2 and set(host.keys()) <= {
+    assert host.stats.num_evictions >= 2 and set(host.store.keys()) <= {
         *Request(9, 20, 1, prompt_token_ids=[70] * 20).page_hashes(PAGE),
         *Request(9, 20, 1, prompt_token_ids=[50] * 20).page_hashes(PAGE),
         *Request(9, 12, 1, prompt_token_ids=[*ids, 9, 9, 9, 9]).page_hashes(PAGE)}
