@@ -9,16 +9,17 @@ class HostPool:
     """A bounded pool of host pages, handed out in FIFO order (deterministic), and which
     sequence's KV each swapped sequence keeps there: its host pages and its token count."""
 
-    __slots__ = ("_free", "_swapped", "num_total_pages")
+    __slots__ = ("_free", "_held", "_swapped", "num_total_pages")
 
     def __init__(self, num_pages: int) -> None:
         self.num_total_pages = num_pages
         self._free: deque[int] = deque(range(num_pages))
+        self._held: list[int] = []  # released, but read later in this step (`free_held`)
         self._swapped: dict[int, tuple[list[int], int]] = {}  # request -> (host pages, tokens)
 
     @property
     def num_used_pages(self) -> int:
-        """Host pages holding swapped KV."""
+        """Host pages holding swapped KV (or read by a swap-in later in this step)."""
         return self.num_total_pages - len(self._free)
 
     def can_store(self, num_pages: int) -> bool:
@@ -42,8 +43,16 @@ class HostPool:
         """The request's host pages and token count, or None."""
         return self._swapped.get(request_id)
 
-    def release(self, request_id: int) -> None:
-        """Free the request's host pages (nothing when it holds none)."""
+    def release(self, request_id: int, *, hold: bool = False) -> None:
+        """Free the request's host pages (nothing when it holds none). `hold`: not before
+        `free_held()` (a swap-in's pages are read later in its step: a swap-out of the same
+        step, which runs first, must not take them)."""
         stored = self._swapped.pop(request_id, None)
         if stored is not None:
-            self._free.extend(stored[0])
+            (self._held if hold else self._free).extend(stored[0])
+
+    def free_held(self) -> None:
+        """Free the pages released with `hold` (the step that reads them is over)."""
+        if self._held:
+            self._free.extend(self._held)
+            self._held = []

@@ -88,12 +88,31 @@ class DecodeAhead:
     max_computed: int
 
 
+class StepOrderError(RuntimeError):
+    """A caller broke one of the rules on the order of calls in a step (`KVCacheManager`)."""
+
+
 class KVCacheManager:
     """Pages, prefix cache, swap space and the policies that decide over them (torch-free).
 
     All methods are deterministic. A method returning `None` changed nothing. Sequences are keyed
     by `request_id`; the scheduler owns `num_computed_tokens`, and `allocate(seq, n)` makes room
     for tokens `[seq.num_computed_tokens, seq.num_computed_tokens + n)`.
+
+    Calls between `begin_step()` and `end_step()` are one step: the executor carries out all
+    their MemOps together, in MemOps order, then computes the tokens allocated (a call outside
+    a step is a step of its own, its MemOps carried out before the next call). Within a step
+    any order of calls is safe under three rules:
+
+    - `can_swap_out` is False for a sequence given memory in the step (admitted, swapped in or
+      forked): its pages may receive their KV later in the step. A page copied on write in the
+      step is swapped out from the copy's source, and the host pages a swap-in reads are free
+      again only at `end_step`, as are the pages of a sequence freed in the step that
+      received swap-ins, tier loads or transfers in it.
+    - A sequence whose pages others took as prefix hits before it computed them may not be
+      freed or swapped out until it has (`StepOrderError`): their KV would never be written.
+    - `fork` takes a parent that has computed every token it claimed and was not given memory
+      in the step (`StepOrderError`).
     """
 
     # Slotted: every decode step reads and writes a few of these.
@@ -101,6 +120,7 @@ class KVCacheManager:
         "_cache_epoch",
         "_cached",
         "_free_list",
+        "_in_step",
         "_last_hit_levels",
         "_last_lookup",
         "_num_dup_slots",
@@ -109,6 +129,10 @@ class KVCacheManager:
         "_reserve",
         "_reuse",
         "_seqs",
+        "_step_copies",
+        "_step_freed",
+        "_step_loaded",
+        "_step_new",
         "_through_keys",
         "_through_pages",
         "_tier_unit",
@@ -188,6 +212,16 @@ class KVCacheManager:
         self._cache_epoch = 0
         # Set to a KVEventLog to record every prefix-cache change (vLLM's KV events).
         self.events: KVEventLog | None = None
+        # Within a step (`begin_step` to `end_step`) the MemOps of every call run together, in
+        # MemOps order, before the step computes: what later calls must know of earlier ones.
+        self._in_step = False
+        self._step_copies: dict[int, int] = {}  # copy-on-write this step: destination -> source
+        self._step_new: set[int] = set()  # requests given memory this step (KV may come later)
+        # of those, the ones whose pages receive swap-ins, tier loads or transfers (the last
+        # MemOps), and the ones of them freed since: released at `end_step`, so that no
+        # earlier copy or swap-in of the step writes their pages before those writes do
+        self._step_loaded: set[int] = set()
+        self._step_freed: list[tuple[Request, _SeqState, int]] = []
         self._init_tiers(tiers, tier_config)
 
     def _init_tiers(self, tiers: list[PrefixTier] | None, config: TiersConfig | None) -> None:
@@ -531,9 +565,14 @@ class KVCacheManager:
 
     def free(self, seq: Request) -> None:
         """Release everything the sequence holds, on device and host."""
-        state = self._seqs.pop(seq.request_id, None)
+        state = self._seqs.get(seq.request_id)
         if state is not None:
-            self._release(seq, state)
+            self._check_release(seq, state)
+            del self._seqs[seq.request_id]
+            if seq.request_id in self._step_loaded:
+                self._step_freed.append((seq, state, seq.num_computed_tokens))
+            else:
+                self._release(seq, state)
         self.host.release(seq.request_id)
 
     def reset_prefix_cache(self) -> bool:
@@ -564,6 +603,12 @@ class KVCacheManager:
         where they are known)."""
         assert child.request_id not in self._seqs, "child already holds memory"
         src = self._seqs[parent.request_id]
+        if src.num_tokens != parent.num_computed_tokens or parent.request_id in self._step_new:
+            raise StepOrderError(
+                f"fork of request {parent.request_id}: it has claimed {src.num_tokens} tokens "
+                f"and computed {parent.num_computed_tokens}"
+                + (", and was given memory in this step" if parent.request_id in self._step_new
+                   else "") + "; fork a parent whose KV is all written")
         num_filled = -(-src.num_tokens // self.page_size)
         pages = src.pages[:num_filled]
         owners = self._owners
@@ -579,16 +624,59 @@ class KVCacheManager:
             min(src.num_hashed, len(hashes)), hashes, False, 0, self._hashes_outputs(child),
         )
         self._num_live_slots += src.num_tokens
+        if self._in_step:
+            self._step_new.add(child.request_id)
+
+    def _check_release(self, seq: Request, state: _SeqState) -> None:
+        """Raise StepOrderError where releasing `seq` now would leave another table holding
+        pages it registered but has not computed (taken as prefix hits in this step)."""
+        page_size, owners = self.page_size, self._owners
+        num_written = seq.num_computed_tokens
+        if not owners or state.num_hashed * page_size <= num_written:
+            return
+        unwritten = state.pages[num_written // page_size : state.num_hashed]
+        if any(page in owners for page in unwritten):
+            raise StepOrderError(
+                f"request {seq.request_id} is released with pages that others took as prefix "
+                "hits before it computed them; release it only after the step that computes "
+                "them (or before another request hits them)")
 
     # ----------------------------------------------------------------------------- tiers
 
     def begin_step(self) -> None:
-        """A step's decisions start: write through the pages registered by the step before
-        (their KV is computed now), unless their content left the device since (a unit of
-        several pages: unless any of its pages' did)."""
+        """A step's decisions start (see the class's rules): write through the pages
+        registered by the step before (their KV is computed now)."""
+        self._in_step = True
+        if self._through_keys:
+            self._write_through()
+
+    def end_step(self, ops: MemOps) -> None:
+        """A step's decisions are made: append its tier writes to `ops` (in the order they
+        were decided) and release the tier pages its loads read and the host pages its
+        swap-ins read."""
+        self._flush_write_backs()
+        if self._tier_writes:
+            ops.tier_writes.extend(self._tier_writes)
+            self._tier_writes = []
+        for tier in self.tiers or ():
+            tier.unpin_all()
+        self.host.free_held()
+        if self._step_copies:
+            self._step_copies.clear()
+        if self._step_new:
+            self._step_new.clear()
+            self._step_loaded.clear()
+            for seq, state, num_written in self._step_freed:
+                self._release(seq, state, num_written)
+            self._step_freed = []
+        self._in_step = False
+
+    def _write_through(self) -> None:
+        """Store the pages registered by the step before in the first tier, unless their
+        content left the device since (a unit of several pages: unless any of its pages'
+        did), each key once (two tables may register one key in a step: the first freed
+        before computing it, the second given the same pages)."""
         pages, keys = self._through_pages, self._through_keys
-        if not keys:
-            return
         self._through_pages, self._through_keys = [], []
         assert self.tiers is not None
         unit = self._tier_unit
@@ -596,18 +684,16 @@ class KVCacheManager:
         if found != pages:  # some content left the device (the common case: none did)
             live = _whole([page == held for page, held in zip(pages, found, strict=True)], unit)
             pages, keys = list(compress(pages, live)), list(compress(keys, live))
-        if keys:
-            self._store(0, pages, keys[unit - 1 :: unit], 1)
-
-    def end_step(self, ops: MemOps) -> None:
-        """A step's decisions are made: append its tier writes to `ops` (in the order they
-        were decided) and release the tier pages its loads read."""
-        self._flush_write_backs()
-        if self._tier_writes:
-            ops.tier_writes.extend(self._tier_writes)
-            self._tier_writes = []
-        for tier in self.tiers or ():
-            tier.unpin_all()
+        unit_keys = keys[unit - 1 :: unit]
+        if len(set(unit_keys)) < len(unit_keys):
+            first: dict = {}  # key -> the index of its first unit
+            for index, key in enumerate(unit_keys):
+                first.setdefault(key, index)
+            keep = [first[key] == index for index, key in enumerate(unit_keys)]
+            pages = list(compress(pages, _each_page(keep, unit)))
+            unit_keys = list(compress(unit_keys, keep))
+        if unit_keys:
+            self._store(0, pages, unit_keys, 1)
 
     def count_first_hits(self) -> None:
         """The sequence just allocated is at its first admission: add its hits, level by
@@ -727,19 +813,30 @@ class KVCacheManager:
         return should_swap(self.policy.preemption, num_pages, 1, num_tokens, self.costs)
 
     def can_swap_out(self, seq: Request) -> bool:
-        """Whether the host pool has room for the sequence's computed pages."""
-        if seq.request_id not in self._seqs:
+        """Whether the host pool has room for the sequence's computed pages, and its pages
+        hold their KV when this step's swap-outs run (not a sequence given memory in the
+        step: see the class's rules)."""
+        if seq.request_id not in self._seqs or seq.request_id in self._step_new:
             return False
         return self.host.can_store(-(-seq.num_computed_tokens // self.page_size))
 
     def swap_out(self, seq: Request) -> MemOps:
-        """Copy the pages of the computed tokens to host memory and release all device pages."""
-        state = self._seqs.pop(seq.request_id)
+        """Copy the pages of the computed tokens to host memory and release all device pages
+        (a page copied on write in this step is read from the copy's source: swap-outs run
+        before copies)."""
+        assert seq.request_id not in self._step_new, "call can_swap_out first"
+        state = self._seqs[seq.request_id]
+        self._check_release(seq, state)
+        del self._seqs[seq.request_id]
         num_tokens = seq.num_computed_tokens
         num_filled = -(-num_tokens // self.page_size)
         assert self.host.can_store(num_filled), "call can_swap_out first"
         host_pages = self.host.store(seq.request_id, num_filled, num_tokens)
-        ops = MemOps(swap_outs=list(zip(state.pages[:num_filled], host_pages, strict=True)))
+        pages = state.pages[:num_filled]
+        if self._step_copies:
+            copies = self._step_copies
+            pages = [copies.get(page, page) for page in pages]
+        ops = MemOps(swap_outs=list(zip(pages, host_pages, strict=True)))
         self._release(seq, state)
         return ops
 
@@ -757,8 +854,10 @@ class KVCacheManager:
         plan = self._plan_new(seq, num_tokens, [], watermark=True)
         if plan is None:
             return None
-        self.host.release(seq.request_id)
+        self.host.release(seq.request_id, hold=self._in_step)
         self._execute(seq, num_tokens, None, plan)
+        if self._in_step:
+            self._step_loaded.add(seq.request_id)
         pages = self._seqs[seq.request_id].pages
         return MemOps(swap_ins=list(zip(host_pages, pages[: len(host_pages)], strict=True)))
 
@@ -771,6 +870,13 @@ class KVCacheManager:
         limit = state.fast_limit
         free = self._free_list
         if total > limit + page_size or limit != len(state.pages) * page_size:
+            return False
+        # A limit at the table's end means every held page is registered (or has no hash), so
+        # the new page is the next to register when it has a hash: the allocation that fills
+        # it takes the planner, which registers it in the step that fills it (a chunk of one
+        # whole page, a decode at page size 1), and the fast path stops short of its end.
+        to_register = state.hash_outputs or state.num_hashed < len(state.hashes)
+        if to_register and total == limit + page_size:
             return False
         if free:
             page = free.popleft()
@@ -788,9 +894,7 @@ class KVCacheManager:
                 self._write_back([page], [key])
         state.pages.append(page)
         state.num_blocks += 1
-        # Every held page is registered here (else the limit would be below the table's end):
-        # a state hashing outputs stops again where the new page fills (see `_fast_limit`).
-        state.fast_limit = limit + page_size - state.hash_outputs
+        state.fast_limit = limit + page_size - to_register  # (see `_fast_limit`)
         self._num_live_slots += total - state.num_tokens
         state.num_tokens = total
         return True
@@ -926,6 +1030,8 @@ class KVCacheManager:
             if plan.tier_hits:
                 self._pin_tier_hits(seq, len(plan.hit_pages), plan.tier_hits)
             state = self._take_hits(seq, plan.hit_pages)
+            if self._in_step:
+                self._step_new.add(seq.request_id)
         if plan.as_runs:
             state.pages += self._take_runs(plan.num_block_pages)
             state.num_blocks += 1
@@ -935,6 +1041,8 @@ class KVCacheManager:
                 index = state.num_tokens // self.page_size
                 old = state.pages[index]
                 ops = MemOps(copies=[(old, block[0])])
+                if self._in_step:  # (a copy of a copy made this step reads the first source)
+                    self._step_copies[block[0]] = self._step_copies.get(old, old)
                 self._drop_owner(old)
                 self._num_dup_slots -= self._fill(index, state.num_tokens)
                 state.pages[index] = block[0]
@@ -943,6 +1051,8 @@ class KVCacheManager:
             state.num_blocks += 1
         if plan.tier_hits or plan.num_transfer_pages:
             ops = self._received(state, plan)
+            if self._in_step:
+                self._step_loaded.add(seq.request_id)
         if total > state.num_tokens:
             self._num_live_slots += total - state.num_tokens
             state.num_tokens = total
@@ -1045,6 +1155,8 @@ class KVCacheManager:
             cached.update(zip(keys, pages, strict=True))
             new: range | list[int] = range(start, num_full)
         else:  # some content is already cached in another page: keep that page
+            # (one page per key, unlike vLLM, which caches duplicates: once that page is
+            # evicted, this one stays uncached while held, and vLLM would still hit it)
             state.regular = False
             indices: list[int] = []  # the pages whose content was not cached yet
             for index in range(start, num_full):
@@ -1126,12 +1238,14 @@ class KVCacheManager:
             self.events.removed(removed)
         self._cache_epoch += 1
 
-    def _release(self, seq: Request, state: _SeqState) -> None:
+    def _release(self, seq: Request, state: _SeqState, num_written: int | None = None) -> None:
         """Drop one owner from each page. Pages left with none are cached if registered, tail
         first (so LRU evicts deep prompt pages before the roots they hang from), else freed in
-        table order. Only the KV of `seq.num_computed_tokens` tokens was written: pages
-        registered past them are taken out of the cache, and pages they fill are put in."""
-        num_written = seq.num_computed_tokens
+        table order. Only the KV of `num_written` tokens (default `seq.num_computed_tokens`)
+        was written: pages registered past them are taken out of the cache, and pages they
+        fill are put in."""
+        if num_written is None:
+            num_written = seq.num_computed_tokens
         if state.hash_outputs:
             self._register(seq, state, min(num_written, state.num_tokens))
         if state.num_hashed * self.page_size > num_written:

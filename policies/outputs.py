@@ -27,7 +27,8 @@ class MemOps:
     (copy-on-write), `swap_outs` copy device pages to host pages, `swap_ins` host pages back to
     device pages. Executors carry them out before the step's forward pass, in this order:
     swap_outs, then copies, then swap_ins (a page freed by a swap-out may be the destination of a
-    later copy or swap-in in the same step). Dynamic block sizes need no page moves here: a block
+    later copy or swap-in in the same step; a page copied on write in the step is swapped out
+    from the copy's source, which still holds the content then). Dynamic block sizes need no page moves here: a block
     table addresses blocks wherever they lie. A transfer is one run of consecutive pages on both
     sides, which is what a link's per-transfer latency is charged on.
 

@@ -87,15 +87,13 @@ class Scheduler:
         """Decide the next step at clock time `now_s`."""
         step = _Step(self.config.max_num_batched_tokens)
         manager = self.manager
-        if manager.tiers is not None:
-            manager.begin_step()
+        manager.begin_step()
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_swapped(step, now_s)
             if not self.swapped:
                 self._schedule_waiting(step, now_s)
-        if manager.tiers is not None:
-            manager.end_step(step.ops)
+        manager.end_step(step.ops)
         self.step_id += 1
         return step.output(self.step_id - 1)
 

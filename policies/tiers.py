@@ -129,7 +129,9 @@ class TiersConfig:
     the pages of a block leave the device one by one; and only then, not again as the device
     evicts them, so a tier smaller than the device's cache holds what the device does), found
     by its last page's prefix key, and loaded whole (but for the device pages a hit holds
-    already).
+    already): a lookup's hit below the device ends where a tier page does. Only a caller that
+    takes a shorter hit than the lookup found (`num_computed_tokens` below it) loads the first
+    pages of its last tier page alone.
     """
 
     tiers: tuple[TierSpec, ...] = ()

@@ -21,13 +21,16 @@ class ShadowCost:
 class Harness:
     """One manager, its shadow, and the sequences the driver made (live or swapped out)."""
 
-    def __init__(self, spec: str, num_pages: int, max_model_len: int = 256, host_pages=None):
+    def __init__(self, spec: str, num_pages: int, max_model_len: int = 256, host_pages=None,
+                 tiers=None, tier_config=None):
         self.manager = KVCacheManager(
             spec,
             num_pages,
             max_model_len=max_model_len,
             num_host_pages=host_pages,
             costs=ShadowCost(),
+            tiers=tiers,
+            tier_config=tier_config,
         )
         self.page_size = self.manager.page_size
         self.copied: dict[int, dict[int, object]] = {}  # a fork's tokens, copied from its parent

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvlab.policies import KVCacheManager, MemOps, Request, Scheduler, SchedulerOutput
+from kvlab.policies.kv_events import CLEARED, REMOVED, STORED, KVEventLog
 
 Content = Callable[[Request, int], object]
 
@@ -106,12 +107,14 @@ class ShadowMemory:
         self._check_new_pages(seq, table[num_hit_pages:])
         self.seqs[rid], self.tables[rid], self.written[rid] = seq, table, num_hit
 
-    def grew(self, seq: Request, copies: list[tuple[int, int]]) -> None:
+    def grew(self, seq: Request, copies: list[tuple[int, int]],
+             table: list[int] | None = None) -> None:
         """A live sequence was allocated more (its table may have grown, and `copies` replaced
-        shared pages with private copies)."""
+        shared pages with private copies); `table`: its table then, where it changed since."""
         rid = seq.request_id
         self._require(rid in self.seqs, f"seq {rid} grew but holds no memory")
-        old, new = self.tables[rid], list(self.manager.block_table(seq))
+        old = self.tables[rid]
+        new = list(self.manager.block_table(seq)) if table is None else table
         replaced = dict(copies)
         self._require(len(new) >= len(old), f"seq {rid}: its table shrank")
         fresh = []
@@ -150,35 +153,46 @@ class ShadowMemory:
         self.written.pop(seq.request_id, None)
         self.swapped.pop(seq.request_id, None)
 
-    def swapped_out(self, seq: Request, swap_outs: list[tuple[int, int]]) -> None:
-        """The sequence's written tokens go to the host pages `swap_outs` names."""
+    def swapped_out(self, seq: Request, swap_outs: list[tuple[int, int]],
+                    copies: list[tuple[int, int]] = ()) -> None:
+        """The sequence's written tokens go to the host pages `swap_outs` names. `copies`: the
+        copies-on-write of the step: swap-outs run before them, so a page of the table that
+        one of them fills is read from its source."""
         rid = seq.request_id
+        self._require(rid in self.tables, f"seq {rid} was swapped out before its pages held "
+                      "its KV (it was given memory in this step)")
         table, num_written = self.tables[rid], self.written[rid]
         host_pages = [host for _, host in swap_outs]
+        source = {dst: src for src, dst in copies}
         self._require(
-            [page for page, _ in swap_outs] == table[: -(-num_written // self.page_size)],
-            f"seq {rid}: swap-outs {swap_outs} are not its written pages of {table}",
+            [page for page, _ in swap_outs]
+            == [source.get(page, page) for page in table[: -(-num_written // self.page_size)]],
+            f"seq {rid}: swap-outs {swap_outs} are not its written pages of {table} (this "
+            f"step's copies: {list(copies)})",
         )
         for other, (_, pages, _) in self.swapped.items():
             self._require(not set(pages) & set(host_pages), f"host pages of {other} reused")
         self.freed(seq)
         self.swapped[rid] = (seq, host_pages, num_written)
 
-    def swapped_in(self, seq: Request, swap_ins: list[tuple[int, int]]) -> None:
-        """The sequence comes back from host memory into the pages `swap_ins` names."""
+    def swapped_in(self, seq: Request, swap_ins: list[tuple[int, int]],
+                   table: list[int] | None = None) -> None:
+        """The sequence comes back from host memory into the pages `swap_ins` names (`table`:
+        its table then, where it changed since)."""
         rid = seq.request_id
         _, host_pages, num_written = self.swapped.pop(rid)
         self._require([host for host, _ in swap_ins] == host_pages,
                       f"seq {rid}: swap-ins {swap_ins} are not its host pages {host_pages}")
-        table = list(self.manager.block_table(seq))
+        table = list(self.manager.block_table(seq)) if table is None else table
         self._require([dev for _, dev in swap_ins] == table[: len(host_pages)],
                       f"seq {rid}: swapped into {swap_ins}, its table is {table}")
         self._check_new_pages(seq, table)
         self.seqs[rid], self.tables[rid], self.written[rid] = seq, table, num_written
 
-    def forked(self, parent: Request, child: Request) -> None:
-        """`child` shares the parent's filled pages."""
-        table = list(self.manager.block_table(child))
+    def forked(self, parent: Request, child: Request, table: list[int] | None = None) -> None:
+        """`child` shares the parent's filled pages (`table`: the child's table at the fork,
+        where it grew since)."""
+        table = list(self.manager.block_table(child)) if table is None else table
         parent_table = self.tables[parent.request_id]
         self._require(table == parent_table[: len(table)], "a fork's table is not its parent's")
         rid = child.request_id
@@ -277,6 +291,43 @@ class ShadowMemory:
             raise ShadowError(message)
 
 
+class CachedKeys:
+    """The manager's prefix-cache keys as its KV events tell them, step by step: checks that
+    every page a step fills with known tokens is in the cache in that step (vLLM stores a
+    block in the step that computes its last token)."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self.manager = manager
+        self.keys: set = set()  # cached now, by the events so far
+        self._present: set = set()  # cached at some time in the last step
+        if manager.caching:
+            manager.events = KVEventLog()
+
+    def end_step(self) -> None:
+        """Take the step's events."""
+        present = set(self.keys)
+        for event in self.manager.events.take() if self.manager.events is not None else ():
+            if event.kind == STORED:
+                self.keys.add(event.key)
+                present.add(event.key)
+            elif event.kind == REMOVED:
+                self.keys.discard(event.key)
+            elif event.kind == CLEARED:
+                self.keys.clear()
+        self._present = present
+
+    def check_filled(self, seq: Request, start: int, num_new: int, known: list) -> None:
+        """The pages that tokens [start, start + num_new) filled, of those whose prefix keys
+        were `known` when the step was decided, were cached in the step (`end_step`)."""
+        page_size = self.manager.page_size
+        for index in range(start // page_size, min(len(known), (start + num_new) // page_size)):
+            if known[index] not in self._present:
+                raise ShadowError(
+                    f"seq {seq.request_id}: page {index}, filled by tokens {start}.."
+                    f"{start + num_new - 1} in this step, is not in the prefix cache (no stored "
+                    "event)")
+
+
 class ShadowExecutor:
     """Carries out a scheduler's steps on a `ShadowMemory`, as the engine does: each step's
     MemOps, then the scheduled tokens' KV into the slots their block tables name; then commits
@@ -285,12 +336,17 @@ class ShadowExecutor:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.shadow = ShadowMemory(scheduler.manager)
+        self.cached = CachedKeys(scheduler.manager)
 
     def step(self, now_s: float) -> SchedulerOutput:
         """Schedule, execute and commit one step at clock time `now_s`."""
         scheduler, shadow, manager = self.scheduler, self.shadow, self.scheduler.manager
         swapped_before = list(scheduler.swapped)
         output = scheduler.schedule(now_s)
+        self.cached.end_step()
+        page_size = manager.page_size
+        known = [list(r.page_hashes(page_size)) if manager.caching else []
+                 for r in output.requests]
         ops = output.mem_ops
         swap_outs = iter(ops.swap_outs)
         for victim in output.preempted:
@@ -315,6 +371,9 @@ class ShadowExecutor:
                 shadow.admitted(request, item.num_computed_tokens)
             shadow.wrote(request, item.num_computed_tokens,
                          item.num_computed_tokens + item.num_new_tokens)
+        for item, keys in zip(output.scheduled, known, strict=True):
+            self.cached.check_filled(item.request, item.num_computed_tokens,
+                                     item.num_new_tokens, keys)
         finished = scheduler.update(output, self._samples(output), now_s)
         for request in finished:
             shadow.freed(request)
