@@ -28,9 +28,9 @@ class MemOps:
     device pages. Executors carry them out before the step's forward pass, in this order:
     swap_outs, then copies, then swap_ins (a page freed by a swap-out may be the destination of a
     later copy or swap-in in the same step; a page copied on write in the step is swapped out
-    from the copy's source, which still holds the content then). Dynamic block sizes need no page moves here: a block
-    table addresses blocks wherever they lie. A transfer is one run of consecutive pages on both
-    sides, which is what a link's per-transfer latency is charged on.
+    from the copy's source, which still holds the content then). Dynamic block sizes need no
+    page moves here: a block table addresses blocks wherever they lie. A transfer is one run of
+    consecutive pages on both sides, which is what a link's per-transfer latency is charged on.
 
     Memory tiers (policies/tiers.py) add two lists of `TierBatch`es: `tier_writes` (device
     pages stored to the first tier, tier pages moved down) run first of all, batch after batch
