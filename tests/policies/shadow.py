@@ -291,6 +291,18 @@ class ShadowMemory:
             raise ShadowError(message)
 
 
+def check_whole_tier_pages(seq: Request, table: list[int], loaded: set[int],
+                           manager: KVCacheManager) -> None:
+    """A new sequence's hit below the device, taken whole as the lookup found it, ends where a
+    tier page does (a tier page is found by its last device page's key and loaded whole):
+    `loaded` holds the device pages its loads fill (with others' it does not hold)."""
+    unit = manager.tiers[0].block_pages if manager.tiers else 1
+    own = [index for index, page in enumerate(table) if page in loaded]
+    if own and (own[-1] + 1) % unit:
+        raise ShadowError(f"seq {seq.request_id}: its hit below the device ends at device page "
+                          f"{own[-1]}, inside a tier page of {unit} device pages")
+
+
 class CachedKeys:
     """The manager's prefix-cache keys as its KV events tell them, step by step: checks that
     every page a step fills with known tokens is in the cache in that step (vLLM stores a
@@ -361,14 +373,17 @@ class ShadowExecutor:
             if not manager.is_swapped(request):
                 num_pages = len(shadow.swapped[request.request_id][1])
                 shadow.swapped_in(request, [next(swap_ins) for _ in range(num_pages)])
-        copies = dict(ops.copies)
+        loaded = {page for batch in ops.tier_loads for page in batch.dst_pages}
         for item in output.scheduled:
             request = item.request
+            table = manager.block_table(request)
             if request.request_id in shadow.seqs:
-                table = manager.block_table(request)
-                shadow.grew(request, [(s, d) for s, d in copies.items() if d in table])
+                shadow.grew(request, [(s, d) for s, d in ops.copies if d in table])
             else:
                 shadow.admitted(request, item.num_computed_tokens)
+                if loaded:  # (a request admitted after it may hit the same pages on the device)
+                    check_whole_tier_pages(request, table, loaded, manager)
+                    loaded -= set(table)
             shadow.wrote(request, item.num_computed_tokens,
                          item.num_computed_tokens + item.num_new_tokens)
         for item, keys in zip(output.scheduled, known, strict=True):

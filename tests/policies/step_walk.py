@@ -15,7 +15,7 @@ from kvlab.policies import MemOps, Request
 from kvlab.policies.manager import StepOrderError
 from kvlab.policies.tiers import PrefixTier, TierStore
 from tests.policies.harness import Harness
-from tests.policies.shadow import CachedKeys, ShadowError
+from tests.policies.shadow import CachedKeys, ShadowError, check_whole_tier_pages
 
 
 class CheckedStore:
@@ -158,21 +158,12 @@ class StepWalk:
                 seq.num_computed_tokens = 0
             return
         step.ops.extend(ops)
-        if ops.tier_loads:
-            self._check_whole_tier_pages(seq, ops)
+        if ops.tier_loads and hit is not None:
+            loaded = {page for batch in ops.tier_loads for page in batch.dst_pages}
+            check_whole_tier_pages(seq, manager.block_table(seq), loaded, manager)
         step.touched.add(seq.request_id)
         step.calls.append(("allocate", seq, start, num_new, known, list(ops.copies), None))
         self.h.live[seq.request_id] = seq
-
-    def _check_whole_tier_pages(self, seq: Request, ops: MemOps) -> None:
-        """A hit below the device, taken whole as the lookup found it, ends where a tier page
-        does (a tier page is found by its last device page's key and loaded whole)."""
-        unit = self.manager.tiers[0].block_pages
-        table = self.manager.block_table(seq)
-        end = 1 + max(table.index(page) for batch in ops.tier_loads for page in batch.dst_pages)
-        if end % unit:
-            raise ShadowError(f"seq {seq.request_id}: its hit below the device ends at device "
-                              f"page {end - 1}, inside a tier page of {unit} device pages")
 
     def _free(self, step: _Step, seq: Request) -> None:
         table = list(self.manager.block_table(seq))
