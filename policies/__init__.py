@@ -4,7 +4,7 @@ Torch-free and simpy-free: the simulator and the real engine both drive these sa
 """
 
 from kvlab.policies.arrivals import ArrivalQueue
-from kvlab.policies.manager import KVCacheManager
+from kvlab.policies.manager import KVCacheManager, StepOrderError
 from kvlab.policies.outputs import MemOps, MemoryUsage, ScheduledRequest, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus
 from kvlab.policies.scheduler import Scheduler, SchedulerConfig
@@ -25,5 +25,6 @@ __all__ = [
     "SchedulerConfig",
     "SchedulerOutput",
     "StepLoop",
+    "StepOrderError",
     "parse_policy",
 ]

@@ -11,8 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from kvlab.policies import MemOps, Request
-from kvlab.policies.manager import StepOrderError
+from kvlab.policies import MemOps, Request, StepOrderError
 from kvlab.policies.tiers import PrefixTier, TierStore
 from tests.policies.harness import Harness
 from tests.policies.shadow import CachedKeys, ShadowError, check_whole_tier_pages

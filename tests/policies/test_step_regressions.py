@@ -9,9 +9,15 @@ import itertools
 
 import pytest
 
-from kvlab.policies import KVCacheManager, MemOps, Request, Scheduler, SchedulerConfig
+from kvlab.policies import (
+    KVCacheManager,
+    MemOps,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    StepOrderError,
+)
 from kvlab.policies.kv_events import STORED, KVEventLog
-from kvlab.policies.manager import StepOrderError
 from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
 from tests.policies.shadow import ShadowMemory
 
