@@ -603,12 +603,14 @@ class KVCacheManager:
         where they are known)."""
         assert child.request_id not in self._seqs, "child already holds memory"
         src = self._seqs[parent.request_id]
-        if src.num_tokens != parent.num_computed_tokens or parent.request_id in self._step_new:
+        if parent.request_id in self._step_new:
+            raise StepOrderError(f"fork of request {parent.request_id}: it was given memory in "
+                                 "this step; fork a parent whose KV is all written")
+        if src.num_tokens != parent.num_computed_tokens:
             raise StepOrderError(
                 f"fork of request {parent.request_id}: it has claimed {src.num_tokens} tokens "
-                f"and computed {parent.num_computed_tokens}"
-                + (", and was given memory in this step" if parent.request_id in self._step_new
-                   else "") + "; fork a parent whose KV is all written")
+                f"and computed {parent.num_computed_tokens}; fork a parent whose KV is all "
+                "written")
         num_filled = -(-src.num_tokens // self.page_size)
         pages = src.pages[:num_filled]
         owners = self._owners
@@ -666,6 +668,7 @@ class KVCacheManager:
         if self._step_new:
             self._step_new.clear()
             self._step_loaded.clear()
+        if self._step_freed:
             for seq, state, num_written in self._step_freed:
                 self._release(seq, state, num_written)
             self._step_freed = []

@@ -4,8 +4,32 @@ and against the manager's own bookkeeping (owner counts, the prefix cache, the c
 
 from __future__ import annotations
 
-from kvlab.policies import KVCacheManager, Request
+from kvlab.policies import KVCacheManager, MemOps, Request
 from tests.policies.shadow import PrefixContent, ShadowMemory
+
+
+def compute(manager: KVCacheManager, seq: Request, num_new: int) -> MemOps:
+    """Allocate `num_new` tokens (a new sequence first takes its prefix hit) and count them
+    computed; the allocation's MemOps."""
+    if manager.num_pages_held(seq) == 0:
+        seq.num_computed_tokens = manager.num_computed_prefix_tokens(seq)
+    ops = manager.allocate(seq, num_new)
+    assert ops is not None
+    seq.num_computed_tokens += num_new
+    return ops
+
+
+def computed(seq: Request, start: int, num_new: int) -> None:
+    """Tokens [start, start + num_new) were computed: count them, and the outputs among them
+    (with a few distinct sampled ids where output ids are known, so output pages can be
+    shared)."""
+    num_outputs = start + num_new - seq.prompt_len
+    if num_outputs > seq.num_output_tokens:
+        if seq.output_ids_known:
+            seq.output_token_ids += [index % 3 for index in range(seq.num_output_tokens,
+                                                                  num_outputs)]
+        seq.num_output_tokens = num_outputs
+    seq.num_computed_tokens = start + num_new
 
 
 class ShadowCost:
@@ -85,14 +109,8 @@ class Harness:
         self.shadow.execute(ops)
         self.shadow.grew(seq, ops.copies)
         start = seq.num_computed_tokens
-        num_outputs = start + num_new - seq.prompt_len
-        if num_outputs > seq.num_output_tokens:
-            if seq.output_ids_known:  # a few distinct ids, so output pages can be shared
-                seq.output_token_ids += [index % 3 for index in range(seq.num_output_tokens,
-                                                                      num_outputs)]
-            seq.num_output_tokens = num_outputs
+        computed(seq, start, num_new)
         self.shadow.wrote(seq, start, start + num_new)
-        seq.num_computed_tokens = start + num_new
         return True
 
     def free(self, seq: Request) -> None:

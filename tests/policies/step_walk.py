@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvlab.policies import MemOps, Request, StepOrderError
 from kvlab.policies.tiers import PrefixTier, TierStore
-from tests.policies.harness import Harness
+from tests.policies.harness import Harness, computed
 from tests.policies.shadow import CachedKeys, ShadowError, check_whole_tier_pages
 
 
@@ -246,17 +246,6 @@ class StepWalk:
             shadow.admitted(seq, start)
         if released is not None:
             return
-        self._computed(seq, start, num_new)
+        computed(seq, start, num_new)
         shadow.wrote(seq, start, start + num_new)
         self.cached.check_filled(seq, start, num_new, known)
-
-    def _computed(self, seq: Request, start: int, num_new: int) -> None:
-        """The step computes the tokens: count them (sampling ids for known outputs, whose KV
-        the shadow then writes)."""
-        num_outputs = start + num_new - seq.prompt_len
-        if num_outputs > seq.num_output_tokens:
-            if seq.output_ids_known:  # a few distinct ids, so output pages can be shared
-                seq.output_token_ids += [index % 3 for index in range(seq.num_output_tokens,
-                                                                      num_outputs)]
-            seq.num_output_tokens = num_outputs
-        seq.num_computed_tokens = start + num_new

@@ -17,14 +17,7 @@ from kvlab.policies import (
     Scheduler,
     SchedulerConfig,
 )
-
-
-def _allocate(manager: KVCacheManager, seq: Request, num_new: int) -> None:
-    """Allocate and compute `num_new` tokens (a new sequence first takes its prefix hit)."""
-    if manager.num_pages_held(seq) == 0:
-        seq.num_computed_tokens = manager.num_computed_prefix_tokens(seq)
-    assert manager.allocate(seq, num_new) is not None
-    seq.num_computed_tokens += num_new
+from tests.policies.harness import compute
 
 
 def _serve(manager: KVCacheManager, requests: list[Request], budget: int = 64) -> Scheduler:
@@ -52,10 +45,10 @@ def test_a_hit_on_pages_of_two_tables_never_frees_a_page_still_held():
     y = Request(1, 7, 4, prompt_token_ids=[1, 2, 3, 4, 5, 6, 7])
     x = Request(2, 3, 4, prompt_token_ids=[1, 2, 3])
     z = Request(3, 5, 4, prompt_token_ids=[1, 2, 3, 4, 5])
-    _allocate(manager, y, 1)  # a first chunk: no full page yet
-    _allocate(manager, x, 3)  # registers [1, 2]
-    _allocate(manager, y, 4)  # [1, 2] is X's page; Y registers [3, 4]
-    _allocate(manager, z, 1)
+    compute(manager, y, 1)  # a first chunk: no full page yet
+    compute(manager, x, 3)  # registers [1, 2]
+    compute(manager, y, 4)  # [1, 2] is X's page; Y registers [3, 4]
+    compute(manager, z, 1)
     assert z.num_computed_tokens == 5  # a hit of 4 tokens, from X's table and Y's
     manager.free(x)
     manager.free(z)
@@ -63,20 +56,20 @@ def test_a_hit_on_pages_of_two_tables_never_frees_a_page_still_held():
     assert manager.usage().num_used_pages == len(held)
     # a request taking every free and cached page must not get one of Y's
     greedy = Request(4, 2 * (12 - len(held)), 1)
-    _allocate(manager, greedy, greedy.prompt_len)
+    compute(manager, greedy, greedy.prompt_len)
     assert not set(manager.block_table(greedy)) & set(held)
 
 
 def test_allocate_refuses_a_lookup_whose_pages_were_evicted_since():
     manager = KVCacheManager("paged:block_size=2,eviction=lru", 6, max_model_len=64)
     first = Request(0, 5, 1, prompt_token_ids=[1, 2, 3, 4, 5])
-    _allocate(manager, first, 5)
+    compute(manager, first, 5)
     manager.free(first)  # pages [1, 2] and [3, 4] stay cached
     again = Request(1, 6, 1, prompt_token_ids=[1, 2, 3, 4, 5, 6])
     again.num_computed_tokens = manager.num_computed_prefix_tokens(again)
     assert again.num_computed_tokens == 4
     other = Request(2, 12, 1, prompt_token_ids=list(range(20, 32)))
-    _allocate(manager, other, 12)  # takes every page, evicting the cached ones
+    compute(manager, other, 12)  # takes every page, evicting the cached ones
     with pytest.raises(ValueError, match="prefix cache holds 0 of its tokens"):
         manager.allocate(again, 2)
     assert manager.block_table(again) == []
@@ -85,7 +78,7 @@ def test_allocate_refuses_a_lookup_whose_pages_were_evicted_since():
 def test_allocate_looks_up_again_when_another_lookup_came_between():
     manager = KVCacheManager("paged:block_size=2,eviction=lru", 8, max_model_len=64)
     first = Request(0, 5, 1, prompt_token_ids=[1, 2, 3, 4, 5])
-    _allocate(manager, first, 5)
+    compute(manager, first, 5)
     manager.free(first)
     a = Request(1, 5, 1, prompt_token_ids=[1, 2, 3, 4, 9])
     b = Request(2, 3, 1, prompt_token_ids=[7, 7, 7])
@@ -100,12 +93,12 @@ def test_a_recomputed_request_hits_its_own_output_pages():
     # recomputation a request finds its prompt and the full pages of its output
     manager = KVCacheManager("paged:block_size=4,eviction=lru", 32, max_model_len=64)
     seq = Request(0, 8, 10, prompt_token_ids=list(range(8)), output_ids_known=True)
-    _allocate(manager, seq, 8)
+    compute(manager, seq, 8)
     for token in range(6):  # sample six outputs, computing each one's KV after it
         seq.output_token_ids.append(100 + token)
         seq.num_output_tokens += 1
         if token < 5:
-            _allocate(manager, seq, 1)
+            compute(manager, seq, 1)
     manager.free(seq)  # preempted: 13 of its 14 tokens computed
     seq.num_computed_tokens = 0
     assert manager.num_computed_prefix_tokens(seq) == 12  # prompt pages and one output page
@@ -114,13 +107,13 @@ def test_a_recomputed_request_hits_its_own_output_pages():
 def test_a_page_filled_during_decode_is_cached_in_the_step_that_fills_it():
     manager = KVCacheManager("paged:block_size=4,eviction=lru", 32, max_model_len=64)
     seq = Request(0, 6, 10, prompt_token_ids=list(range(6)), output_ids_known=True)
-    _allocate(manager, seq, 6)
+    compute(manager, seq, 6)
     seq.output_token_ids += [50, 51]
     seq.num_output_tokens = 2
-    _allocate(manager, seq, 1)  # token 6
+    compute(manager, seq, 1)  # token 6
     reader = Request(1, 9, 1, prompt_token_ids=[*range(6), 50, 51, 60])
     assert manager.num_computed_prefix_tokens(reader) == 4
-    _allocate(manager, seq, 1)  # token 7 fills page 1
+    compute(manager, seq, 1)  # token 7 fills page 1
     assert manager.num_computed_prefix_tokens(reader) == 8
 
 

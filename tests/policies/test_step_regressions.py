@@ -19,17 +19,8 @@ from kvlab.policies import (
 )
 from kvlab.policies.kv_events import STORED, KVEventLog
 from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
+from tests.policies.harness import compute
 from tests.policies.shadow import ShadowMemory
-
-
-def _compute(manager: KVCacheManager, seq: Request, num_new: int) -> MemOps:
-    """Allocate `num_new` tokens (a new sequence first takes its prefix hit) and compute them."""
-    if manager.num_pages_held(seq) == 0:
-        seq.num_computed_tokens = manager.num_computed_prefix_tokens(seq)
-    ops = manager.allocate(seq, num_new)
-    assert ops is not None
-    seq.num_computed_tokens += num_new
-    return ops
 
 
 def _serve_alone(manager: KVCacheManager, seq: Request, budget: int) -> list[list]:
@@ -78,9 +69,9 @@ def test_a_small_chunk_that_fills_a_page_registers_it():
     manager.events = KVEventLog()
     seq = Request(0, 40, 4, prompt_token_ids=list(range(40)))
     for chunk in (16, 14):
-        _compute(manager, seq, chunk)
+        compute(manager, seq, chunk)
     manager.events.take()
-    _compute(manager, seq, 2)
+    compute(manager, seq, 2)
     assert [event.kind for event in manager.events.take()] == [STORED]
     twin = Request(1, 40, 4, prompt_token_ids=list(range(40)))
     assert manager.num_computed_prefix_tokens(twin) == 32
@@ -92,7 +83,7 @@ def test_a_swap_out_after_a_copy_on_write_in_its_step_keeps_the_sequences_tokens
     manager = KVCacheManager("paged:block_size=4,host_pages=8", 16, max_model_len=64)
     shadow = ShadowMemory(manager, lambda seq, index: ("token", index))
     parent = Request(0, 3, 20)
-    ops = _compute(manager, parent, 3)
+    ops = compute(manager, parent, 3)
     shadow.execute(ops)
     shadow.admitted(parent, 0)
     shadow.wrote(parent, 0, 3)
@@ -124,7 +115,7 @@ def test_write_through_stores_a_key_registered_twice_in_a_step_once(store, monke
     ids = list(range(20))
     a = Request(0, 16, 4, prompt_token_ids=ids[:16])
     manager.begin_step()
-    _compute(manager, a, 8)  # step 1: 4 pages
+    compute(manager, a, 8)  # step 1: 4 pages
     manager.end_step(MemOps())
     manager.begin_step()  # step 2: the tier fills with them
     b = Request(1, 16, 4, prompt_token_ids=ids[:16])
@@ -149,8 +140,8 @@ def test_a_swap_out_after_a_swap_in_in_its_step_leaves_the_swap_ins_host_pages_a
     manager = KVCacheManager("paged:block_size=4,host_pages=2,preemption=swap", 16,
                              max_model_len=64)
     a, c = Request(0, 8, 4), Request(1, 8, 4)
-    _compute(manager, a, 8)
-    _compute(manager, c, 8)
+    compute(manager, a, 8)
+    compute(manager, c, 8)
     host_pages = [host for _, host in manager.swap_out(a).swap_outs]
     manager.begin_step()
     swap_in = manager.swap_in(a)
@@ -165,7 +156,7 @@ def test_a_sequence_admitted_in_the_step_is_not_swapped_out_in_it():
                              max_model_len=64)
     manager.begin_step()
     seq = Request(0, 8, 4)
-    _compute(manager, seq, 8)
+    compute(manager, seq, 8)
     assert not manager.can_swap_out(seq)
     manager.end_step(MemOps())
     assert manager.can_swap_out(seq)
@@ -177,10 +168,10 @@ def test_releasing_the_owner_of_pages_hit_before_it_computed_them_is_refused():
     ids = list(range(12))
     owner = Request(0, 12, 4, prompt_token_ids=ids)
     reader = Request(1, 12, 4, prompt_token_ids=ids)
-    _compute(manager, owner, 4)  # page 0, computed
+    compute(manager, owner, 4)  # page 0, computed
     manager.begin_step()
     assert manager.allocate(owner, 8) is not None  # registers pages 1 and 2, not computed yet
-    _compute(manager, reader, 4)  # hits pages 0 and 1 in the same step
+    compute(manager, reader, 4)  # hits pages 0 and 1 in the same step
     assert reader.num_computed_tokens == 12
     usage = manager.usage()
     assert manager.can_swap_out(owner)

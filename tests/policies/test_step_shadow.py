@@ -14,35 +14,21 @@ from hypothesis import strategies as st
 
 from kvlab.policies import MemOps
 from kvlab.policies.spec import parse_policy
-from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
+from kvlab.policies.tiers import TiersConfig, build_tiers
 from tests.policies.harness import Harness
 from tests.policies.step_walk import StepWalk
 from tests.policies.test_manager_properties import MAX_MODEL_LEN, new_request, spec_and_memory
+from tests.policies.test_tiers_shadow import tier_configs
 
-EVICTIONS = ["lru", "fifo", "lfu", "arc", "slru", "cost"]
-
-
-@st.composite
-def tier_configs(draw, block_size: int) -> TiersConfig:
-    """No tiers, or one to three, with tier pages of one to four device pages."""
-    kinds = draw(st.sampled_from([[], [], ["host"], ["host", "ssd"], ["host", "ssd", "remote"]]))
-    unit = draw(st.sampled_from([1, 1, 2, 3, 4]))
-    tiers = tuple(TierSpec(kind, size_pages=draw(st.integers(unit, 24)),
-                           eviction=draw(st.sampled_from(EVICTIONS))) for kind in kinds)
-    return TiersConfig(
-        tiers,
-        write_policy="write-through" if unit > 1 else
-        draw(st.sampled_from(["write-back", "write-through"])),
-        store_threshold=draw(st.sampled_from([0, 0, 1, 2])),
-        block_size=None if unit == 1 else unit * block_size,
-    )
+# no tiers, or one to three
+KINDS = [[], [], ["host"], ["host", "ssd"], ["host", "ssd", "remote"]]
 
 
 @st.composite
 def stepped_walks(draw):
     spec, num_pages, host_pages = draw(spec_and_memory())
     block_size = parse_policy(spec).block_size
-    config = draw(tier_configs(block_size))
+    config = draw(tier_configs(block_size, KINDS))
     if config.tiers and "eviction=none" in spec:
         spec = spec.replace("eviction=none", "eviction=lru")
     return spec, num_pages, host_pages, config, draw(st.integers(0, 2**32 - 1))

@@ -18,6 +18,26 @@ from tests.policies.test_scheduler_shadow import MAX_MODEL_LEN, shadow_workloads
 from tests.policies.test_scheduler_shadow import serve_on_shadow as serve_with_shadow
 
 EVICTIONS = ["lru", "fifo", "lfu", "arc", "slru", "cost"]
+TIER_KINDS = [["host"], ["host", "ssd"], ["remote"], ["host", "ssd", "remote"]]
+
+
+@st.composite
+def tier_configs(draw, block_size: int, kinds: list[list[str]] = TIER_KINDS) -> TiersConfig:
+    """Tiers of one of the `kinds` lists, tier pages of one to four device pages of
+    `block_size` tokens, every eviction policy, write policy and reuse threshold."""
+    unit = draw(st.sampled_from([1, 1, 2, 3, 4]))  # device pages per tier page
+    tiers = tuple(
+        TierSpec(kind, size_pages=draw(st.integers(unit, 24)),
+                 eviction=draw(st.sampled_from(EVICTIONS)))
+        for kind in draw(st.sampled_from(kinds))
+    )
+    return TiersConfig(
+        tiers,
+        write_policy="write-through" if unit > 1 else
+        draw(st.sampled_from(["write-back", "write-through"])),
+        store_threshold=draw(st.sampled_from([0, 0, 1, 2])),
+        block_size=None if unit == 1 else unit * block_size,
+    )
 
 
 @st.composite
@@ -25,20 +45,7 @@ def tiered_workloads(draw):
     spec, num_pages, config, requests = draw(shadow_workloads())
     if "eviction=none" in spec:
         spec = spec.replace("eviction=none", "eviction=lru")
-    unit = draw(st.sampled_from([1, 1, 2, 3, 4]))  # device pages per tier page
-    tiers = tuple(
-        TierSpec(kind, size_pages=draw(st.integers(unit, 24)),
-                 eviction=draw(st.sampled_from(EVICTIONS)))
-        for kind in draw(st.sampled_from([["host"], ["host", "ssd"], ["remote"],
-                                          ["host", "ssd", "remote"]]))
-    )
-    tier_config = TiersConfig(
-        tiers,
-        write_policy="write-through" if unit > 1 else
-        draw(st.sampled_from(["write-back", "write-through"])),
-        store_threshold=draw(st.sampled_from([0, 0, 1, 2])),
-        block_size=None if unit == 1 else unit * parse_policy(spec).block_size,
-    )
+    tier_config = draw(tier_configs(parse_policy(spec).block_size))
     return spec, num_pages, config, requests, tier_config
 
 
