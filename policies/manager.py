@@ -656,19 +656,20 @@ class KVCacheManager:
         """A step's decisions are made: append its tier writes to `ops` (in the order they
         were decided) and release the tier pages its loads read and the host pages its
         swap-ins read."""
-        self._flush_write_backs()
-        if self._tier_writes:
-            ops.tier_writes.extend(self._tier_writes)
-            self._tier_writes = []
-        for tier in self.tiers or ():
-            tier.unpin_all()
-        self.host.free_held()
+        # (every step of every run: the common step, no tiers and nothing new, is three tests)
+        if self.tiers is not None:
+            self._flush_write_backs()
+            if self._tier_writes:
+                ops.tier_writes.extend(self._tier_writes)
+                self._tier_writes = []
+            for tier in self.tiers:
+                tier.unpin_all()
         if self._step_copies:
             self._step_copies.clear()
-        if self._step_new:
+        if self._step_new:  # (swapped-in and loaded requests, freed or not, are among these)
+            self.host.free_held()
             self._step_new.clear()
             self._step_loaded.clear()
-        if self._step_freed:
             for seq, state, num_written in self._step_freed:
                 self._release(seq, state, num_written)
             self._step_freed = []
