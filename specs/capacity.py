@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
 from kvlab.specs.hardware import HardwareSpec, check_tensor_parallel
+from kvlab.specs.kv_layout import KVLayout, LayoutGroup, kv_cache_groups
 from kvlab.specs.model import ModelSpec
 
 # vLLM profiles one forward pass of max_num_batched_tokens tokens to find peak activations;
@@ -23,6 +24,7 @@ class KVCapacity:
     """The KV cache one device holds: pages of `page_size` tokens, `page_bytes` each (all layers).
 
     `weight_bytes` and `activation_bytes` are what was set aside before the pages, per device.
+    `layout` is how the model's KV-cache groups share the pages (None: one full-attention group).
     """
 
     num_pages: int
@@ -31,10 +33,27 @@ class KVCapacity:
     num_tokens: int
     weight_bytes: int
     activation_bytes: int
+    layout: KVLayout | None = None
 
-    def max_concurrency(self, max_model_len: int) -> float:
-        """Requests of max_model_len tokens that fit at once (vLLM counts whole pages each)."""
-        return self.num_pages / math.ceil(max_model_len / self.page_size)
+    def max_concurrency(self, max_model_len: int, *, max_in_flight_tokens: int | None = None,
+                        enable_prefix_caching: bool = False) -> float:
+        """Requests of max_model_len tokens that fit at once (vLLM counts whole pages each, in
+        every KV-cache group: `KVLayout.max_concurrency`, whose arguments these are)."""
+        if self.layout is None:
+            return self.num_pages / math.ceil(max_model_len / self.page_size)
+        return self.layout.max_concurrency(self.num_pages, max_model_len,
+                                           max_in_flight_tokens=max_in_flight_tokens,
+                                           enable_prefix_caching=enable_prefix_caching)
+
+    def group_usage(self, num_tokens: int, *, max_in_flight_tokens: int | None = None,
+                    enable_prefix_caching: bool = False) -> list[GroupUsage]:
+        """Where a request of `num_tokens` tokens puts its bytes: one row per KV-cache group."""
+        layout = self.layout or kv_layout_of_plain_pages(self)
+        pages = layout.pages_per_request(num_tokens, max_in_flight_tokens=max_in_flight_tokens,
+                                         enable_prefix_caching=enable_prefix_caching)
+        return [GroupUsage(group, num_pages, num_pages * self.page_bytes,
+                           num_pages * group.num_layers * group.layer_used_bytes)
+                for group, num_pages in zip(layout.groups, pages, strict=True)]
 
     def startup_lines(self, max_model_len: int) -> list[str]:
         """The two lines vLLM prints at start-up, with its number formatting."""
@@ -43,6 +62,23 @@ class KVCapacity:
             f"Maximum concurrency for {max_model_len:,} tokens per request: "
             f"{self.max_concurrency(max_model_len):.2f}x",
         ]
+
+
+@dataclass(slots=True, frozen=True)
+class GroupUsage:
+    """One KV-cache group's share of one request: pool pages, their bytes, and the bytes its
+    layers' data fill (the rest is padding: empty layer slots, a state smaller than a page)."""
+
+    group: LayoutGroup
+    num_pages: int
+    page_bytes: int
+    used_bytes: int
+
+
+def kv_layout_of_plain_pages(capacity: KVCapacity) -> KVLayout:
+    """One full-attention group filling the pages of a capacity made without a layout."""
+    group = LayoutGroup("full", 1, 0, 0, capacity.page_bytes, capacity.page_bytes)
+    return KVLayout((group,), capacity.page_size, capacity.page_size, 1, capacity.page_bytes)
 
 
 def estimate_activation_bytes(model: ModelSpec, tensor_parallel_size: int = 1) -> int:
@@ -70,6 +106,8 @@ def kv_cache_capacity_tokens(
     num_gpu_blocks_override: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     activation_reserve_bytes: int | None = None,
+    kv_dtype_bytes: int | None = None,
+    hybrid_kv_cache_manager: bool = True,
 ) -> KVCapacity:
     """The KV cache that fits on each device: HBM x utilisation - weights - activations.
 
@@ -78,10 +116,18 @@ def kv_cache_capacity_tokens(
     `kv_cache_memory_bytes` sets the KV cache's bytes per device (vLLM's
     `--kv-cache-memory-bytes`: utilisation, weights and activations then play no part). Raises
     KvlabError for bad flags and when not even one page fits.
+
+    Pages are pool pages of the model's KV layout (`kvlab.specs.kv_layout.kv_cache_groups`,
+    which `kv_dtype_bytes` and `hybrid_kv_cache_manager` go to): for a model whose layers are
+    all full attention, `page_size x kv_bytes_per_token`; for models with linear-attention
+    layers `page_size` may come back raised, as vLLM raises it.
     """
     _check_flags(page_size, gpu_memory_utilization, num_gpu_blocks_override)
     check_tensor_parallel(model, hardware, tensor_parallel_size)
-    page_bytes = page_size * model.kv_bytes_per_token(tensor_parallel_size)
+    layout = kv_cache_groups(model, page_size, tensor_parallel_size,
+                             kv_dtype_bytes=kv_dtype_bytes,
+                             hybrid_kv_cache_manager=hybrid_kv_cache_manager)
+    page_size, page_bytes = layout.block_size, layout.page_bytes
     weight_bytes = model.weight_bytes(tensor_parallel_size)
     activation_bytes = (
         estimate_activation_bytes(model, tensor_parallel_size)
@@ -117,6 +163,7 @@ def kv_cache_capacity_tokens(
         num_tokens=num_pages * page_size,
         weight_bytes=weight_bytes,
         activation_bytes=activation_bytes,
+        layout=layout,
     )
 
 

@@ -13,8 +13,9 @@ import yaml  # type: ignore[import-untyped, unused-ignore]  # stubs: types-PyYAM
 from kvlab.errors import KvlabError
 from kvlab.specs.hardware import HardwareSpec
 from kvlab.specs.hf import is_hf_folder, model_spec_from_hf
+from kvlab.specs.kv_layout import layer_layout_problem
 from kvlab.specs.model import ModelSpec
-from kvlab.specs.presets import HARDWARE_PRESETS, MODEL_PRESETS
+from kvlab.specs.presets import HARDWARE_ALIASES, HARDWARE_PRESETS, MODEL_PRESETS
 
 SpecT = TypeVar("SpecT", ModelSpec, HardwareSpec)
 
@@ -41,8 +42,10 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 
 def get_hardware(name_or_path: str) -> HardwareSpec:
-    """A hardware preset by name, or a HardwareSpec read from a YAML or JSON file path."""
-    return _get(name_or_path, HARDWARE_PRESETS, HardwareSpec, "hardware")
+    """A hardware preset by name (or a short alias such as `h200`), or a HardwareSpec read from
+    a YAML or JSON file path."""
+    name = HARDWARE_ALIASES.get(name_or_path.lower(), name_or_path)
+    return _get(name, HARDWARE_PRESETS, HardwareSpec, "hardware")
 
 
 def _get(name_or_path: str, presets: dict[str, SpecT], cls: type[SpecT], kind: str) -> SpecT:
@@ -114,6 +117,10 @@ def _coerce(value: Any, hint: Any, path: Path, field: str) -> Any:
     if value is None and optional:
         return None
     base = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+    if get_origin(base) is tuple:  # layer_types: a list of words
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise KvlabError(f"{path}: field {field!r} is {value!r}, expected a list of words")
     if base is str:
         if isinstance(value, str):
             return value
@@ -165,7 +172,7 @@ def model_problem(spec: ModelSpec) -> str | None:
         )
     if (spec.kv_lora_rank is None) != (spec.qk_rope_head_dim is None):
         return "kv_lora_rank and qk_rope_head_dim go together (MLA): give both or neither"
-    return None
+    return layer_layout_problem(spec)
 
 
 def _yaml_where(err: yaml.YAMLError) -> str:
