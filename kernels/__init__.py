@@ -10,7 +10,9 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
         fields slot_mapping [num_tokens] int64 (-1 = don't write), block_tables
         [num_seqs, max_pages] int32 padded with 0, seq_lens [num_seqs] int32, query_start_loc
         [num_seqs + 1] int32, host lists seq_lens_cpu / query_lens_cpu, max_seq_len,
-        max_query_len, page_size.
+        max_query_len, page_size. A block table entry may be NULL_PAGE (-1, kernels.metadata):
+        a page given back behind a sliding window, never read. meta.with_block_tables(tables)
+        is the same batch over another KV-cache group's tables.
 
     get_backend(name) -> KernelBackend          "torch" | "triton" | "npu" | "ascend"; an unknown
                                                  name, or npu without torch_npu -> KvlabError
@@ -37,10 +39,13 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
         name: str
         write_kv(key, value, k_cache, v_cache, slot_mapping) -> None
             key/value [num_tokens, num_kv_heads, head_dim] stored at their slots; -1 skipped.
-        paged_attention(query, k_cache, v_cache, meta, *, scale, num_kv_heads, out=None) -> Tensor
+        paged_attention(query, k_cache, v_cache, meta, *, scale, num_kv_heads, out=None,
+                        sliding_window=0) -> Tensor
             query [num_tokens, num_heads, head_dim] -> same shape (written into `out` if given).
             Causal within each sequence: query row j of sequence i sits at position
-            seq_len_i - query_len_i + j and attends to positions <= its own. Grouped-query
+            seq_len_i - query_len_i + j and attends to positions <= its own; with a
+            sliding_window W > 0, only to the W positions ending at its own (torch and triton;
+            npu and ascend raise a KvlabError, supports_sliding_window False). Grouped-query
             attention: num_heads is a multiple of num_kv_heads, query head h reads KV head
             h // (num_heads // num_kv_heads).
         copy_pages(k_cache, v_cache, pairs) -> None

@@ -37,6 +37,7 @@ from kvlab.kernels.ascend_tiles import (
     prefill_constants,
     write_kv_constants,
 )
+from kvlab.kernels.backend import refuse_sliding_window
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.metadata import AttentionMetadata
 
@@ -73,6 +74,7 @@ class AscendBackend:
     """triton-ascend kernels on an Ascend NPU; on CPU tensors under Triton's interpreter."""
 
     name = "ascend"
+    supports_sliding_window = False
 
     def __init__(self) -> None:
         self._last_extents: tuple[AttentionMetadata, ExtentTable] | None = None
@@ -127,8 +129,11 @@ class AscendBackend:
         scale: float,
         num_kv_heads: int,
         out: Tensor | None = None,
+        sliding_window: int = 0,
     ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
+        (full attention only: a `sliding_window` raises a KvlabError)."""
+        refuse_sliding_window(self.name, sliding_window)
         _check_caches(k_cache, v_cache)
         assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
         assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"

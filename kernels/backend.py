@@ -17,6 +17,7 @@ class KernelBackend(Protocol):
     """Paged attention and cache ops over `[num_pages, page_size, kv_heads, head_dim]` caches."""
 
     name: str
+    supports_sliding_window: bool
 
     def write_kv(
         self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
@@ -34,8 +35,10 @@ class KernelBackend(Protocol):
         scale: float,
         num_kv_heads: int,
         out: Tensor | None = None,
+        sliding_window: int = 0,
     ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
+        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only."""
         ...
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
@@ -47,6 +50,16 @@ class KernelBackend(Protocol):
     ) -> None:
         """Copy pages `pairs[n, 2]` of (src, dst) from one cache to another (device <-> host)."""
         ...
+
+
+def refuse_sliding_window(backend: str, sliding_window: int) -> None:
+    """A KvlabError when a backend without sliding-window attention is asked for a window."""
+    if sliding_window > 0:
+        raise KvlabError(
+            f"attention_backend {backend} has no sliding-window attention (window "
+            f"{sliding_window}); use attention_backend torch or triton",
+            parameters=("attention_backend",),
+        )
 
 
 @dataclass(frozen=True, slots=True)

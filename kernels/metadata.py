@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 import torch
 from torch import Tensor
+
+# A block table entry whose page was given back because it fell behind a sliding window: never
+# read. Equals kvlab.policies.kv_groups.NULL_PAGE (kernels and policies are sibling layers).
+NULL_PAGE = -1
 
 
 @dataclass(slots=True)
@@ -17,7 +21,9 @@ class AttentionMetadata:
     `query_lens_cpu[i]` tokens of its context of `seq_lens_cpu[i]` tokens, so query row j of
     sequence i sits at position `seq_len - query_len + j` and attends causally to positions
     <= its own. Device tensors: `slot_mapping` int64 (-1 = do not write), `block_tables`,
-    `seq_lens` and `query_start_loc` int32; `block_tables` is padded with page 0.
+    `seq_lens` and `query_start_loc` int32; `block_tables` is padded with page 0. A block
+    table may hold NULL_PAGE (-1) for pages wholly behind a layer's sliding window; no new token
+    may fall in one, and backends never read one.
     """
 
     slot_mapping: Tensor
@@ -61,6 +67,15 @@ class AttentionMetadata:
             max_query_len=max(query_lens, default=0),
             page_size=page_size,
         )
+
+    def with_block_tables(self, block_tables: list[list[int]]) -> AttentionMetadata:
+        """The same batch over other block tables (another KV-cache group's): new
+        `block_tables` and `slot_mapping`, every other field shared."""
+        _check_batch(block_tables, self.seq_lens_cpu, self.query_lens_cpu, self.page_size)
+        tables = _pad_tables(block_tables)
+        slots = _slot_mapping(tables, self.seq_lens_cpu, self.query_lens_cpu, self.page_size)
+        device = self.block_tables.device
+        return replace(self, slot_mapping=slots.to(device), block_tables=tables.to(device))
 
     @property
     def num_seqs(self) -> int:
@@ -107,7 +122,21 @@ def _check_batch(
                 f"seq_len {seq_len}"
             )
         if any(page_id < 0 for page_id in table):
-            raise ValueError(f"sequence {i}: negative page id in block table {table}")
+            _check_null_pages(i, table, seq_len, query_len, page_size)
+
+
+def _check_null_pages(
+    seq_id: int, table: list[int], seq_len: int, query_len: int, page_size: int
+) -> None:
+    """NULL_PAGE entries only, and none where this step writes a new token."""
+    if any(page_id < NULL_PAGE for page_id in table):
+        raise ValueError(f"sequence {seq_id}: negative page id in block table {table}")
+    first_written = (seq_len - query_len) // page_size
+    if NULL_PAGE in table[first_written : -(-seq_len // page_size)]:
+        raise ValueError(
+            f"sequence {seq_id}: block table {table} has NULL_PAGE where new tokens "
+            f"{seq_len - query_len}..{seq_len - 1} go"
+        )
 
 
 def _pad_tables(block_tables: list[list[int]]) -> Tensor:

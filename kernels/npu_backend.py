@@ -26,6 +26,7 @@ from torch import Tensor
 
 from kvlab.errors import KvlabError
 from kvlab.kernels.ascendc_ops import AscendcOps, load_ascendc_ops
+from kvlab.kernels.backend import refuse_sliding_window
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
@@ -59,6 +60,7 @@ class NpuBackend:
     """Kernels from torch_npu for Ascend NPUs (Atlas A2/A3); needs torch_npu and CANN."""
 
     name = "npu"
+    supports_sliding_window = False
 
     def __init__(self) -> None:
         self._ops = _import_torch_npu()
@@ -99,8 +101,11 @@ class NpuBackend:
         scale: float,
         num_kv_heads: int,
         out: Tensor | None = None,
+        sliding_window: int = 0,
     ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
+        (full attention only: a `sliding_window` raises a KvlabError)."""
+        refuse_sliding_window(self.name, sliding_window)
         check_kv_cache(meta.page_size, k_cache.dtype)
         assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"

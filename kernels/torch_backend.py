@@ -35,6 +35,7 @@ class TorchBackend:
     """
 
     name = "torch"
+    supports_sliding_window = True
 
     def __init__(self) -> None:
         # reused gather buffers: fresh multi-MB allocations page-fault on every call on CPU
@@ -61,12 +62,19 @@ class TorchBackend:
         scale: float,
         num_kv_heads: int,
         out: Tensor | None = None,
+        sliding_window: int = 0,
     ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
+        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only."""
         assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"
         assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
         out = torch.empty_like(query) if out is None else out
+        if sliding_window > 0:
+            _windowed_attention(
+                query, k_cache, v_cache, meta, sliding_window, scale, out, self._buffers
+            )
+            return out
         decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         for group in _decode_groups(decode_ids, meta.seq_lens_cpu, meta.page_size):
             _decode(query, k_cache, v_cache, meta, group, scale, out, self._buffers)
@@ -227,6 +235,75 @@ def _prefill(
         mask = positions[None, :] <= positions[seq_len - query_len :, None]
     o = _attend(q, k, v, mask, scale)
     out[start : start + query_len] = o[0].transpose(0, 1).to(out.dtype)
+
+
+def _windowed_attention(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    window: int,
+    scale: float,
+    out: Tensor,
+    buffers: _Buffers,
+) -> None:
+    """Attention over a sliding window of `window` tokens: each sequence's query rows gather
+    only the pages from the one holding the first row's first visible key on, so pages wholly
+    behind the window (NULL_PAGE entries among them) are never read."""
+    page_size = meta.page_size
+    # the pages a decode reads: its window's, at most one more than the window fills
+    spans = [min(n, window + page_size) for n in meta.seq_lens_cpu]
+    decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+    for group in _decode_groups(decode_ids, spans, page_size):
+        _attend_window(query, k_cache, v_cache, meta, group, window, scale, out, buffers)
+    for seq_id, query_len in enumerate(meta.query_lens_cpu):
+        if query_len > 1:
+            _attend_window(query, k_cache, v_cache, meta, [seq_id], window, scale, out, buffers)
+
+
+def _attend_window(
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    meta: AttentionMetadata,
+    seq_ids: list[int],
+    window: int,
+    scale: float,
+    out: Tensor,
+    buffers: _Buffers,
+) -> None:
+    """Sequences of equal query length (one prefill chunk, or a group of decodes) over one
+    padded gather of their windows' pages, masked to each row's window."""
+    device = query.device
+    page_size = meta.page_size
+    query_len = meta.query_lens_cpu[seq_ids[0]]
+    seq_lens = [meta.seq_lens_cpu[i] for i in seq_ids]
+    # first key any row of a sequence sees, and the first page to gather from
+    lows = [max(0, n - query_len - window + 1) for n in seq_lens]
+    firsts = [low // page_size for low in lows]
+    num_pages = max(-(-n // page_size) - f for n, f in zip(seq_lens, firsts, strict=True))
+    max_col = meta.block_tables.shape[1] - 1
+    cols = torch.tensor(firsts)[:, None] + torch.arange(num_pages)
+    ids = torch.tensor(seq_ids)[:, None]
+    # columns past a table (padding) and NULL_PAGE entries read page 0; masked below
+    tables = meta.block_tables[ids.to(device), cols.clamp(max=max_col).to(device)].clamp(min=0)
+    k, v = _gather_pair(k_cache, v_cache, tables, buffers)
+    key_pos = torch.tensor(firsts)[:, None] * page_size + torch.arange(num_pages * page_size)
+    seen = (key_pos >= torch.tensor(lows)[:, None]) & (key_pos < torch.tensor(seq_lens)[:, None])
+    seen = seen.to(device)
+    # masked slots may hold NaN/inf (page 0 stands in for NULL_PAGE) that 0 * garbage spreads
+    k.masked_fill_(~seen[:, :, None, None], 0)
+    v.masked_fill_(~seen[:, :, None, None], 0)
+    query_pos = torch.tensor(seq_lens)[:, None] - query_len + torch.arange(query_len)
+    mask = (key_pos[:, None, :] <= query_pos[:, :, None]) & (
+        key_pos[:, None, :] > query_pos[:, :, None] - window
+    )
+    starts = meta.query_start_loc_cpu
+    rows = (torch.tensor([starts[i] for i in seq_ids])[:, None] + torch.arange(query_len))
+    rows = rows.flatten().to(device)
+    q = query[rows].view(len(seq_ids), query_len, *query.shape[1:]).transpose(1, 2)
+    o = _attend(q, k.transpose(1, 2), v.transpose(1, 2), mask[:, None].to(device), scale)
+    out[rows] = o.transpose(1, 2).flatten(0, 1).to(out.dtype)
 
 
 def _gather_pair(

@@ -4,7 +4,9 @@ Decodes use flash-decoding: each (sequence, KV head, context partition) program 
 softmax over its partition for all query heads of the group, and a reduce kernel merges the
 partitions; with one partition the first kernel writes the output itself. Prefill chunks (more
 than one new token) run a flash-attention kernel over the block table, causal from the chunk's
-offset in its context. Every kernel looks up each token's page through the block table, so any
+offset in its context. A sliding window (a constexpr: full attention compiles as before) starts
+each program's loop at its first visible position, so block table entries behind the window
+(NULL_PAGE) are never read. Every kernel looks up each token's page through the block table, so any
 page size works; tiles are independent of the page size. swap_pages moves pages between host and
 device with torch index copies (a gather, one transfer, a scatter), not a Triton kernel.
 """
@@ -87,13 +89,19 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
 ):
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq = tl.load(seq_ids_ptr + i).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = part * PARTITION_SIZE
+    # partitions start at the window's first position: block table entries before it are
+    # never read (they may be NULL_PAGE)
+    if SLIDING_WINDOW > 0:
+        start = tl.maximum(seq_len - SLIDING_WINDOW, 0) + part * PARTITION_SIZE
+    else:
+        start = part * PARTITION_SIZE
     if start >= seq_len:
         return  # the reduce kernel counts only the partitions that hold context
     end = tl.minimum(start + PARTITION_SIZE, seq_len)
@@ -162,6 +170,7 @@ def _decode_reduce_kernel(
     PARTITION_SIZE: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
 ):
     i = tl.program_id(0)
     head = tl.program_id(1)
@@ -170,7 +179,10 @@ def _decode_reduce_kernel(
     row = tl.load(query_start_ptr + seq).to(tl.int64)
     p = tl.arange(0, BLOCK_P)
     d = tl.arange(0, BLOCK_D)
-    valid = p < tl.cdiv(seq_len, PARTITION_SIZE)
+    if SLIDING_WINDOW > 0:
+        valid = p < tl.cdiv(tl.minimum(seq_len, SLIDING_WINDOW), PARTITION_SIZE)
+    else:
+        valid = p < tl.cdiv(seq_len, PARTITION_SIZE)
     base = (i * NUM_HEADS + head) * num_parts
     m = tl.load(part_max_ptr + base + p, mask=valid, other=float("-inf"))
     weight = tl.exp(m - tl.max(m, 0))  # exp(-inf) = 0 drops empty partitions
@@ -208,6 +220,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
 ):
     i = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -236,7 +249,13 @@ def _prefill_kernel(
     # causal: no row of this block sees past its last row's position
     hi = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * BLOCK_M)
     slot_stride = NUM_KV_HEADS * HEAD_DIM
-    for tile in range(0, hi, BLOCK_N):
+    # a window: from the first key this block's first row sees (entries before it may be
+    # NULL_PAGE and are never read)
+    if SLIDING_WINDOW > 0:
+        lo = tl.maximum(seq_len - q_len + q_block * BLOCK_M - SLIDING_WINDOW + 1, 0)
+    else:
+        lo = 0
+    for tile in range(lo, hi, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < hi
         page = tl.load(
@@ -248,15 +267,24 @@ def _prefill_kernel(
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         visible = (pos[None, :] <= pos_m[:, None]) & valid[None, :]
+        if SLIDING_WINDOW > 0:
+            visible = visible & (pos[None, :] > pos_m[:, None] - SLIDING_WINDOW)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_use = m_new
+        if SLIDING_WINDOW > 0:
+            # a row may see nothing yet (tiles before its window): exp(-inf - -inf) is NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    if SLIDING_WINDOW > 0:
+        # padding rows past the chunk may see no key at all (and are not stored)
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_i[:, None]
     o_off = rows[:, None] * stride_out_tok + head * stride_out_head + d[None, :]
     tl.store(
@@ -286,6 +314,7 @@ class TritonBackend:
     """
 
     name = "triton"
+    supports_sliding_window = True
 
     def __init__(self, partition_size: int = 512) -> None:
         assert partition_size % _BLOCK_N == 0, "a partition is a whole number of tiles"
@@ -335,8 +364,10 @@ class TritonBackend:
         scale: float,
         num_kv_heads: int,
         out: Tensor | None = None,
+        sliding_window: int = 0,
     ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context."""
+        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
+        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only."""
         _check_cache(k_cache, v_cache)
         assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"
@@ -346,9 +377,9 @@ class TritonBackend:
         decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
         if decode_ids:
-            self._decode(query, k_cache, v_cache, meta, decode_ids, scale, out)
+            self._decode(query, k_cache, v_cache, meta, decode_ids, scale, out, sliding_window)
         if prefill_ids:
-            _prefill(query, k_cache, v_cache, meta, prefill_ids, scale, out)
+            _prefill(query, k_cache, v_cache, meta, prefill_ids, scale, out, sliding_window)
         return out
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
@@ -380,11 +411,14 @@ class TritonBackend:
         seq_ids: list[int],
         scale: float,
         out: Tensor,
+        sliding_window: int,
     ) -> None:
         num_heads, head_dim = query.shape[1:]
         num_kv_heads = k_cache.shape[2]
         group = num_heads // num_kv_heads
         max_len = max(meta.seq_lens_cpu[i] for i in seq_ids)
+        if sliding_window > 0:  # partitions cover the window only
+            max_len = min(max_len, sliding_window)
         num_parts = triton.cdiv(max_len, self.partition_size)
         partitioned = num_parts > 1
         parts = (len(seq_ids), num_heads, num_parts) if partitioned else (1, 1, 1)
@@ -422,6 +456,7 @@ class TritonBackend:
             BLOCK_D=block_d,
             BLOCK_N=_BLOCK_N,
             DOT_PRECISION=_dot_precision(query.dtype),
+            SLIDING_WINDOW=sliding_window,
         )
         if partitioned:
             _decode_reduce_kernel[(len(seq_ids), num_heads)](
@@ -440,6 +475,7 @@ class TritonBackend:
                 PARTITION_SIZE=self.partition_size,
                 BLOCK_P=triton.next_power_of_2(num_parts),
                 BLOCK_D=block_d,
+                SLIDING_WINDOW=sliding_window,
             )
 
 
@@ -451,6 +487,7 @@ def _prefill(
     seq_ids: list[int],
     scale: float,
     out: Tensor,
+    sliding_window: int,
 ) -> None:
     """Launch the prefill-chunk kernel over the sequences with more than one new token."""
     num_heads, head_dim = query.shape[1:]
@@ -480,6 +517,7 @@ def _prefill(
         BLOCK_N=_BLOCK_N,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION=_dot_precision(query.dtype),
+        SLIDING_WINDOW=sliding_window,
     )
 
 
