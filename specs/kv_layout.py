@@ -202,6 +202,19 @@ def kv_cache_groups(
                     tensor_parallel_size)
 
 
+def layer_summary(model: ModelSpec) -> str:
+    """The model's layers by group kind in `kvlab.policies.kv_groups.parse_groups` words, in
+    the order they first appear: `sliding_window(128)x18,fullx18`."""
+    windows = {"sliding_attention": model.sliding_window or 0,
+               "chunked_attention": model.attention_chunk_size or 0}
+    counts: dict[str, int] = {}
+    for kind in model.layer_kinds:
+        window = windows.get(kind, 0)
+        word = GROUP_KIND_OF_LAYER[kind] + (f"({window})" if window else "")
+        counts[word] = counts.get(word, 0) + 1
+    return ",".join(f"{word}x{count}" for word, count in counts.items())
+
+
 def layer_layout_problem(model: ModelSpec) -> str | None:
     """What makes a model's layer layout inconsistent (words, count, windows, state, sparse
     attention), or None when it is sound."""

@@ -1,9 +1,13 @@
 """`kvlab capacity`: how much KV cache a model gets on a device, and how many requests of a
 given length fit at once, for each page size asked, with the platform's page-size rules as
-warnings. The numbers `kvlab sim` prints at start-up, without a simulation.
+warnings. The numbers `kvlab sim` prints at start-up, without a simulation. For models whose
+layers keep different caches (sliding window, chunked local, linear-attention state) a table
+per page size shows each KV-cache group's pages and bytes for one request
+(`kvlab.specs.kv_layout`).
 
     kvlab capacity --model llama-3.1-8b --hardware atlas-800t-a2 --block-size 16 128 \
         --max-model-len 4096
+    kvlab capacity --model gpt-oss-120b --hardware h200 --max-model-len 32768
 """
 
 from __future__ import annotations
@@ -46,21 +50,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         action="store_false",
                         help="the server will not chunk prefills (Ascend: chunked prefill "
                         "forces block 128)")
+    from kvlab.policies.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+    parser.add_argument("--max-num-batched-tokens", type=int,
+                        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help="tokens one step schedules: with the batches in flight they bound "
+                        "what sliding-window and chunked groups hold beyond their window "
+                        f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
+    parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                        help="one batch in flight instead of vLLM's default two")
+    parser.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                        help="sliding-window and chunked layers keep every token, as vLLM's "
+                        "flag of that name (and platforms without hybrid support) make them")
     parser.add_argument("--json", action="store_true", help="print the answers as JSON")
 
 
 def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One answer per block size: pages, tokens, bytes per page, concurrency, warnings."""
+    """One answer per block size: pages, tokens, bytes per page, concurrency, the KV-cache
+    groups' share of one request, warnings."""
     from kvlab.errors import KvlabError
     from kvlab.policies.serving import parse_memory_size
     from kvlab.specs import get_hardware, get_model
     from kvlab.specs.block_rules import block_size_warnings
     from kvlab.specs.capacity import kv_cache_capacity_tokens
+    from kvlab.specs.kv_layout import CONCURRENT_BATCHES
 
     model, hardware = get_model(args.model), get_hardware(args.hardware)
     length = args.max_model_len or model.max_model_len
     if length < 1:
         raise KvlabError(f"--max-model-len {length}: expected 1 or more")
+    if args.max_num_batched_tokens < 1:
+        raise KvlabError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: expected 1 "
+                         "or more")
+    in_flight = args.max_num_batched_tokens * (CONCURRENT_BATCHES if args.async_scheduling else 1)
+    sizing = {"max_in_flight_tokens": in_flight,
+              "enable_prefix_caching": args.enable_prefix_caching}
     kv_cache_memory_bytes = None if args.kv_cache_memory_bytes is None \
         else parse_memory_size(args.kv_cache_memory_bytes)
     rows = []
@@ -72,17 +96,34 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             gpu_memory_utilization=args.gpu_memory_utilization,
             tensor_parallel_size=args.tensor_parallel_size,
             num_gpu_blocks_override=args.num_gpu_blocks_override,
-            kv_cache_memory_bytes=kv_cache_memory_bytes)
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager)
+        warnings = block_size_warnings(
+            hardware, block_size, enable_prefix_caching=args.enable_prefix_caching,
+            enable_chunked_prefill=args.enable_chunked_prefill)
+        if capacity.page_size != block_size:
+            warnings.append(f"block_size {block_size}: vLLM raises the attention pages to "
+                            f"{capacity.page_size} tokens so that one holds a linear-attention "
+                            "state")
         rows.append({
             "block_size": block_size,
+            "page_size_tokens": capacity.page_size,
             "num_gpu_blocks": capacity.num_pages,
             "kv_cache_size_tokens": capacity.num_tokens,
             "page_bytes": capacity.page_bytes,
             "max_model_len": length,
-            "max_concurrency": capacity.max_concurrency(length),
-            "warnings": block_size_warnings(
-                hardware, block_size, enable_prefix_caching=args.enable_prefix_caching,
-                enable_chunked_prefill=args.enable_chunked_prefill),
+            "max_concurrency": capacity.max_concurrency(length, **sizing),
+            "groups": [{
+                "group": usage.group.label,
+                "kind": usage.group.kind,
+                "window": usage.group.window,
+                "num_layers": usage.group.num_layers,
+                "num_padding_layers": usage.group.num_padding_layers,
+                "pages_per_request": usage.num_pages,
+                "bytes_per_request": usage.page_bytes,
+                "used_bytes_per_request": usage.used_bytes,
+            } for usage in capacity.group_usage(length, **sizing)],
+            "warnings": warnings,
         })
     return rows
 
@@ -108,9 +149,40 @@ def run(args: argparse.Namespace) -> int:
               f"{row['kv_cache_size_tokens']:>14,} {row['page_bytes'] / 1024:>9,.0f} "
               f"{row['max_concurrency']:>33.2f}x")
     for row in rows:
+        if len(row["groups"]) > 1:
+            print()
+            print(group_table(row))
+    for row in rows:
         for warning in row["warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def group_table(row: dict[str, Any]) -> str:
+    """Where one request's pages and bytes go, group by group, for one answer of
+    `capacity_rows` (the pages vLLM sets aside per request, its concurrency's divisor)."""
+    from kvlab.commands.presets import format_table
+
+    groups = row["groups"]
+    total_pages = sum(g["pages_per_request"] for g in groups)
+    total_bytes = sum(g["bytes_per_request"] for g in groups)
+    lines = [[
+        g["group"],
+        f"{g['num_layers']}" + (f"+{g['num_padding_layers']}" if g["num_padding_layers"] else ""),
+        f"{g['pages_per_request']:,}",
+        f"{g['bytes_per_request'] / 2**20:,.1f}",
+        f"{g['used_bytes_per_request'] / 2**20:,.1f}",
+        f"{100 * g['bytes_per_request'] / total_bytes:.1f}",
+    ] for g in groups]
+    used = sum(g["used_bytes_per_request"] for g in groups)
+    lines.append(["total", "", f"{total_pages:,}", f"{total_bytes / 2**20:,.1f}",
+                  f"{used / 2**20:,.1f}", "100.0"])
+    heading = (f"block size {row['block_size']}: one request of {row['max_model_len']:,} "
+               f"tokens, by KV-cache group (pages of {row['page_size_tokens']} tokens, "
+               f"{row['page_bytes'] / 1024:,.0f} KiB; {row['num_gpu_blocks']:,} pages / "
+               f"{total_pages:,} = {row['max_concurrency']:.2f} requests)")
+    header = ("group", "layers(+pad)", "pages", "MiB", "MiB used", "% of bytes")
+    return heading + "\n" + format_table(header, lines)
 
 
 def _sizing(args: argparse.Namespace) -> str:

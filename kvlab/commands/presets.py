@@ -1,4 +1,9 @@
-"""`kvlab presets`: the model and hardware presets with their key figures, as tables or JSON."""
+"""`kvlab presets`: the model and hardware presets with their key figures, as tables or JSON.
+
+"layers by kind" counts each model's layers per KV-cache group kind (full, sliding_window(W),
+chunked_local(C), state) in `kvlab.policies.kv_groups.parse_groups` words; "KV KiB/token" is
+one token in every attention layer (how many tokens each group keeps: `kvlab capacity`).
+"""
 
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ _MODEL_HEADER = (
     "model",
     "attention",
     "layers",
+    "layers by kind",
     "heads",
     "kv heads",
     "head dim",
@@ -66,8 +72,12 @@ _HARDWARE_HEADER = (
 
 
 def _model_row(spec: ModelSpec) -> list[str]:
+    from kvlab.specs.kv_layout import layer_summary
+
     if spec.is_mla:
         attention = f"MLA {spec.kv_lora_rank}+{spec.qk_rope_head_dim}"
+        if spec.index_topk:
+            attention += f" top-{spec.index_topk}"
     elif spec.num_kv_heads == spec.num_heads:
         attention = "MHA"
     else:
@@ -76,6 +86,7 @@ def _model_row(spec: ModelSpec) -> list[str]:
         spec.name,
         attention,
         str(spec.num_layers),
+        layer_summary(spec),
         str(spec.num_heads),
         str(spec.num_kv_heads),
         str(spec.head_dim),
