@@ -33,3 +33,20 @@ def test_presets_json_holds_every_field_of_every_preset(capsys):
 def test_table_columns_line_up():
     table = format_table(("name", "size"), [["a", "1"], ["longer", "1,000"]])
     assert table.splitlines() == ["name     size", "a           1", "longer  1,000"]
+
+
+def test_presets_show_layers_by_kind(capsys):
+    main(["presets"])
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("qwen3-next-80b-a3b "))
+    assert "statex36,fullx12" in row
+
+
+def test_a_hybrid_presets_json_block_is_a_valid_spec_file(tmp_path, capsys):
+    from kvlab.specs import get_model
+
+    main(["presets", "--json"])
+    block = json.loads(capsys.readouterr().out)["models"]["gemma-3-27b"]
+    path = tmp_path / "gemma.json"
+    path.write_text(json.dumps(block))
+    assert get_model(str(path)) == get_model("gemma-3-27b")
