@@ -21,7 +21,9 @@ class EngineConfig:
     only on the cpu device with one torch thread (the caller sets torch.set_num_threads(1)).
     `warmup` runs the largest prefill a step can hold and a batch of up to 8 decodes once at
     start-up (ModelRunner.warm_up), so that the first steps measured are not slowed by one-off
-    costs; it changes no output and no decision.
+    costs; it changes no output and no decision. `layer_groups[i]` is the KV-cache group whose
+    block table layer i reads (an index into the manager's `block_tables(request)`); empty:
+    every layer reads group 0, the one table of a single-table manager.
     """
 
     model: str
@@ -32,3 +34,4 @@ class EngineConfig:
     preemption_costs: Any = None
     step_timer: str = "wall"
     warmup: bool = True
+    layer_groups: tuple[int, ...] = ()

@@ -28,7 +28,7 @@ from kvlab.engine.kv_cache import (
     startup_lines,
 )
 from kvlab.engine.loader import load_model
-from kvlab.engine.model_runner import ModelRunner
+from kvlab.engine.model_runner import BlockTables, ModelRunner, group_block_tables
 from kvlab.engine.platform import Platform, get_platform
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
@@ -95,6 +95,7 @@ class LLMEngine:
         self.model, self.model_config, self.tokenizer = load_model(
             config.model, dtype=config.dtype, device=self.platform.device, attn_backend=backend
         )
+        _check_sliding_window(backend, self.model_config.layer_windows, config.attention_backend)
         self.max_model_len = serving.resolve_max_model_len(
             self.model_config.max_model_len, str(config.model)
         )
@@ -112,8 +113,14 @@ class LLMEngine:
             backend=backend,
             num_tier_pages=tier_pages,
         )
+        # the manager is built below (its costs are measured on this runner)
+        self._block_tables: BlockTables = lambda r: [self.manager.block_table(r)]
         self.runner = ModelRunner(
-            self.model, self.kv_cache, self.platform, lambda r: self.manager.block_table(r)
+            self.model,
+            self.kv_cache,
+            self.platform,
+            lambda r: self._block_tables(r),
+            layer_groups=config.layer_groups,
         )
         if config.warmup:
             # Decodes only warm dispatch: a few are enough (and cheap in Triton's interpreter).
@@ -137,6 +144,7 @@ class LLMEngine:
             tiers=self.tiers,
             tier_config=serving.kv_tiers,
         )
+        self._block_tables = group_block_tables(self.manager)
         self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)
         self.startup_lines = startup_lines(num_pages, spec.block_size, self.max_model_len)
         self.device_name = describe_device(self.platform)
@@ -297,6 +305,17 @@ class LLMEngine:
         self._params.pop(request_id, None)
         self._stop_ids.pop(request_id, None)
         self.runner.sampler.free(request_id)
+
+def _check_sliding_window(backend: object, layer_windows: tuple[int, ...], name: str) -> None:
+    """A KvlabError at start-up when the model has sliding-window layers the backend lacks."""
+    if any(layer_windows) and not getattr(backend, "supports_sliding_window", False):
+        raise KvlabError(
+            f"the model has sliding-window layers (windows {sorted(set(layer_windows) - {0})}) "
+            f"and attention_backend {name} has no sliding-window attention; use attention_backend "
+            "torch or triton",
+            parameters=("attention_backend",),
+        )
+
 
 STEP_TIMERS = ("wall", "cpu")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,33 +15,55 @@ from kvlab.kernels import AttentionMetadata
 from kvlab.policies.outputs import SchedulerOutput
 from kvlab.policies.request import Request
 
+# A request's block tables, one per KV-cache group in the model's group order; entries of pages
+# given back behind a sliding window are NULL_PAGE (-1).
+BlockTables = Callable[[Request], list[list[int]]]
+
+
+def group_block_tables(manager: Any) -> BlockTables:
+    """The manager's `block_tables` (one table per KV-cache group), or, for a manager with one
+    table per request, `[manager.block_table(request)]`."""
+    block_tables: BlockTables | None = getattr(manager, "block_tables", None)
+    if block_tables is not None:
+        return block_tables
+    block_table = manager.block_table
+    return lambda request: [block_table(request)]
+
 
 @dataclass(slots=True)
 class ModelInput:
     """A step's flat batch: every scheduled token in batch order, and which rows sample.
 
-    `sample_indices[i]` is the index in the step's batch of the request whose last row,
-    `sample_rows[i]`, is turned into logits (only requests that reach their last known token).
+    `meta` is the step's attention metadata, or where layers read different KV-cache groups a
+    list of one per layer (layers of a group share one). `sample_indices[i]` is the index in
+    the step's batch of the request whose last row, `sample_rows[i]`, is turned into logits
+    (only requests that reach their last known token).
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    meta: AttentionMetadata | list[AttentionMetadata]
     sample_indices: list[int]
     sample_rows: torch.Tensor
 
 
 def prepare_input(
     output: SchedulerOutput,
-    block_table: Callable[[Request], list[int]],
+    block_tables: BlockTables,
     page_size: int,
     device: torch.device,
+    layer_groups: Sequence[int] = (),
 ) -> ModelInput:
-    """The flat batch of a step: token ids, positions, attention metadata, sampling rows."""
+    """The flat batch of a step: token ids, positions, attention metadata, sampling rows.
+
+    `layer_groups[i]` is the KV-cache group of layer i, an index into what `block_tables`
+    returns; empty: one group, whose metadata every layer shares.
+    """
+    num_groups = max(layer_groups, default=0) + 1
     input_ids: list[int] = []
     positions: list[int] = []
     seq_lens: list[int] = []
-    tables: list[list[int]] = []
+    tables: list[list[list[int]]] = [[] for _ in range(num_groups)]
     sample_indices: list[int] = []
     sample_rows: list[int] = []
     num_rows = 0
@@ -57,12 +79,19 @@ def prepare_input(
             positions.extend(range(start, end))
         num_rows += num_new
         seq_lens.append(end)
-        tables.append(block_table(request))
+        request_tables = block_tables(request)
+        if len(request_tables) != num_groups:
+            raise ValueError(
+                f"request {request.request_id}: {len(request_tables)} block tables for the "
+                f"model's {num_groups} KV-cache groups"
+            )
+        for group_tables, table in zip(tables, request_tables, strict=True):
+            group_tables.append(table)
         if end == request.num_tokens:
             sample_indices.append(index)
             sample_rows.append(num_rows - 1)
     meta = AttentionMetadata.build(
-        block_tables=tables,
+        block_tables=tables[0],
         seq_lens=seq_lens,
         query_lens=output.num_new_tokens,
         page_size=page_size,
@@ -71,17 +100,29 @@ def prepare_input(
     return ModelInput(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
-        meta=meta,
+        meta=_layer_metadata(meta, tables, layer_groups),
         sample_indices=sample_indices,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
     )
+
+
+def _layer_metadata(
+    meta: AttentionMetadata, tables: list[list[list[int]]], layer_groups: Sequence[int]
+) -> AttentionMetadata | list[AttentionMetadata]:
+    """`meta` (group 0's) where there is one group, else one metadata per layer."""
+    if len(tables) == 1:
+        return meta
+    metas = [meta, *(meta.with_block_tables(group) for group in tables[1:])]
+    return [metas[group] for group in layer_groups]
 
 
 class ModelRunner:
     """Runs a SchedulerOutput: its MemOps, then one forward over all tokens, then the sampler.
 
     Every scheduled token of the step (decodes and prefill chunks alike) goes through a single
-    forward pass; only the rows that sample reach the LM head.
+    forward pass; only the rows that sample reach the LM head. `block_tables` gives a request's
+    block table per KV-cache group; `layer_groups[i]` is layer i's group (empty: every layer
+    in group 0, the one table a single-table manager gives).
     """
 
     def __init__(
@@ -89,13 +130,20 @@ class ModelRunner:
         model: Any,
         kv_cache: KVCache,
         platform: Platform,
-        block_table: Callable[[Request], list[int]],
+        block_tables: BlockTables,
         sampler: Sampler | None = None,
+        layer_groups: Sequence[int] = (),
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.platform = platform
-        self.block_table = block_table
+        self.block_tables = block_tables
+        num_layers = len(kv_cache.layers())
+        if layer_groups and len(layer_groups) != num_layers:
+            raise ValueError(f"{len(layer_groups)} layer_groups for {num_layers} layers")
+        if layer_groups and set(layer_groups) != set(range(max(layer_groups) + 1)):
+            raise ValueError(f"layer_groups {list(layer_groups)}: expected groups 0..n-1, all used")
+        self.layer_groups = tuple(layer_groups)
         self.sampler = sampler or Sampler()
         self.page_size = kv_cache.page_size
         self.device = platform.device
@@ -112,7 +160,9 @@ class ModelRunner:
             self.kv_cache.execute_mem_ops(output.mem_ops)
         sampled: list[int | None] = [None] * len(output.requests)
         if output.requests:
-            batch = prepare_input(output, self.block_table, self.page_size, self.device)
+            batch = prepare_input(
+                output, self.block_tables, self.page_size, self.device, self.layer_groups
+            )
             with torch.inference_mode():
                 hidden = self.model(batch.input_ids, batch.positions, self._kv_layers, batch.meta)
                 if batch.sample_indices:

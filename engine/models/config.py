@@ -20,9 +20,10 @@ class ModelConfig:
     `rope_scaling` is None or a tuple of sorted (key, value) pairs of the config's rope parameters
     without `rope_theta` and `rope_type` (kept hashable); `rope_type` is one of ROPE_TYPES.
     `torch_dtype` is the config's dtype name as written. `eos_token_ids` may be empty.
-    `max_model_len` is the longest sequence the engine may run: the position limit, capped by a
-    sliding window (attention here is always full, which equals sliding-window attention only
-    while a sequence fits in the window).
+    `max_model_len` is the longest sequence the engine may run: the position limit.
+    `layer_windows[i]` is layer i's sliding window W in tokens (a token attends to itself and
+    the W - 1 before it), 0 for full attention; left empty, every layer takes `sliding_window`
+    (0 where it is None). `sliding_window` is the window the config turns on, or None.
     """
 
     architecture: str
@@ -46,8 +47,16 @@ class ModelConfig:
     torch_dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    layer_windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.layer_windows:
+            windows = (self.sliding_window or 0,) * self.num_hidden_layers
+            object.__setattr__(self, "layer_windows", windows)
+        if len(self.layer_windows) != self.num_hidden_layers:
+            raise KvlabError(
+                f"{len(self.layer_windows)} layer windows for {self.num_hidden_layers} layers"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise KvlabError(
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
@@ -57,9 +66,12 @@ class ModelConfig:
     @property
     def max_model_len(self) -> int:
         """The longest sequence (prompt plus output) this model runs correctly here."""
-        if self.sliding_window is not None:
-            return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
+
+    @property
+    def has_sliding_window(self) -> bool:
+        """True when some layer attends over a sliding window."""
+        return any(self.layer_windows)
 
     def rope_parameter(self, key: str) -> Any:
         """One rope-scaling parameter; a KvlabError naming it when the config lacks it."""
@@ -99,12 +111,13 @@ class ModelConfig:
             raise KvlabError(f"hidden_act {raw['hidden_act']!r} is not supported; expected 'silu'")
         rope_theta, rope_type, rope_scaling = _rope(raw)
         qkv_bias, o_proj_bias, mlp_bias = _biases(architecture, raw)
+        num_layers = _need(raw, "num_hidden_layers")
         return cls(
             architecture=architecture,
             vocab_size=_need(raw, "vocab_size"),
             hidden_size=hidden_size,
             intermediate_size=_need(raw, "intermediate_size"),
-            num_hidden_layers=_need(raw, "num_hidden_layers"),
+            num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
             head_dim=raw.get("head_dim") or hidden_size // num_heads,
@@ -113,7 +126,7 @@ class ModelConfig:
             rope_type=rope_type,
             rope_scaling=rope_scaling,
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            sliding_window=_sliding_window(raw),
+            sliding_window=_sliding_window(architecture, raw),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias,
             o_proj_bias=o_proj_bias,
@@ -121,6 +134,7 @@ class ModelConfig:
             torch_dtype=_dtype_name(raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos(raw.get("eos_token_id")),
+            layer_windows=layer_windows(architecture, raw, num_layers),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -150,12 +164,26 @@ class ModelConfig:
             "rope_parameters": rope,
             "max_position_embeddings": self.max_position_embeddings,
             "sliding_window": self.sliding_window,
+            **self._hf_window_fields(),
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.o_proj_bias,
             "mlp_bias": self.mlp_bias,
             "dtype": self.torch_dtype,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": eos,
+        }
+
+
+    def _hf_window_fields(self) -> dict[str, Any]:
+        """The fields beside `sliding_window` that say which layers take it (Qwen2's)."""
+        if self.architecture != "Qwen2ForCausalLM":
+            return {}
+        return {
+            "use_sliding_window": self.sliding_window is not None,
+            "max_window_layers": self.num_hidden_layers,
+            "layer_types": [
+                SLIDING_ATTENTION if window else FULL_ATTENTION for window in self.layer_windows
+            ],
         }
 
 
@@ -204,12 +232,63 @@ def _rope(raw: dict[str, Any]) -> tuple[float, str, tuple[tuple[str, Any], ...] 
     return theta, rope_type, tuple(sorted(params.items()))
 
 
-def _sliding_window(raw: dict[str, Any]) -> int | None:
-    # Qwen2 configs carry a sliding_window that is off unless use_sliding_window is true.
-    if raw.get("use_sliding_window") is False:
+def _sliding_window(architecture: str, raw: dict[str, Any]) -> int | None:
+    """The config's window W, None where it is off (Qwen2 without use_sliding_window, Llama)."""
+    if architecture in _NO_WINDOW:
+        return None
+    if architecture in _GATED_WINDOW and not raw.get("use_sliding_window", False):
         return None
     window = raw.get("sliding_window")
-    return int(window) if window else None
+    if window is None or window == 0:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise KvlabError(f"'sliding_window' is {window!r}, expected a whole number >= 1 or null")
+    return window
+
+
+def layer_windows(architecture: str, raw: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    """Each layer's sliding window (0: full attention), as transformers reads the config.
+
+    Mistral: `sliding_window` on every layer (transformers' Mistral ignores `layer_types`).
+    Llama: none (transformers' Llama has no window). Qwen2/Qwen3: only with
+    `use_sliding_window`, on the layers `layer_types` marks "sliding_attention", or without
+    `layer_types` on layers i >= `max_window_layers` (default 28). Others (gpt-oss, Gemma 3):
+    `layer_types` where given, else `sliding_window` on every layer. Raises a KvlabError naming
+    the field for a layer type other than full_attention / sliding_attention.
+    """
+    window = _sliding_window(architecture, raw)
+    if window is None:
+        return (0,) * num_layers
+    if architecture in _EVERY_LAYER:
+        return (window,) * num_layers
+    types = raw.get("layer_types")
+    if types is None and architecture in _GATED_WINDOW:
+        first = raw.get("max_window_layers", 28)
+        return tuple(window if i >= first else 0 for i in range(num_layers))
+    if types is None:
+        return (window,) * num_layers
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise KvlabError(
+            f"'layer_types' is {types!r}: expected a list of one type per layer "
+            f"({num_layers}, num_hidden_layers)"
+        )
+    windows = []
+    for index, kind in enumerate(types):
+        if kind not in (FULL_ATTENTION, SLIDING_ATTENTION):
+            raise KvlabError(
+                f"'layer_types'[{index}] is {kind!r}: this engine runs only "
+                f"{FULL_ATTENTION!r} and {SLIDING_ATTENTION!r} layers"
+            )
+        windows.append(window if kind == SLIDING_ATTENTION else 0)
+    return tuple(windows)
+
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+# How each family reads its window fields (transformers' config and attention code).
+_NO_WINDOW = frozenset({"LlamaForCausalLM"})
+_EVERY_LAYER = frozenset({"MistralForCausalLM"})
+_GATED_WINDOW = frozenset({"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"})
 
 
 def _dtype_name(raw: dict[str, Any]) -> str:

@@ -8,7 +8,8 @@ to which sequence and where their K and V live in the per-layer page caches.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import repeat
 from typing import Any, cast
 
 import torch
@@ -91,10 +92,14 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    """Grouped-query self-attention whose K and V go to, and are read from, the paged cache."""
+    """Grouped-query self-attention whose K and V go to, and are read from, the paged cache.
 
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    `sliding_window` is the layer's window in tokens (0: full attention).
+    """
+
+    def __init__(self, config: ModelConfig, sliding_window: int = 0, **factory: Any) -> None:
         super().__init__()
+        self.sliding_window = sliding_window
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -124,7 +129,13 @@ class LlamaAttention(nn.Module):
         k_cache, v_cache = kv_cache
         backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = backend.paged_attention(
-            q, k_cache, v_cache, meta, scale=self.scale, num_kv_heads=self.num_kv_heads
+            q,
+            k_cache,
+            v_cache,
+            meta,
+            scale=self.scale,
+            num_kv_heads=self.num_kv_heads,
+            sliding_window=self.sliding_window,
         )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -151,10 +162,10 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm transformer block: attention then MLP, each around a residual."""
 
-    def __init__(self, config: ModelConfig, **factory: Any) -> None:
+    def __init__(self, config: ModelConfig, sliding_window: int = 0, **factory: Any) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
-        self.self_attn = LlamaAttention(config, **factory)
+        self.self_attn = LlamaAttention(config, sliding_window, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.mlp = LlamaMLP(config, **factory)
 
@@ -182,7 +193,7 @@ class LlamaModel(nn.Module):
             nn.Embedding, config.vocab_size, config.hidden_size, **factory
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, **factory) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, window, **factory) for window in config.layer_windows
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
 
@@ -226,14 +237,21 @@ class LlamaForCausalLM(nn.Module):
         """Final hidden states [T, hidden] for the flat batch input_ids [T] at positions [T].
 
         `kv_caches[i]` is layer i's (k_cache, v_cache), each [num_pages, page_size,
-        num_kv_heads, head_dim]; `meta` is the step's kvlab.kernels AttentionMetadata.
+        num_kv_heads, head_dim]; `meta` is the step's kvlab.kernels AttentionMetadata, or a
+        list or tuple of one per layer (each layer reads its KV-cache group's block tables).
         """
-        if len(kv_caches) != len(self.model.layers):
-            raise ValueError(f"{len(kv_caches)} KV caches for {len(self.model.layers)} layers")
+        num_layers = len(self.model.layers)
+        if len(kv_caches) != num_layers:
+            raise ValueError(f"{len(kv_caches)} KV caches for {num_layers} layers")
+        metas: Iterable[Any] = repeat(meta)
+        if isinstance(meta, list | tuple):
+            if len(meta) != num_layers:
+                raise ValueError(f"{len(meta)} attention metadata for {num_layers} layers")
+            metas = meta
         hidden = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos, sin, kv_cache, meta, self.attn_backend)
+        for layer, kv_cache, layer_meta in zip(self.model.layers, kv_caches, metas, strict=False):
+            hidden = layer(hidden, cos, sin, kv_cache, layer_meta, self.attn_backend)
         return self.model.norm(hidden)
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -31,8 +32,11 @@ def save_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
-def save_hf_model(folder: Path, config, *, seed: int = 0, **save_kwargs) -> Path:
-    """Build a random transformers model of `config` (fp32) and save it as safetensors."""
+def save_hf_model(
+    folder: Path, config, *, seed: int = 0, drop_fields: tuple[str, ...] = (), **save_kwargs
+) -> Path:
+    """Build a random transformers model of `config` (fp32) and save it as safetensors;
+    `drop_fields` are removed from the saved config.json (fields older checkpoints lack)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -45,6 +49,12 @@ def save_hf_model(folder: Path, config, *, seed: int = 0, **save_kwargs) -> Path
             elif name.endswith("norm.weight"):
                 param.normal_(1.0, 0.1)
     model.save_pretrained(folder, safe_serialization=True, **save_kwargs)
+    if drop_fields:
+        path = folder / "config.json"
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        for name in drop_fields:
+            raw.pop(name)
+        path.write_text(json.dumps(raw, indent=2), encoding="utf-8")
     return folder
 
 
@@ -124,3 +134,25 @@ def transformers_greedy(
         )
         outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
+
+
+def tiny_mistral_config(**overrides):
+    """A 2-layer Mistral with GQA and a sliding window of 8 tokens on every layer."""
+    from transformers import MistralConfig
+
+    fields = dict(
+        vocab_size=384,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=8,
+        rms_norm_eps=1e-5,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    fields.update(overrides)
+    return MistralConfig(**fields)

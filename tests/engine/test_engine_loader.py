@@ -159,9 +159,12 @@ def test_missing_kv_heads_means_multi_head_attention():
     assert config.num_key_value_heads == 4 and config.head_dim == 16
 
 
-def test_sliding_window_caps_the_model_length():
-    raw = _raw_llama(max_position_embeddings=32768, sliding_window=4096)
-    assert ModelConfig.from_hf_dict(raw).max_model_len == 4096
+def test_sliding_window_no_longer_caps_the_model_length():
+    raw = _raw_llama(
+        architectures=["MistralForCausalLM"], max_position_embeddings=32768, sliding_window=4096
+    )
+    config = ModelConfig.from_hf_dict(raw)
+    assert config.max_model_len == 32768 and config.layer_windows == (4096, 4096)
 
 
 def test_qwen2_sliding_window_is_off_unless_used():

@@ -1,0 +1,211 @@
+"""Sliding-window models keep transformers' greedy tokens (fp32, CPU), with prompts longer than
+the window: Mistral's window on every layer, Qwen2's use_sliding_window + max_window_layers, and
+interleaved layer_types (Qwen2 with layer_types, as gpt-oss and Gemma 3 write them), through
+chunked prefill, prefix hits and recompute preemption; and with a block table per KV-cache
+group whose pages behind the window are NULL_PAGE (the KV manager's coming `block_tables`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_hf_models import (
+    save_hf_model,
+    tiny_mistral_config,
+    tiny_qwen2_config,
+    transformers_greedy,
+)
+
+from kvlab.engine import LLM, SamplingParams
+from kvlab.engine.config import EngineConfig
+from kvlab.engine.engine import LLMEngine
+from kvlab.policies import KVCacheManager
+from kvlab.policies.kv_groups import NULL_PAGE, KVCacheGroup
+from kvlab.policies.serving import ServingConfig
+
+PAGE = 4
+WINDOW = 8
+SHARED_PREFIX = [7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47]  # 3 pages, beyond the window
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 384, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+PROMPTS = [_ids(30, 1), SHARED_PREFIX + _ids(9, 2), _ids(5, 3), SHARED_PREFIX + _ids(14, 4)]
+MAX_TOKENS = [10, 7, 12, 6]
+
+# layout -> (config, fields dropped from config.json, expected layer windows)
+LAYOUTS = {
+    "mistral": (tiny_mistral_config(), (), (WINDOW, WINDOW)),
+    # older Qwen2 checkpoints write no layer_types: layers i >= max_window_layers slide
+    "qwen2_max_window_layers": (
+        tiny_qwen2_config(
+            num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
+            max_window_layers=1,
+        ),
+        ("layer_types",),
+        (0, WINDOW, WINDOW),
+    ),
+    "interleaved_layer_types": (
+        tiny_qwen2_config(
+            num_hidden_layers=4, use_sliding_window=True, sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        ),
+        (),
+        (WINDOW, 0, WINDOW, 0),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """layout -> (folder, transformers' greedy tokens of PROMPTS)."""
+    out = {}
+    for name, (config, dropped, _) in LAYOUTS.items():
+        folder = save_hf_model(
+            tmp_path_factory.mktemp(name), config, seed=7, drop_fields=dropped
+        )
+        out[name] = (folder, transformers_greedy(folder, PROMPTS, MAX_TOKENS))
+    return out
+
+
+def _params(max_tokens: list[int]) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+
+
+def _generate(folder, **kwargs) -> tuple[LLM, list[list[int]]]:
+    llm = LLM(str(folder), verbose=False, **kwargs)
+    outputs = llm.generate(PROMPTS, _params(MAX_TOKENS), use_tqdm=False)
+    return llm, [out.outputs[0].token_ids for out in outputs]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layer_windows_are_read_as_transformers_reads_them(models, layout):
+    llm = LLM(str(models[layout][0]), verbose=False, num_gpu_blocks_override=8)
+    windows = LAYOUTS[layout][2]
+    assert llm.engine.model_config.layer_windows == windows
+    attention = [layer.self_attn for layer in llm.engine.model.model.layers]
+    assert tuple(a.sliding_window for a in attention) == windows
+    assert llm.engine.max_model_len == 256  # no longer capped by the window
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_tokens_equal_transformers_past_the_window(models, layout):
+    folder, expected = models[layout]
+    _, tokens = _generate(folder, policy=f"paged:block_size={PAGE}", num_gpu_blocks_override=64)
+    assert tokens == expected
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_chunked_prefill_and_prefix_hits_keep_transformers_tokens(models, layout):
+    folder, expected = models[layout]
+    llm, tokens = _generate(
+        folder, policy=f"paged:block_size={PAGE},eviction=lru", num_gpu_blocks_override=64,
+        max_num_batched_tokens=8,
+    )
+    assert tokens == expected
+    assert llm.engine.manager.num_prefix_hits >= len(SHARED_PREFIX) // PAGE
+    assert max(llm.last_run.steps.columns["num_prefill_tokens"]) == 8
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_recompute_preemption_keeps_transformers_tokens(models, layout):
+    folder, expected = models[layout]
+    llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE}", num_gpu_blocks_override=14)
+    assert tokens == expected
+    assert llm.engine.scheduler.num_preemptions > 0
+
+
+def _window_group_tables(group_windows: tuple[int, ...], seen: list[int]):
+    """A `block_tables` method as a KV manager with these groups (0: full) gives: its one table
+    per group, pages behind a group's window NULL_PAGE. `seen` counts the NULL entries."""
+
+    def block_tables(self, request) -> list[list[int]]:
+        table = list(self.block_table(request))
+        tables = []
+        for window in group_windows:
+            group_table = list(table)
+            if window:
+                group = KVCacheGroup("sliding_window", window=window)
+                skipped = group.num_skipped_tokens(request.num_computed_tokens)
+                for index in range(min(skipped // self.page_size, len(table))):
+                    group_table[index] = NULL_PAGE
+                    seen.append(index)
+            tables.append(group_table)
+        return tables
+
+    return block_tables
+
+
+def _engine_tokens(folder, layer_groups, *, backend="torch", num_pages=64, prompts=None,
+                   max_tokens=None) -> tuple[LLMEngine, list[list[int]]]:
+    serving = ServingConfig.create(
+        f"paged:block_size={PAGE}", num_gpu_blocks_override=num_pages,
+        max_num_batched_tokens=8,
+    )
+    engine = LLMEngine(EngineConfig(
+        model=str(folder), serving=serving, attention_backend=backend,
+        layer_groups=layer_groups,
+    ))
+    params = _params(max_tokens or MAX_TOKENS)
+    requests = [engine.make_request(p, q) for p, q in zip(prompts or PROMPTS, params, strict=True)]
+    engine.run(requests)
+    return engine, [list(r.output_token_ids) for r in requests]
+
+
+# layout -> (layer_groups, the window of each group)
+GROUPINGS = {
+    "mistral": ((0, 0), (WINDOW,)),
+    "qwen2_max_window_layers": ((0, 1, 1), (0, WINDOW)),
+    "interleaved_layer_types": ((1, 0, 1, 0), (0, WINDOW)),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_block_table_per_group_with_null_pages_keeps_transformers_tokens(
+    models, layout, monkeypatch
+):
+    folder, expected = models[layout]
+    layer_groups, group_windows = GROUPINGS[layout]
+    seen: list[int] = []
+    monkeypatch.setattr(KVCacheManager, "block_tables",
+                        _window_group_tables(group_windows, seen), raising=False)
+    engine, tokens = _engine_tokens(folder, layer_groups, num_pages=14)
+    assert tokens == expected
+    assert seen  # pages behind the window were NULL_PAGE
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_a_manager_with_more_groups_than_the_layers_read_is_refused(models, monkeypatch):
+    folder, _ = models["mistral"]
+    monkeypatch.setattr(KVCacheManager, "block_tables",
+                        _window_group_tables((0, WINDOW), []), raising=False)
+    with pytest.raises(ValueError, match="2 block tables for the model's 1 KV-cache groups"):
+        _engine_tokens(folder, ())
+
+
+pytest.importorskip("triton")
+
+TRITON_PROMPTS = PROMPTS[:2]
+TRITON_MAX_TOKENS = [5, 4]
+
+
+@pytest.mark.parametrize("layout", ["mistral", "interleaved_layer_types"])
+def test_triton_backend_with_null_pages_under_preemption_keeps_transformers_tokens(
+    models, layout, monkeypatch
+):
+    folder, _ = models[layout]
+    expected = transformers_greedy(folder, TRITON_PROMPTS, TRITON_MAX_TOKENS)
+    layer_groups, group_windows = GROUPINGS[layout]
+    seen: list[int] = []
+    monkeypatch.setattr(KVCacheManager, "block_tables",
+                        _window_group_tables(group_windows, seen), raising=False)
+    engine, tokens = _engine_tokens(
+        folder, layer_groups, backend="triton", num_pages=12, prompts=TRITON_PROMPTS,
+        max_tokens=TRITON_MAX_TOKENS,
+    )
+    assert tokens == expected
+    assert seen
+    assert engine.scheduler.num_preemptions > 0
