@@ -28,7 +28,7 @@ from kvlab.engine.kv_cache import (
     startup_lines,
 )
 from kvlab.engine.loader import load_model
-from kvlab.engine.model_runner import BlockTables, ModelRunner, group_block_tables
+from kvlab.engine.model_runner import ModelRunner, group_block_tables
 from kvlab.engine.platform import Platform, get_platform
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
@@ -113,13 +113,13 @@ class LLMEngine:
             backend=backend,
             num_tier_pages=tier_pages,
         )
-        # the manager is built below (its costs are measured on this runner)
-        self._block_tables: BlockTables = lambda r: [self.manager.block_table(r)]
+        # the manager is built below (its costs are measured on this runner), and its block
+        # tables set on the runner then
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
             self.platform,
-            lambda r: self._block_tables(r),
+            lambda r: [self.manager.block_table(r)],
             layer_groups=config.layer_groups,
         )
         if config.warmup:
@@ -144,7 +144,7 @@ class LLMEngine:
             tiers=self.tiers,
             tier_config=serving.kv_tiers,
         )
-        self._block_tables = group_block_tables(self.manager)
+        self.runner.block_tables = group_block_tables(self.manager)
         self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)
         self.startup_lines = startup_lines(num_pages, spec.block_size, self.max_model_len)
         self.device_name = describe_device(self.platform)

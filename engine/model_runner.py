@@ -63,7 +63,7 @@ def prepare_input(
     input_ids: list[int] = []
     positions: list[int] = []
     seq_lens: list[int] = []
-    tables: list[list[list[int]]] = [[] for _ in range(num_groups)]
+    request_tables: list[list[list[int]]] = []  # per request, one table per group
     sample_indices: list[int] = []
     sample_rows: list[int] = []
     num_rows = 0
@@ -79,17 +79,17 @@ def prepare_input(
             positions.extend(range(start, end))
         num_rows += num_new
         seq_lens.append(end)
-        request_tables = block_tables(request)
-        if len(request_tables) != num_groups:
-            raise ValueError(
-                f"request {request.request_id}: {len(request_tables)} block tables for the "
-                f"model's {num_groups} KV-cache groups"
-            )
-        for group_tables, table in zip(tables, request_tables, strict=True):
-            group_tables.append(table)
+        request_tables.append(block_tables(request))
         if end == request.num_tokens:
             sample_indices.append(index)
             sample_rows.append(num_rows - 1)
+    if set(map(len, request_tables)) - {num_groups}:
+        counts = sorted(set(map(len, request_tables)) - {num_groups})
+        raise ValueError(
+            f"{counts[0]} block tables for a request, for the model's {num_groups} KV-cache groups"
+        )
+    # per group, one table per request
+    tables = [list(group) for group in zip(*request_tables, strict=True)] or [[]] * num_groups
     meta = AttentionMetadata.build(
         block_tables=tables[0],
         seq_lens=seq_lens,

@@ -182,7 +182,7 @@ def test_a_manager_with_more_groups_than_the_layers_read_is_refused(models, monk
     folder, _ = models["mistral"]
     monkeypatch.setattr(KVCacheManager, "block_tables",
                         _window_group_tables((0, WINDOW), []), raising=False)
-    with pytest.raises(ValueError, match="2 block tables for the model's 1 KV-cache groups"):
+    with pytest.raises(ValueError, match="2 block tables for a request, for the model's 1 KV"):
         _engine_tokens(folder, ())
 
 
