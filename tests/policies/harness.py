@@ -171,7 +171,7 @@ class Harness:
                 fill = max(0, min(ps, seq.num_computed_tokens - index * ps))
                 live_slots[page] = max(live_slots.get(page, 0), fill)
         # the manager counts owners only of pages held by two or more
-        assert m._owners == {page: n for page, n in owners.items() if n > 1}
+        assert m.pool.owners == {page: n for page, n in owners.items() if n > 1}
         for page in owners:
             assert m.num_owners(page) == owners[page], f"page {page}"
         assert not set(m.evictor.pages()) & owners.keys(), "an owned page is cached-free"
@@ -179,15 +179,15 @@ class Harness:
         assert usage.num_internal_frag_slots == len(owners) * ps - sum(live_slots.values())
         # the prefix cache: one page per key; its pages are owned or cached-free, and the
         # cached-free ones are exactly the eviction policy's
-        cached_pages = set(m._cached.values())
-        assert len(cached_pages) == len(m._cached), "two keys point at one page"
+        cached_pages = set(m.pool.cached.values())
+        assert len(cached_pages) == len(m.pool.cached), "two keys point at one page"
         cached_free = sorted(cached_pages - owners.keys())
         assert usage.num_cached_free_pages == len(cached_free)
         assert sorted(m.evictor.pages()) == cached_free
         assert all(page in m.evictor for page in cached_free)
         # a registered page holds exactly its key's content: it sits at that key's index in
         # the table of every live sequence holding it
-        key_of = {page: key for key, page in m._cached.items()}
+        key_of = {page: key for key, page in m.pool.cached.items()}
         for seq in self.live.values():
             hashes = seq.page_hashes(ps) if m.caching else []
             for index, page in enumerate(m.block_table(seq)):

@@ -42,7 +42,7 @@ def _state(manager: KVCacheManager, running: list[Request]) -> tuple:
     return (
         [list(manager.block_table(r)) for r in running],
         manager.usage(),
-        dict(manager._owners),
+        dict(manager.pool.owners),
         list(manager.evictor.pages()),
     )
 

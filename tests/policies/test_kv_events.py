@@ -38,7 +38,7 @@ class EventReplay:
             else:
                 assert event.kind == CLEARED
                 self.keys.clear()
-        assert self.keys == set(manager._cached), "the events disagree with the prefix cache"
+        assert self.keys == set(manager.pool.cached), "the events disagree with the prefix cache"
 
 
 @given(memory=spec_and_memory(), seed=st.integers(0, 2**32 - 1))
@@ -107,4 +107,4 @@ def test_pages_registered_but_never_written_are_removed():
     removed = manager.events.take()
     assert [e.kind for e in removed] == [REMOVED, REMOVED]
     assert [e.key for e in removed] == [e.key for e in stored[1:]]
-    assert set(manager._cached) == {stored[0].key}
+    assert set(manager.pool.cached) == {stored[0].key}
