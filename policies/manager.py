@@ -8,6 +8,8 @@ A coordinator (vLLM's `KVCacheCoordinator` and `KVCacheManager` in one) over the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
 from kvlab.policies.decode_path import (
@@ -22,6 +24,7 @@ from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.host_pool import HostPool
 from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction
 from kvlab.policies.kv_events import KVEventLog
+from kvlab.policies.kv_groups import KVCacheGroup
 from kvlab.policies.outputs import MemOps, MemoryUsage
 from kvlab.policies.page_pool import PagePool
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
@@ -83,6 +86,15 @@ class KVCacheManager:
         "tiers",
     )
 
+    def __new__(cls, *args: object, groups: Sequence[KVCacheGroup] | None = None,
+                **kwargs: object) -> KVCacheManager:
+        """A `HybridKVCacheManager` for `groups` other than one full-attention group."""
+        if cls is KVCacheManager and groups is not None and [g.kind for g in groups] != ["full"]:
+            from kvlab.policies.hybrid_manager import HybridKVCacheManager  # (it extends this)
+
+            return object.__new__(HybridKVCacheManager)
+        return object.__new__(cls)
+
     def __init__(
         self,
         policy: PolicySpec | str,
@@ -93,7 +105,13 @@ class KVCacheManager:
         costs: PreemptionCosts | None = None,
         tiers: list[PrefixTier] | None = None,
         tier_config: TiersConfig | None = None,
+        groups: Sequence[KVCacheGroup] | None = None,
+        retention_interval: int = 0,
     ) -> None:
+        """`groups`: the model's KV-cache groups (default: one full-attention group; others
+        make a `HybridKVCacheManager`, whose `retention_interval` is vLLM's
+        `prefix_cache_retention_interval` for sliding-window groups)."""
+        del groups, retention_interval  # (one full-attention group: nothing to keep)
         self.policy = spec = parse_policy(policy)
         if num_pages < 1:
             raise KvlabError(f"KV cache has {num_pages} pages; it needs at least one")

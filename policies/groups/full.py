@@ -176,7 +176,7 @@ class FullAttentionManager(TableRelease):
     def take_hits(self, seq: Request, hits: list[int]) -> SeqState:
         """A new sequence's state, holding its prefix-hit pages."""
         self.num_dup_slots += self.pool.take_hits(hits) * self.page_size
-        hashes = seq.page_hashes(self.page_size) if self.caching else []
+        hashes = self.hashes_of(seq) if self.caching else []
         state = SeqState(list(hits), 0, 0, 0, len(hits), hashes, True, len(hits))
         state.hash_outputs = self.hashes_outputs(seq)
         self.seqs[seq.request_id] = state
@@ -240,7 +240,7 @@ class FullAttentionManager(TableRelease):
         # Both sides must take the slow path before writing into the shared last page.
         src.fast_limit = min(src.fast_limit, src.num_tokens)
         src.regular = False  # the child may register pages the parent holds, and vice versa
-        hashes = child.page_hashes(self.page_size) if self.caching else []
+        hashes = self.hashes_of(child) if self.caching else []
         self.seqs[child.request_id] = SeqState(
             list(pages), src.num_tokens, src.num_tokens, src.num_blocks,
             min(src.num_hashed, len(hashes)), hashes, False, 0, self.hashes_outputs(child),
@@ -248,6 +248,10 @@ class FullAttentionManager(TableRelease):
         self.num_live_slots += src.num_tokens
 
     # ----------------------------------------------------------------------------- registering
+
+    def hashes_of(self, seq: Request) -> list:
+        """The request's page keys in the prefix cache (its page hashes)."""
+        return seq.page_hashes(self.page_size)
 
     def hashes_outputs(self, seq: Request) -> bool:
         """Whether the sequence's output pages get hashes as they fill."""
@@ -257,7 +261,7 @@ class FullAttentionManager(TableRelease):
         """Put the pages that the first `num_tokens` tokens fill into the prefix cache (prompt
         pages, and output pages of a state hashing outputs)."""
         if state.hash_outputs:
-            state.hashes = seq.page_hashes(self.page_size)  # hashes the outputs known so far
+            state.hashes = self.hashes_of(seq)  # hashes the outputs known so far
         start, hashes = state.num_hashed, state.hashes
         num_full = min(len(hashes), num_tokens // self.page_size)
         if num_full <= start:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvlab.policies.groups.table import SeqState
+from kvlab.policies.kv_groups import NULL_PAGE
 from kvlab.policies.request import Request
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class TableRelease:
         cached, hashes = self.pool.cached, state.hashes
         to_cache, keys, depths, to_free = [], [], [], []
         for index, page in enumerate(state.pages):
-            if page in still_held:
+            if page in still_held or page == NULL_PAGE:
                 continue
             if index < len(hashes) and cached.get(hashes[index]) == page:
                 to_cache.append(page)

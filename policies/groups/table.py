@@ -24,6 +24,8 @@ class SeqState:
     # True when output pages get hashes as they fill (token ids known, prefix caching on): the
     # fast path then stops where each page fills, so it is registered in the step that fills it.
     hash_outputs: bool = False
+    # Leading entries given back (`NULL_PAGE`): pages no later token reads (windowed groups).
+    num_null_pages: int = 0
 
 
 @dataclass(slots=True)

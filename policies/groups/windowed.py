@@ -1,0 +1,204 @@
+"""Block tables of groups that keep only some of a request's tokens: a sliding window, chunked
+local attention, or one fixed-size state (linear attention, Mamba).
+
+The table keeps one entry per page of tokens, as full attention's does, but the pages no later
+token reads are given back at the next allocation (vLLM's `remove_skipped_blocks`) and their
+entries become `NULL_PAGE`. A page given back that holds registered content stays cached for
+prefix hits, unless a retention interval R says otherwise: then only the pages a hit at a
+multiple of R tokens would need are kept (vLLM's `prefix_cache_retention_interval`), the others
+are freed at once. A state group caches its state at page boundaries (vLLM's mamba "align"
+mode): with prefix caching it takes a new page at each boundary and the last page holds the
+state; without, one page for the whole request.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvlab.policies.groups.full import FullAttentionManager
+from kvlab.policies.groups.table import SeqState
+from kvlab.policies.kv_groups import NULL_PAGE, KVCacheGroup
+from kvlab.policies.outputs import MemOps
+from kvlab.policies.request import Request
+from kvlab.policies.spec import PolicySpec
+
+if TYPE_CHECKING:
+    from kvlab.policies.page_pool import PagePool
+
+
+_UNBOUNDED = 1 << 62
+
+
+class WindowedManager(FullAttentionManager):
+    """The block tables of one sliding-window, chunked-local or state group. Keys in the
+    prefix cache are `(group_id, page hash)`: each group caches its own pages."""
+
+    __slots__ = ("group", "group_id", "retention_interval")
+
+    def __init__(self, policy: PolicySpec, pool: PagePool, *, max_model_len: int,
+                 group: KVCacheGroup, group_id: int, retention_interval: int = 0) -> None:
+        super().__init__(policy, pool, max_model_len=max_model_len)
+        self.group = group
+        self.group_id = group_id
+        self.retention_interval = retention_interval
+
+    def hashes_of(self, seq: Request) -> list:
+        """The request's page keys in this group."""
+        gid = self.group_id
+        return [(gid, key) for key in seq.page_hashes(self.page_size)]
+
+    # ----------------------------------------------------------------------------- windows
+
+    def num_needed_pages(self, num_tokens: int) -> int:
+        """Pages before a prefix hit of `num_tokens` tokens (whole pages) that a hit needs
+        cached in this group (the tokens the next token reads)."""
+        page_size = self.page_size
+        if self.group.kind == "full":
+            return num_tokens // page_size
+        if self.group.kind == "state":
+            return 1 if num_tokens else 0
+        if self.group.kind == "chunked_local":
+            return num_tokens // page_size - num_tokens // self.group.window * self.group.window \
+                // page_size
+        return min(num_tokens // page_size, -(-(self.group.window - 1) // page_size))
+
+    def num_skipped_pages(self, num_computed_tokens: int) -> int:
+        """Leading pages no token from `num_computed_tokens` on reads."""
+        if self.group.kind == "state":
+            if not self.caching:
+                return 0  # one page, its state updated in place
+            return max(0, num_computed_tokens - 1) // self.page_size
+        return self.group.num_skipped_tokens(num_computed_tokens) // self.page_size
+
+    def remove_skipped(self, state: SeqState, num_computed_tokens: int) -> None:
+        """Give back the pages before the window (or chunk, or the last state) of a request
+        with `num_computed_tokens` computed: kept cached where registered and retained."""
+        start, end = state.num_null_pages, self.num_skipped_pages(num_computed_tokens)
+        end = min(end, len(state.pages))
+        if end <= start:
+            return
+        pool, owners, cached = self.pool, self.pool.owners, self.pool.cached
+        to_cache, keys, to_free, drop_keys, drop_pages = [], [], [], [], []
+        for index in range(start, end):
+            page = state.pages[index]
+            state.pages[index] = NULL_PAGE
+            if page in owners:
+                pool.drop_owner(page)
+                self.num_dup_slots -= self.page_size
+                continue
+            key = state.hashes[index] if index < state.num_hashed else None
+            if key is not None and cached.get(key) == page:
+                if self._retained(index):
+                    to_cache.append(page)
+                    keys.append(key)
+                    continue
+                drop_keys.append(key)
+                drop_pages.append(page)
+            to_free.append(page)
+        if drop_keys:
+            pool.uncache(drop_keys, drop_pages)
+        pool.release(to_cache[::-1], keys[::-1], range(len(to_cache)), to_free)
+        self.num_live_slots -= (end - start) * self.page_size
+        state.num_null_pages = end
+
+    def _retained(self, index: int) -> bool:
+        """Whether page `index`, leaving the window, stays cached: always without a retention
+        interval; with one, only where a hit at a multiple of it needs the page."""
+        interval = self.retention_interval
+        if not interval:
+            return True
+        page_size = self.page_size
+        # the first checkpoint at or after the page's end, and the pages a hit there needs
+        end_tokens = (index + 1) * page_size
+        checkpoint = -(-end_tokens // interval) * interval
+        first_needed = checkpoint // page_size - self.num_needed_pages(checkpoint)
+        return index >= first_needed and checkpoint % page_size == 0
+
+    # ----------------------------------------------------------------------------- sizing
+
+    def pages_to_add(self, state: SeqState | None, total: int, num_computed: int) -> int:
+        """Pages this group takes to hold `total` tokens, after giving back those skipped at
+        `num_computed` computed tokens."""
+        if self.group.kind == "state" and not self.caching:
+            return 0 if state is not None and state.pages else 1
+        held = len(state.pages) if state is not None else 0
+        return max(0, -(-total // self.page_size) - held)
+
+    def num_freed_by_skip(self, state: SeqState, num_computed: int) -> int:
+        """Pages `remove_skipped` would return to the pool (not those others hold)."""
+        end = min(self.num_skipped_pages(num_computed), len(state.pages))
+        owners = self.pool.owners
+        return sum(1 for page in state.pages[state.num_null_pages : end] if page not in owners)
+
+    def fast_limit(self, state: SeqState) -> int:
+        """Full attention's limit, short of the next token whose computing skips a page."""
+        limit = super().fast_limit(state)
+        if self.group.kind == "full":
+            return limit
+        if self.group.kind == "state" and not self.caching:
+            return _UNBOUNDED if state.pages else 0  # one page whatever the length
+        next_skip = state.num_null_pages + 1  # the skipped pages that would be one more
+        computed = next_skip * self.page_size  # least computed tokens that skip it
+        if self.group.kind == "sliding_window":
+            computed += self.group.window - 1
+        elif self.group.kind == "state":
+            computed += 1
+        elif self.group.kind == "chunked_local":
+            computed = -(-computed // self.group.window) * self.group.window
+        # a decode of total t has t - 1 computed: stop before the first that skips
+        return min(limit, computed)
+
+    # ----------------------------------------------------------------------------- taking
+
+    def execute_group(self, seq: Request, total: int, state: SeqState | None,
+                      hits: list[int], num_pages: int) -> MemOps:
+        """Take this group's hits (a new request) and `num_pages` more pages; register."""
+        if state is None:
+            state = self.take_hits(seq, hits)
+        if num_pages:
+            state.pages += self.pool.take_block(num_pages)
+            state.num_blocks += 1
+        if total > state.num_tokens:
+            self.num_live_slots += total - state.num_tokens
+            state.num_tokens = total
+        self.register(seq, state, state.num_tokens)
+        state.fast_limit = self.fast_limit(state)
+        return MemOps()
+
+    def take_hits(self, seq: Request, hits: list[int]) -> SeqState:
+        """A new request's state in this group: `NULL_PAGE` entries before the hit pages this
+        group needs."""
+        real = [page for page in hits if page != NULL_PAGE]
+        self.num_dup_slots += self.pool.take_hits(real) * self.page_size
+        hashes = self.hashes_of(seq) if self.caching else []
+        state = SeqState(list(hits), 0, 0, 0, len(hits), hashes, False, len(hits))
+        state.num_null_pages = len(hits) - len(real)
+        state.hash_outputs = self.hashes_outputs(seq)
+        self.seqs[seq.request_id] = state
+        self.num_live_slots += len(real) * self.page_size
+        state.num_tokens = len(hits) * self.page_size
+        return state
+
+    def release(self, seq: Request, state: SeqState, num_written: int | None = None) -> None:
+        """Full attention's release of the pages still held (no NULL_PAGE reaches the pool)."""
+        super().release(seq, state, num_written)
+        self.num_live_slots += state.num_null_pages * self.page_size  # never counted live
+
+    def longest_hit(self, keys: list, bound: int) -> int:
+        """The most pages, at most `bound`, of a prefix hit valid in this group: the pages
+        the next token reads all cached."""
+        cached, num_pages = self.pool.cached, bound
+        while num_pages > 0:
+            need = self.num_needed_pages(num_pages * self.page_size)
+            missing = next((index for index in range(num_pages - 1, num_pages - need - 1, -1)
+                            if keys[index] not in cached), None)
+            if missing is None:
+                return num_pages
+            num_pages = missing  # a hit must end at or before the missing page
+        return 0
+
+    def hit_pages(self, keys: list, num_pages: int) -> list[int]:
+        """The table of a hit of `num_pages` pages: `NULL_PAGE` before the pages it needs."""
+        cached, need = self.pool.cached, self.num_needed_pages(num_pages * self.page_size)
+        return [NULL_PAGE] * (num_pages - need) + [cached[key] for key in
+                                                    keys[num_pages - need : num_pages]]

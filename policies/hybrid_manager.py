@@ -1,0 +1,257 @@
+"""The KV-cache manager of a model with several KV-cache groups (vLLM's hybrid KV cache manager).
+
+Each group keeps one block table per request, all drawing pages from the one page pool: full
+attention as `FullAttentionManager`, sliding window, chunked local and state groups as
+`WindowedManager`. An allocation takes what every group needs or nothing; a prefix hit is the
+longest one valid in every group (`_longest_hit`). `KVCacheManager(..., groups=...)` builds
+this class when the groups are anything but one full-attention group.
+
+Not yet with groups (refused at construction, with the reason): allocation other than paged
+with fixed blocks, swap preemption, memory tiers; `fork` raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvlab.errors import KvlabError
+from kvlab.policies.decode_path import DecodeAhead
+from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
+from kvlab.policies.groups.table import Plan, SeqState
+from kvlab.policies.groups.windowed import WindowedManager
+from kvlab.policies.kv_groups import NULL_PAGE, KVCacheGroup
+from kvlab.policies.manager import KVCacheManager
+from kvlab.policies.outputs import MemOps
+from kvlab.policies.request import Request
+
+
+class HybridKVCacheManager(KVCacheManager):
+    """`KVCacheManager` over several KV-cache groups (see the module's notes)."""
+
+    __slots__ = ("group_managers", "groups")
+
+    def __init__(self, *args: object, groups: Sequence[KVCacheGroup],
+                 retention_interval: int = 0, **kwargs: object) -> None:
+        if kwargs.get("tiers"):
+            raise KvlabError("memory tiers with KV-cache groups (a hybrid model) are not "
+                             "supported yet", parameters=("kv_tiers",))
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._hybrid_init(groups, retention_interval)
+
+    def _hybrid_init(self, groups: Sequence[KVCacheGroup], retention_interval: int) -> None:
+        policy = self.policy
+        if policy.kind != "paged" or not self.block_sizing.exact:
+            raise KvlabError(f"policy {policy.to_string()}: KV-cache groups (a hybrid model) "
+                             "need paged allocation with fixed blocks")
+        if policy.preemption != "recompute":
+            raise KvlabError(f"policy {policy.to_string()}: swap preemption with KV-cache "
+                             "groups (a hybrid model) is not supported yet; use recompute")
+        if retention_interval < 0 or retention_interval % self.page_size:
+            raise KvlabError(f"prefix_cache_retention_interval is {retention_interval}: "
+                             f"expected 0 or a multiple of the page size {self.page_size}")
+        self.groups = tuple(groups)
+        managers: list[FullAttentionManager] = []
+        for index, group in enumerate(self.groups):
+            if group.kind == "full" and not any(
+                    type(m) is FullAttentionManager for m in managers):
+                managers.append(self._main)  # the first full group: plain keys
+            else:
+                managers.append(WindowedManager(
+                    policy, self.pool, max_model_len=self.max_model_len, group=group,
+                    group_id=index, retention_interval=retention_interval))
+        self.group_managers = managers
+        self._main = next((m for m in managers if type(m) is FullAttentionManager), managers[0])
+        self._seqs = self._main.seqs
+        self._grow = None
+
+    # ----------------------------------------------------------------------------- queries
+
+    def block_tables(self, seq: Request) -> list[list[int]]:
+        """One block table per group, in group order (`NULL_PAGE`: given back, never read)."""
+        rid = seq.request_id
+        return [m.seqs[rid].pages if rid in m.seqs else [] for m in self.group_managers]
+
+    def num_pages_held(self, seq: Request) -> int:
+        """Pages the request holds, all groups together."""
+        rid = seq.request_id
+        return sum(len(m.seqs[rid].pages) - m.seqs[rid].num_null_pages
+                   for m in self.group_managers if rid in m.seqs)
+
+    def pages_held_by_group(self) -> list[int]:
+        """Pages held by each group's tables, all requests together."""
+        return [sum(len(state.pages) - state.num_null_pages for state in m.seqs.values())
+                for m in self.group_managers]
+
+    def pages_needed_alone(self, seq: Request) -> int:
+        """Pages the request holds at its largest with memory to itself: a whole prompt chunk
+        is in memory at once, so sliding and chunked groups count every page; a state group
+        one (two with prefix caching)."""
+        whole = -(-seq.total_len // self.page_size)
+        return sum((1 + self.caching) if g.kind == "state" else whole for g in self.groups)
+
+    def usage(self):  # type: ignore[no-untyped-def]  # (KVCacheManager.usage's MemoryUsage)
+        """A snapshot of device and host memory, the live slots of every group together."""
+        usage = super().usage()
+        live = sum(m.num_live_slots - m.num_dup_slots for m in self.group_managers)
+        usage.num_live_token_slots = live
+        usage.num_internal_frag_slots = usage.num_used_pages * self.page_size - live
+        return usage
+
+    def num_computed_prefix_tokens(self, seq: Request) -> int:
+        """Leading tokens whose KV every group holds (a hit valid in every group), in whole
+        pages, leaving the last token to compute."""
+        if not self.caching:
+            return 0
+        return self._longest_hit(seq, self._lookup.num_lookup_pages(seq))[0] * self.page_size
+
+    def _longest_hit(self, seq: Request, bound: int) -> tuple[int, list[list[int]]]:
+        """The most pages (at most `bound`) of a hit valid in every group, and each group's
+        table for it."""
+        keys = [m.hashes_of(seq) for m in self.group_managers]
+        num_pages = bound
+        for manager, group_keys in zip(self.group_managers, keys, strict=True):
+            if type(manager) is FullAttentionManager:
+                cached = self.pool.cached
+                num_pages = next((i for i, key in enumerate(group_keys[:num_pages])
+                                  if key not in cached), num_pages)
+        while True:  # windows may need pages a shorter hit does not: to a fixed point
+            start = num_pages
+            for manager, group_keys in zip(self.group_managers, keys, strict=True):
+                if isinstance(manager, WindowedManager):
+                    num_pages = manager.longest_hit(group_keys, num_pages)
+            if num_pages == start:
+                break
+        tables = [manager.hit_pages(group_keys, num_pages)
+                  if isinstance(manager, WindowedManager)
+                  else [self.pool.cached[key] for key in group_keys[:num_pages]]
+                  for manager, group_keys in zip(self.group_managers, keys, strict=True)]
+        return num_pages, tables
+
+    # ----------------------------------------------------------------------------- allocation
+
+    def can_allocate(self, seq: Request, num_new_tokens: int) -> bool:
+        """Whether `allocate(seq, num_new_tokens)` would succeed now."""
+        return self._plan_groups(seq, num_new_tokens) is not None
+
+    def allocate(self, seq: Request, num_new_tokens: int) -> MemOps | None:
+        """Room for `num_new_tokens` more tokens in every group, or None (nothing changed)."""
+        rid, total = seq.request_id, seq.num_computed_tokens + num_new_tokens
+        managers = self.group_managers
+        states = [m.seqs.get(rid) for m in managers]
+        if states[0] is not None and all(total <= s.fast_limit for s in states):  # type: ignore[union-attr]
+            self._claim(states, total)  # type: ignore[arg-type]
+            return NO_OPS
+        plan = self._plan_groups(seq, num_new_tokens)
+        if plan is None:
+            return None
+        hits, adds = plan
+        computed = seq.num_computed_tokens
+        if states[0] is None:
+            self._lookup.num_queries += self._lookup.num_lookup_pages(seq)
+            self._lookup.num_hits += len(hits[0]) if hits else 0
+        for manager, state in zip(managers, states, strict=True):  # skipped pages go first
+            if state is not None and isinstance(manager, WindowedManager):
+                manager.remove_skipped(state, computed)
+        for index, (manager, state) in enumerate(zip(managers, states, strict=True)):
+            group_hits = hits[index] if hits else []
+            if isinstance(manager, WindowedManager):
+                manager.execute_group(seq, total, state, group_hits, adds[index])
+            else:
+                manager.execute(seq, total, state, Plan(group_hits, adds[index], False))
+        if self._in_step and states[0] is None:
+            self._step_new.add(rid)
+        return NO_OPS
+
+    def _claim(self, states: list[SeqState], total: int) -> None:
+        for manager, state in zip(self.group_managers, states, strict=True):
+            if total > state.num_tokens:
+                manager.num_live_slots += total - state.num_tokens
+                state.num_tokens = total
+
+    def _plan_groups(self, seq: Request,
+                     num_new_tokens: int) -> tuple[list[list[int]], list[int]] | None:
+        """(each group's hit table for a new request, or [], and the pages each group takes),
+        or None when they do not fit together."""
+        rid, total = seq.request_id, seq.num_computed_tokens + num_new_tokens
+        computed, page_size = seq.num_computed_tokens, self.page_size
+        states = [m.seqs.get(rid) for m in self.group_managers]
+        hits: list[list[int]] = []
+        reserve, freed, real_hits = 0, 0, []
+        if states[0] is None:
+            hits = self._new_hits(seq)
+            real_hits = [page for table in hits for page in table if page != NULL_PAGE]
+            reserve = self.watermark_pages if self.pool.num_used_pages else 0
+        adds = []
+        for index, (manager, state) in enumerate(zip(self.group_managers, states, strict=True)):
+            if isinstance(manager, WindowedManager):
+                if state is None:
+                    adds.append(manager.pages_to_add(None, total, computed)
+                                - len(hits[index]) * (manager.group.kind != "state"
+                                                      or manager.caching))
+                else:
+                    freed += manager.num_freed_by_skip(state, computed)
+                    adds.append(manager.pages_to_add(state, total, computed))
+            else:
+                held = len(state.pages) if state is not None else len(hits[index])
+                adds.append(max(0, -(-total // page_size) - held))
+        adds = [max(0, add) for add in adds]
+        if not self.pool.fits(max(0, sum(adds) - freed), real_hits, reserve):
+            return None
+        return hits, adds
+
+    def _new_hits(self, seq: Request) -> list[list[int]]:
+        """Each group's table of a new request's prefix hit: its `num_computed_tokens`."""
+        num_computed = seq.num_computed_tokens
+        num_pages, partial = divmod(num_computed, self.page_size)
+        if not num_computed:
+            return [[] for _ in self.groups]
+        found, tables = self._longest_hit(seq, num_pages) if self.caching else (0, [])
+        if partial or found != num_pages:
+            raise ValueError(
+                f"request {seq.request_id}: num_computed_tokens is {num_computed}, but a "
+                f"prefix hit valid in every KV-cache group holds {found * self.page_size} of "
+                "its first tokens now; set it from num_computed_prefix_tokens() (or to 0) "
+                "just before allocate")
+        return tables
+
+    def allocate_decodes(self, requests: list[Request], start: int, budget: int) -> int:
+        """Claim one token for each decode in `requests[start:]` whose every group has room
+        without the planner; stops at the first that is not such a decode."""
+        batch = requests[start : start + budget]
+        managers = self.group_managers
+        num_claimed = 0
+        for request in batch:
+            done = request.num_computed_tokens
+            if request.prompt_len + request.num_output_tokens - done != 1 or not done:
+                break
+            states = [m.seqs.get(request.request_id) for m in managers]
+            if any(s is None or done + 1 > s.fast_limit for s in states):
+                break
+            self._claim(states, done + 1)  # type: ignore[arg-type]
+            num_claimed += 1
+        return num_claimed
+
+    def decode_run_ahead(self, requests: list[Request], max_steps: int) -> DecodeAhead | None:
+        """None: groups take their decode steps one by one."""
+        return None
+
+    def free(self, seq: Request) -> None:
+        """Release everything the request holds, in every group."""
+        rid = seq.request_id
+        for manager in self.group_managers:
+            state = manager.seqs.get(rid)
+            if state is not None:
+                manager.check_release(seq, state)
+        for manager in self.group_managers:
+            state = manager.seqs.pop(rid, None)
+            if state is not None:
+                manager.release(seq, state)
+        self.host.release(rid)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Not yet with KV-cache groups."""
+        raise KvlabError("fork (parallel sampling) with KV-cache groups is not supported yet")
+
+    def should_swap(self, seq: Request) -> bool:
+        """False: a hybrid model's victims are recomputed."""
+        return False
