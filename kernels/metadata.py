@@ -8,9 +8,7 @@ from itertools import accumulate
 import torch
 from torch import Tensor
 
-# A block table entry whose page was given back because it fell behind a sliding window: never
-# read. Equals kvlab.policies.kv_groups.NULL_PAGE (kernels and policies are sibling layers).
-NULL_PAGE = -1
+from kvlab.specs.kv_groups import NULL_PAGE  # (a given-back entry: never read)
 
 
 @dataclass(slots=True)

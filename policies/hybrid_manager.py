@@ -19,10 +19,10 @@ from kvlab.policies.decode_path import DecodeAhead
 from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
 from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.groups.windowed import WindowedManager
-from kvlab.policies.kv_groups import NULL_PAGE, KVCacheGroup
 from kvlab.policies.manager import KVCacheManager
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.request import Request
+from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
 
 class HybridKVCacheManager(KVCacheManager):

@@ -24,7 +24,6 @@ from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.host_pool import HostPool
 from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction
 from kvlab.policies.kv_events import KVEventLog
-from kvlab.policies.kv_groups import KVCacheGroup
 from kvlab.policies.outputs import MemOps, MemoryUsage
 from kvlab.policies.page_pool import PagePool
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
@@ -33,6 +32,7 @@ from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec, parse_policy
 from kvlab.policies.tier_link import TierLink
 from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats
+from kvlab.specs.kv_groups import KVCacheGroup
 
 __all__ = ["NO_OPS", "DecodeAhead", "KVCacheManager", "StepOrderError"]
 

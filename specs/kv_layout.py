@@ -48,13 +48,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
+from kvlab.specs.kv_groups import GROUP_KINDS, KVCacheGroup
 from kvlab.specs.model import LAYER_TYPES, ModelSpec, check_positive_tp
 
-# The group kinds of `kvlab.policies.kv_groups` (tests hold the two lists equal; the specs
-# layer may not import the policies).
-GROUP_KINDS = ("full", "sliding_window", "chunked_local", "state")
-GROUP_KIND_OF_LAYER = dict(zip(LAYER_TYPES, ("full", "sliding_window", "chunked_local", "state"),
-                               strict=True))
+GROUP_KIND_OF_LAYER = dict(zip(LAYER_TYPES, GROUP_KINDS, strict=True))
 # FlashAttention's and FlashInfer's smallest kernel block (vLLM: MultipleOf(16)).
 KERNEL_BLOCK_SIZE = 16
 # vLLM pads every group to the largest bucket's layer count while it is under 1.5x the smallest.
@@ -65,8 +62,8 @@ CONCURRENT_BATCHES = 2
 
 @dataclass(slots=True, frozen=True)
 class LayoutGroup:
-    """One KV-cache group of a layout: the fields of `kvlab.policies.kv_groups.KVCacheGroup`
-    (kind, num_layers, window) and the bytes its layers take.
+    """One KV-cache group of a layout: the fields of `KVCacheGroup` (kind,
+    num_layers, window) and the bytes its layers take.
 
     `num_layers` counts model layers; `num_padding_layers` the empty slots vLLM adds to reach
     the layout's group size. `layer_page_bytes` is one layer's page as allocated (every group's
@@ -83,7 +80,12 @@ class LayoutGroup:
     @property
     def label(self) -> str:
         """The group in words, as `KVCacheGroup.label`: `full`, `sliding_window(128)`, ..."""
-        return f"{self.kind}({self.window})" if self.window else self.kind
+        return self.group.label
+
+    @property
+    def group(self) -> KVCacheGroup:
+        """The group as the KV-cache manager takes it."""
+        return KVCacheGroup(self.kind, self.num_layers, self.window)
 
     def pages_per_request(self, num_tokens: int, block_size: int, *,
                           max_in_flight_tokens: int | None = None,
@@ -203,7 +205,7 @@ def kv_cache_groups(
 
 
 def layer_summary(model: ModelSpec) -> str:
-    """The model's layers by group kind in `kvlab.policies.kv_groups.parse_groups` words, in
+    """The model's layers by group kind in `kvlab.specs.kv_groups.parse_groups` words, in
     the order they first appear: `sliding_window(128)x18,fullx18`."""
     windows = {"sliding_attention": model.sliding_window or 0,
                "chunked_attention": model.attention_chunk_size or 0}

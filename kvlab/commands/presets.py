@@ -1,7 +1,7 @@
 """`kvlab presets`: the model and hardware presets with their key figures, as tables or JSON.
 
 "layers by kind" counts each model's layers per KV-cache group kind (full, sliding_window(W),
-chunked_local(C), state) in `kvlab.policies.kv_groups.parse_groups` words; "KV KiB/token" is
+chunked_local(C), state) in `kvlab.specs.kv_groups.parse_groups` words; "KV KiB/token" is
 one token in every attention layer (how many tokens each group keeps: `kvlab capacity`).
 """
 

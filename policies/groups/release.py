@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvlab.policies.groups.table import SeqState
-from kvlab.policies.kv_groups import NULL_PAGE
 from kvlab.policies.request import Request
+from kvlab.specs.kv_groups import NULL_PAGE
 
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool

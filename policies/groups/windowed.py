@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from kvlab.policies.groups.full import FullAttentionManager
 from kvlab.policies.groups.table import SeqState
-from kvlab.policies.kv_groups import NULL_PAGE, KVCacheGroup
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec
+from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool

@@ -19,8 +19,8 @@ from kvlab.engine import LLM, SamplingParams
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
 from kvlab.policies import KVCacheManager
-from kvlab.policies.kv_groups import NULL_PAGE, KVCacheGroup
 from kvlab.policies.serving import ServingConfig
+from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
 PAGE = 4
 WINDOW = 8

@@ -10,8 +10,8 @@ from kernel_cases import PagedCase, make_case, max_relative_error
 
 from kvlab.kernels import AttentionMetadata, get_backend
 from kvlab.kernels.metadata import NULL_PAGE
-from kvlab.policies.kv_groups import NULL_PAGE as MANAGER_NULL_PAGE
-from kvlab.policies.kv_groups import KVCacheGroup
+from kvlab.specs.kv_groups import NULL_PAGE as MANAGER_NULL_PAGE
+from kvlab.specs.kv_groups import KVCacheGroup
 
 TOL = 1e-5  # fp32 relative error
 

@@ -10,10 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
-from kvlab.policies.kv_groups import GROUP_KINDS as POLICY_GROUP_KINDS
-from kvlab.policies.kv_groups import KVCacheGroup
 from kvlab.specs import get_hardware, get_model, kv_cache_capacity_tokens, list_models
-from kvlab.specs.kv_layout import GROUP_KINDS, kv_cache_groups, layer_summary
+from kvlab.specs.kv_groups import GROUP_KINDS, KVCacheGroup
+from kvlab.specs.kv_layout import GROUP_KIND_OF_LAYER, kv_cache_groups, layer_summary
 
 PLAIN = [name for name, spec in list_models().items() if not spec.is_hybrid]
 
@@ -76,7 +75,7 @@ def test_without_the_hybrid_manager_local_layers_keep_every_token():
 
 
 def test_group_kinds_are_the_managers_and_every_group_converts():
-    assert GROUP_KINDS == POLICY_GROUP_KINDS
+    assert set(GROUP_KIND_OF_LAYER.values()) == set(GROUP_KINDS)
     for model in list_models().values():
         for group in kv_cache_groups(model, 16).groups:
             converted = KVCacheGroup(group.kind, group.num_layers, group.window)
