@@ -132,11 +132,11 @@ class WindowedManager(FullAttentionManager):
 
     def fast_limit(self, state: SeqState) -> int:
         """Full attention's limit, short of the next token whose computing skips a page."""
+        if self.group.kind == "state" and not self.caching:
+            return _UNBOUNDED if state.pages else 0  # one page whatever the length
         limit = super().fast_limit(state)
         if self.group.kind == "full":
             return limit
-        if self.group.kind == "state" and not self.caching:
-            return _UNBOUNDED if state.pages else 0  # one page whatever the length
         next_skip = state.num_null_pages + 1  # the skipped pages that would be one more
         computed = next_skip * self.page_size  # least computed tokens that skip it
         if self.group.kind == "sliding_window":

@@ -1,0 +1,236 @@
+"""The hybrid manager (KV-cache groups) against an independent model of what each page holds.
+
+A program of admissions (with their prefix hits), chunks, decodes, preemptions and frees runs
+on random group layouts; after every call: every page is free, cached-free or held (none lost
+or twice), owner counts match the tables, a window's pages are all present, a page taken as a
+prefix hit holds exactly the content its key names, and a hit is the longest valid in every
+group.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.errors import KvlabError
+from kvlab.policies import KVCacheManager, Request
+from kvlab.policies.hybrid_manager import HybridKVCacheManager
+from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup, parse_groups
+
+PAGE = 4
+LAYOUTS = ["sliding_window(8),full", "chunked_local(8),full", "state,full",
+           "sliding_window(5),sliding_window(12),full", "sliding_window(8)", "full,state"]
+FAMILIES = [list(range(100 * f, 100 * f + 24)) for f in range(1, 3)]
+
+
+class Model:
+    """What each page holds (the key of the content last written to it), from the tables
+    the manager hands out and the tokens computed into them."""
+
+    def __init__(self, manager: HybridKVCacheManager) -> None:
+        self.m = manager
+        self.content: dict[int, object] = {}
+        self.live: dict[int, Request] = {}
+
+    def keys(self, seq: Request, group: int) -> list:
+        hashes = seq.page_hashes(PAGE)
+        first_full = next(i for i, g in enumerate(self.m.groups) if g.kind == "full") \
+            if any(g.kind == "full" for g in self.m.groups) else None
+        return hashes if group == first_full else [(group, key) for key in hashes]
+
+    def admit(self, seq: Request, num_new: int) -> bool:
+        hit = self.m.num_computed_prefix_tokens(seq)
+        seq.num_computed_tokens = hit
+        ops = self.m.allocate(seq, min(num_new, seq.prompt_len - hit))
+        if ops is None:
+            seq.num_computed_tokens = 0
+            return False
+        for group, table in enumerate(self.m.block_tables(seq)):
+            keys = self.keys(seq, group)
+            for index, page in enumerate(table[: hit // PAGE]):
+                if page != NULL_PAGE:
+                    assert self.content.get(page) == keys[index], "a hit page holds other KV"
+        self.live[seq.request_id] = seq
+        self.write(seq, hit, min(num_new, seq.prompt_len - hit))
+        return True
+
+    def grow(self, seq: Request, num_new: int) -> bool:
+        start = seq.num_computed_tokens
+        if self.m.allocate(seq, num_new) is None:
+            return False
+        self.write(seq, start, num_new)
+        return True
+
+    def write(self, seq: Request, start: int, num_new: int) -> None:
+        """Tokens [start, start + num_new) computed into every group's pages."""
+        end = start + num_new
+        for group, table in enumerate(self.m.block_tables(seq)):
+            keys = self.keys(seq, group)
+            assert NULL_PAGE not in table[self.first_read(group, start) // PAGE :], \
+                "a page the first new token reads was given back"
+            if self.m.groups[group].kind == "state" and not self.m.caching:
+                assert len(table) == 1, "a state group holds one page per request"
+                self.content[table[0]] = None  # the state, updated in place
+                continue
+            for index in range(start // PAGE, -(-end // PAGE)):
+                page = table[index]
+                assert page != NULL_PAGE, "a token is written into a given-back page"
+                full = (index + 1) * PAGE <= end
+                self.content[page] = keys[index] if full and index < len(keys) else None
+        if end > seq.prompt_len:
+            seq.num_output_tokens = end - seq.prompt_len
+        seq.num_computed_tokens = end
+
+    def first_read(self, group: int, position: int) -> int:
+        """The first token the token at `position` reads in `group` (a state group: the state
+        after the token before it)."""
+        kind = self.m.groups[group]
+        if kind.kind == "state":
+            return max(0, position - 1) if self.m.caching else 0
+        return kind.num_skipped_tokens(position)
+
+    def free(self, seq: Request) -> None:
+        self.m.free(seq)
+        del self.live[seq.request_id]
+
+    def check(self) -> None:
+        m = self.m
+        held: dict[int, int] = {}
+        for seq in self.live.values():
+            for table, manager in zip(m.block_tables(seq), m.group_managers, strict=True):
+                state = manager.seqs[seq.request_id]
+                assert table[: state.num_null_pages] == [NULL_PAGE] * state.num_null_pages
+                assert NULL_PAGE not in table[state.num_null_pages :]
+                for page in table:
+                    if page != NULL_PAGE:
+                        held[page] = held.get(page, 0) + 1
+        assert m.pool.owners == {page: n for page, n in held.items() if n > 1}
+        cached_free = set(m.evictor.pages())
+        assert not cached_free & held.keys(), "a held page is cached-free"
+        assert m.num_free_pages + len(cached_free) + len(held) == m.num_total_pages, \
+            "a page is lost or counted twice"
+        assert set(m.pool.cached.values()) <= cached_free | held.keys()
+        assert cached_free <= set(m.pool.cached.values())
+        assert sum(m.pages_held_by_group()) == sum(held.values())
+
+
+# (admissions and frees weighted up: prefix hits need a family's pages computed and cached)
+programs = st.lists(st.tuples(st.sampled_from(["admit", "admit", "grow", "decode", "free",
+                                               "free", "preempt"]),
+                              st.integers(0, 1), st.integers(0, 14), st.integers(1, 12)),
+                    min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), num_pages=st.integers(12, 60),
+       caching=st.sampled_from([True, True, True, False]),
+       retention=st.sampled_from([0, 8, 16]), program=programs)
+def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, retention,
+                                                 program):
+    spec = "paged:block_size=4" + (",eviction=lru" if caching else "")
+    manager = KVCacheManager(spec, num_pages, max_model_len=128, groups=parse_groups(layout),
+                             retention_interval=retention)
+    assert isinstance(manager, HybridKVCacheManager)
+    model = Model(manager)
+    waiting: list[Request] = []
+    next_id = 0
+    for op, family, suffix, amount in program:
+        live = list(model.live.values())
+        if op == "admit" or not live:
+            if waiting and op != "admit":
+                seq = waiting.pop(0)
+            else:
+                ids = FAMILIES[family] + list(range(9000 + next_id * 16, 9000 + next_id * 16
+                                                    + suffix))
+                seq = Request(next_id, len(ids), amount, prompt_token_ids=ids)
+                next_id += 1
+            if not model.admit(seq, amount * 4):
+                waiting.append(seq)
+        else:
+            seq = live[family % len(live)]
+            if op == "free":
+                model.free(seq)
+            elif op == "preempt":
+                model.free(seq)
+                seq.num_computed_tokens = seq.num_output_tokens = 0
+                waiting.append(seq)
+            elif seq.num_computed_tokens < seq.prompt_len:
+                model.grow(seq, min(amount, seq.prompt_len - seq.num_computed_tokens))
+            elif seq.num_computed_tokens < seq.total_len - 1:
+                model.grow(seq, 1)
+            else:
+                model.free(seq)
+        model.check()
+    for seq in list(model.live.values()):
+        model.free(seq)
+    model.check()
+    assert manager.num_used_pages == 0
+
+
+def test_sliding_window_gives_back_pages_behind_the_window():
+    manager = KVCacheManager("paged:block_size=4", 64, max_model_len=256,
+                             groups=parse_groups("sliding_window(8),full"))
+    seq = Request(1, 30, 20)
+    manager.allocate(seq, 30)
+    seq.num_computed_tokens = 30
+    for _ in range(10):
+        manager.allocate(seq, 1)
+        seq.num_computed_tokens += 1
+    sliding, full = manager.block_tables(seq)
+    # token 40 reads tokens 33..40: pages 8.. (page 8 holds 32..35); 0..7 given back
+    assert sliding[:8] == [NULL_PAGE] * 8 and NULL_PAGE not in sliding[8:]
+    assert NULL_PAGE not in full and len(full) == 10
+    assert manager.num_pages_held(seq) == 12
+
+
+def test_a_prefix_hit_needs_the_window_cached_in_every_group():
+    ids = list(range(40))
+    manager = KVCacheManager("paged:block_size=4,eviction=lru", 64, max_model_len=256,
+                             groups=parse_groups("sliding_window(8),full"))
+    first = Request(1, 40, 2, prompt_token_ids=ids)
+    manager.allocate(first, 40)
+    first.num_computed_tokens = 40
+    manager.free(first)
+    again = Request(2, 40, 2, prompt_token_ids=ids)
+    assert manager.num_computed_prefix_tokens(again) == 36  # the last token is computed
+    sliding_keys = [(0, key) for key in again.page_hashes(4)]
+    del manager.pool.cached[sliding_keys[8]]  # the window of a 36-token hit lacks page 8
+    # the longest hit valid in both groups ends before page 8: pages 6 and 7 hold its window
+    assert manager.num_computed_prefix_tokens(again) == 32
+
+
+def test_retention_interval_keeps_only_checkpoint_windows():
+    ids = list(range(64))
+
+    def cached_sliding_pages(retention: int) -> int:
+        manager = KVCacheManager("paged:block_size=4,eviction=lru", 64, max_model_len=256,
+                                 groups=parse_groups("sliding_window(5),full"),
+                                 retention_interval=retention)
+        seq = Request(1, 64, 20, prompt_token_ids=ids)
+        manager.allocate(seq, 64)
+        seq.num_computed_tokens = 64
+        for _ in range(19):
+            manager.allocate(seq, 1)
+            seq.num_computed_tokens += 1
+        return sum(1 for key in manager.pool.cached if isinstance(key, tuple))
+
+    # all 16 prompt pages are behind the window at the end; window 5 needs one page before a
+    # hit: dense caching keeps all 16, one window per 16 tokens the pages before 16, 32, 48, 64
+    assert cached_sliding_pages(0) == 16
+    assert cached_sliding_pages(16) == 4
+
+
+def test_unsupported_combinations_are_refused():
+    groups = [KVCacheGroup("sliding_window", 1, 8), KVCacheGroup()]
+    with pytest.raises(KvlabError, match="paged allocation"):
+        KVCacheManager("buddy", 64, max_model_len=64, groups=groups)
+    with pytest.raises(KvlabError, match="swap"):
+        KVCacheManager("paged:preemption=swap", 64, max_model_len=64, groups=groups)
+    with pytest.raises(KvlabError, match="retention"):
+        KVCacheManager("paged", 64, max_model_len=64, groups=groups, retention_interval=6)
+
+
+def test_one_full_group_is_the_plain_manager():
+    manager = KVCacheManager("paged", 64, max_model_len=64, groups=[KVCacheGroup("full", 32)])
+    assert type(manager) is KVCacheManager
