@@ -145,20 +145,24 @@ class HybridKVCacheManager(KVCacheManager):
         if plan is None:
             return None
         hits, adds = plan
-        computed = seq.num_computed_tokens
-        if states[0] is None:
+        computed, new = seq.num_computed_tokens, states[0] is None
+        if new:
             self._lookup.num_queries += self._lookup.num_lookup_pages(seq)
             self._lookup.num_hits += len(hits[0]) if hits else 0
-        for manager, state in zip(managers, states, strict=True):  # skipped pages go first
-            if state is not None and isinstance(manager, WindowedManager):
-                manager.remove_skipped(state, computed)
-        for index, (manager, state) in enumerate(zip(managers, states, strict=True)):
-            group_hits = hits[index] if hits else []
+        if new:  # every group's hits first: no block may evict another's hit
+            states = [m.take_hits(seq, group_hits)
+                      for m, group_hits in zip(managers, hits or [[]] * len(managers),
+                                               strict=True)]
+        else:  # pages skipped go before any are taken (vLLM's order)
+            for manager, state in zip(managers, states, strict=True):
+                if isinstance(manager, WindowedManager):
+                    manager.remove_skipped(state, computed)  # type: ignore[arg-type]
+        for manager, state, add in zip(managers, states, adds, strict=True):
             if isinstance(manager, WindowedManager):
-                manager.execute_group(seq, total, state, group_hits, adds[index])
+                manager.execute_group(seq, total, state, [], add)
             else:
-                manager.execute(seq, total, state, Plan(group_hits, adds[index], False))
-        if self._in_step and states[0] is None:
+                manager.execute(seq, total, state, Plan([], add, False))
+        if self._in_step and new:
             self._step_new.add(rid)
         return NO_OPS
 

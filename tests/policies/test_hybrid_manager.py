@@ -122,7 +122,7 @@ programs = st.lists(st.tuples(st.sampled_from(["admit", "admit", "grow", "decode
                     min_size=1, max_size=40)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=3 * settings.default.max_examples)
 @given(layout=st.sampled_from(LAYOUTS), num_pages=st.integers(12, 60),
        caching=st.sampled_from([True, True, True, False]),
        retention=st.sampled_from([0, 8, 16]), program=programs)
