@@ -155,6 +155,18 @@ def _tier_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _group_rows(summary: dict) -> list[tuple[str, str]]:
+    """(key, label) of a hybrid model's pages per KV-cache group (none for one group)."""
+    groups = summary.get("kv_cache_groups")
+    if not isinstance(groups, list):
+        return []
+    rows = [("prefix_cache_retention_interval", "Prefix-cache retention interval:")]
+    for index, label in enumerate(groups):
+        rows += [(f"kv_group_{index}_peak_pages", f"Group {index} {label} peak pages:"),
+                 (f"kv_group_{index}_mean_pages", f"Group {index} {label} mean pages:")]
+    return rows
+
+
 def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> str:
     """The summary as vLLM's printed report, with a KV Cache and a Run section after it.
 
@@ -176,6 +188,7 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
             lines.append(_header(METRIC_NAMES[metric][1], "-"))
             lines.extend(_row(label, summary[key]) for key, label in rows)
     for section, section_rows in (("KV Cache", KV_CACHE_ROWS), ("KV Tiers", _tier_rows(summary)),
+                                  ("KV Cache Groups", _group_rows(summary)),
                                   ("Server's Own Latency", SERVER_ROWS), ("Run", RUN_ROWS)):
         present = [(k, label) for k, label in section_rows if summary.get(k) is not None]
         if present:
@@ -196,6 +209,8 @@ def _comparison_rows(summaries: Sequence[dict]) -> list[tuple[str, str]]:
     rows.extend(KV_CACHE_ROWS)
     for summary in summaries:
         rows.extend(row for row in _tier_rows(summary) if row not in rows)
+    for summary in summaries:
+        rows.extend(row for row in _group_rows(summary) if row not in rows)
     return [(k, label) for k, label in rows if any(s.get(k) is not None for s in summaries)]
 
 

@@ -17,6 +17,7 @@ from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.tiers import PrefixTier, build_tiers, tier_summary
 from kvlab.sim.config import SimConfig
 from kvlab.sim.cost_model import CostModel, RooflineCostModel
+from kvlab.sim.group_memory import GroupMemory
 from kvlab.sim.link import HostLink, TierLinks
 
 
@@ -25,11 +26,14 @@ def default_cost_model(config: SimConfig) -> CostModel:
     its model and hardware."""
     if config.calibrated is not None:
         return config.calibrated
+    hybrid = config.kv_cache_groups is not None
     return RooflineCostModel(
         config.model_spec,
         config.hardware_spec,
         page_size=config.policy.block_size,
         tensor_parallel_size=config.tensor_parallel_size,
+        # a pool page of a hybrid model holds one page of a group's layers, not of all
+        page_bytes=config.capacity.page_bytes if hybrid else None,
     )
 
 
@@ -47,8 +51,12 @@ def build_manager(config: SimConfig, cost_model: CostModel,
                   tiers: list[PrefixTier] | None = None) -> KVCacheManager:
     """A fresh KV-cache manager of the config's policy and capacity over `tiers`;
     preemption=auto compares swap and recompute with `preemption_costs` (default:
-    `cost_model`)."""
+    `cost_model`). A hybrid model's manager keeps one block table per KV-cache group
+    (`SimConfig.kv_cache_groups`) and frees sliding-window pages per the retention interval."""
     num_pages = config.capacity.num_pages
+    groups = config.kv_cache_groups
+    hybrid: dict[str, Any] = {} if groups is None else {
+        "groups": groups, "retention_interval": config.prefix_cache_retention_interval}
     return KVCacheManager(
         config.policy,
         num_pages,
@@ -57,6 +65,7 @@ def build_manager(config: SimConfig, cost_model: CostModel,
         costs=cost_model if preemption_costs is None else preemption_costs,
         tiers=tiers,
         tier_config=config.serving.kv_tiers,
+        **hybrid,
     )
 
 
@@ -88,10 +97,14 @@ def scheduled_prompt_tokens(requests: Sequence[Request]) -> int:
 
 def instance_result(config: SimConfig, requests: Sequence[Request], loop: StepLoop,
                     tiers: list[PrefixTier] | None, tier_links: TierLinks | None,
-                    metadata: dict[str, Any]) -> RunResult:
+                    metadata: dict[str, Any],
+                    group_memory: GroupMemory | None = None) -> RunResult:
     """One instance's run: `requests`, its loop's steps and inter-token gaps, its memory, and
-    `metadata` with its tier counters."""
+    `metadata` with its tier counters and, for a hybrid model, its pages per KV-cache group
+    (`group_memory`)."""
     capacity, manager = config.capacity, loop.scheduler.manager
+    if group_memory is not None:
+        metadata = {**metadata, **group_memory.summary()}
     return RunResult(
         requests=requests,
         steps=loop.steps,

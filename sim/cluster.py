@@ -213,7 +213,8 @@ class ClusterInstance:
         """This instance's run: the requests routed to it and its steps."""
         return instance_result(self.config, self.requests, self.loop, self.tiers,
                                self.tier_links, {**metadata, "num_prompts": len(self.requests),
-                                                 "instance": self.index})
+                                                 "instance": self.index},
+                               self.instance.group_memory)
 
 
 class _ClusterArrivals:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.policies import PolicySpec, SchedulerConfig
+from kvlab.policies import KVCacheManager, PolicySpec, SchedulerConfig
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
 from kvlab.specs import (
@@ -20,6 +20,7 @@ from kvlab.specs import (
     kv_cache_capacity_tokens,
 )
 from kvlab.specs.host import available_ram_bytes
+from kvlab.specs.kv_groups import KVCacheGroup
 
 
 @dataclass(slots=True)
@@ -34,6 +35,15 @@ class SimConfig:
     (`kvlab calibrate`), loaded into `calibrated` and used instead of the roofline. The serving
     config's `seed` is recorded with the result: the simulation itself has no randomness.
     Every setting is checked here: a bad one fails before any work.
+
+    KV-cache groups: a model whose layers keep different caches (sliding window, chunked local,
+    linear-attention state) runs vLLM's hybrid KV cache manager over the groups of its layout
+    (`kv_cache_groups`), with pages of the layout's block size (raised for linear-attention
+    models: the policy's block size follows it). `prefix_cache_retention_interval` is vLLM's
+    setting of that name (tokens, 0 or a multiple of the block size; 0: every sliding-window
+    page leaving the window stays cached). `hybrid_kv_cache_manager` False is vLLM's
+    `--disable-hybrid-kv-cache-manager`: every attention layer keeps every token (one full
+    group, the plain manager).
     """
 
     model: str | ModelSpec = "llama-2-7b"
@@ -41,6 +51,8 @@ class SimConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
     tensor_parallel_size: int = 1
     cost_model: str | None = None
+    prefix_cache_retention_interval: int = 0
+    hybrid_kv_cache_manager: bool = True
     model_spec: ModelSpec = field(init=False)
     hardware_spec: HardwareSpec = field(init=False)
     max_model_len: int = field(init=False)
@@ -55,7 +67,8 @@ class SimConfig:
         )
         spec = self.model_spec
         self.max_model_len = self.serving.resolve_max_model_len(spec.max_model_len, spec.name)
-        self.capacity = self._capacity()
+        self._check_group_settings()
+        self._resolve_memory()
         self.calibrated = None if self.cost_model is None else load_cost_model(self.cost_model)
 
     @property
@@ -67,8 +80,17 @@ class SimConfig:
         """A copy running another policy (presets and cost model are not read again)."""
         other = copy.copy(self)
         other.serving = self.serving.with_policy(policy)
-        other.capacity = other._capacity()
+        other._resolve_memory()
         return other
+
+    @property
+    def kv_cache_groups(self) -> list[KVCacheGroup] | None:
+        """The KV-cache groups the manager keeps, one block table each; None for one
+        full-attention group (a plain model, or hybrid_kv_cache_manager off)."""
+        layout = self.capacity.layout
+        if layout is None or [g.kind for g in layout.groups] == ["full"]:
+            return None
+        return [g.group for g in layout.groups]
 
     @property
     def page_bytes(self) -> int:
@@ -105,8 +127,17 @@ class SimConfig:
 
     def metadata(self) -> dict[str, Any]:
         """The config as saved with a result (JSON-ready; names, not specs); `cost_model` only
-        when a calibrated one is named (the roofline's results keep their keys)."""
+        when a calibrated one is named, the KV-cache groups and the retention interval only
+        for a hybrid model, `hybrid_kv_cache_manager` only when off (the roofline's results
+        and plain models' keep their keys)."""
         calibrated = {} if self.cost_model is None else {"cost_model": self.cost_model}
+        groups = self.kv_cache_groups
+        hybrid: dict[str, Any] = {} if groups is None else {
+            "kv_cache_groups": [g.label for g in groups],
+            "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
+        }
+        if not self.hybrid_kv_cache_manager:
+            hybrid["hybrid_kv_cache_manager"] = False
         return {
             **calibrated,
             "model": self.model_spec.name,
@@ -114,7 +145,56 @@ class SimConfig:
             "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
             **self.serving.result_metadata(),
+            **hybrid,
         }
+
+    def _check_group_settings(self) -> None:
+        interval = self.prefix_cache_retention_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+            raise KvlabError(
+                f"prefix_cache_retention_interval is {interval!r}: expected tokens, 0 (keep "
+                "every page leaving a sliding window cached) or a multiple of the block size",
+                parameters=("prefix_cache_retention_interval",))
+        if not isinstance(self.hybrid_kv_cache_manager, bool):
+            raise KvlabError(f"hybrid_kv_cache_manager is {self.hybrid_kv_cache_manager!r}: "
+                             "expected true or false", parameters=("hybrid_kv_cache_manager",))
+
+    def _resolve_memory(self) -> None:
+        """Capacity for the policy; the policy's block size raised to the layout's; the
+        manager's refusals (a policy or setting the groups cannot run) before any work."""
+        self.capacity = self._capacity()
+        block_size = self.capacity.page_size
+        if block_size != self.serving.page_size:  # raised for a linear-attention state
+            self.serving = self.serving.with_policy(
+                self.policy.with_options(block_size=block_size))
+        groups = self.kv_cache_groups
+        interval = self.prefix_cache_retention_interval
+        if interval % block_size:
+            raise KvlabError(
+                f"prefix_cache_retention_interval is {interval}: expected 0 or a multiple of "
+                f"the block size, {block_size} tokens",
+                parameters=("prefix_cache_retention_interval",))
+        if groups is not None:
+            self._check_manager(groups)
+
+    def _check_manager(self, groups: list[KVCacheGroup]) -> None:
+        """Raise the KvlabError the hybrid manager gives for this config, on a one-page
+        manager (its checks run on construction; memory tiers are refused by name)."""
+        if self.serving.kv_tiers:
+            raise KvlabError(
+                f"model {self.model_spec.name!r} has KV-cache groups ("
+                f"{', '.join(g.label for g in groups)}): memory tiers with a hybrid model are "
+                "not supported yet; drop kv_tiers or set hybrid_kv_cache_manager off",
+                parameters=("kv_tiers", "hybrid_kv_cache_manager"))
+        try:
+            KVCacheManager(self.policy, 1, max_model_len=self.max_model_len, groups=groups,
+                           retention_interval=self.prefix_cache_retention_interval)
+        except KvlabError as err:
+            raise KvlabError(
+                f"model {self.model_spec.name!r} has KV-cache groups "
+                f"({', '.join(g.label for g in groups)}): {err}; or set "
+                "hybrid_kv_cache_manager off", parameters=(*err.parameters,
+                                                           "hybrid_kv_cache_manager")) from None
 
     def _capacity(self) -> KVCapacity:
         """The KV cache of one device for this config's policy page size; a KvlabError when
@@ -128,6 +208,7 @@ class SimConfig:
             tensor_parallel_size=self.tensor_parallel_size,
             num_gpu_blocks_override=serving.num_gpu_blocks_override,
             kv_cache_memory_bytes=serving.kv_cache_memory_bytes,
+            hybrid_kv_cache_manager=self.hybrid_kv_cache_manager,
         )
         _check_books_fit(capacity.num_pages)
         return capacity

@@ -13,6 +13,10 @@ The roofline charges a step max(memory time, compute time) + collectives + a fix
 - with tensor parallelism, two ring all-reduces of the step's hidden states per layer (after
   attention and after the MLP) over the peer interconnect, not overlapped with compute.
 
+A model whose layers do not all attend to every earlier token (sliding window, chunked local,
+linear attention, DeepSeek-V3.2's sparse attention) has its attention terms charged per layer
+kind instead (`kvlab.sim.layer_costs`); every other model's step costs what it always did.
+
 Everything is float arithmetic on constants prepared in __init__: step_time_s runs once per
 simulated step, ~100k times a simulation.
 """
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvlab.sim.layer_costs import LayerCosts, has_layer_kinds
 from kvlab.specs import HardwareSpec, ModelSpec, check_tensor_parallel
 
 # Share of data-sheet peaks a serving engine reaches: ~80% of HBM bandwidth in decode GEMVs and
@@ -103,7 +108,10 @@ class RooflineCostModel:
         tensor_parallel_size: int = 1,
         bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY,
         flops_efficiency: float = FLOPS_EFFICIENCY,
+        page_bytes: int | None = None,
     ) -> None:
+        """`page_bytes`: one KV page on one device, what copies and swaps move (default: the
+        page's tokens in every attention layer; a hybrid model's pool page holds fewer)."""
         check_tensor_parallel(model, hardware, tensor_parallel_size)
         tp = tensor_parallel_size
         self.model = model
@@ -111,7 +119,7 @@ class RooflineCostModel:
         self.page_size = page_size
         self.tensor_parallel_size = tp
         kv_bytes = model.kv_bytes_per_token(tp)
-        self.page_bytes = page_size * kv_bytes  # one page, all layers, on one device
+        self.page_bytes = page_size * kv_bytes if page_bytes is None else page_bytes
         bandwidth = hardware.hbm_bandwidth * bandwidth_efficiency
         flops = hardware.peak_flops * flops_efficiency
         weight_element = model.weight_dtype_bytes or model.dtype_bytes
@@ -129,6 +137,9 @@ class RooflineCostModel:
         self._copy_s_per_page = 2 * self.page_bytes / bandwidth  # read and write
         self._host_s_per_page = self.page_bytes / hardware.host_link_bandwidth
         self._host_latency_s = hardware.host_link_latency_s
+        # attention per layer kind (None: every layer full attention, the terms above)
+        self._layers = (LayerCosts(model, tp, bandwidth, flops) if has_layer_kinds(model)
+                        else None)
 
     @staticmethod
     def _allreduce_costs(model: ModelSpec, hardware: HardwareSpec, tp: int) -> tuple[float, float]:
@@ -151,6 +162,8 @@ class RooflineCostModel:
         num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
         if num_tokens <= 0:
             return 0.0
+        if self._layers is not None:
+            return self._layered_step_time_s(shape, num_tokens, _per_request(shape))
         num_context = shape.num_context_tokens
         memory_s = (
             min(self._weights_s, self._active_weights_s_per_token * num_tokens)
@@ -164,10 +177,31 @@ class RooflineCostModel:
         collective_s = self._allreduce_s + num_tokens * self._allreduce_s_per_token
         return max(memory_s, compute_s) + collective_s + self._overhead_s
 
+    def _layered_step_time_s(self, shape: StepShapeLike, num_tokens: int,
+                             requests: tuple[list[int], list[int], list[bool]] | None) -> float:
+        """`step_time_s` with attention charged per layer kind (`kvlab.sim.layer_costs`)."""
+        assert self._layers is not None
+        attention_memory_s, attention_compute_s = self._layers.step_s(
+            num_tokens, shape.num_prefill_tokens, shape.num_seqs, shape.num_context_tokens,
+            shape.num_attention_pairs, requests)
+        memory_s = (min(self._weights_s, self._active_weights_s_per_token * num_tokens)
+                    + attention_memory_s)
+        compute_s = (num_tokens * self._linear_s_per_token
+                     + shape.num_seqs * self._lm_head_s_per_seq + attention_compute_s)
+        collective_s = self._allreduce_s + num_tokens * self._allreduce_s_per_token
+        return max(memory_s, compute_s) + collective_s + self._overhead_s
+
     def decode_step_time(self, num_seqs: int) -> Callable[[int, int], float]:
         """`step_time_s` of a step of `num_seqs` decodes and nothing else, as a function of
         its context and padded context tokens: the same float operations in the same order,
-        so the same durations, with the batch's terms computed once (`decode_step_timer`)."""
+        so the same durations, with the batch's terms computed once (`decode_step_timer`).
+        A model with layer kinds is charged `step_time_s`'s bound from the aggregates."""
+        if self._layers is not None:
+            def layered_s(num_context: int, num_padded: int) -> float:
+                shape = StepShape(0, num_seqs, num_context, num_seqs, 0, num_padded)
+                return self._layered_step_time_s(shape, num_seqs, None)
+
+            return layered_s
         weights_s = min(self._weights_s, self._active_weights_s_per_token * num_seqs)
         kv_s, attention_s = self._kv_s_per_token, self._attention_s_per_pair
         linear_s = num_seqs * self._linear_s_per_token + num_seqs * self._lm_head_s_per_seq
@@ -191,7 +225,25 @@ class RooflineCostModel:
 
     def recompute_time_s(self, num_tokens: int) -> float:
         """The step time of one sequence's prefill of num_tokens tokens, causal attention."""
-        return self.step_time_s(prefill_shape(num_tokens)) if num_tokens > 0 else 0.0
+        if num_tokens <= 0:
+            return 0.0
+        if self._layers is not None:  # one request, exact
+            return self._layered_step_time_s(prefill_shape(num_tokens), num_tokens,
+                                             ([num_tokens], [0], [False]))
+        return self.step_time_s(prefill_shape(num_tokens))
+
+
+def _per_request(shape: StepShapeLike) -> tuple[list[int], list[int], list[bool]] | None:
+    """A scheduler output's (new tokens, computed tokens, is a decode) per request, or None
+    for a shape without them (a `StepShape`)."""
+    requests = getattr(shape, "requests", None)
+    if requests is None:
+        return None
+    news: list[int] = shape.num_new_tokens  # type: ignore[attr-defined]
+    computeds: list[int] = shape.num_computed_tokens  # type: ignore[attr-defined]
+    decodes = [new == 1 and 0 < done == r.prompt_len + r.num_output_tokens - 1
+               for r, new, done in zip(requests, news, computeds, strict=True)]
+    return news, computeds, decodes
 
 
 def decode_step_timer(cost_model: CostModel) -> Callable[[int], Callable[[int, int], float]] | None:

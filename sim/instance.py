@@ -37,6 +37,7 @@ from kvlab.policies.manager import DecodeAhead
 from kvlab.policies.scheduler import decode_contexts
 from kvlab.sim.arrivals import delay_until
 from kvlab.sim.cost_model import CostModel, StepShape, decode_step_timer
+from kvlab.sim.group_memory import group_memory_of
 from kvlab.sim.link import HostLink, TierLinks, wait_until
 
 MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
@@ -100,6 +101,8 @@ class SimInstance:
             None if arrivals is None else arrivals.deliver_until)
         # the cost model's decode-step timer (None: one shape per step), resolved once
         self._decode_step_time = decode_step_timer(cost_model)
+        # pages per KV-cache group of a hybrid model's manager (None: one group)
+        self.group_memory = group_memory_of(loop.scheduler.manager)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -139,6 +142,8 @@ class SimInstance:
                 yield from self._run_decodes(now, *plan)
                 continue
             output = loop.schedule(now)
+            if self.group_memory is not None:
+                self.group_memory.sample()
             yield from self._execute(output, now)
 
     def _plan_decode_run(self, now_s: float
@@ -202,6 +207,10 @@ class SimInstance:
             for duration in durations:
                 yield env.timeout(duration)
         self.step_end_s = None
+        if self.group_memory is not None:
+            # (a hybrid manager plans no decode runs today; if one does, its pages at the start)
+            self.group_memory.sample()
+            self.group_memory.record(end_s - now_s)
         finished = self.loop.commit_decode_run([now_s, *ends_s[:-1]], ends_s, ahead)
         if self.on_finished is not None and finished:
             self.on_finished(finished)
@@ -233,5 +242,7 @@ class SimInstance:
         finished = self.loop.commit(
             output, start_s=start_s, end_s=end_s, wall_time_s=end_s - start_s
         )
+        if self.group_memory is not None:
+            self.group_memory.record(end_s - start_s)
         if self.on_finished is not None and (finished or output.failed):
             self.on_finished(finished + output.failed)

@@ -119,7 +119,7 @@ class Simulation:
         restore_sends(self.requests, self._sends_s)
         metadata = {**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim"}
         return instance_result(self.config, self.requests, self.loop, self.tiers,
-                               self.tier_links, metadata)
+                               self.tier_links, metadata, self.instance.group_memory)
 
 
 def compare(

@@ -290,6 +290,27 @@ def add_serving_arguments(
         )
 
 
+def add_kv_group_arguments(memory: argparse._ArgumentGroup) -> None:
+    """The flags of a hybrid model's KV-cache groups (`kvlab.sim.SimConfig`'s fields, vLLM's
+    names): the sliding-window retention interval and the switch to one full group."""
+    memory.add_argument(
+        "--prefix-cache-retention-interval", type=int, default=0, metavar="TOKENS",
+        help="sliding-window models with prefix caching: keep cached, of the pages leaving a "
+        "window, only those a prefix hit at a multiple of TOKENS needs, freeing the rest at "
+        "once (vLLM's flag; a multiple of --block-size; default 0: keep every one cached)")
+    memory.add_argument(
+        "--disable-hybrid-kv-cache-manager", dest="hybrid_kv_cache_manager",
+        action="store_false",
+        help="sliding and chunked attention layers keep every token, as full attention "
+        "(vLLM's flag: one KV-cache group, the plain manager)")
+
+
+def kv_group_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """SimConfig's KV-cache group settings from the flags of `add_kv_group_arguments`."""
+    return {"prefix_cache_retention_interval": args.prefix_cache_retention_interval,
+            "hybrid_kv_cache_manager": args.hybrid_kv_cache_manager}
+
+
 def add_tier_arguments(memory: argparse._ArgumentGroup) -> None:
     """The memory-tier flags (policies/tiers.py): the tiers, their write policy, the reuse
     threshold, the tier page size and load overlap."""

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
     add_cluster_arguments,
+    add_kv_group_arguments,
     add_machine_arguments,
     add_report_arguments,
     add_serving_arguments,
     add_workload_arguments,
+    kv_group_settings,
     load_trace_from_args,
     serving_config,
     show_progress,
@@ -42,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_serving_arguments(
         parser.add_argument_group("policy and scheduler"), machine, compare=True
     )
+    add_kv_group_arguments(machine)
 
     add_report_arguments(
         parser.add_argument_group("report and results"),
@@ -144,9 +147,11 @@ def _warn_config(config: SimConfig) -> None:
     from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
     from kvlab.specs.block_rules import block_size_warnings
 
-    policy = config.policy
+    policy, layout = config.policy, config.capacity.layout
+    # the size asked for: a raised one (a linear-attention state) is vLLM's own choice
+    block_size = policy.block_size if layout is None else layout.requested_block_size
     for warning in block_size_warnings(
-            config.hardware_spec, policy.block_size, enable_prefix_caching=policy.prefix_caching,
+            config.hardware_spec, block_size, enable_prefix_caching=policy.prefix_caching,
             enable_chunked_prefill=config.serving.enable_chunked_prefill):
         print(f"warning: {warning}", file=sys.stderr)
     for warning in config.tier_warnings():
@@ -173,6 +178,7 @@ def _configs(args: argparse.Namespace) -> list[SimConfig]:
         serving=serving_config(args, specs[0]),
         tensor_parallel_size=args.tensor_parallel_size,
         cost_model=args.cost_model,
+        **kv_group_settings(args),
     )
     return [first] + [first.with_policy(serving_config(args, spec).policy) for spec in specs[1:]]
 
