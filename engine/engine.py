@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from kvlab.engine.cache_layout import cache_layout
 from kvlab.engine.clock import VirtualClock, WallClock, make_clock
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.costs import measure_preemption_costs
@@ -96,10 +97,13 @@ class LLMEngine:
             config.model, dtype=config.dtype, device=self.platform.device, attn_backend=backend
         )
         _check_sliding_window(backend, self.model_config.layer_windows, config.attention_backend)
+        layout = cache_layout(self.model_config, config.layer_groups)
+        num_cache_layers = layout.num_tensors(self.model_config.num_hidden_layers)
         self.max_model_len = serving.resolve_max_model_len(
             self.model_config.max_model_len, str(config.model)
         )
-        num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len)
+        num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len,
+                                        num_cache_layers)
         dtype = model_dtype(self.model)
         swap_pages = num_swap_pages(self.model_config, serving, dtype)
         tier_pages = num_tier_pages(self.model_config, serving, dtype)
@@ -112,6 +116,7 @@ class LLMEngine:
             platform=self.platform,
             backend=backend,
             num_tier_pages=tier_pages,
+            layer_slots=layout.layer_slots,
         )
         # the manager is built below (its costs are measured on this runner), and its block
         # tables set on the runner then
@@ -120,7 +125,7 @@ class LLMEngine:
             self.kv_cache,
             self.platform,
             lambda r: [self.manager.block_table(r)],
-            layer_groups=config.layer_groups,
+            layer_groups=layout.layer_groups,
         )
         if config.warmup:
             # Decodes only warm dispatch: a few are enough (and cheap in Triton's interpreter).
@@ -143,6 +148,7 @@ class LLMEngine:
             costs=costs,
             tiers=self.tiers,
             tier_config=serving.kv_tiers,
+            groups=layout.groups,
         )
         self.runner.block_tables = group_block_tables(self.manager)
         self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)

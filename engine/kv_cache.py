@@ -18,9 +18,14 @@ from kvlab.specs.capacity import num_pages_for_budget
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB
 
 
-def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
-    """Bytes one page takes over every layer, K and V."""
-    return page_size * config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtype,
+                          num_cache_layers: int | None = None) -> int:
+    """Bytes one page takes over every layer, K and V (over `num_cache_layers` layer tensors
+    where KV-cache groups share them: `CacheLayout`)."""
+    per_token = config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+    if num_cache_layers is not None:
+        per_token = per_token // config.num_hidden_layers * num_cache_layers
+    return page_size * per_token
 
 
 def num_swap_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:
@@ -39,16 +44,19 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 
 def determine_num_pages(
-    model: Any, platform: Platform, serving: ServingConfig, max_model_len: int
+    model: Any, platform: Platform, serving: ServingConfig, max_model_len: int,
+    num_cache_layers: int | None = None,
 ) -> int:
     """The number of device KV pages, sized like vLLM: `num_gpu_blocks_override` pages, else
     `kv_cache_memory_bytes`, else on cuda/npu `gpu_memory_utilization` of the device minus
     weights and the profiled activation peak (at the step limits), on cpu
-    DEFAULT_CPU_KV_CACHE_BYTES; the KV cache takes the model's dtype."""
+    DEFAULT_CPU_KV_CACHE_BYTES; the KV cache takes the model's dtype, over `num_cache_layers`
+    layer tensors (default: one per layer)."""
     if serving.num_gpu_blocks_override is not None:
         return serving.num_gpu_blocks_override
     page_size = serving.page_size
-    page_bytes = page_bytes_all_layers(model.config, page_size, model_dtype(model))
+    page_bytes = page_bytes_all_layers(model.config, page_size, model_dtype(model),
+                                       num_cache_layers)
     if serving.kv_cache_memory_bytes is not None:
         budget = serving.kv_cache_memory_bytes
         why = f"kv_cache_memory_bytes is {budget:,}"
@@ -217,7 +225,8 @@ def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
 
 
 class KVCache:
-    """Per-layer K and V pages on the device, the host swap space and the host tier (prefix
+    """Per-layer K and V pages on the device (layers of different KV-cache groups may share a
+    tensor: `layer_slots`), the host swap space and the host tier (prefix
     pages below the device, policies/tiers.py), same layout.
 
     Each tensor is [num_pages, page_size, num_kv_heads, head_dim]; the host tensors are pinned
@@ -237,7 +246,9 @@ class KVCache:
         platform: Platform,
         backend: Any,
         num_tier_pages: int = 0,
+        layer_slots: tuple[int, ...] = (),
     ) -> None:
+        self.layer_slots = layer_slots  # model layer -> its tensors (empty: layer i, tensor i)
         self.num_pages = num_pages
         self.num_host_pages = num_host_pages
         self.num_tier_pages = num_tier_pages
@@ -277,10 +288,13 @@ class KVCache:
         platform: Platform,
         backend: Any,
         num_tier_pages: int = 0,
+        layer_slots: tuple[int, ...] = (),
     ) -> KVCache:
-        """The cache for one model's layers and KV heads."""
+        """The cache for one model's layers and KV heads (`layer_slots`: each layer's tensor
+        where KV-cache groups share them, `CacheLayout`)."""
         return cls(
-            num_layers=config.num_hidden_layers,
+            num_layers=max(layer_slots) + 1 if layer_slots else config.num_hidden_layers,
+            layer_slots=layer_slots,
             num_pages=num_pages,
             num_host_pages=num_host_pages,
             page_size=page_size,
@@ -293,7 +307,9 @@ class KVCache:
         )
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(k_cache, v_cache) per layer, as the model's forward takes them."""
+        """(k_cache, v_cache) per model layer, as the model's forward takes them."""
+        if self.layer_slots:
+            return [(self.k_caches[slot], self.v_caches[slot]) for slot in self.layer_slots]
         return list(zip(self.k_caches, self.v_caches, strict=True))
 
     def execute_mem_ops(self, mem_ops: MemOps) -> None:

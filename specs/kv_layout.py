@@ -45,6 +45,7 @@ that ask for it), speculative-decoding blocks, and DeepSeek-V3.2's fp8 "ds_mla" 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
@@ -184,24 +185,48 @@ def kv_cache_groups(
         page_tokens = align * -(-state_bytes // (align * token_bytes))
     layer_page_bytes = page_tokens * token_bytes if token_bytes else state_bytes
 
-    buckets: dict[tuple[str, int], int] = {}
-    for kind in kinds:
-        key = (kind, windows.get(kind, 0))
-        buckets[key] = buckets.get(key, 0) + 1
-    counts = list(buckets.values())
+    group_size, grouped = group_layers([(kind, windows.get(kind, 0)) for kind in kinds])
+    groups = []
+    for (kind, window), layers in grouped:
+        used = state_bytes if kind == "linear_attention" else layer_page_bytes
+        groups.append(LayoutGroup(GROUP_KIND_OF_LAYER[kind], len(layers), window,
+                                  group_size - len(layers), layer_page_bytes, used))
+    return KVLayout(tuple(groups), page_tokens, block_size, group_size, layer_page_bytes,
+                    tensor_parallel_size)
+
+
+def group_layers(layers: Sequence[tuple[str, int]],
+                 ) -> tuple[int, list[tuple[tuple[str, int], list[int]]]]:
+    """vLLM's grouping of layers given as (layer type, window) in model order (module
+    docstring, steps 1-3): the group size, and each group's (layer type, window) and layer
+    indices, buckets in the order the layers first show them, layer i of a bucket in its
+    group i mod (the bucket's groups)."""
+    buckets: dict[tuple[str, int], list[int]] = {}
+    for index, key in enumerate(layers):
+        buckets.setdefault(key, []).append(index)
+    counts = [len(indices) for indices in buckets.values()]
     group_size = min(counts)
     if max(counts) < min(counts) * MAX_PADDING_RATIO:
         group_size = max(counts)
-    groups = []
-    for (kind, window), count in buckets.items():
-        used = state_bytes if kind == "linear_attention" else layer_page_bytes
-        num_groups = -(-count // group_size)
-        for index in range(num_groups):
-            layers = len(range(index, count, num_groups))
-            groups.append(LayoutGroup(GROUP_KIND_OF_LAYER[kind], layers, window,
-                                      group_size - layers, layer_page_bytes, used))
-    return KVLayout(tuple(groups), page_tokens, block_size, group_size, layer_page_bytes,
-                    tensor_parallel_size)
+    grouped = []
+    for key, indices in buckets.items():
+        num_groups = -(-len(indices) // group_size)
+        grouped += [(key, indices[first::num_groups]) for first in range(num_groups)]
+    return group_size, grouped
+
+
+def layer_group_ids(layers: Sequence[tuple[str, int]]) -> tuple[tuple[KVCacheGroup, ...],
+                                                                   tuple[int, ...]]:
+    """The KV-cache groups of layers given as (layer type, window), and each layer's group
+    (`group_layers`): what the engine's manager and model runner take."""
+    _, grouped = group_layers(layers)
+    ids = [0] * len(layers)
+    for group_id, (_, indices) in enumerate(grouped):
+        for index in indices:
+            ids[index] = group_id
+    groups = tuple(KVCacheGroup(GROUP_KIND_OF_LAYER[kind], len(indices), window)
+                   for (kind, window), indices in grouped)
+    return groups, tuple(ids)
 
 
 def layer_summary(model: ModelSpec) -> str:

@@ -2,7 +2,8 @@
 the window: Mistral's window on every layer, Qwen2's use_sliding_window + max_window_layers, and
 interleaved layer_types (Qwen2 with layer_types, as gpt-oss and Gemma 3 write them), through
 chunked prefill, prefix hits and recompute preemption; and with a block table per KV-cache
-group whose pages behind the window are NULL_PAGE (the KV manager's coming `block_tables`)."""
+group whose pages behind the window are NULL_PAGE: the hybrid KV manager's own (the model's
+KV-cache groups) and a patched one."""
 
 from __future__ import annotations
 
@@ -110,12 +111,58 @@ def test_chunked_prefill_and_prefix_hits_keep_transformers_tokens(models, layout
     assert max(llm.last_run.steps.columns["num_prefill_tokens"]) == 8
 
 
+# layout -> the manager's KV-cache groups: (kind, layers) each (vLLM's grouping)
+MANAGER_GROUPS = {
+    "mistral": [("sliding_window", 2)],
+    "qwen2_max_window_layers": [("full", 1), ("sliding_window", 1), ("sliding_window", 1)],
+    "interleaved_layer_types": [("sliding_window", 2), ("full", 2)],
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_manager_takes_the_models_kv_cache_groups(models, layout):
+    llm = LLM(str(models[layout][0]), verbose=False, policy=f"paged:block_size={PAGE}",
+              num_gpu_blocks_override=16)
+    manager = llm.engine.manager
+    assert [(g.kind, g.num_layers) for g in manager.groups] == MANAGER_GROUPS[layout]
+    # layers of different groups share the cache tensors: one per layer of a group
+    group_size = max(n for _, n in MANAGER_GROUPS[layout])
+    assert len(llm.engine.kv_cache.k_caches) == group_size
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_recompute_preemption_keeps_transformers_tokens(models, layout):
     folder, expected = models[layout]
-    llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE}", num_gpu_blocks_override=14)
+    # the largest request (40 tokens, 10 pages a group) alone and a little more; prompts in
+    # chunks of 8, so several grow at once
+    num_pages = 11 * len(MANAGER_GROUPS[layout])
+    llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE}",
+                            num_gpu_blocks_override=num_pages, max_num_batched_tokens=8)
     assert tokens == expected
     assert llm.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pages_behind_the_window_are_given_back(models, layout):
+    folder, expected = models[layout]
+    llm = LLM(str(folder), verbose=False, policy=f"paged:block_size={PAGE}",
+              num_gpu_blocks_override=64)
+    engine = llm.engine
+    request = engine.make_request(PROMPTS[0], _params([MAX_TOKENS[0]])[0])
+    engine.run([request])
+    assert list(request.output_token_ids) == expected[0]
+    # (freed at the end: the tables as the last step left them are gone; run a prefill of
+    # the prompt alone and a decode, and look at the sliding group's table)
+    request = engine.make_request(PROMPTS[0], _params([3])[0])
+    tables: list[list[list[int]]] = []
+    runner_tables = engine.runner.block_tables
+    engine.runner.block_tables = lambda r: tables.append(runner_tables(r)) or tables[-1]
+    engine.run([request])
+    sliding = [index for index, (kind, _) in enumerate(MANAGER_GROUPS[layout])
+               if kind == "sliding_window"]
+    last = tables[-1]
+    assert all(NULL_PAGE in last[group] for group in sliding)  # 30+ tokens, window 8
+    assert all(NULL_PAGE not in table for group, table in enumerate(last) if group not in sliding)
 
 
 def _window_group_tables(group_windows: tuple[int, ...], seen: list[int]):
@@ -183,7 +230,7 @@ def test_a_manager_with_more_groups_than_the_layers_read_is_refused(models, monk
     monkeypatch.setattr(KVCacheManager, "block_tables",
                         _window_group_tables((0, WINDOW), []), raising=False)
     with pytest.raises(ValueError, match="2 block tables for a request, for the model's 1 KV"):
-        _engine_tokens(folder, ())
+        _engine_tokens(folder, (0, 0))  # (layer_groups named: the patched manager's tables)
 
 
 pytest.importorskip("triton")
@@ -209,3 +256,14 @@ def test_triton_backend_with_null_pages_under_preemption_keeps_transformers_toke
     assert tokens == expected
     assert seen
     assert engine.scheduler.num_preemptions > 0
+
+
+def test_triton_backend_with_the_hybrid_manager_under_preemption(models):
+    folder, _ = models["interleaved_layer_types"]
+    expected = transformers_greedy(folder, TRITON_PROMPTS, TRITON_MAX_TOKENS)
+    llm = LLM(str(folder), verbose=False, policy=f"paged:block_size={PAGE}",
+              attention_backend="triton", num_gpu_blocks_override=20,
+              max_num_batched_tokens=8)
+    outputs = llm.generate(TRITON_PROMPTS, _params(TRITON_MAX_TOKENS), use_tqdm=False)
+    assert [out.outputs[0].token_ids for out in outputs] == expected
+    assert llm.engine.scheduler.num_preemptions > 0
