@@ -184,17 +184,17 @@ class SimConfig:
             raise KvlabError(
                 f"model {self.model_spec.name!r} has KV-cache groups ("
                 f"{', '.join(g.label for g in groups)}): memory tiers with a hybrid model are "
-                "not supported yet; drop kv_tiers or set hybrid_kv_cache_manager off",
-                parameters=("kv_tiers", "hybrid_kv_cache_manager"))
+                "not supported yet; drop kv_tiers or disable the hybrid KV cache manager "
+                "(every layer then keeps every token)", parameters=("kv_tiers",))
         try:
             KVCacheManager(self.policy, 1, max_model_len=self.max_model_len, groups=groups,
                            retention_interval=self.prefix_cache_retention_interval)
         except KvlabError as err:
             raise KvlabError(
                 f"model {self.model_spec.name!r} has KV-cache groups "
-                f"({', '.join(g.label for g in groups)}): {err}; or set "
-                "hybrid_kv_cache_manager off", parameters=(*err.parameters,
-                                                           "hybrid_kv_cache_manager")) from None
+                f"({', '.join(g.label for g in groups)}): {err}; or disable the hybrid KV "
+                "cache manager (every layer then keeps every token)",
+                parameters=err.parameters) from None
 
     def _capacity(self) -> KVCapacity:
         """The KV cache of one device for this config's policy page size; a KvlabError when
