@@ -202,6 +202,9 @@ def _settings() -> dict[str, Setting]:
         Setting("hardware", "machine", _str, get_hardware),
         Setting("tensor_parallel_size", "machine", _int, _whole("tensor_parallel_size", 1)),
         Setting("cost_model", "machine", _optional(_str), load_cost_model),
+        Setting("prefix_cache_retention_interval", "machine", _int,
+                _whole("prefix_cache_retention_interval", 0)),
+        Setting("hybrid_kv_cache_manager", "machine", _bool),
         # the serving config (kvlab.policies.serving.ServingConfig.create)
         Setting("policy", "serving", _str, parse_policy),
         Setting("block_size", "serving", optional_int, _policy_key("block_size")),
