@@ -19,8 +19,10 @@ from kvlab.specs import (
     get_model,
     kv_cache_capacity_tokens,
 )
+from kvlab.specs.block_rules import platform_of
 from kvlab.specs.host import available_ram_bytes
 from kvlab.specs.kv_groups import KVCacheGroup
+from kvlab.specs.kv_layout import max_in_flight_tokens
 
 
 @dataclass(slots=True)
@@ -91,6 +93,15 @@ class SimConfig:
         if layout is None or [g.kind for g in layout.groups] == ["full"]:
             return None
         return [g.group for g in layout.groups]
+
+    def startup_lines(self) -> list[str]:
+        """vLLM's start-up lines for this instance: its KV cache and how many requests of
+        max_model_len fit at once, counted as vLLM counts them on the hardware's platform."""
+        in_flight = max_in_flight_tokens(self.serving.max_num_batched_tokens,
+                                         platform_of(self.hardware_spec))
+        return self.capacity.startup_lines(
+            self.max_model_len, max_in_flight_tokens=in_flight,
+            enable_prefix_caching=self.serving.policy.prefix_caching)
 
     @property
     def page_bytes(self) -> int:

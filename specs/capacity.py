@@ -55,12 +55,17 @@ class KVCapacity:
                            num_pages * group.num_layers * group.layer_used_bytes)
                 for group, num_pages in zip(layout.groups, pages, strict=True)]
 
-    def startup_lines(self, max_model_len: int) -> list[str]:
-        """The two lines vLLM prints at start-up, with its number formatting."""
+    def startup_lines(self, max_model_len: int, *, max_in_flight_tokens: int | None = None,
+                      enable_prefix_caching: bool = False) -> list[str]:
+        """The two lines vLLM prints at start-up, with its number formatting (the arguments
+        are `max_concurrency`'s)."""
+        concurrency = self.max_concurrency(max_model_len,
+                                           max_in_flight_tokens=max_in_flight_tokens,
+                                           enable_prefix_caching=enable_prefix_caching)
         return [
             f"GPU KV cache size: {self.num_tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: "
-            f"{self.max_concurrency(max_model_len):.2f}x",
+            f"{concurrency:.2f}x",
         ]
 
 

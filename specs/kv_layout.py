@@ -61,6 +61,15 @@ MAX_PADDING_RATIO = 1.5
 CONCURRENT_BATCHES = 2
 
 
+def max_in_flight_tokens(max_num_batched_tokens: int, platform: str, *,
+                         async_scheduling: bool = True) -> int:
+    """Tokens scheduled but not yet settled (vLLM's `VllmConfig.max_in_flight_tokens`): a
+    step's budget per batch in flight, two under async scheduling, which vLLM's CPU platform
+    turns off (`CpuPlatform.check_and_update_config`); `platform` as `block_rules.platform_of`."""
+    batches = CONCURRENT_BATCHES if async_scheduling and platform != "cpu" else 1
+    return max_num_batched_tokens * batches
+
+
 @dataclass(slots=True, frozen=True)
 class LayoutGroup:
     """One KV-cache group of a layout: the fields of `KVCacheGroup` (kind,

@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "what sliding-window and chunked groups hold beyond their window "
                         f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
-                        help="one batch in flight instead of vLLM's default two")
+                        help="one batch in flight instead of vLLM's default two (vLLM's CPU "
+                        "platform always runs one)")
     parser.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                         help="sliding-window and chunked layers keep every token, as vLLM's "
                         "flag of that name (and platforms without hybrid support) make them")
@@ -71,9 +72,9 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     from kvlab.errors import KvlabError
     from kvlab.policies.serving import parse_memory_size
     from kvlab.specs import get_hardware, get_model
-    from kvlab.specs.block_rules import block_size_warnings
+    from kvlab.specs.block_rules import block_size_warnings, platform_of
     from kvlab.specs.capacity import kv_cache_capacity_tokens
-    from kvlab.specs.kv_layout import CONCURRENT_BATCHES
+    from kvlab.specs.kv_layout import max_in_flight_tokens
 
     model, hardware = get_model(args.model), get_hardware(args.hardware)
     length = args.max_model_len or model.max_model_len
@@ -82,7 +83,8 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.max_num_batched_tokens < 1:
         raise KvlabError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: expected 1 "
                          "or more")
-    in_flight = args.max_num_batched_tokens * (CONCURRENT_BATCHES if args.async_scheduling else 1)
+    in_flight = max_in_flight_tokens(args.max_num_batched_tokens, platform_of(hardware),
+                                     async_scheduling=args.async_scheduling)
     sizing = {"max_in_flight_tokens": in_flight,
               "enable_prefix_caching": args.enable_prefix_caching}
     kv_cache_memory_bytes = None if args.kv_cache_memory_bytes is None \

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     runs: list[tuple[RunResult, dict[str, Any]]] = []
     for index, config in enumerate(configs):
         prefix = f"[{index + 1}] " if args.compare else ""
-        for line in config.capacity.startup_lines(config.max_model_len):
+        for line in config.startup_lines():
             print(prefix + line)
         result = simulate(trace, config, progress=progress)
         summary = summarize(result, **options)
@@ -120,7 +120,7 @@ def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
     runs: list[tuple[ClusterResult, dict[str, Any]]] = []
     for index, config in enumerate(configs):
         prefix = f"[{index + 1}] " if args.compare else ""
-        for line in config.capacity.startup_lines(config.max_model_len):
+        for line in config.startup_lines():
             print(f"{prefix}{line} (each of {args.num_instances} instances)")
         result = simulate_cluster(trace, config, num_instances=args.num_instances,
                                   router=args.router, router_seed=args.router_seed, pd=pd,

@@ -63,9 +63,10 @@ def _free_port() -> int:
 def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
                max_model_len: int = 2048, prefix_caching: bool = False,
                extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
-               log_schedule: bool = False) -> PeerServer:
+               log_schedule: bool = False, model: Path = PEER_MODEL) -> PeerServer:
     """Start vLLM on a free port and wait until /health answers (25-30 s on this machine).
-    `log_schedule`: its scheduler logs every step (tests/peer/schedule_hook; read with
+    `model`: another model folder. `log_schedule`: its scheduler logs every step
+    (tests/peer/schedule_hook; read with
     `tests.peer.schedule_log.read_schedule_log(server.schedule_log)`)."""
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="kvlab-peer-"))
@@ -77,7 +78,7 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
                "PYTHONPATH": os.pathsep.join(filter(None, (hook, os.environ.get("PYTHONPATH"))))}
     command = [
         str(PEER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(PEER_MODEL), "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--block-size", str(block_size),
         "--max-model-len", str(max_model_len), "--enforce-eager",
         "--kv-cache-memory-bytes", str(kv_cache_memory_bytes),
@@ -89,7 +90,7 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
     with log_path.open("w") as log:
         process = subprocess.Popen(command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
                                    env=env)
-    server = PeerServer(f"http://127.0.0.1:{port}", str(PEER_MODEL), process, log_path,
+    server = PeerServer(f"http://127.0.0.1:{port}", str(model), process, log_path,
                         schedule_log)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
