@@ -20,7 +20,7 @@ from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
 from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.groups.windowed import WindowedManager
 from kvlab.policies.manager import KVCacheManager
-from kvlab.policies.outputs import MemOps
+from kvlab.policies.outputs import MemOps, MemoryUsage
 from kvlab.policies.request import Request
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
@@ -48,7 +48,8 @@ class HybridKVCacheManager(KVCacheManager):
                              "groups (a hybrid model) is not supported yet; use recompute")
         if retention_interval < 0 or retention_interval % self.page_size:
             raise KvlabError(f"prefix_cache_retention_interval is {retention_interval}: "
-                             f"expected 0 or a multiple of the page size {self.page_size}")
+                             f"expected 0 or a multiple of the page size {self.page_size}",
+                             parameters=("prefix_cache_retention_interval",))
         self.groups = tuple(groups)
         managers: list[FullAttentionManager] = []
         for index, group in enumerate(self.groups):
@@ -89,7 +90,7 @@ class HybridKVCacheManager(KVCacheManager):
         whole = -(-seq.total_len // self.page_size)
         return sum((1 + self.caching) if g.kind == "state" else whole for g in self.groups)
 
-    def usage(self):  # type: ignore[no-untyped-def]  # (KVCacheManager.usage's MemoryUsage)
+    def usage(self) -> MemoryUsage:
         """A snapshot of device and host memory, the live slots of every group together."""
         usage = super().usage()
         live = sum(m.num_live_slots - m.num_dup_slots for m in self.group_managers)
@@ -162,8 +163,8 @@ class HybridKVCacheManager(KVCacheManager):
                 manager.execute_group(seq, total, state, [], add)
             else:
                 manager.execute(seq, total, state, Plan([], add, False))
-        if self._in_step and new:
-            self._step_new.add(rid)
+        if new:
+            self._steps.given_memory(rid)
         return NO_OPS
 
     def _claim(self, states: list[SeqState], total: int) -> None:

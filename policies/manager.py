@@ -23,21 +23,22 @@ from kvlab.policies.groups.release import StepOrderError
 from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.host_pool import HostPool
 from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction
-from kvlab.policies.kv_events import KVEventLog
-from kvlab.policies.outputs import MemOps, MemoryUsage
+from kvlab.policies.manager_view import ManagerView
+from kvlab.policies.outputs import MemOps
 from kvlab.policies.page_pool import PagePool
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.prefix_lookup import PrefixLookup
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec, parse_policy
+from kvlab.policies.step_records import StepRecords
 from kvlab.policies.tier_link import TierLink
-from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats
+from kvlab.policies.tiers import PrefixTier, TiersConfig
 from kvlab.specs.kv_groups import KVCacheGroup
 
 __all__ = ["NO_OPS", "DecodeAhead", "KVCacheManager", "StepOrderError"]
 
 
-class KVCacheManager:
+class KVCacheManager(ManagerView):
     """Pages, prefix cache, swap space and the policies that decide over them (torch-free).
 
     All methods are deterministic. A method returning `None` changed nothing. Sequences are keyed
@@ -60,31 +61,7 @@ class KVCacheManager:
       in the step (`StepOrderError`).
     """
 
-    # Slotted: every decode step reads and writes a few of these.
-    __slots__ = (
-        "_grow",
-        "_in_step",
-        "_lookup",
-        "_main",
-        "_seqs",
-        "_step_copies",
-        "_step_freed",
-        "_step_loaded",
-        "_step_new",
-        "_tier_link",
-        "allocator",
-        "block_sizing",
-        "caching",
-        "costs",
-        "evictor",
-        "host",
-        "max_model_len",
-        "num_total_pages",
-        "page_size",
-        "policy",
-        "pool",
-        "tiers",
-    )
+    __slots__ = ()  # (all on `ManagerView`)
 
     def __new__(cls, *args: object, groups: Sequence[KVCacheGroup] | None = None,
                 **kwargs: object) -> KVCacheManager:
@@ -136,16 +113,7 @@ class KVCacheManager:
         self.host = HostPool(host if num_host_pages is None else num_host_pages)
         self._init_tiers(tiers, tier_config)
         self._lookup = PrefixLookup(self.pool, self.page_size, self.caching, self._tier_link)
-        # Within a step (`begin_step` to `end_step`) the MemOps of every call run together, in
-        # MemOps order, before the step computes: what later calls must know of earlier ones.
-        self._in_step = False
-        self._step_copies: dict[int, int] = {}  # copy-on-write this step: destination -> source
-        self._step_new: set[int] = set()  # requests given memory this step (KV may come later)
-        # of those, the ones whose pages receive swap-ins, tier loads or transfers (the last
-        # MemOps), and the ones of them freed since: released at `end_step`, so that no
-        # earlier copy or swap-in of the step writes their pages before those writes do
-        self._step_loaded: set[int] = set()
-        self._step_freed: list[tuple[Request, SeqState, int]] = []
+        self._steps = StepRecords()  # what later calls of a step must know (step_records.py)
 
     def _init_tiers(self, tiers: list[PrefixTier] | None, config: TiersConfig | None) -> None:
         """The tiers below the device (policies/tiers.py); None: none, and no cost anywhere."""
@@ -158,131 +126,6 @@ class KVCacheManager:
             self._tier_link = TierLink(self.tiers, config or TiersConfig(), self.pool,
                                        self.page_size)
         self._main.tiers = self._tier_link
-
-    # ----------------------------------------------------------------------------- queries
-
-    @property
-    def events(self) -> KVEventLog | None:
-        """Set to a KVEventLog to record every prefix-cache change (vLLM's KV events)."""
-        return self.pool.events
-
-    @events.setter
-    def events(self, log: KVEventLog | None) -> None:
-        self.pool.events = log
-
-    @property
-    def tier_stats(self) -> list[TierStats]:
-        """What this manager did in each tier (a cluster's managers may share the tiers)."""
-        return self._tier_link.tier_stats if self._tier_link is not None else []
-
-    @property
-    def first_hit_pages(self) -> list[int]:
-        """Pages hit at requests' first admissions, per level (device, then each tier)."""
-        return self._tier_link.first_hit_pages if self._tier_link is not None else [0]
-
-    @property
-    def watermark_pages(self) -> int:
-        """Pages kept free when admitting a new request."""
-        return self._main.watermark_pages
-
-    @property
-    def num_prefix_queries(self) -> int:
-        """Pages looked up at admissions."""
-        return self._lookup.num_queries
-
-    @property
-    def num_prefix_hits(self) -> int:
-        """Pages found on the device at admissions."""
-        return self._lookup.num_hits
-
-    @property
-    def num_host_pages(self) -> int:
-        """Host swap pages in all."""
-        return self.host.num_total_pages
-
-    @property
-    def num_free_pages(self) -> int:
-        """Pages with no owner and no cached content."""
-        return self.allocator.num_free_pages
-
-    @property
-    def num_cached_free_pages(self) -> int:
-        """Pages with no owner that still hold a cached prefix (reclaimable)."""
-        return len(self.evictor)
-
-    @property
-    def num_used_pages(self) -> int:
-        """Pages held by at least one sequence."""
-        return self.num_total_pages - self.allocator.num_free_pages - len(self.evictor)
-
-    def block_table(self, seq: Request) -> list[int]:
-        """The sequence's page ids in token order (empty when it holds none). Do not mutate."""
-        state = self._seqs.get(seq.request_id)
-        return state.pages if state is not None else []
-
-    def num_pages_held(self, seq: Request) -> int:
-        """Pages in the sequence's block table."""
-        state = self._seqs.get(seq.request_id)
-        return len(state.pages) if state is not None else 0
-
-    def num_owners(self, page: int) -> int:
-        """How many block tables hold `page` (0: free or cached-free). A debugging aid: O(pages
-        held) for a page not shared, which the manager does not count."""
-        count = self.pool.owners.get(page)
-        if count is not None:
-            return count
-        return int(any(page in state.pages for state in self._seqs.values()))
-
-    def is_swapped(self, seq: Request) -> bool:
-        """True while the sequence's KV lives in host memory."""
-        return self.host.holds(seq.request_id)
-
-    def num_computed_prefix_tokens(self, seq: Request) -> int:
-        """Leading tokens whose KV is cached, in whole pages, capped at the token count - 1 (as
-        vLLM: the last token is always computed). A request recomputed after preemption can hit
-        its output pages too where their ids are known (`Request.output_ids_known`)."""
-        return self._lookup.num_computed_tokens(seq)
-
-    def pages_needed_alone(self, seq: Request) -> int:
-        """Pages the request holds at its largest with memory to itself: a request runs to its
-        end whenever these fit in the cache (paging and buddy runs take exactly its length;
-        a contiguous region takes what its reservation rule reserves)."""
-        return -(-self._main.tokens_needed_alone(seq) // self.page_size)
-
-    def explain_pages_needed(self, seq: Request) -> str:
-        """Which rule sets `pages_needed_alone(seq)`, in words (for an error message)."""
-        length = f"{seq.total_len} tokens: {seq.prompt_len} prompt + {seq.max_output_tokens} output"
-        tokens = self._main.tokens_needed_alone(seq)
-        if tokens > seq.total_len:
-            return (
-                f"contiguous allocation with reserve={self.policy.reserve} reserves {tokens} "
-                f"tokens for this request of {length}"
-            )
-        return f"{length}, in pages of {self.page_size} tokens"
-
-    def usage(self) -> MemoryUsage:
-        """A snapshot of device and host memory (O(1) for paged allocation)."""
-        # (num_used_pages's sum, with each count read once: this runs once per step)
-        free, cached = self.allocator.num_free_pages, len(self.evictor)
-        used = self.num_total_pages - free - cached
-        main = self._main
-        live = main.num_live_slots - main.num_dup_slots
-        lookup = self._lookup
-        # Positional, in MemoryUsage's field order: keywords cost twice the whole call.
-        return MemoryUsage(
-            self.page_size,
-            self.num_total_pages,
-            used,  # num_used_pages
-            cached,  # num_cached_free_pages
-            free,  # num_free_pages
-            live,  # num_live_token_slots
-            used * self.page_size - live,  # num_internal_frag_slots
-            self.allocator.num_unusable_free_pages(),  # num_external_frag_pages
-            self.host.num_total_pages,
-            self.host.num_used_pages,
-            lookup.num_queries,
-            lookup.num_hits,
-        )
 
     # ----------------------------------------------------------------------------- allocation
 
@@ -319,21 +162,9 @@ class KVCacheManager:
         if state is None:
             self._lookup.count(seq, plan)
         ops = self._main.execute(seq, seq.num_computed_tokens + num_new_tokens, state, plan)
-        if self._in_step:
-            self._note_in_step(seq, state is None, ops)
+        if self._steps.active:
+            self._steps.allocated(seq.request_id, state is None, ops, NO_OPS)
         return ops
-
-    def _note_in_step(self, seq: Request, new: bool, ops: MemOps) -> None:
-        """What later calls of the step must know of an allocation (see the class's rules)."""
-        if new:
-            self._step_new.add(seq.request_id)
-        if ops is NO_OPS:
-            return
-        copies = self._step_copies
-        for source, destination in ops.copies:  # a copy of a copy reads the first source
-            copies[destination] = copies.get(source, source)
-        if ops.tier_loads or ops.transfer_ins:
-            self._step_loaded.add(seq.request_id)
 
     def _plan(self, seq: Request, num_new_tokens: int, state: SeqState | None) -> Plan | None:
         total = seq.num_computed_tokens + num_new_tokens
@@ -386,8 +217,8 @@ class KVCacheManager:
         if state is not None:
             self._main.check_release(seq, state)
             del self._seqs[seq.request_id]
-            if seq.request_id in self._step_loaded:
-                self._step_freed.append((seq, state, seq.num_computed_tokens))
+            if seq.request_id in self._steps.loaded:  # (released at the step's end)
+                self._steps.freed.append((seq, state, seq.num_computed_tokens))
             else:
                 self._main.release(seq, state)
         self.host.release(seq.request_id)
@@ -420,7 +251,7 @@ class KVCacheManager:
         where they are known)."""
         assert child.request_id not in self._seqs, "child already holds memory"
         src = self._seqs[parent.request_id]
-        if parent.request_id in self._step_new:
+        if parent.request_id in self._steps.new:
             raise StepOrderError(f"fork of request {parent.request_id}: it was given memory in "
                                  "this step; fork a parent whose KV is all written")
         if src.num_tokens != parent.num_computed_tokens:
@@ -429,15 +260,14 @@ class KVCacheManager:
                 f"and computed {parent.num_computed_tokens}; fork a parent whose KV is all "
                 "written")
         self._main.fork(src, child)
-        if self._in_step:
-            self._step_new.add(child.request_id)
+        self._steps.given_memory(child.request_id)
 
     # ----------------------------------------------------------------------------- steps
 
     def begin_step(self) -> None:
         """A step's decisions start (see the class's rules): write through the pages
         registered by the step before (their KV is computed now)."""
-        self._in_step = True
+        self._steps.active = True
         if self._tier_link is not None:
             self._tier_link.begin_step()
 
@@ -448,16 +278,10 @@ class KVCacheManager:
         # (every step of every run: the common step, no tiers and nothing new, is three tests)
         if self._tier_link is not None:
             self._tier_link.end_step(ops)
-        if self._step_copies:
-            self._step_copies.clear()
-        if self._step_new:  # (swapped-in and loaded requests, freed or not, are among these)
+        if self._steps.new:  # (swapped-in and loaded requests, freed or not, are among these)
             self.host.free_held()
-            self._step_new.clear()
-            self._step_loaded.clear()
-            for seq, state, num_written in self._step_freed:
-                self._main.release(seq, state, num_written)
-            self._step_freed = []
-        self._in_step = False
+        for seq, state, num_written in self._steps.end():
+            self._main.release(seq, state, num_written)
 
     def count_first_hits(self) -> None:
         """The sequence just allocated is at its first admission: add its hits, level by
@@ -485,7 +309,7 @@ class KVCacheManager:
         """Whether the host pool has room for the sequence's computed pages, and its pages
         hold their KV when this step's swap-outs run (not a sequence given memory in the
         step: see the class's rules)."""
-        if seq.request_id not in self._seqs or seq.request_id in self._step_new:
+        if seq.request_id not in self._seqs or seq.request_id in self._steps.new:
             return False
         return self.host.can_store(-(-seq.num_computed_tokens // self.page_size))
 
@@ -493,7 +317,7 @@ class KVCacheManager:
         """Copy the pages of the computed tokens to host memory and release all device pages
         (a page copied on write in this step is read from the copy's source: swap-outs run
         before copies)."""
-        assert seq.request_id not in self._step_new, "call can_swap_out first"
+        assert seq.request_id not in self._steps.new, "call can_swap_out first"
         state = self._seqs[seq.request_id]
         self._main.check_release(seq, state)
         del self._seqs[seq.request_id]
@@ -501,10 +325,7 @@ class KVCacheManager:
         num_filled = -(-num_tokens // self.page_size)
         assert self.host.can_store(num_filled), "call can_swap_out first"
         host_pages = self.host.store(seq.request_id, num_filled, num_tokens)
-        pages = state.pages[:num_filled]
-        if self._step_copies:
-            copies = self._step_copies
-            pages = [copies.get(page, page) for page in pages]
+        pages = self._steps.sources(state.pages[:num_filled])
         ops = MemOps(swap_outs=list(zip(pages, host_pages, strict=True)))
         self._main.release(seq, state)
         return ops
@@ -524,11 +345,9 @@ class KVCacheManager:
         plan = self._main.plan_new(seq, num_tokens, [], watermark=True)
         if plan is None:
             return None
-        self.host.release(seq.request_id, hold=self._in_step)
+        self.host.release(seq.request_id, hold=self._steps.active)
         self._main.execute(seq, num_tokens, None, plan)
         self._lookup.forget()
-        if self._in_step:
-            self._step_new.add(seq.request_id)
-            self._step_loaded.add(seq.request_id)
+        self._steps.given_memory(seq.request_id, loaded=True)
         pages = self._seqs[seq.request_id].pages
         return MemOps(swap_ins=list(zip(host_pages, pages[: len(host_pages)], strict=True)))
