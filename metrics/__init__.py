@@ -4,7 +4,13 @@ tables), its summaries in vLLM's bench keys plus KV-cache metrics, and its resul
 Layer 1: imports only `kvlab.errors`, numpy and pandas (never torch, never the policies).
 """
 
-from kvlab.metrics.records import FLOAT_COLUMNS, INT_COLUMNS, STEP_COLUMNS, StepRecorder
+from kvlab.metrics.records import (
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    STEP_COLUMNS,
+    StepCounts,
+    StepRecorder,
+)
 from kvlab.metrics.results import (
     TABLE_FORMATS,
     default_result_filename,
@@ -41,6 +47,7 @@ __all__ = [
     "TABLE_FORMATS",
     "RequestRecord",
     "RunResult",
+    "StepCounts",
     "StepRecorder",
     "count_good_requests",
     "default_result_filename",

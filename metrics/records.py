@@ -4,35 +4,43 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 # Columns of the per-step table, in order; the integer ones are stored as int64.
 FLOAT_COLUMNS = ("start_s", "duration_s", "wall_time_s")
-INT_COLUMNS = (
-    "step_id",
-    "num_seqs",
-    "num_prefill_tokens",
-    "num_decode_tokens",
-    "num_context_tokens",
-    "num_attention_pairs",
-    "num_padded_context_tokens",
-    "num_running",
-    "num_waiting",
-    "num_swapped",
-    "num_preempted",
-    "num_swap_out_pages",
-    "num_swap_in_pages",
-    "num_swap_out_transfers",
-    "num_swap_in_transfers",
-    "num_copied_pages",
-    "num_used_pages",
-    "num_cached_free_pages",
-    "num_free_pages",
-    "num_live_token_slots",
-    "num_internal_frag_slots",
-    "num_external_frag_pages",
-    "num_host_used_pages",
-)
+
+
+class StepCounts(NamedTuple):
+    """One step's integer columns, by name: what it ran, the queues, the memory work, and
+    the memory after its decisions (`StepRecorder.append`)."""
+
+    step_id: int
+    num_seqs: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_context_tokens: int
+    num_attention_pairs: int
+    num_padded_context_tokens: int
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_preempted: int
+    num_swap_out_pages: int
+    num_swap_in_pages: int
+    num_swap_out_transfers: int
+    num_swap_in_transfers: int
+    num_copied_pages: int
+    num_used_pages: int
+    num_cached_free_pages: int
+    num_free_pages: int
+    num_live_token_slots: int
+    num_internal_frag_slots: int
+    num_external_frag_pages: int
+    num_host_used_pages: int
+
+
+INT_COLUMNS = StepCounts._fields
 STEP_COLUMNS = ("step_id", *FLOAT_COLUMNS, *INT_COLUMNS[1:])
 
 # Runs an iterator to its end in C: the per-column appends of a step are one `map` (a row is
@@ -57,28 +65,26 @@ class StepRecorder:
     def __len__(self) -> int:
         return len(self.columns["step_id"])
 
-    def append(
-        self, start_s: float, duration_s: float, wall_time_s: float, ints: Sequence[int]
-    ) -> None:
-        """Append one step's row: its times, then its `INT_COLUMNS` values in that order."""
-        assert len(ints) == len(INT_COLUMNS), "one value per INT_COLUMNS column"
+    def append(self, start_s: float, duration_s: float, wall_time_s: float,
+               counts: StepCounts) -> None:
+        """Append one step's row: its times and its counts."""
         columns = self.columns
         columns["start_s"].append(start_s)
         columns["duration_s"].append(duration_s)
         columns["wall_time_s"].append(wall_time_s)
-        _run(map(array.append, self._ints, ints))
+        _run(map(array.append, self._ints, counts))
 
     def extend_columns(self, starts_s: list[float], durations_s: list[float],
-                       ints: Sequence[list[int]]) -> None:
+                       counts: Mapping[str, list[int]]) -> None:
         """Append rows given by column: their start times, durations (the wall times too, as
-        the simulator records them) and each of `INT_COLUMNS`, in that order, as lists as long
-        as `starts_s`."""
-        assert len(ints) == len(INT_COLUMNS), "one list per INT_COLUMNS column"
+        the simulator records them) and each `StepCounts` field by name, lists as long as
+        `starts_s`."""
+        assert counts.keys() == set(INT_COLUMNS), "one list per StepCounts field"
         columns = self.columns
         columns["start_s"].fromlist(starts_s)
         columns["duration_s"].fromlist(durations_s)
         columns["wall_time_s"].fromlist(durations_s)
-        _run(map(array.fromlist, self._ints, ints))
+        _run(map(array.fromlist, self._ints, map(counts.__getitem__, INT_COLUMNS)))
 
     def extend(self, other: StepRecorder) -> None:
         """Append every row of another recorder."""

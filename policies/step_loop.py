@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kvlab.metrics import StepRecorder
+from kvlab.metrics import INT_COLUMNS, StepCounts, StepRecorder
 from kvlab.policies.arrivals import ArrivalQueue
 from kvlab.policies.manager import DecodeAhead
 from kvlab.policies.outputs import MemoryUsage, SchedulerOutput
@@ -82,36 +82,33 @@ class StepLoop:
         scheduler = self.scheduler
         usage, ops = self._usage, output.mem_ops
         assert usage is not None, "commit a step that schedule() decided"
-        self.steps.append(
-            start_s,
-            end_s - start_s,
-            wall_time_s,
-            (
-                output.step_id,
-                len(output.requests),
-                output.num_prefill_tokens,
-                output.num_decode_tokens,
-                output.num_context_tokens,
-                output.num_attention_pairs,
-                output.num_padded_context_tokens,
-                len(scheduler.running),
-                len(scheduler.waiting),
-                len(scheduler.swapped),
-                len(output.preempted),
-                len(ops.swap_outs),
-                len(ops.swap_ins),
-                ops.num_swap_out_transfers,
-                ops.num_swap_in_transfers,
-                len(ops.copies),
-                usage.num_used_pages,
-                usage.num_cached_free_pages,
-                usage.num_free_pages,
-                usage.num_live_token_slots,
-                usage.num_internal_frag_slots,
-                usage.num_external_frag_pages,
-                usage.num_host_used_pages,
-            ),
+        # positional, in field order: keywords cost 1.3 us a step (5% of a simulation)
+        counts = StepCounts(
+            output.step_id,
+            len(output.requests),  # num_seqs
+            output.num_prefill_tokens,
+            output.num_decode_tokens,
+            output.num_context_tokens,
+            output.num_attention_pairs,
+            output.num_padded_context_tokens,
+            len(scheduler.running),  # num_running
+            len(scheduler.waiting),  # num_waiting
+            len(scheduler.swapped),  # num_swapped
+            len(output.preempted),  # num_preempted
+            len(ops.swap_outs),  # num_swap_out_pages
+            len(ops.swap_ins),  # num_swap_in_pages
+            ops.num_swap_out_transfers,
+            ops.num_swap_in_transfers,
+            len(ops.copies),  # num_copied_pages
+            usage.num_used_pages,
+            usage.num_cached_free_pages,
+            usage.num_free_pages,
+            usage.num_live_token_slots,
+            usage.num_internal_frag_slots,
+            usage.num_external_frag_pages,
+            usage.num_host_used_pages,
         )
+        self.steps.append(start_s, end_s - start_s, wall_time_s, counts)
         return scheduler.update(output, sampled_token_ids, end_s, stopped)
 
 
@@ -130,19 +127,25 @@ class StepLoop:
         live = list(range(usage.num_live_token_slots + num_seqs,
                           usage.num_live_token_slots + num_seqs * (num_steps + 1), num_seqs))
         seqs, zeros = [num_seqs] * num_steps, [0] * num_steps  # (columns are copied in)
-        self.steps.extend_columns(
-            starts_s,
-            [end - start for start, end in zip(starts_s, ends_s, strict=True)],
-            (
-                list(range(run.first_step_id, run.first_step_id + num_steps)), seqs, zeros,
-                seqs, list(contexts), zeros, list(padded), seqs, zeros, zeros, zeros, zeros,
-                zeros, zeros, zeros, zeros, used, [usage.num_cached_free_pages] * num_steps,
-                [usage.num_free_pages - taken for taken in run.pages_taken], live,
-                [u * page_size - slots for u, slots in zip(used, live, strict=True)],
-                [usage.num_external_frag_pages] * num_steps,
-                [usage.num_host_used_pages] * num_steps,
-            ),
+        columns = dict.fromkeys(INT_COLUMNS, zeros)  # (then the ones a decode run changes)
+        columns.update(
+            step_id=list(range(run.first_step_id, run.first_step_id + num_steps)),
+            num_seqs=seqs,
+            num_decode_tokens=seqs,
+            num_context_tokens=list(contexts),
+            num_padded_context_tokens=list(padded),
+            num_running=seqs,
+            num_used_pages=used,
+            num_cached_free_pages=[usage.num_cached_free_pages] * num_steps,
+            num_free_pages=[usage.num_free_pages - taken for taken in run.pages_taken],
+            num_live_token_slots=live,
+            num_internal_frag_slots=[u * page_size - slots
+                                     for u, slots in zip(used, live, strict=True)],
+            num_external_frag_pages=[usage.num_external_frag_pages] * num_steps,
+            num_host_used_pages=[usage.num_host_used_pages] * num_steps,
         )
+        self.steps.extend_columns(
+            starts_s, [end - start for start, end in zip(starts_s, ends_s, strict=True)], columns)
         return run.finished
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from kvlab.metrics import INT_COLUMNS, RunResult, StepRecorder
+from kvlab.metrics import INT_COLUMNS, RunResult, StepCounts, StepRecorder
 from kvlab.policies.outputs import count_runs
 from kvlab.policies.request import Request, RequestStatus
 
@@ -88,7 +88,8 @@ def add_step(
         num_internal_frag_slots=internal,
         num_external_frag_pages=external,
     )
-    steps.append(start_s, duration_s, duration_s, [row[name] for name in INT_COLUMNS])
+    steps.append(start_s, duration_s, duration_s,
+                 StepCounts._make(row[name] for name in INT_COLUMNS))
 
 
 def build_result(
