@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
-from kvlab.policies import KVCacheManager, Request
+from kvlab.policies import KVCacheManager, Request, RequestStatus, SchedulerConfig
 from kvlab.policies.hybrid_manager import HybridKVCacheManager
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup, parse_groups
+from tests.policies.test_scheduler_properties import run_workload
 
 PAGE = 4
 LAYOUTS = ["sliding_window(8),full", "chunked_local(8),full", "state,full",
@@ -234,3 +235,42 @@ def test_unsupported_combinations_are_refused():
 def test_one_full_group_is_the_plain_manager():
     manager = KVCacheManager("paged", 64, max_model_len=64, groups=[KVCacheGroup("full", 32)])
     assert type(manager) is KVCacheManager
+
+
+@st.composite
+def hybrid_workloads(draw):
+    """A scheduler workload on a hybrid manager: shared prompt prefixes, memory for one to three
+    of the largest requests, budgets that chunk prompts."""
+    groups = parse_groups(draw(st.sampled_from(LAYOUTS)))
+    caching = draw(st.booleans())
+    retention = draw(st.sampled_from([0, 8])) if caching else 0
+    whole = 128 // PAGE
+    num_pages = draw(st.integers(whole, 3 * whole)) * len(groups)
+    budget = draw(st.integers(4, 64))
+    requests = []
+    for request_id in range(draw(st.integers(1, 12))):
+        prompt = draw(st.integers(1, 90))
+        family = FAMILIES[draw(st.integers(0, 1))]
+        ids = [family[i % len(family)] for i in range(prompt)]
+        requests.append(Request(request_id, prompt, draw(st.integers(1, 40)),
+                                arrival_s=draw(st.integers(0, 20)) / 10,
+                                prompt_token_ids=ids))
+    config = SchedulerConfig(max_num_seqs=draw(st.integers(1, 6)),
+                             max_num_batched_tokens=budget, max_model_len=128,
+                             enable_chunked_prefill=True)
+    spec = "paged:block_size=4" + (",eviction=lru" if caching else "")
+    return spec, num_pages, config, requests, groups, retention
+
+
+@given(workload=hybrid_workloads())
+def test_the_scheduler_serves_every_request_that_fits_on_a_hybrid_manager(workload):
+    spec, num_pages, config, requests, groups, retention = workload
+    manager, _ = run_workload(spec, num_pages, config, requests, groups=groups,
+                              retention_interval=retention)
+    for request in requests:
+        if request.total_len <= 128 and manager.pages_needed_alone(request) <= num_pages:
+            assert request.status is RequestStatus.FINISHED_LENGTH
+        else:
+            assert request.status is RequestStatus.FINISHED_ERROR
+    assert manager.num_used_pages == 0
+    assert manager.num_free_pages + manager.num_cached_free_pages == num_pages

@@ -49,11 +49,14 @@ def workloads(draw):
     return spec, num_pages, config, requests
 
 
-def run_workload(spec, num_pages, config, requests, max_steps=20_000, check_step=None):
+def run_workload(spec, num_pages, config, requests, max_steps=20_000, check_step=None,
+                 groups=None, retention_interval=0):
     """Serve the requests to the end, checking the limits every step (and `check_step(output)`
-    when given); returns the manager and the scheduler."""
+    when given); returns the manager and the scheduler. `groups`: the manager's KV-cache
+    groups (a hybrid manager)."""
     manager = KVCacheManager(
-        spec, num_pages, max_model_len=config.max_model_len, costs=ShadowCost()
+        spec, num_pages, max_model_len=config.max_model_len, costs=ShadowCost(),
+        groups=groups, retention_interval=retention_interval,
     )
     scheduler = Scheduler(config, manager)
     arrivals = ArrivalQueue(requests)
@@ -72,9 +75,13 @@ def run_workload(spec, num_pages, config, requests, max_steps=20_000, check_step
         assert sum(item.num_new_tokens for item in output.scheduled) == output.num_batched_tokens
         for item in output.scheduled:
             assert item.num_new_tokens >= 1
-            assert len(manager.block_table(item.request)) * manager.page_size >= (
-                item.num_computed_tokens + item.num_new_tokens
-            )
+            tables = manager.block_tables(item.request) if groups else \
+                [manager.block_table(item.request)]
+            for table, group in zip(tables, groups or [None], strict=True):
+                if group is None or group.kind != "state" or manager.caching:
+                    assert len(table) * manager.page_size >= (
+                        item.num_computed_tokens + item.num_new_tokens
+                    )
         now += 0.01
         scheduler.update(output, None, now)
         steps += 1
