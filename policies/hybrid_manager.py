@@ -7,7 +7,8 @@ longest one valid in every group (`_longest_hit`). `KVCacheManager(..., groups=.
 this class when the groups are anything but one full-attention group.
 
 Not yet with groups (refused at construction, with the reason): allocation other than paged
-with fixed blocks, swap preemption, memory tiers; `fork` raises.
+with fixed blocks, memory tiers; `fork` raises. Swapping saves each group's pages that the
+computed tokens still need (a window's, a state's) and brings them back behind `NULL_PAGE`s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.groups.windowed import WindowedManager
 from kvlab.policies.manager import KVCacheManager
 from kvlab.policies.outputs import MemOps, MemoryUsage
+from kvlab.policies.preemption.modes import should_swap
 from kvlab.policies.request import Request
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
@@ -43,9 +45,6 @@ class HybridKVCacheManager(KVCacheManager):
         if policy.kind != "paged" or not self.block_sizing.exact:
             raise KvlabError(f"policy {policy.to_string()}: KV-cache groups (a hybrid model) "
                              "need paged allocation with fixed blocks")
-        if policy.preemption != "recompute":
-            raise KvlabError(f"policy {policy.to_string()}: swap preemption with KV-cache "
-                             "groups (a hybrid model) is not supported yet; use recompute")
         if retention_interval < 0 or retention_interval % self.page_size:
             raise KvlabError(f"prefix_cache_retention_interval is {retention_interval}: "
                              f"expected 0 or a multiple of the page size {self.page_size}",
@@ -241,22 +240,102 @@ class HybridKVCacheManager(KVCacheManager):
         return None
 
     def free(self, seq: Request) -> None:
-        """Release everything the request holds, in every group."""
+        """Release everything the request holds, in every group (pages a swap-in of this
+        step writes: at the step's end)."""
         rid = seq.request_id
-        for manager in self.group_managers:
-            state = manager.seqs.get(rid)
-            if state is not None:
-                manager.check_release(seq, state)
-        for manager in self.group_managers:
-            state = manager.seqs.pop(rid, None)
-            if state is not None:
+        deferred = rid in self._steps.loaded
+        for manager, state in self._take_states(seq):
+            if deferred:
+                self._steps.freed.append((manager, seq, state, seq.num_computed_tokens))
+            else:
                 manager.release(seq, state)
         self.host.release(rid)
+
+    def _take_states(self, seq: Request) -> list[tuple[FullAttentionManager, SeqState]]:
+        """Remove the request's state from every group (once none refuses: StepOrderError)."""
+        rid = seq.request_id
+        held = [(m, m.seqs[rid]) for m in self.group_managers if rid in m.seqs]
+        for manager, state in held:
+            manager.check_release(seq, state)
+        for manager, _ in held:
+            del manager.seqs[rid]
+        return held
+
+    # ----------------------------------------------------------------------------- swapping
+
+    def _kept_pages(self, manager: FullAttentionManager, num_tokens: int) -> range:
+        """The table indices of a group's pages that the KV of `num_tokens` computed tokens
+        still needs: all filled pages, but those behind a window; a state group's one."""
+        end = -(-num_tokens // self.page_size)
+        if isinstance(manager, WindowedManager):
+            if manager.group.kind == "state" and not self.caching:
+                return range(1 if num_tokens else 0)
+            return range(min(manager.num_skipped_pages(num_tokens), end), end)
+        return range(end)
+
+    def should_swap(self, seq: Request) -> bool:
+        """Whether the preemption mode swaps this victim (else it is recomputed)."""
+        num_tokens = seq.num_computed_tokens
+        if seq.request_id not in self._seqs or num_tokens == 0:
+            return False
+        num_pages = sum(len(self._kept_pages(m, num_tokens)) for m in self.group_managers)
+        return should_swap(self.policy.preemption, num_pages, 1, num_tokens, self.costs)
+
+    def can_swap_out(self, seq: Request) -> bool:
+        """Whether the host pool has room for the pages every group keeps (and the request
+        was not given memory in this step)."""
+        if seq.request_id not in self._seqs or seq.request_id in self._steps.new:
+            return False
+        num_tokens = seq.num_computed_tokens
+        return self.host.can_store(sum(len(self._kept_pages(m, num_tokens))
+                                       for m in self.group_managers))
+
+    def swap_out(self, seq: Request) -> MemOps:
+        """Copy every group's kept pages to host memory, group after group, and release all
+        device pages."""
+        assert seq.request_id not in self._steps.new, "call can_swap_out first"
+        num_tokens = seq.num_computed_tokens
+        held = self._take_states(seq)
+        pages = [state.pages[index] for manager, state in held
+                 for index in self._kept_pages(manager, num_tokens)]
+        assert self.host.can_store(len(pages)), "call can_swap_out first"
+        host_pages = self.host.store(seq.request_id, len(pages), num_tokens)
+        ops = MemOps(swap_outs=list(zip(self._steps.sources(pages), host_pages, strict=True)))
+        for manager, state in held:
+            manager.release(seq, state)
+        return ops
+
+    def can_swap_in(self, seq: Request) -> bool:
+        """Whether device memory has room for the request's swapped pages, keeping the
+        watermark free."""
+        stored = self.host.stored(seq.request_id)
+        if stored is None:
+            return False
+        reserve = self.watermark_pages if self.pool.num_used_pages else 0
+        return self.pool.fits(len(stored[0]), [], reserve)
+
+    def swap_in(self, seq: Request) -> MemOps | None:
+        """Bring every group's pages back from host memory (`NULL_PAGE` behind its window);
+        None when device memory is short."""
+        if not self.can_swap_in(seq):
+            return None
+        stored = self.host.stored(seq.request_id)
+        assert stored is not None
+        host_pages, num_tokens = stored
+        self.host.release(seq.request_id, hold=self._steps.active)
+        pages: list[int] = []
+        for manager in self.group_managers:
+            kept = self._kept_pages(manager, num_tokens)
+            state = manager.take_hits(seq, [NULL_PAGE] * kept.start)
+            if isinstance(manager, WindowedManager):
+                manager.execute_group(seq, num_tokens, state, [], len(kept))
+            else:
+                manager.execute(seq, num_tokens, state, Plan([], len(kept), False))
+            pages += state.pages[kept.start : kept.stop]
+        self._steps.given_memory(seq.request_id, loaded=True)
+        return MemOps(swap_ins=list(zip(host_pages, pages, strict=True)))
 
     def fork(self, parent: Request, child: Request) -> None:
         """Not yet with KV-cache groups."""
         raise KvlabError("fork (parallel sampling) with KV-cache groups is not supported yet")
 
-    def should_swap(self, seq: Request) -> bool:
-        """False: a hybrid model's victims are recomputed."""
-        return False

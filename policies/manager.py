@@ -218,7 +218,7 @@ class KVCacheManager(ManagerView):
             self._main.check_release(seq, state)
             del self._seqs[seq.request_id]
             if seq.request_id in self._steps.loaded:  # (released at the step's end)
-                self._steps.freed.append((seq, state, seq.num_computed_tokens))
+                self._steps.freed.append((self._main, seq, state, seq.num_computed_tokens))
             else:
                 self._main.release(seq, state)
         self.host.release(seq.request_id)
@@ -280,8 +280,8 @@ class KVCacheManager(ManagerView):
             self._tier_link.end_step(ops)
         if self._steps.new:  # (swapped-in and loaded requests, freed or not, are among these)
             self.host.free_held()
-        for seq, state, num_written in self._steps.end():
-            self._main.release(seq, state, num_written)
+        for group, seq, state, num_written in self._steps.end():
+            group.release(seq, state, num_written)
 
     def count_first_hits(self) -> None:
         """The sequence just allocated is at its first admission: add its hits, level by

@@ -8,6 +8,7 @@ be handed to anyone before those loads run.
 
 from __future__ import annotations
 
+from kvlab.policies.groups.full import FullAttentionManager
 from kvlab.policies.groups.table import SeqState
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.request import Request
@@ -26,7 +27,8 @@ class StepRecords:
         self.copies: dict[int, int] = {}
         self.new: set[int] = set()
         self.loaded: set[int] = set()
-        self.freed: list[tuple[Request, SeqState, int]] = []
+        # (the group's manager, the request, its state there, the tokens it wrote)
+        self.freed: list[tuple[FullAttentionManager, Request, SeqState, int]] = []
 
     def allocated(self, request_id: int, new: bool, ops: MemOps, no_ops: MemOps) -> None:
         """An allocation in the step (`new`: the request's first) gave `ops`."""
@@ -52,7 +54,7 @@ class StepRecords:
         copies = self.copies
         return [copies.get(page, page) for page in pages] if copies else pages
 
-    def end(self) -> list[tuple[Request, SeqState, int]]:
+    def end(self) -> list[tuple[FullAttentionManager, Request, SeqState, int]]:
         """Forget the step; the frees it deferred, to release now."""
         self.active = False
         if self.copies:

@@ -267,3 +267,13 @@ def test_triton_backend_with_the_hybrid_manager_under_preemption(models):
     outputs = llm.generate(TRITON_PROMPTS, _params(TRITON_MAX_TOKENS), use_tqdm=False)
     assert [out.outputs[0].token_ids for out in outputs] == expected
     assert llm.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("layout", ["mistral", "interleaved_layer_types"])
+def test_swap_preemption_on_the_hybrid_manager_keeps_transformers_tokens(models, layout):
+    folder, expected = models[layout]
+    num_pages = 11 * len(MANAGER_GROUPS[layout])
+    llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE},preemption=swap",
+                            num_gpu_blocks_override=num_pages, max_num_batched_tokens=8)
+    assert tokens == expected
+    assert llm.engine.scheduler.num_swaps_out > 0

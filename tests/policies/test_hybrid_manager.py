@@ -32,6 +32,7 @@ class Model:
     def __init__(self, manager: HybridKVCacheManager) -> None:
         self.m = manager
         self.content: dict[int, object] = {}
+        self.host: dict[int, object] = {}  # host page -> content (swap)
         self.live: dict[int, Request] = {}
 
     def keys(self, seq: Request, group: int) -> list:
@@ -95,6 +96,27 @@ class Model:
         self.m.free(seq)
         del self.live[seq.request_id]
 
+    def swap_out(self, seq: Request) -> bool:
+        if not self.m.can_swap_out(seq):
+            return False
+        ops = self.m.swap_out(seq)
+        for page, host_page in ops.swap_outs:
+            self.host[host_page] = self.content.get(page)
+        del self.live[seq.request_id]
+        return True
+
+    def swap_in(self, seq: Request) -> bool:
+        ops = self.m.swap_in(seq)
+        if ops is None:
+            return False
+        for host_page, page in ops.swap_ins:
+            self.content[page] = self.host[host_page]
+        self.live[seq.request_id] = seq
+        for group, table in enumerate(self.m.block_tables(seq)):
+            assert NULL_PAGE not in table[self.first_read(group, seq.num_computed_tokens)
+                                          // PAGE :], "a swapped-in window lacks a page"
+        return True
+
     def check(self) -> None:
         m = self.m
         held: dict[int, int] = {}
@@ -118,7 +140,7 @@ class Model:
 
 # (admissions and frees weighted up: prefix hits need a family's pages computed and cached)
 programs = st.lists(st.tuples(st.sampled_from(["admit", "admit", "grow", "decode", "free",
-                                               "free", "preempt"]),
+                                               "free", "preempt", "swap"]),
                               st.integers(0, 1), st.integers(0, 14), st.integers(1, 12)),
                     min_size=1, max_size=40)
 
@@ -129,16 +151,20 @@ programs = st.lists(st.tuples(st.sampled_from(["admit", "admit", "grow", "decode
        retention=st.sampled_from([0, 8, 16]), program=programs)
 def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, retention,
                                                  program):
-    spec = "paged:block_size=4" + (",eviction=lru" if caching else "")
+    spec = "paged:block_size=4,preemption=swap" + (",eviction=lru" if caching else "")
     manager = KVCacheManager(spec, num_pages, max_model_len=128, groups=parse_groups(layout),
                              retention_interval=retention)
     assert isinstance(manager, HybridKVCacheManager)
     model = Model(manager)
     waiting: list[Request] = []
+    swapped: list[Request] = []
     next_id = 0
     for op, family, suffix, amount in program:
         live = list(model.live.values())
-        if op == "admit" or not live:
+        if swapped and op == "admit" and family:
+            if model.swap_in(swapped[0]):
+                swapped.pop(0)
+        elif op == "admit" or not live:
             if waiting and op != "admit":
                 seq = waiting.pop(0)
             else:
@@ -152,6 +178,9 @@ def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, ret
             seq = live[family % len(live)]
             if op == "free":
                 model.free(seq)
+            elif op == "swap":
+                if model.swap_out(seq):
+                    swapped.append(seq)
             elif op == "preempt":
                 model.free(seq)
                 seq.num_computed_tokens = seq.num_output_tokens = 0
@@ -163,10 +192,14 @@ def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, ret
             else:
                 model.free(seq)
         model.check()
-    for seq in list(model.live.values()):
-        model.free(seq)
+    for seq in list(model.live.values()) + swapped:
+        if seq.request_id in model.live:
+            model.free(seq)
+        else:
+            manager.free(seq)
     model.check()
     assert manager.num_used_pages == 0
+    assert manager.host.num_used_pages == 0
 
 
 def test_sliding_window_gives_back_pages_behind_the_window():
@@ -226,8 +259,6 @@ def test_unsupported_combinations_are_refused():
     groups = [KVCacheGroup("sliding_window", 1, 8), KVCacheGroup()]
     with pytest.raises(KvlabError, match="paged allocation"):
         KVCacheManager("buddy", 64, max_model_len=64, groups=groups)
-    with pytest.raises(KvlabError, match="swap"):
-        KVCacheManager("paged:preemption=swap", 64, max_model_len=64, groups=groups)
     with pytest.raises(KvlabError, match="retention"):
         KVCacheManager("paged", 64, max_model_len=64, groups=groups, retention_interval=6)
 
@@ -245,7 +276,7 @@ def hybrid_workloads(draw):
     caching = draw(st.booleans())
     retention = draw(st.sampled_from([0, 8])) if caching else 0
     whole = 128 // PAGE
-    num_pages = draw(st.integers(whole, 3 * whole)) * len(groups)
+    num_pages = draw(st.integers(whole // 2, 2 * whole)) * len(groups)
     budget = draw(st.integers(4, 64))
     requests = []
     for request_id in range(draw(st.integers(1, 12))):
@@ -253,12 +284,13 @@ def hybrid_workloads(draw):
         family = FAMILIES[draw(st.integers(0, 1))]
         ids = [family[i % len(family)] for i in range(prompt)]
         requests.append(Request(request_id, prompt, draw(st.integers(1, 40)),
-                                arrival_s=draw(st.integers(0, 20)) / 10,
+                                arrival_s=draw(st.integers(0, 20)) / 100,
                                 prompt_token_ids=ids))
-    config = SchedulerConfig(max_num_seqs=draw(st.integers(1, 6)),
+    config = SchedulerConfig(max_num_seqs=draw(st.integers(1, 8)),
                              max_num_batched_tokens=budget, max_model_len=128,
                              enable_chunked_prefill=True)
-    spec = "paged:block_size=4" + (",eviction=lru" if caching else "")
+    spec = f"paged:block_size=4,preemption={draw(st.sampled_from(['recompute', 'swap']))}" + \
+        (",eviction=lru" if caching else "")
     return spec, num_pages, config, requests, groups, retention
 
 

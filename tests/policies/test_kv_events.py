@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.policies import KVCacheManager, Request
-from kvlab.policies.kv_events import CLEARED, REMOVED, STORED, KVEventLog
+from kvlab.policies.kv_events import (
+    CLEARED,
+    REMOVED,
+    STORED,
+    KVEventLog,
+    plain_group_of,
+    split_key,
+)
 from kvlab.policies.request import hash_page
 from tests.policies.harness import Harness
 from tests.policies.test_manager_properties import run_walk, spec_and_memory
@@ -108,3 +115,55 @@ def test_pages_registered_but_never_written_are_removed():
     assert [e.kind for e in removed] == [REMOVED, REMOVED]
     assert [e.key for e in removed] == [e.key for e in stored[1:]]
     assert set(manager.pool.cached) == {stored[0].key}
+
+
+def _hybrid(layout: str, num_pages: int = 32) -> KVCacheManager:
+    from kvlab.specs.kv_groups import parse_groups
+
+    manager = KVCacheManager("paged:block_size=4,eviction=lru", num_pages, max_model_len=64,
+                             groups=parse_groups(layout))
+    manager.events = KVEventLog.for_manager(manager)
+    return manager
+
+
+def test_hybrid_events_name_each_block_group_with_its_page_hash():
+    # vLLM's KV events carry group_idx and the block's own hash: the log splits the sliding
+    # group's (group, hash) keys; the full group's plain keys are group 1 here
+    manager = _hybrid("sliding_window(8),full")
+    seq = _request(0, list(range(12)))
+    assert manager.allocate(seq, 12) is not None
+    events = manager.events.take()
+    hashes = seq.page_hashes(4)
+    assert sorted((e.group, e.key) for e in events) == sorted(
+        (group, key) for group in (0, 1) for key in hashes)
+    sliding = [e for e in events if e.group == 0]
+    assert [e.parent for e in sliding] == [None, hashes[0], hashes[1]]
+    assert all(type(e.key) is int for e in events)
+
+
+def test_hybrid_removed_events_carry_the_group_of_the_evicted_key():
+    manager = _hybrid("sliding_window(8),full", num_pages=8)
+    first = _request(0, list(range(12)))
+    manager.allocate(first, 12)
+    first.num_computed_tokens = 12
+    manager.free(first)  # six pages cached, two free
+    manager.events.take()
+    manager.allocate(_request(1, list(range(100, 112))), 12)  # evicts four of them
+    removed = [e for e in manager.events.take() if e.kind == REMOVED]
+    assert len(removed) == 4
+    keys = {(group, key) for group in (0, 1) for key in first.page_hashes(4)}
+    assert {(e.group, e.key) for e in removed} <= keys
+    cached = {split_key(key, 1) for key in manager.pool.cached}
+    assert cached == keys - {(e.group, e.key) for e in removed}
+
+
+def test_plain_group_is_the_first_full_attention_group():
+    assert plain_group_of(["sliding_window", "full", "full"]) == 1
+    assert plain_group_of(["sliding_window"]) == 0
+    assert KVEventLog.for_manager(object()).plain_group == 0
+    log = KVEventLog(plain_group=2)
+    log.stored(7, 0, None, None)
+    log.stored((1, 9), 0, (1, 7), None)
+    log.removed([7, (1, 9)])
+    assert [(e.kind, e.group, e.key, e.parent) for e in log.take()] == [
+        (STORED, 2, 7, None), (STORED, 1, 9, 7), (REMOVED, 2, 7, None), (REMOVED, 1, 9, None)]
