@@ -7,8 +7,9 @@ longest one valid in every group (`_longest_hit`). `KVCacheManager(..., groups=.
 this class when the groups are anything but one full-attention group.
 
 Not yet with groups (refused at construction, with the reason): allocation other than paged
-with fixed blocks, memory tiers; `fork` raises. Swapping saves each group's pages that the
-computed tokens still need (a window's, a state's) and brings them back behind `NULL_PAGE`s.
+with fixed blocks, memory tiers. Swapping saves each group's pages that the computed tokens
+still need (a window's, a state's) and brings them back behind `NULL_PAGE`s; a fork shares
+every group's pages, copied on write (a state group's one page too: it is updated in place).
 """
 
 from __future__ import annotations
@@ -157,14 +158,18 @@ class HybridKVCacheManager(KVCacheManager):
             for manager, state in zip(managers, states, strict=True):
                 if isinstance(manager, WindowedManager):
                     manager.remove_skipped(state, computed)  # type: ignore[arg-type]
+        copies = []
         for manager, state, add in zip(managers, states, adds, strict=True):
+            cow = manager.shared_tail(state, total) if add else None  # type: ignore[arg-type]
             if isinstance(manager, WindowedManager):
-                manager.execute_group(seq, total, state, [], add)
+                ops = manager.execute_group(seq, total, state, [], add, cow)
             else:
-                manager.execute(seq, total, state, Plan([], add, False))
-        if new:
-            self._steps.given_memory(rid)
-        return NO_OPS
+                ops = manager.execute(seq, total, state, Plan([], add, cow is not None))
+            copies += ops.copies
+        result = MemOps(copies=copies) if copies else NO_OPS
+        if self._steps.active:
+            self._steps.allocated(rid, new, result, NO_OPS)
+        return result
 
     def _claim(self, states: list[SeqState], total: int) -> None:
         for manager, state in zip(self.group_managers, states, strict=True):
@@ -194,10 +199,12 @@ class HybridKVCacheManager(KVCacheManager):
                                                       or manager.caching))
                 else:
                     freed += manager.num_freed_by_skip(state, computed)
-                    adds.append(manager.pages_to_add(state, total, computed))
+                    adds.append(manager.pages_to_add(state, total, computed)
+                                + (manager.shared_tail(state, total) is not None))
             else:
                 held = len(state.pages) if state is not None else len(hits[index])
-                adds.append(max(0, -(-total // page_size) - held))
+                cow = state is not None and manager.shared_tail(state, total) is not None
+                adds.append(max(0, -(-total // page_size) - held) + cow)
         adds = [max(0, add) for add in adds]
         if not self.pool.fits(max(0, sum(adds) - freed), real_hits, reserve):
             return None
@@ -336,6 +343,9 @@ class HybridKVCacheManager(KVCacheManager):
         return MemOps(swap_ins=list(zip(host_pages, pages, strict=True)))
 
     def fork(self, parent: Request, child: Request) -> None:
-        """Not yet with KV-cache groups."""
-        raise KvlabError("fork (parallel sampling) with KV-cache groups is not supported yet")
+        """Share the parent's pages in every group with `child` (copy-on-write)."""
+        self._check_fork(parent, child)
+        for manager in self.group_managers:
+            manager.fork(manager.seqs[parent.request_id], child)
+        self._steps.given_memory(child.request_id)
 

@@ -249,6 +249,12 @@ class KVCacheManager(ManagerView):
 
         The child carries the parent's tokens so far (the same prompt, and the same output ids
         where they are known)."""
+        self._check_fork(parent, child)
+        self._main.fork(self._seqs[parent.request_id], child)
+        self._steps.given_memory(child.request_id)
+
+    def _check_fork(self, parent: Request, child: Request) -> None:
+        """StepOrderError unless the parent's claimed KV is all written (see the class)."""
         assert child.request_id not in self._seqs, "child already holds memory"
         src = self._seqs[parent.request_id]
         if parent.request_id in self._steps.new:
@@ -259,8 +265,6 @@ class KVCacheManager(ManagerView):
                 f"fork of request {parent.request_id}: it has claimed {src.num_tokens} tokens "
                 f"and computed {parent.num_computed_tokens}; fork a parent whose KV is all "
                 "written")
-        self._main.fork(src, child)
-        self._steps.given_memory(child.request_id)
 
     # ----------------------------------------------------------------------------- steps
 

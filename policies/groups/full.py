@@ -11,6 +11,7 @@ from kvlab.policies.interfaces import BlockSizing, ReserveRule
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec
+from kvlab.specs.kv_groups import NULL_PAGE
 
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool
@@ -110,11 +111,7 @@ class FullAttentionManager(TableRelease):
         """The plan for a held sequence growing to `total` tokens, or None when it does not
         fit."""
         page_size = self.page_size
-        cow = bool(
-            state.num_tokens % page_size
-            and total > state.num_tokens
-            and state.pages[state.num_tokens // page_size] in self.pool.owners
-        )
+        cow = self.shared_tail(state, total) is not None
         if self.pool.allocator.reserves_region:  # a region grows only by another elsewhere
             needed = max(0, -(-total // page_size) - len(state.pages))
         else:
@@ -144,12 +141,7 @@ class FullAttentionManager(TableRelease):
         elif plan.num_block_pages:
             block = pool.take_block(plan.num_block_pages)
             if plan.cow:  # copy the shared, partly filled last page into the block's first page
-                index = state.num_tokens // self.page_size
-                old = state.pages[index]
-                ops = MemOps(copies=[(old, block[0])])
-                pool.drop_owner(old)
-                self.num_dup_slots -= self.fill(index, state.num_tokens)
-                state.pages[index] = block[0]
+                ops = self.copy_shared(state, state.num_tokens // self.page_size, block[0])
                 block = block[1:]
             state.pages.extend(block)
             state.num_blocks += 1
@@ -161,6 +153,23 @@ class FullAttentionManager(TableRelease):
         self.register(seq, state, state.num_tokens)
         state.fast_limit = self.fast_limit(state)
         return ops
+
+    def copy_shared(self, state: SeqState, index: int, page: int) -> MemOps:
+        """Copy on write: the shared page at `index` of the table is copied into `page`, which
+        replaces it there."""
+        old = state.pages[index]
+        self.pool.drop_owner(old)
+        self.num_dup_slots -= self.fill(index, state.num_tokens)
+        state.pages[index] = page
+        return MemOps(copies=[(old, page)])
+
+    def shared_tail(self, state: SeqState, total: int) -> int | None:
+        """The index of the shared, partly filled last page that growing to `total` tokens
+        writes into (so copies first), or None."""
+        index, partial = divmod(state.num_tokens, self.page_size)
+        if partial and total > state.num_tokens and state.pages[index] in self.pool.owners:
+            return index
+        return None
 
     def received(self, state: SeqState, plan: Plan) -> MemOps:
         """What fills a new sequence's pages after its device hits (the plan took them): the
@@ -235,8 +244,9 @@ class FullAttentionManager(TableRelease):
         pages = src.pages[:num_filled]
         owners = self.pool.owners
         for index, page in enumerate(pages):
-            owners[page] = owners.get(page, 1) + 1
-            self.num_dup_slots += self.fill(index, src.num_tokens)
+            if page != NULL_PAGE:  # (a windowed group's page given back)
+                owners[page] = owners.get(page, 1) + 1
+                self.num_dup_slots += self.fill(index, src.num_tokens)
         # Both sides must take the slow path before writing into the shared last page.
         src.fast_limit = min(src.fast_limit, src.num_tokens)
         src.regular = False  # the child may register pages the parent holds, and vice versa

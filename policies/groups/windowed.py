@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvlab.policies.groups.full import FullAttentionManager
+from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
 from kvlab.policies.groups.table import SeqState
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.request import Request
@@ -133,7 +133,9 @@ class WindowedManager(FullAttentionManager):
     def fast_limit(self, state: SeqState) -> int:
         """Full attention's limit, short of the next token whose computing skips a page."""
         if self.group.kind == "state" and not self.caching:
-            return _UNBOUNDED if state.pages else 0  # one page whatever the length
+            if not state.pages or state.pages[0] in self.pool.owners:  # (shared: copy first)
+                return state.num_tokens
+            return _UNBOUNDED  # one page whatever the length
         limit = super().fast_limit(state)
         if self.group.kind == "full":
             return limit
@@ -151,19 +153,41 @@ class WindowedManager(FullAttentionManager):
     # ----------------------------------------------------------------------------- taking
 
     def execute_group(self, seq: Request, total: int, state: SeqState | None,
-                      hits: list[int], num_pages: int) -> MemOps:
-        """Take this group's hits (a new request) and `num_pages` more pages; register."""
+                      hits: list[int], num_pages: int, cow: int | None = None) -> MemOps:
+        """Take this group's hits (a new request) and `num_pages` more pages, the first of
+        them a copy of the shared page at index `cow` where given; register."""
+        ops = NO_OPS
         if state is None:
             state = self.take_hits(seq, hits)
         if num_pages:
-            state.pages += self.pool.take_block(num_pages)
+            block = self.pool.take_block(num_pages)
+            if cow is not None:
+                ops = self.copy_shared(state, cow, block[0])
+                block = block[1:]
+            state.pages += block
             state.num_blocks += 1
         if total > state.num_tokens:
             self.num_live_slots += total - state.num_tokens
             state.num_tokens = total
         self.register(seq, state, state.num_tokens)
         state.fast_limit = self.fast_limit(state)
-        return MemOps()
+        return ops
+
+    def shared_tail(self, state: SeqState, total: int) -> int | None:
+        """Full attention's, and a state group's one page while shared (updated in place)."""
+        if self.group.kind == "state" and not self.caching:
+            shared = state.pages and total > state.num_tokens and state.pages[0] in self.pool.owners
+            return 0 if shared else None
+        return super().shared_tail(state, total)
+
+    def fork(self, src: SeqState, child: Request) -> None:
+        """Full attention's fork of the pages held (not those given back)."""
+        super().fork(src, child)
+        state = self.seqs[child.request_id]
+        state.num_null_pages = src.num_null_pages
+        self.num_live_slots -= src.num_null_pages * self.page_size  # (never live)
+        if self.group.kind == "state" and not self.caching:
+            src.fast_limit = state.fast_limit = src.num_tokens  # the next write copies it
 
     def take_hits(self, seq: Request, hits: list[int]) -> SeqState:
         """A new request's state in this group: `NULL_PAGE` entries before the hit pages this

@@ -73,16 +73,28 @@ class Model:
                 "a page the first new token reads was given back"
             if self.m.groups[group].kind == "state" and not self.m.caching:
                 assert len(table) == 1, "a state group holds one page per request"
+                assert table[0] not in self.held_by_others(seq), "a write into a shared state"
                 self.content[table[0]] = None  # the state, updated in place
                 continue
             for index in range(start // PAGE, -(-end // PAGE)):
                 page = table[index]
                 assert page != NULL_PAGE, "a token is written into a given-back page"
+                assert page not in self.held_by_others(seq), "a write into a shared page"
                 full = (index + 1) * PAGE <= end
                 self.content[page] = keys[index] if full and index < len(keys) else None
         if end > seq.prompt_len:
             seq.num_output_tokens = end - seq.prompt_len
         seq.num_computed_tokens = end
+
+    def held_by_others(self, seq: Request) -> set[int]:
+        return {page for other in self.live.values() if other is not seq
+                for table in self.m.block_tables(other) for page in table}
+
+    def fork(self, parent: Request, child: Request) -> None:
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_output_tokens = parent.num_output_tokens
+        self.m.fork(parent, child)
+        self.live[child.request_id] = child
 
     def first_read(self, group: int, position: int) -> int:
         """The first token the token at `position` reads in `group` (a state group: the state
@@ -140,7 +152,7 @@ class Model:
 
 # (admissions and frees weighted up: prefix hits need a family's pages computed and cached)
 programs = st.lists(st.tuples(st.sampled_from(["admit", "admit", "grow", "decode", "free",
-                                               "free", "preempt", "swap"]),
+                                               "free", "preempt", "swap", "fork"]),
                               st.integers(0, 1), st.integers(0, 14), st.integers(1, 12)),
                     min_size=1, max_size=40)
 
@@ -181,6 +193,10 @@ def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, ret
             elif op == "swap":
                 if model.swap_out(seq):
                     swapped.append(seq)
+            elif op == "fork":
+                model.fork(seq, Request(next_id, seq.prompt_len, seq.max_output_tokens,
+                                        prompt_token_ids=seq.prompt_token_ids))
+                next_id += 1
             elif op == "preempt":
                 model.free(seq)
                 seq.num_computed_tokens = seq.num_output_tokens = 0
