@@ -10,6 +10,12 @@ step ends when the client saw the server's next step end (the streamed chunks th
 together), and each request arrives when the client sent it, so that requests join the same
 steps they joined on the server. The two event sequences are aligned (longest matching
 subsequence); every event left unmatched is classified so the report says why.
+
+A model with several KV-cache groups (sliding-window layers: vLLM's hybrid KV cache manager)
+caches blocks per group: a change is a (kind, group, content key) on both sides, the server's
+group its events' `group_idx` (vLLM 0.32; 0 where a server sends none), kvlab's its events'
+`group` (`kvlab.policies.kv_events`). Groups are numbered in vLLM's order on both sides
+(`kvlab.specs.kv_layout.kv_cache_groups`).
 """
 
 from __future__ import annotations
@@ -58,6 +64,10 @@ WHY = {
                  "computed the same block in one step; kvlab keeps one copy)",
     "unknown": "a block the subscription never saw stored (the server cached it before the "
                "run began: reset its cache first, --reset-prefix-cache)",
+    "sparse": "a block of a run the server cached sparsely (its BlockStored names fewer "
+              "blocks than its tokens fill: vLLM's prefix_cache_retention_interval, whose "
+              "default 0 keeps only each prompt's last window; kvlab's 0 keeps every block, "
+              "vLLM's None: start vLLM with --prefix-cache-retention-interval None)",
     "server-only": "only the server made this change",
     "kvlab-only": "only kvlab made this change (for a stored block: the server may have held "
                   "it cached from before the run)",
@@ -69,7 +79,8 @@ class Change:
     """One block entering or leaving a prefix cache: `key` is its content key (None where the
     server's event cannot be keyed), `step` the step (kvlab) or batch (server) that made it,
     `time_s` when (on the run's clock), `request_id` the request whose block it is where
-    known."""
+    known, `group` the KV-cache group whose cache it is in; `sparse`: a server block of a run
+    cached sparsely (its key unknown)."""
 
     kind: str
     key: int | None
@@ -77,6 +88,13 @@ class Change:
     time_s: float
     request_id: int | None = None
     duplicate: bool = False
+    group: int = 0
+    sparse: bool = False
+
+    @property
+    def item(self) -> tuple[str, int, int | None]:
+        """What the alignment compares: (kind, group, content key)."""
+        return self.kind, self.group, self.key
 
 
 @dataclass(slots=True)
@@ -121,9 +139,13 @@ class KVLockstepReport:
 
 
 def server_changes(stream: KVEventStream) -> list[Change]:
-    """The stream's events as per-block changes keyed by content, in publishing order."""
-    by_hash: dict[Any, int] = {}  # the server's hash -> content key
-    held: Counter[int] = Counter()  # content key -> copies the server holds
+    """The stream's events as per-block changes keyed by content, in publishing order, each
+    in the KV-cache group its event names (`group_idx`, 0 where absent)."""
+    # The server's hash -> content key. vLLM hashes a block's content alike in every group
+    # (the group is not part of the published hash), so one map serves all groups.
+    by_hash: dict[Any, int] = {}
+    sparse: set[Any] = set()  # server hashes of blocks stored sparsely (content unknown)
+    held: Counter[tuple[int, int]] = Counter()  # (group, content key) -> copies held
     changes: list[Change] = []
     for index, batch in enumerate(stream.batches):
         for event in batch.events:
@@ -132,31 +154,41 @@ def server_changes(stream: KVEventStream) -> list[Change]:
                 changes.append(Change(CLEARED, 0, index, batch.recv_s))
                 held.clear()
             elif kind == STORED:
-                changes.extend(_stored(event, by_hash, held, index, batch.recv_s))
+                changes.extend(_stored(event, by_hash, sparse, held, index, batch.recv_s))
             else:
+                group = int(event.get("group_idx") or 0)
                 for server_hash in event["block_hashes"]:
-                    key = by_hash.get(_hashable(server_hash))
-                    duplicate = key is not None and held[key] > 1
-                    if key is not None and held[key]:
-                        held[key] -= 1
-                    changes.append(Change(REMOVED, key, index, batch.recv_s, None, duplicate))
+                    server_hash = _hashable(server_hash)
+                    key = by_hash.get(server_hash)
+                    duplicate = key is not None and held[group, key] > 1
+                    if key is not None and held[group, key]:
+                        held[group, key] -= 1
+                    changes.append(Change(REMOVED, key, index, batch.recv_s, None, duplicate,
+                                          group, key is None and server_hash in sparse))
     return changes
 
 
-def _stored(event: dict[str, Any], by_hash: dict[Any, int], held: Counter[int], index: int,
-            time_s: float) -> list[Change]:
+def _stored(event: dict[str, Any], by_hash: dict[Any, int], sparse: set[Any],
+            held: Counter[tuple[int, int]], index: int, time_s: float) -> list[Change]:
     block_size, tokens = int(event["block_size"]), event["token_ids"]
+    hashes = [_hashable(server_hash) for server_hash in event["block_hashes"]]
+    group = int(event.get("group_idx") or 0)
+    if len(tokens) != len(hashes) * block_size:
+        # Masked blocks (vLLM's sparse retention) are left out of the hashes but not of the
+        # tokens: which tokens each named block holds is unknown.
+        sparse.update(hashes)
+        return [Change(STORED, None, index, time_s, group=group, sparse=True) for _ in hashes]
     parent_hash = event.get("parent_block_hash")
     parent: int | None = 0 if parent_hash is None else by_hash.get(_hashable(parent_hash))
     changes = []
-    for number, server_hash in enumerate(event["block_hashes"]):
+    for number, server_hash in enumerate(hashes):
         key = None
         if parent is not None:
             key = hash_page(parent, tokens[number * block_size:(number + 1) * block_size])
-            by_hash[_hashable(server_hash)] = key
-            held[key] += 1
+            by_hash[server_hash] = key
+            held[group, key] += 1
         changes.append(Change(STORED, key, index, time_s, None,
-                              key is not None and held[key] > 1))
+                              key is not None and held[group, key] > 1, group))
         parent = key
     return changes
 
@@ -303,7 +335,7 @@ def replay_changes(result: BenchResult, config: SimConfig,
     trace = replay_trace(result, ends, budget, config.policy.block_size, stored_at,
                          exact_steps=publishes_every_step(result))
     simulation = Simulation(trace, config)
-    log = simulation.manager.events = KVEventLog()
+    log = simulation.manager.events = KVEventLog.for_manager(simulation.manager)
     loop = simulation.loop
     changes: list[Change] = []
     now, step, preemptions = 0.0, 0, 0
@@ -320,7 +352,8 @@ def replay_changes(result: BenchResult, config: SimConfig,
         # Past the server's last step (or where the client saw none), a short step.
         end = ends[at] if at < len(ends) else now + 1e-3
         loop.commit(output, start_s=now, end_s=end, wall_time_s=end - now)
-        changes.extend(Change(e.kind, e.key, step, end, e.request_id) for e in log.take())
+        changes.extend(Change(e.kind, e.key, step, end, e.request_id, group=e.group)
+                       for e in log.take())
         now, step = end, step + 1
     return Replay(changes, step, preemptions)
 
@@ -328,8 +361,8 @@ def replay_changes(result: BenchResult, config: SimConfig,
 def compare_changes(server: list[Change], kvlab: list[Change]) -> KVLockstepReport:
     """Align the two sequences of changes and report the matches, the first divergence and
     the cause of every unmatched change."""
-    server_seq = [(c.kind, c.key) for c in server]
-    kvlab_seq = [(c.kind, c.key) for c in kvlab]
+    server_seq = [c.item for c in server]
+    kvlab_seq = [c.item for c in kvlab]
     matcher = difflib.SequenceMatcher(None, server_seq, kvlab_seq, autojunk=False)
     blocks = matcher.get_matching_blocks()
     matched_server: set[int] = set()
@@ -344,7 +377,8 @@ def compare_changes(server: list[Change], kvlab: list[Change]) -> KVLockstepRepo
         kvlab_counts=dict(Counter(c.kind for c in kvlab)),
     )
     left_server = Counter(s for i, s in enumerate(server_seq) if i not in matched_server)
-    left_kvlab = Counter(k for j, k in enumerate(kvlab_seq) if j not in matched_kvlab)
+    left_kvlab: Counter[tuple[str, int, int | None]] = Counter(
+        k for j, k in enumerate(kvlab_seq) if j not in matched_kvlab)
     causes: Counter[str] = Counter()
     for i, change in enumerate(server):
         if i not in matched_server:
@@ -363,12 +397,12 @@ def compare_changes(server: list[Change], kvlab: list[Change]) -> KVLockstepRepo
 def _moved_median_s(server: list[Change], kvlab: list[Change]) -> float | None:
     """The median time between the two sides of a change each made elsewhere (paired in
     order), None when there is none."""
-    times: dict[tuple[str, int | None], list[float]] = {}
+    times: dict[tuple[str, int, int | None], list[float]] = {}
     for change in kvlab:
-        times.setdefault((change.kind, change.key), []).append(change.time_s)
+        times.setdefault(change.item, []).append(change.time_s)
     gaps = []
     for change in server:
-        other = times.get((change.kind, change.key))
+        other = times.get(change.item)
         if other:
             gaps.append(abs(other.pop(0) - change.time_s))
     return float(statistics.median(gaps)) if gaps else None
@@ -376,10 +410,10 @@ def _moved_median_s(server: list[Change], kvlab: list[Change]) -> float | None:
 
 def _server_cause(change: Change, left_kvlab: Counter) -> str:
     if change.key is None:
-        return "unknown"
+        return "sparse" if change.sparse else "unknown"
     if change.duplicate:
         return "duplicate"
-    return "moved" if left_kvlab[(change.kind, change.key)] else "server-only"
+    return "moved" if left_kvlab[change.item] else "server-only"
 
 
 def _first_divergence(matcher: difflib.SequenceMatcher, server: list[Change],
@@ -395,8 +429,8 @@ def _first_divergence(matcher: difflib.SequenceMatcher, server: list[Change],
 
 def _describe(changes: list[Change]) -> list[dict[str, Any]]:
     return [{"kind": c.kind, "key": None if c.key is None else f"{c.key:016x}",
-             "step": c.step, "time_s": round(c.time_s, 6), "request_id": c.request_id}
-            for c in changes]
+             "group": c.group, "step": c.step, "time_s": round(c.time_s, 6),
+             "request_id": c.request_id} for c in changes]
 
 
 def kv_lockstep(result: BenchResult, config: SimConfig) -> KVLockstepReport:
@@ -470,6 +504,12 @@ def _line(changes: list[dict[str, Any]], total: int, unit: str) -> str:
     if not changes:
         return "nothing here"
     text = "; ".join(
-        f"{c['kind']} block {c['key'] or '?'} (request {c['request_id']}, "
+        f"{c['kind']} block {c['key'] or '?'}{_group_label(c)} (request {c['request_id']}, "
         f"{unit} {c['step']}, t={c['time_s']:.3f}s)" for c in changes)
     return text + (f"; ... {total} in all" if total > len(changes) else "")
+
+
+def _group_label(change: dict[str, Any]) -> str:
+    """` in group G` for a block of a group other than the first (a hybrid model's)."""
+    group = change.get("group", 0)
+    return f" in group {group}" if group else ""

@@ -6,8 +6,9 @@ Each step's changes go out as one message, every step, an empty one too (so that
 sees the server's steps: KV lockstep replays on them), stamped with the step's end: topic, an
 8-byte big-endian sequence number, and the msgpack array [ts, events, data_parallel_rank]; a
 stored run of one request's chained blocks is one BlockStored (block_hashes,
-parent_block_hash, token_ids, block_size, ...), each removed block one BlockRemoved. Block
-hashes are kvlab's page hashes (content hashes).
+parent_block_hash, token_ids, block_size, ...), each removed block one BlockRemoved, both
+naming their KV-cache group (`group_idx`, as vLLM 0.32). Block hashes are kvlab's page hashes
+(content hashes).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def to_vllm_events(events: list[BlockEvent], block_size: int) -> list[dict[str, 
         if event.kind == STORED:
             last = out[-1] if out and run_request == event.request_id else None
             if last is not None and last["type"] == "BlockStored" and (
-                last["block_hashes"][-1] == event.parent
+                last["block_hashes"][-1] == event.parent and last["group_idx"] == event.group
             ):
                 last["block_hashes"].append(event.key)
                 last["token_ids"].extend(event.token_ids or ())
@@ -84,10 +85,12 @@ def to_vllm_events(events: list[BlockEvent], block_size: int) -> list[dict[str, 
             out.append({"type": "BlockStored", "block_hashes": [event.key],
                         "parent_block_hash": event.parent,
                         "token_ids": list(event.token_ids or ()), "block_size": block_size,
-                        "lora_id": None, "medium": MEDIUM, "lora_name": None})
+                        "lora_id": None, "medium": MEDIUM, "lora_name": None,
+                        "group_idx": event.group})
             run_request = event.request_id
         elif event.kind == REMOVED:
-            out.append({"type": "BlockRemoved", "block_hashes": [event.key], "medium": MEDIUM})
+            out.append({"type": "BlockRemoved", "block_hashes": [event.key], "medium": MEDIUM,
+                        "group_idx": event.group})
             run_request = None
         else:
             out.append({"type": "AllBlocksCleared"})

@@ -141,7 +141,7 @@ class EngineService:
         """Start the engine thread."""
         self._loop = StepLoop(self.engine.scheduler, [])
         if self.publisher is not None:
-            self.engine.manager.events = KVEventLog()
+            self.engine.manager.events = KVEventLog.for_manager(self.engine.manager)
         self._thread = threading.Thread(target=self._run, name="kvlab-engine", daemon=True)
         self._thread.start()
 

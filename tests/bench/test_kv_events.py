@@ -166,6 +166,15 @@ def test_runs_split_where_the_chain_breaks():
     assert [e["parent_block_hash"] for e in out] == [None, 9, 3]
 
 
+def test_runs_split_between_groups_and_name_theirs():
+    events = [BlockEvent("stored", 1, 0, None, (1,), 1), BlockEvent("stored", 2, 0, 1, (2,), 1),
+              BlockEvent("stored", 1, 0, None, (1,), 0), BlockEvent("stored", 2, 0, 1, (2,), 0),
+              BlockEvent("removed", 1, group=1)]
+    out = to_vllm_events(events, 1)
+    assert [(e["type"], e["group_idx"], e["block_hashes"]) for e in out] == [
+        ("BlockStored", 1, [1, 2]), ("BlockStored", 0, [1, 2]), ("BlockRemoved", 1, [1])]
+
+
 @pytest.mark.parametrize("status, hint", [(404, "VLLM_SERVER_DEV_MODE=1"),
                                           (409, "refuses while requests run")])
 def test_reset_prefix_cache_errors_say_why(status, hint):

@@ -59,6 +59,40 @@ def test_a_second_copy_is_flagged_duplicate():
     assert [c.duplicate for c in server_changes(stream)] == [False, True, True, False]
 
 
+def test_server_blocks_are_keyed_per_group():
+    # vLLM 0.32 names each block's KV-cache group (group_idx); a block's hash is the same in
+    # every group, so a parent stored by another group still keys its child
+    stream = _stream([{**_stored(["a"], None, [1, 2]), "group_idx": 1},
+                      {**_stored(["a"], None, [1, 2]), "group_idx": 0},
+                      {**_stored(["b"], "a", [3, 4]), "group_idx": 0}],
+                     [{"type": "BlockRemoved", "block_hashes": ["a"], "group_idx": 1}])
+    first = hash_page(0, [1, 2])
+    assert [(c.kind, c.group, c.key, c.duplicate) for c in server_changes(stream)] == [
+        ("stored", 1, first, False), ("stored", 0, first, False),
+        ("stored", 0, hash_page(first, [3, 4]), False), ("removed", 1, first, False)]
+
+
+def test_blocks_of_different_groups_do_not_match():
+    server = [Change("stored", 5, 0, 0.0, group=0), Change("stored", 5, 0, 0.0, group=1)]
+    kvlab = [Change("stored", 5, 0, 0.0, group=1)]
+    report = compare_changes(server, kvlab)
+    assert report.num_matched == 1 and report.unmatched == {"server-only": 1}
+    assert "in group 1" not in format_kv_lockstep(report)  # the divergence is group 0's
+
+
+def test_sparsely_cached_runs_are_left_unkeyed_and_say_why():
+    # vLLM's prefix_cache_retention_interval (default 0) masks blocks out of a BlockStored's
+    # hashes but not its tokens: which block holds which tokens is unknown
+    stream = _stream([_stored(["c"], None, [1, 2, 3, 4, 5, 6])],
+                     [{"type": "BlockRemoved", "block_hashes": ["c"]}])
+    changes = server_changes(stream)
+    assert [(c.kind, c.key, c.sparse) for c in changes] == [
+        ("stored", None, True), ("removed", None, True)]
+    report = compare_changes(changes, [])
+    assert report.unmatched == {"sparse": 2}
+    assert "--prefix-cache-retention-interval None" in format_kv_lockstep(report)
+
+
 def _changes(*items: tuple[str, int]) -> list[Change]:
     return [Change(kind, key, i, float(i)) for i, (kind, key) in enumerate(items)]
 
