@@ -14,6 +14,14 @@ their sends (kvlab's replay lets requests sent less than `SEND_ORDER_SLACK_S` ap
 either order), and the `vllm` preset step for step on vLLM's engine clock (`engine_clock`).
 
     .venv/bin/python benchmarks/vllm_kv_lockstep.py [--workload random] [--runs 3] [--out DIR]
+        [--sliding-window 32 [--retention None]]
+
+`--sliding-window W` serves a tiny Mistral with a W-token window on every layer instead
+(`save_sliding_window_model`, made in a temporary folder; blocks of the same bytes): vLLM's
+hybrid KV cache manager with one sliding-window group, its events' `group_idx` 0. `--retention`
+is vLLM's --prefix-cache-retention-interval: `None` (the default here) caches every block as
+kvlab's 0 does; vLLM's own default 0 caches only each prompt's last window (kvlab has no such
+setting: those runs report their blocks as `sparse`).
 
 `--out DIR` keeps each run (`run-K.json` with its tables, `run-K.kv_events.jsonl`: `kvlab
 validate --lockstep --from-bench` replays them again) and vLLM's schedule of it
@@ -27,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +53,12 @@ from tests.peer.schedule_log import (  # noqa: E402
     preset_on_engine_clock,
     read_schedule_log,
 )
-from tests.peer.vllm_server import missing_reason, start_vllm_with_kv_events  # noqa: E402
+from tests.peer.vllm_server import (  # noqa: E402
+    PEER_MODEL,
+    missing_reason,
+    save_sliding_window_model,
+    start_vllm_with_kv_events,
+)
 
 WORKLOADS = {
     "random": dict(dataset_name="random", num_prompts=300, seed=0, random_input_len=192,
@@ -62,11 +76,11 @@ def engine_inversions(log: ScheduleLog, sent_s: dict[int, float]) -> list[float]
             if sent_s[earlier] > sent_s[later]]
 
 
-def engine_clock(result: BenchResult, log: ScheduleLog) -> str:
+def engine_clock(result: BenchResult, log: ScheduleLog, model: str = "tiny-llama") -> str:
     """The `vllm` preset step for step on vLLM's engine clock (each request queued when vLLM's
     engine queued it, each step as long as vLLM's, prompts and outputs as the server's
     tokens): whether every step scheduled the same tokens per request, and the preemptions."""
-    steps, preempted = preset_on_engine_clock(result, log, token_ids=True)
+    steps, preempted = preset_on_engine_clock(result, log, token_ids=True, model=model)
     differs = first_difference(steps, log.steps)
     same = (f"all {len(steps)} steps as vLLM's" if differs is None and len(steps) ==
             len(log.steps) else f"steps as vLLM's up to {differs} of {len(log.steps)}")
@@ -80,13 +94,23 @@ def main() -> int:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="random")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="keep every run here")
+    parser.add_argument("--sliding-window", type=int, default=0, metavar="W",
+                        help="serve a tiny Mistral with a W-token window on every layer")
+    parser.add_argument("--retention", default="None",
+                        help="vLLM's --prefix-cache-retention-interval with --sliding-window")
     args = parser.parse_args()
     if missing_reason() is not None:
         print(missing_reason(), file=sys.stderr)
         return 1
     options = dict(WORKLOADS[args.workload])
     trace = load_trace(options.pop("dataset_name"), None, **options)
-    server, endpoint = start_vllm_with_kv_events(256, log_schedule=True)
+    folder, model, extra = PEER_MODEL, "tiny-llama", ()
+    if args.sliding_window:
+        folder = save_sliding_window_model(Path(tempfile.mkdtemp(prefix="kvlab-swa-")),
+                                           args.sliding_window)
+        model, extra = str(folder), ("--prefix-cache-retention-interval", args.retention)
+    server, endpoint = start_vllm_with_kv_events(256, log_schedule=True, model=folder,
+                                                 extra=extra)
     try:
         card = resolve_model(server.base_url, None, None)
         vocab_size = vocab_size_of(card, None, None)  # the model folder's config.json
@@ -96,7 +120,7 @@ def main() -> int:
                                   request_id_prefix=prefix)
             result = bench_serve(trace, client, card=card, vocab_size=vocab_size,
                                  kv_events=endpoint, reset_cache=True)
-            report = kv_lockstep(result, server_sim_config(result.server, "tiny-llama"))
+            report = kv_lockstep(result, server_sim_config(result.server, model))
             log = read_schedule_log(server.schedule_log, prefix)
             gaps = engine_inversions(log, {r.request_id: r.arrival_s for r in result.requests})
             print(f"run {run}: blocks changed server {report.num_server}, kvlab "
@@ -104,7 +128,8 @@ def main() -> int:
                   f"{report.unmatched or ''}; preemptions server {report.num_server_preemptions}"
                   f", kvlab {report.num_kvlab_preemptions}; queued out of send order: "
                   f"{len(gaps)} pairs, sent up to {1000 * max(gaps, default=0.0):.1f} ms apart "
-                  f"(slack {1000 * SEND_ORDER_SLACK_S:.0f} ms); {engine_clock(result, log)}",
+                  f"(slack {1000 * SEND_ORDER_SLACK_S:.0f} ms); "
+                  f"{engine_clock(result, log, model)}",
                   flush=True)
             if args.out is not None:
                 keep(args.out, run, result, log)

@@ -119,11 +119,13 @@ def simulated_schedule(trace: Trace, config: SimConfig, durations_s: list[float]
     return steps, preempted
 
 
-def preset_on_engine_clock(result: BenchResult, log: ScheduleLog, *, token_ids: bool = False
+def preset_on_engine_clock(result: BenchResult, log: ScheduleLog, *, token_ids: bool = False,
+                           model: str = "tiny-llama"
                            ) -> tuple[list[dict[int, int]], dict[int, int]]:
     """`simulated_schedule` of a bench run against the peer, under the `vllm` preset with the
     server's configuration, replayed on vLLM's engine clock (`replay_on_engine_clock`).
     `token_ids`: prompts and outputs as the server's tokens (`bench_trace`), so that output
-    blocks are cached and hashed as vLLM's (needed where prefix caching meets preemptions)."""
+    blocks are cached and hashed as vLLM's (needed where prefix caching meets preemptions).
+    `model`: the peer's model (a preset name or the served model folder)."""
     replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=token_ids), log)
-    return simulated_schedule(replay, server_sim_config(result.server, "tiny-llama"), durations)
+    return simulated_schedule(replay, server_sim_config(result.server, model), durations)

@@ -106,15 +106,33 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
     raise RuntimeError(f"vLLM did not answer /health in {START_TIMEOUT_S:.0f} s; see {log_path}")
 
 
-def start_vllm_with_kv_events(num_blocks: int, *, log_schedule: bool = False
+def start_vllm_with_kv_events(num_blocks: int, *, log_schedule: bool = False,
+                              model: Path = PEER_MODEL, extra: tuple[str, ...] = ()
                               ) -> tuple[PeerServer, str]:
     """`start_vllm` with `num_blocks` blocks of KV and prefix caching, publishing its KV events
     on a free port, its prefix cache resettable (`VLLM_SERVER_DEV_MODE`, /reset_prefix_cache).
-    Returns the server and the endpoint to subscribe to."""
+    `model`: another folder whose blocks are BLOCK_BYTES too (`save_sliding_window_model`);
+    `extra`: more vLLM flags. Returns the server and the endpoint to subscribe to."""
     port = _free_port()
     config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                          "endpoint": f"tcp://*:{port}", "topic": ""})
     server = start_vllm(kv_cache_memory_bytes=num_blocks * BLOCK_BYTES, prefix_caching=True,
-                        extra=("--kv-events-config", config),
-                        env={"VLLM_SERVER_DEV_MODE": "1"}, log_schedule=log_schedule)
+                        extra=("--kv-events-config", config, *extra),
+                        env={"VLLM_SERVER_DEV_MODE": "1"}, log_schedule=log_schedule,
+                        model=model)
     return server, f"tcp://127.0.0.1:{port}"
+
+
+def save_sliding_window_model(folder: Path, window: int = 32) -> Path:
+    """A tiny Mistral in `folder` (made once) with a sliding window of `window` tokens on every
+    layer (vLLM refuses Qwen2 with windows on some layers only) and a tokenizer: 2 layers of
+    2 KV heads of 32 dims (vLLM CPU's attention has no head size 16), so a block of 32 tokens
+    is BLOCK_BYTES as the exported tiny-llama's. Needs torch and transformers (the main
+    venv's)."""
+    from tests.engine.engine_hf_models import save_hf_model, save_tokenizer, tiny_mistral_config
+
+    if not (folder / "config.json").is_file():
+        save_hf_model(folder, tiny_mistral_config(sliding_window=window, head_dim=32,
+                                                  max_position_embeddings=2048), seed=3)
+        save_tokenizer(folder, vocab_size=384)
+    return folder
