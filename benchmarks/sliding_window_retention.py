@@ -24,10 +24,14 @@ COLUMNS = ("kv_cache_memory_gib", "manager", "retention_interval", "num_pages",
            "num_preemptions")
 
 
+FULL = "full"  # (the full-attention baseline, in the list of intervals)
+
+
 def run_one(trace: Any, args: argparse.Namespace, memory_gib: float,
-            interval: int | None) -> dict[str, Any]:
-    """One simulation: `interval` None is full attention on every layer (vLLM's
-    --disable-hybrid-kv-cache-manager), else the hybrid manager at that retention interval."""
+            interval: int | str | None) -> dict[str, Any]:
+    """One simulation: `interval` FULL is full attention on every layer (vLLM's
+    --disable-hybrid-kv-cache-manager), else the hybrid manager at that retention interval
+    (None: every sliding-window page cached)."""
     from kvlab.metrics import summarize
     from kvlab.policies.serving import ServingConfig
     from kvlab.sim import SimConfig, simulate
@@ -35,14 +39,14 @@ def run_one(trace: Any, args: argparse.Namespace, memory_gib: float,
     serving = ServingConfig.create("paged", enable_prefix_caching=True,
                                    kv_cache_memory_bytes=int(memory_gib * 2**30))
     config = SimConfig(model=args.model, hardware=args.hardware, serving=serving,
-                       hybrid_kv_cache_manager=interval is not None,
-                       prefix_cache_retention_interval=interval or 0)
+                       hybrid_kv_cache_manager=interval != FULL,
+                       prefix_cache_retention_interval=None if interval == FULL else interval)
     summary = summarize(simulate(trace, config))
     groups = summary.get("kv_cache_groups") or []
     row: dict[str, Any] = {
         "kv_cache_memory_gib": memory_gib,
-        "manager": "full attention" if interval is None else "hybrid",
-        "retention_interval": "" if interval is None else interval,
+        "manager": "full attention" if interval == FULL else "hybrid",
+        "retention_interval": "" if interval == FULL else str(interval),
         "num_pages": config.capacity.num_pages,
     }
     for key in ("prefix_cache_hit_rate_perc", "mean_ttft_ms", "p99_ttft_ms",
@@ -65,8 +69,9 @@ def main() -> None:
     parser.add_argument("--hardware", default="h100")
     parser.add_argument("--memories", default="2,3,4,6,8",
                         help="KV cache sizes in GiB, comma-separated")
-    parser.add_argument("--intervals", default="0,512,2048,8192",
-                        help="retention intervals in tokens, comma-separated")
+    parser.add_argument("--intervals", default="none,0,512,2048,8192",
+                        help="retention intervals in tokens, comma-separated (none: every "
+                        "sliding-window page cached; 0: vLLM 0.32's default)")
     parser.add_argument("--prefix-len", type=int, default=7000)
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=64)
@@ -82,7 +87,8 @@ def main() -> None:
                        random_output_len=args.output_len,
                        num_prefix_groups=args.num_prefix_groups)
     memories = [float(m) for m in args.memories.split(",")]
-    intervals: list[int | None] = [None, *(int(r) for r in args.intervals.split(","))]
+    intervals: list[int | str | None] = [
+        FULL, *(None if r == "none" else int(r) for r in args.intervals.split(","))]
     started = time.process_time()
     rows = [run_one(trace, args, memory, interval)
             for memory in memories for interval in intervals]

@@ -66,8 +66,9 @@ WHY = {
                "run began: reset its cache first, --reset-prefix-cache)",
     "sparse": "a block of a run the server cached sparsely (its BlockStored names fewer "
               "blocks than its tokens fill: vLLM's prefix_cache_retention_interval, whose "
-              "default 0 keeps only each prompt's last window; kvlab's 0 keeps every block, "
-              "vLLM's None: start vLLM with --prefix-cache-retention-interval None)",
+              "default 0 keeps only each prompt's last window; kvlab's default None keeps "
+              "every block: start vLLM with --prefix-cache-retention-interval None, or give "
+              "kvlab the server's interval)",
     "server-only": "only the server made this change",
     "kvlab-only": "only kvlab made this change (for a stored block: the server may have held "
                   "it cached from before the run)",

@@ -34,21 +34,23 @@ class HybridKVCacheManager(KVCacheManager):
     __slots__ = ("group_managers", "groups")
 
     def __init__(self, *args: object, groups: Sequence[KVCacheGroup],
-                 retention_interval: int = 0, **kwargs: object) -> None:
+                 retention_interval: int | None = None, **kwargs: object) -> None:
         if kwargs.get("tiers"):
             raise KvlabError("memory tiers with KV-cache groups (a hybrid model) are not "
                              "supported yet", parameters=("kv_tiers",))
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._hybrid_init(groups, retention_interval)
 
-    def _hybrid_init(self, groups: Sequence[KVCacheGroup], retention_interval: int) -> None:
+    def _hybrid_init(self, groups: Sequence[KVCacheGroup],
+                     retention_interval: int | None) -> None:
         policy = self.policy
         if policy.kind != "paged" or not self.block_sizing.exact:
             raise KvlabError(f"policy {policy.to_string()}: KV-cache groups (a hybrid model) "
                              "need paged allocation with fixed blocks")
-        if retention_interval < 0 or retention_interval % self.page_size:
+        if retention_interval is not None and (
+                retention_interval < 0 or retention_interval % self.page_size):
             raise KvlabError(f"prefix_cache_retention_interval is {retention_interval}: "
-                             f"expected 0 or a multiple of the page size {self.page_size}",
+                             f"expected None, 0 or a multiple of the page size {self.page_size}",
                              parameters=("prefix_cache_retention_interval",))
         self.groups = tuple(groups)
         managers: list[FullAttentionManager] = []

@@ -83,11 +83,13 @@ class KVCacheManager(ManagerView):
         tiers: list[PrefixTier] | None = None,
         tier_config: TiersConfig | None = None,
         groups: Sequence[KVCacheGroup] | None = None,
-        retention_interval: int = 0,
+        retention_interval: int | None = None,
     ) -> None:
         """`groups`: the model's KV-cache groups (default: one full-attention group; others
         make a `HybridKVCacheManager`, whose `retention_interval` is vLLM's
-        `prefix_cache_retention_interval` for sliding-window groups)."""
+        `prefix_cache_retention_interval` for sliding-window and state groups: None, every
+        page cached; 0, only what a hit at a prompt's end needs (vLLM 0.32's default); R,
+        that and what a hit at each multiple of R tokens needs)."""
         del groups, retention_interval  # (one full-attention group: nothing to keep)
         self.policy = spec = parse_policy(policy)
         if num_pages < 1:

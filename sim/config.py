@@ -53,7 +53,7 @@ class SimConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
     tensor_parallel_size: int = 1
     cost_model: str | None = None
-    prefix_cache_retention_interval: int = 0
+    prefix_cache_retention_interval: int | None = None
     hybrid_kv_cache_manager: bool = True
     model_spec: ModelSpec = field(init=False)
     hardware_spec: HardwareSpec = field(init=False)
@@ -161,10 +161,12 @@ class SimConfig:
 
     def _check_group_settings(self) -> None:
         interval = self.prefix_cache_retention_interval
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)
+                                     or interval < 0):
             raise KvlabError(
-                f"prefix_cache_retention_interval is {interval!r}: expected tokens, 0 (keep "
-                "every page leaving a sliding window cached) or a multiple of the block size",
+                f"prefix_cache_retention_interval is {interval!r}: expected None (cache every "
+                "page leaving a sliding window), 0 (only what a hit at a prompt's end needs) "
+                "or a multiple of the block size",
                 parameters=("prefix_cache_retention_interval",))
         if not isinstance(self.hybrid_kv_cache_manager, bool):
             raise KvlabError(f"hybrid_kv_cache_manager is {self.hybrid_kv_cache_manager!r}: "
@@ -180,10 +182,10 @@ class SimConfig:
                 self.policy.with_options(block_size=block_size))
         groups = self.kv_cache_groups
         interval = self.prefix_cache_retention_interval
-        if interval % block_size:
+        if interval is not None and interval % block_size:
             raise KvlabError(
-                f"prefix_cache_retention_interval is {interval}: expected 0 or a multiple of "
-                f"the block size, {block_size} tokens",
+                f"prefix_cache_retention_interval is {interval}: expected None, 0 or a multiple "
+                f"of the block size, {block_size} tokens",
                 parameters=("prefix_cache_retention_interval",))
         if groups is not None:
             self._check_manager(groups)

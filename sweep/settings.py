@@ -148,6 +148,10 @@ def _whole(name: str, low: int) -> Callable[[Any], object]:
     return lambda value: check_whole_number(name, value, low)
 
 
+def _optional_whole(name: str, low: int) -> Callable[[Any], object]:
+    return lambda value: None if value is None else check_whole_number(name, value, low)
+
+
 def _choice(name: str, choices: tuple[str, ...] | list[str]) -> Callable[[Any], object]:
     def check(value: Any) -> None:
         if value not in choices:
@@ -202,8 +206,8 @@ def _settings() -> dict[str, Setting]:
         Setting("hardware", "machine", _str, get_hardware),
         Setting("tensor_parallel_size", "machine", _int, _whole("tensor_parallel_size", 1)),
         Setting("cost_model", "machine", _optional(_str), load_cost_model),
-        Setting("prefix_cache_retention_interval", "machine", _int,
-                _whole("prefix_cache_retention_interval", 0)),
+        Setting("prefix_cache_retention_interval", "machine", optional_int,
+                _optional_whole("prefix_cache_retention_interval", 0)),
         Setting("hybrid_kv_cache_manager", "machine", _bool),
         # the serving config (kvlab.policies.serving.ServingConfig.create)
         Setting("policy", "serving", _str, parse_policy),

@@ -294,15 +294,24 @@ def add_kv_group_arguments(memory: argparse._ArgumentGroup) -> None:
     """The flags of a hybrid model's KV-cache groups (`kvlab.sim.SimConfig`'s fields, vLLM's
     names): the sliding-window retention interval and the switch to one full group."""
     memory.add_argument(
-        "--prefix-cache-retention-interval", type=int, default=0, metavar="TOKENS",
-        help="sliding-window models with prefix caching: keep cached, of the pages leaving a "
-        "window, only those a prefix hit at a multiple of TOKENS needs, freeing the rest at "
-        "once (vLLM's flag; a multiple of --block-size; default 0: keep every one cached)")
+        "--prefix-cache-retention-interval", type=_retention_interval, default=None,
+        metavar="TOKENS",
+        help="sliding-window and state groups with prefix caching: cache only the pages a "
+        "prefix hit can use, a hit at a prompt's end and (TOKENS > 0) at each multiple of "
+        "TOKENS, freeing the rest at once (vLLM's flag; a multiple of --block-size; 0 is "
+        "vLLM 0.32's default; default here: None, every page cached)")
     memory.add_argument(
         "--disable-hybrid-kv-cache-manager", dest="hybrid_kv_cache_manager",
         action="store_false",
         help="sliding and chunked attention layers keep every token, as full attention "
         "(vLLM's flag: one KV-cache group, the plain manager)")
+
+
+def _retention_interval(text: str) -> int | None:
+    """`None` or a whole number of tokens (argparse names the flag on an error)."""
+    if text.strip().lower() == "none":
+        return None
+    return int(text)
 
 
 def kv_group_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -4,15 +4,18 @@ local attention, or one fixed-size state (linear attention, Mamba).
 The table keeps one entry per page of tokens, as full attention's does, but the pages no later
 token reads are given back at the next allocation (vLLM's `remove_skipped_blocks`) and their
 entries become `NULL_PAGE`. A page given back that holds registered content stays cached for
-prefix hits, unless a retention interval R says otherwise: then only the pages a hit at a
-multiple of R tokens would need are kept (vLLM's `prefix_cache_retention_interval`), the others
-are freed at once. A state group caches its state at page boundaries (vLLM's mamba "align"
-mode): with prefix caching it takes a new page at each boundary and the last page holds the
-state; without, one page for the whole request.
+prefix hits. Which full pages of a sliding-window or state group are registered follows vLLM
+0.32's `prefix_cache_retention_interval` R (`reachable_block_mask`): None, every one (dense);
+otherwise only those a hit can use: the pages a hit at the prompt's end needs (its last token
+is always computed, so the hit ends at the page boundary at or below prompt length - 1) and,
+with R > 0, the pages a hit at each multiple of R tokens needs. A state group caches its state
+at page boundaries (vLLM's mamba "align" mode): with prefix caching it takes a new page at
+each boundary and the last page holds the state; without, one page for the whole request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
@@ -36,7 +39,8 @@ class WindowedManager(FullAttentionManager):
     __slots__ = ("group", "group_id", "retention_interval")
 
     def __init__(self, policy: PolicySpec, pool: PagePool, *, max_model_len: int,
-                 group: KVCacheGroup, group_id: int, retention_interval: int = 0) -> None:
+                 group: KVCacheGroup, group_id: int,
+                 retention_interval: int | None = None) -> None:
         super().__init__(policy, pool, max_model_len=max_model_len)
         self.group = group
         self.group_id = group_id
@@ -78,7 +82,7 @@ class WindowedManager(FullAttentionManager):
         if end <= start:
             return
         pool, owners, cached = self.pool, self.pool.owners, self.pool.cached
-        to_cache, keys, to_free, drop_keys, drop_pages = [], [], [], [], []
+        to_cache, keys, to_free = [], [], []
         for index in range(start, end):
             page = state.pages[index]
             state.pages[index] = NULL_PAGE
@@ -88,31 +92,52 @@ class WindowedManager(FullAttentionManager):
                 continue
             key = state.hashes[index] if index < state.num_hashed else None
             if key is not None and cached.get(key) == page:
-                if self._retained(index):
-                    to_cache.append(page)
-                    keys.append(key)
-                    continue
-                drop_keys.append(key)
-                drop_pages.append(page)
-            to_free.append(page)
-        if drop_keys:
-            pool.uncache(drop_keys, drop_pages)
+                to_cache.append(page)
+                keys.append(key)
+            else:
+                to_free.append(page)
         pool.release(to_cache[::-1], keys[::-1], range(len(to_cache)), to_free)
         self.num_live_slots -= (end - start) * self.page_size
         state.num_null_pages = end
 
-    def _retained(self, index: int) -> bool:
-        """Whether page `index`, leaving the window, stays cached: always without a retention
-        interval; with one, only where a hit at a multiple of it needs the page."""
-        interval = self.retention_interval
-        if not interval:
-            return True
-        page_size = self.page_size
-        # the first checkpoint at or after the page's end, and the pages a hit there needs
-        end_tokens = (index + 1) * page_size
-        checkpoint = -(-end_tokens // interval) * interval
-        first_needed = checkpoint // page_size - self.num_needed_pages(checkpoint)
-        return index >= first_needed and checkpoint % page_size == 0
+    def register(self, seq: Request, state: SeqState, num_tokens: int) -> None:
+        """Full attention's registration, of the pages a hit can use only (see the module)."""
+        if self.retention_interval is None or self.group.kind not in ("sliding_window", "state"):
+            super().register(seq, state, num_tokens)
+            return
+        if state.hash_outputs:
+            state.hashes = self.hashes_of(seq)
+        start, hashes = state.num_hashed, state.hashes
+        num_full = min(len(hashes), num_tokens // self.page_size)
+        if num_full <= start:
+            return
+        cached, reachable = self.pool.cached, self._reachable_pages(seq)
+        new = [index for index in range(start, num_full)
+               if reachable(index) and hashes[index] not in cached]
+        for index in new:
+            cached[hashes[index]] = state.pages[index]
+        state.num_hashed = num_full
+        if self.pool.events is not None:
+            self._record_stored(seq, hashes, new)
+
+    def _reachable_pages(self, seq: Request) -> Callable[[int], bool]:
+        """Whether a page index of `seq`'s table can serve a prefix hit: the `need` pages
+        before the prompt's last hit boundary and, every R tokens, before each multiple."""
+        page_size, interval = self.page_size, self.retention_interval
+        assert interval is not None
+        boundary = (seq.prompt_len - 1) // page_size  # the hit at the prompt's end, in pages
+        need = self.num_needed_pages(boundary * page_size) if boundary else 0
+        per_segment = interval // page_size
+        segment_need = self.num_needed_pages(interval) if interval else 0
+
+        def reachable(index: int) -> bool:
+            if boundary - need <= index < boundary:
+                return True
+            if not per_segment:
+                return False
+            return segment_need >= per_segment or index % per_segment >= per_segment - segment_need
+
+        return reachable
 
     # ----------------------------------------------------------------------------- sizing
 

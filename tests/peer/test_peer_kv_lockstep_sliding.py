@@ -3,8 +3,8 @@ a tiny Mistral with a 32-token window on every layer (one sliding-window KV-cach
 both), prefix caching and KV events on. kvlab's hybrid manager, replaying the requests under
 the `vllm` preset, must cache and evict the blocks vLLM does, group by group, in the same order.
 vLLM runs with --prefix-cache-retention-interval None, every block leaving the window kept
-cached: what kvlab's retention interval 0 does (vLLM's own default 0 keeps only each prompt's
-last window). Marked `peer` (make test-peer)."""
+cached: kvlab's default retention interval, None, as vLLM's (vLLM's own default 0 keeps only
+each prompt's last window, as kvlab's 0). Marked `peer` (make test-peer)."""
 
 from __future__ import annotations
 

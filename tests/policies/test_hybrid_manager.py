@@ -160,7 +160,7 @@ programs = st.lists(st.tuples(st.sampled_from(["admit", "admit", "grow", "decode
 @settings(max_examples=3 * settings.default.max_examples)
 @given(layout=st.sampled_from(LAYOUTS), num_pages=st.integers(12, 60),
        caching=st.sampled_from([True, True, True, False]),
-       retention=st.sampled_from([0, 8, 16]), program=programs)
+       retention=st.sampled_from([None, 0, 8, 16]), program=programs)
 def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, retention,
                                                  program):
     spec = "paged:block_size=4,preemption=swap" + (",eviction=lru" if caching else "")
@@ -250,10 +250,10 @@ def test_a_prefix_hit_needs_the_window_cached_in_every_group():
     assert manager.num_computed_prefix_tokens(again) == 32
 
 
-def test_retention_interval_keeps_only_checkpoint_windows():
+def test_the_retention_interval_registers_only_the_windows_a_hit_can_use():
     ids = list(range(64))
 
-    def cached_sliding_pages(retention: int) -> int:
+    def cached_sliding_pages(retention: int | None) -> int:
         manager = KVCacheManager("paged:block_size=4,eviction=lru", 64, max_model_len=256,
                                  groups=parse_groups("sliding_window(5),full"),
                                  retention_interval=retention)
@@ -265,10 +265,12 @@ def test_retention_interval_keeps_only_checkpoint_windows():
             seq.num_computed_tokens += 1
         return sum(1 for key in manager.pool.cached if isinstance(key, tuple))
 
-    # all 16 prompt pages are behind the window at the end; window 5 needs one page before a
-    # hit: dense caching keeps all 16, one window per 16 tokens the pages before 16, 32, 48, 64
-    assert cached_sliding_pages(0) == 16
-    assert cached_sliding_pages(16) == 4
+    # window 5 needs one page before a hit. None (dense): all 16 prompt pages; 0 (vLLM's
+    # default): the page before the prompt's last hit (token 63: page 15, so page 14); 16: that
+    # and the pages before 16, 32, 48 and 64 tokens (3, 7, 11, 15)
+    assert cached_sliding_pages(None) == 16
+    assert cached_sliding_pages(0) == 1
+    assert cached_sliding_pages(16) == 5
 
 
 def test_unsupported_combinations_are_refused():
@@ -290,7 +292,7 @@ def hybrid_workloads(draw):
     of the largest requests, budgets that chunk prompts."""
     groups = parse_groups(draw(st.sampled_from(LAYOUTS)))
     caching = draw(st.booleans())
-    retention = draw(st.sampled_from([0, 8])) if caching else 0
+    retention = draw(st.sampled_from([None, 0, 8])) if caching else None
     whole = 128 // PAGE
     num_pages = draw(st.integers(whole // 2, 2 * whole)) * len(groups)
     budget = draw(st.integers(4, 64))

@@ -48,7 +48,7 @@ def test_the_retention_interval_reaches_the_manager(trace):
 def test_the_summary_shows_peak_and_mean_pages_per_group(trace):
     summary = summarize(Simulation(trace, _config()).run())
     assert summary["kv_cache_groups"] == ["sliding_window(128)", "full"]
-    assert summary["prefix_cache_retention_interval"] == 0
+    assert summary["prefix_cache_retention_interval"] is None  # (dense: every page cached)
     for index in (0, 1):
         peak = summary[f"kv_group_{index}_peak_pages"]
         assert peak >= summary[f"kv_group_{index}_mean_pages"] > 0
@@ -90,7 +90,7 @@ def test_a_linear_attention_model_runs_with_the_raised_block_size(trace):
 
 @pytest.mark.parametrize(("settings", "words"), [
     ({"prefix_cache_retention_interval": 100}, "multiple of the block size"),
-    ({"prefix_cache_retention_interval": -16}, "expected tokens"),
+    ({"prefix_cache_retention_interval": -16}, "expected None"),
     ({"policy": "contiguous"}, "paged allocation with fixed blocks"),
     ({"kv_tiers": TiersConfig(parse_tiers("host:1GiB"))}, "memory tiers"),
 ])
