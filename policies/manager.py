@@ -284,9 +284,13 @@ class KVCacheManager(ManagerView):
         # (every step of every run: the common step, no tiers and nothing new, is three tests)
         if self._tier_link is not None:
             self._tier_link.end_step(ops)
-        if self._steps.new:  # (swapped-in and loaded requests, freed or not, are among these)
+        steps = self._steps
+        if not (steps.new or steps.copies):  # (the common step: nothing to forget)
+            steps.active = False
+            return
+        if steps.new:  # (swapped-in and loaded requests, freed or not, are among these)
             self.host.free_held()
-        for group, seq, state, num_written in self._steps.end():
+        for group, seq, state, num_written in steps.end():
             group.release(seq, state, num_written)
 
     def count_first_hits(self) -> None:
