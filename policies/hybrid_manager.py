@@ -140,38 +140,39 @@ class HybridKVCacheManager(KVCacheManager):
         """Room for `num_new_tokens` more tokens in every group, or None (nothing changed)."""
         rid, total = seq.request_id, seq.num_computed_tokens + num_new_tokens
         managers = self.group_managers
-        states = [m.seqs.get(rid) for m in managers]
-        if states[0] is not None and all(total <= s.fast_limit for s in states):  # type: ignore[union-attr]
-            self._claim(states, total)  # type: ignore[arg-type]
+        held = self._held(rid)
+        if held is not None and all(total <= state.fast_limit for state in held):
+            self._claim(held, total)
             return NO_OPS
         plan = self._plan_groups(seq, num_new_tokens)
         if plan is None:
             return None
         hits, adds = plan
-        computed, new = seq.num_computed_tokens, states[0] is None
-        if new:
+        new = held is None
+        if held is None:  # every group's hits first: no block may evict another's hit
             self._lookup.num_queries += self._lookup.num_lookup_pages(seq)
             self._lookup.num_hits += len(hits[0]) if hits else 0
-        if new:  # every group's hits first: no block may evict another's hit
-            states = [m.take_hits(seq, group_hits)
-                      for m, group_hits in zip(managers, hits or [[]] * len(managers),
-                                               strict=True)]
+            held = [m.take_hits(seq, group_hits)
+                    for m, group_hits in zip(managers, hits or [[]] * len(managers),
+                                             strict=True)]
         else:  # pages skipped go before any are taken (vLLM's order)
-            for manager, state in zip(managers, states, strict=True):
+            for manager, state in zip(managers, held, strict=True):
                 if isinstance(manager, WindowedManager):
-                    manager.remove_skipped(state, computed)  # type: ignore[arg-type]
+                    manager.remove_skipped(state, seq.num_computed_tokens)
         copies = []
-        for manager, state, add in zip(managers, states, adds, strict=True):
-            cow = manager.shared_tail(state, total) if add else None  # type: ignore[arg-type]
-            if isinstance(manager, WindowedManager):
-                ops = manager.execute_group(seq, total, state, [], add, cow)
-            else:
-                ops = manager.execute(seq, total, state, Plan([], add, cow is not None))
-            copies += ops.copies
+        for manager, state, add in zip(managers, held, adds, strict=True):
+            cow = add > 0 and manager.shared_tail(state, total) is not None
+            copies += manager.execute(seq, total, state, Plan([], add, cow)).copies
         result = MemOps(copies=copies) if copies else NO_OPS
         if self._steps.active:
             self._steps.allocated(rid, new, result, NO_OPS)
         return result
+
+    def _held(self, request_id: int) -> list[SeqState] | None:
+        """The request's state in every group (it holds one in each or in none)."""
+        if request_id not in self.group_managers[0].seqs:
+            return None
+        return [m.seqs[request_id] for m in self.group_managers]
 
     def _claim(self, states: list[SeqState], total: int) -> None:
         for manager, state in zip(self.group_managers, states, strict=True):
@@ -183,31 +184,24 @@ class HybridKVCacheManager(KVCacheManager):
                      num_new_tokens: int) -> tuple[list[list[int]], list[int]] | None:
         """(each group's hit table for a new request, or [], and the pages each group takes),
         or None when they do not fit together."""
-        rid, total = seq.request_id, seq.num_computed_tokens + num_new_tokens
-        computed, page_size = seq.num_computed_tokens, self.page_size
-        states = [m.seqs.get(rid) for m in self.group_managers]
+        total, computed = seq.num_computed_tokens + num_new_tokens, seq.num_computed_tokens
+        held = self._held(seq.request_id)
         hits: list[list[int]] = []
         reserve, freed, real_hits = 0, 0, []
-        if states[0] is None:
+        if held is None:
             hits = self._new_hits(seq)
             real_hits = [page for table in hits for page in table if page != NULL_PAGE]
             reserve = self.watermark_pages if self.pool.num_used_pages else 0
         adds = []
-        for index, (manager, state) in enumerate(zip(self.group_managers, states, strict=True)):
+        for index, manager in enumerate(self.group_managers):
+            if held is None:
+                adds.append(manager.pages_to_add(len(hits[index]), total))
+                continue
+            state = held[index]
+            cow = manager.shared_tail(state, total) is not None
+            adds.append(manager.pages_to_add(len(state.pages), total) + cow)
             if isinstance(manager, WindowedManager):
-                if state is None:
-                    adds.append(manager.pages_to_add(None, total, computed)
-                                - len(hits[index]) * (manager.group.kind != "state"
-                                                      or manager.caching))
-                else:
-                    freed += manager.num_freed_by_skip(state, computed)
-                    adds.append(manager.pages_to_add(state, total, computed)
-                                + (manager.shared_tail(state, total) is not None))
-            else:
-                held = len(state.pages) if state is not None else len(hits[index])
-                cow = state is not None and manager.shared_tail(state, total) is not None
-                adds.append(max(0, -(-total // page_size) - held) + cow)
-        adds = [max(0, add) for add in adds]
+                freed += manager.num_freed_by_skip(state, computed)
         if not self.pool.fits(max(0, sum(adds) - freed), real_hits, reserve):
             return None
         return hits, adds
@@ -231,16 +225,15 @@ class HybridKVCacheManager(KVCacheManager):
         """Claim one token for each decode in `requests[start:]` whose every group has room
         without the planner; stops at the first that is not such a decode."""
         batch = requests[start : start + budget]
-        managers = self.group_managers
         num_claimed = 0
         for request in batch:
             done = request.num_computed_tokens
             if request.prompt_len + request.num_output_tokens - done != 1 or not done:
                 break
-            states = [m.seqs.get(request.request_id) for m in managers]
-            if any(s is None or done + 1 > s.fast_limit for s in states):
+            held = self._held(request.request_id)
+            if held is None or any(done + 1 > state.fast_limit for state in held):
                 break
-            self._claim(states, done + 1)  # type: ignore[arg-type]
+            self._claim(held, done + 1)
             num_claimed += 1
         return num_claimed
 
@@ -336,10 +329,7 @@ class HybridKVCacheManager(KVCacheManager):
         for manager in self.group_managers:
             kept = self._kept_pages(manager, num_tokens)
             state = manager.take_hits(seq, [NULL_PAGE] * kept.start)
-            if isinstance(manager, WindowedManager):
-                manager.execute_group(seq, num_tokens, state, [], len(kept))
-            else:
-                manager.execute(seq, num_tokens, state, Plan([], len(kept), False))
+            manager.execute(seq, num_tokens, state, Plan([], len(kept), False))
             pages += state.pages[kept.start : kept.stop]
         self._steps.given_memory(seq.request_id, loaded=True)
         return MemOps(swap_ins=list(zip(host_pages, pages, strict=True)))

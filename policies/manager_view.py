@@ -113,17 +113,17 @@ class ManagerView:
     @property
     def num_free_pages(self) -> int:
         """Pages with no owner and no cached content."""
-        return self.allocator.num_free_pages
+        return self.pool.num_free_pages
 
     @property
     def num_cached_free_pages(self) -> int:
         """Pages with no owner that still hold a cached prefix (reclaimable)."""
-        return len(self.evictor)
+        return self.pool.num_cached_free_pages
 
     @property
     def num_used_pages(self) -> int:
         """Pages held by at least one sequence."""
-        return self.num_total_pages - self.allocator.num_free_pages - len(self.evictor)
+        return self.pool.num_used_pages
 
     def block_table(self, seq: Request) -> list[int]:
         """The sequence's page ids in token order (empty when it holds none). Do not mutate."""

@@ -69,6 +69,11 @@ class FullAttentionManager(TableRelease):
             return max(seq.total_len, self._reserve(seq.total_len, self.max_model_len))
         return seq.total_len
 
+    def pages_to_add(self, num_held: int, total: int) -> int:
+        """Pages a table of `num_held` pages takes to hold `total` tokens, one page at a time
+        (the hybrid manager's fixed blocks)."""
+        return max(0, -(-total // self.page_size) - num_held)
+
     def block_pages(self, seq: Request, total: int, num_blocks: int, num_held: int) -> int:
         """Pages of the next block: what the block-sizing policy asks, never past the request's
         largest possible length (so a request that fits alone always fits)."""
@@ -140,8 +145,10 @@ class FullAttentionManager(TableRelease):
             state.num_blocks += 1
         elif plan.num_block_pages:
             block = pool.take_block(plan.num_block_pages)
-            if plan.cow:  # copy the shared, partly filled last page into the block's first page
-                ops = self.copy_shared(state, state.num_tokens // self.page_size, block[0])
+            if plan.cow:  # copy the shared page written next into the block's first page
+                index = self.shared_tail(state, total)
+                assert index is not None, "a copy-on-write plan without a shared page"
+                ops = self.copy_shared(state, index, block[0])
                 block = block[1:]
             state.pages.extend(block)
             state.num_blocks += 1

@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
+from kvlab.policies.groups.full import FullAttentionManager
 from kvlab.policies.groups.table import SeqState
-from kvlab.policies.outputs import MemOps
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
@@ -141,13 +140,11 @@ class WindowedManager(FullAttentionManager):
 
     # ----------------------------------------------------------------------------- sizing
 
-    def pages_to_add(self, state: SeqState | None, total: int, num_computed: int) -> int:
-        """Pages this group takes to hold `total` tokens, after giving back those skipped at
-        `num_computed` computed tokens."""
+    def pages_to_add(self, num_held: int, total: int) -> int:
+        """Full attention's, but a state group without prefix caching: one page in all."""
         if self.group.kind == "state" and not self.caching:
-            return 0 if state is not None and state.pages else 1
-        held = len(state.pages) if state is not None else 0
-        return max(0, -(-total // self.page_size) - held)
+            return 0 if num_held else 1
+        return super().pages_to_add(num_held, total)
 
     def num_freed_by_skip(self, state: SeqState, num_computed: int) -> int:
         """Pages `remove_skipped` would return to the pool (not those others hold)."""
@@ -176,27 +173,6 @@ class WindowedManager(FullAttentionManager):
         return min(limit, computed)
 
     # ----------------------------------------------------------------------------- taking
-
-    def execute_group(self, seq: Request, total: int, state: SeqState | None,
-                      hits: list[int], num_pages: int, cow: int | None = None) -> MemOps:
-        """Take this group's hits (a new request) and `num_pages` more pages, the first of
-        them a copy of the shared page at index `cow` where given; register."""
-        ops = NO_OPS
-        if state is None:
-            state = self.take_hits(seq, hits)
-        if num_pages:
-            block = self.pool.take_block(num_pages)
-            if cow is not None:
-                ops = self.copy_shared(state, cow, block[0])
-                block = block[1:]
-            state.pages += block
-            state.num_blocks += 1
-        if total > state.num_tokens:
-            self.num_live_slots += total - state.num_tokens
-            state.num_tokens = total
-        self.register(seq, state, state.num_tokens)
-        state.fast_limit = self.fast_limit(state)
-        return ops
 
     def shared_tail(self, state: SeqState, total: int) -> int | None:
         """Full attention's, and a state group's one page while shared (updated in place)."""
