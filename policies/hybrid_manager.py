@@ -87,10 +87,10 @@ class HybridKVCacheManager(KVCacheManager):
 
     def pages_needed_alone(self, seq: Request) -> int:
         """Pages the request holds at its largest with memory to itself: a whole prompt chunk
-        is in memory at once, so sliding and chunked groups count every page; a state group
-        one (two with prefix caching)."""
+        is in memory at once, so sliding and chunked groups count every page, and so does a
+        state group with prefix caching (a page per boundary of the chunk); without, one."""
         whole = -(-seq.total_len // self.page_size)
-        return sum((1 + self.caching) if g.kind == "state" else whole for g in self.groups)
+        return sum(1 if g.kind == "state" and not self.caching else whole for g in self.groups)
 
     def usage(self) -> MemoryUsage:
         """A snapshot of device and host memory, the live slots of every group together."""
