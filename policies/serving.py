@@ -20,6 +20,7 @@ from kvlab.policies.scheduler import (
 )
 from kvlab.policies.spec import PolicySpec, parse_policy
 from kvlab.policies.tiers import TiersConfig
+from kvlab.specs.kv_dtype import kv_cache_dtype
 
 GiB = 2**30
 DEFAULT_SWAP_SPACE_BYTES = 4 * GiB  # vLLM v0's swap_space default, per device
@@ -65,8 +66,9 @@ class ServingConfig:
     `gpu_memory_utilization` of the device minus weights and activations. `swap_space_bytes`
     bounds the host swap pages unless the policy's `host_pages` does. `kv_tiers` are the memory
     tiers below the device that the prefix cache spills to (policies/tiers.py; none by
-    default). `seed` shapes sampling and synthetic workloads and is recorded with results.
-    Checked on construction.
+    default). `kv_cache_dtype` is the KV cache's precision (vLLM's `--kv-cache-dtype` names,
+    `kvlab.specs.kv_dtype`; an alias is stored as its full name). `seed` shapes sampling and
+    synthetic workloads and is recorded with results. Checked on construction.
     """
 
     policy: PolicySpec = field(default_factory=PolicySpec)
@@ -81,10 +83,13 @@ class ServingConfig:
     swap_space_bytes: int = DEFAULT_SWAP_SPACE_BYTES
     seed: int = 0
     kv_tiers: TiersConfig = field(default_factory=TiersConfig)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, PolicySpec):
             raise TypeError("ServingConfig.policy is a PolicySpec; use ServingConfig.create")
+        # frozen: store the full name of an alias (fp8 -> fp8_e4m3), as vLLM resolves it
+        object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype(self.kv_cache_dtype).name)
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             check_whole_number(name, getattr(self, name), 1)
         if not isinstance(self.scheduler_reserve_full_isl, bool):
@@ -203,6 +208,7 @@ class ServingConfig:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "enable_prefix_caching": policy.prefix_caching,
             "seed": self.seed,
+            "kv_cache_dtype": self.kv_cache_dtype,
             **({"kv_cache_memory_bytes": self.kv_cache_memory_bytes}
                if self.kv_cache_memory_bytes is not None else {}),
             **({"scheduler_reserve_full_isl": True} if self.scheduler_reserve_full_isl else {}),

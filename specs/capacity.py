@@ -111,7 +111,6 @@ def kv_cache_capacity_tokens(
     num_gpu_blocks_override: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     activation_reserve_bytes: int | None = None,
-    kv_dtype_bytes: int | None = None,
     hybrid_kv_cache_manager: bool = True,
 ) -> KVCapacity:
     """The KV cache that fits on each device: HBM x utilisation - weights - activations.
@@ -123,14 +122,13 @@ def kv_cache_capacity_tokens(
     KvlabError for bad flags and when not even one page fits.
 
     Pages are pool pages of the model's KV layout (`kvlab.specs.kv_layout.kv_cache_groups`,
-    which `kv_dtype_bytes` and `hybrid_kv_cache_manager` go to): for a model whose layers are
-    all full attention, `page_size x kv_bytes_per_token`; for models with linear-attention
-    layers `page_size` may come back raised, as vLLM raises it.
+    which `hybrid_kv_cache_manager` goes to): for a model whose layers are all full attention,
+    `page_size x kv_bytes_per_token` in its `kv_cache_dtype` (`ModelSpec.with_kv_cache_dtype`);
+    for models with linear-attention layers `page_size` may come back raised, as vLLM raises it.
     """
     _check_flags(page_size, gpu_memory_utilization, num_gpu_blocks_override)
     check_tensor_parallel(model, hardware, tensor_parallel_size)
     layout = kv_cache_groups(model, page_size, tensor_parallel_size,
-                             kv_dtype_bytes=kv_dtype_bytes,
                              hybrid_kv_cache_manager=hybrid_kv_cache_manager)
     page_size, page_bytes = layout.block_size, layout.page_bytes
     weight_bytes = model.weight_bytes(tensor_parallel_size)

@@ -40,7 +40,8 @@ How kvlab unifies page sizes
 
 Not modelled: vLLM's block-outer packed layout (`_get_packed_kv_cache_groups`, for backends
 that ask for it), speculative-decoding blocks, and DeepSeek-V3.2's fp8 "ds_mla" latent format
-(pass `kv_dtype_bytes`); its indexer keys are counted (`ModelSpec.kv_bytes_per_token_per_layer`).
+(its `fp8_e4m3` latent is counted, not ds_mla's scale bytes); its indexer keys are counted
+(`ModelSpec.kv_bytes_per_token_per_layer`).
 """
 
 from __future__ import annotations
@@ -160,14 +161,13 @@ def kv_cache_groups(
     block_size: int,
     tensor_parallel_size: int = 1,
     *,
-    kv_dtype_bytes: int | None = None,
     hybrid_kv_cache_manager: bool = True,
     kernel_block_size: int = KERNEL_BLOCK_SIZE,
 ) -> KVLayout:
     """The KV-cache groups of `model` with pages of `block_size` tokens on each of
     `tensor_parallel_size` devices, as vLLM forms them (module docstring).
 
-    `kv_dtype_bytes` is the KV cache's element size (default: the model's `dtype_bytes`).
+    Tokens take the bytes of the model's `kv_cache_dtype` (`ModelSpec.with_kv_cache_dtype`).
     A model with every layer full attention gives one group of all layers and today's page
     (`block_size x kv_bytes_per_token`). Raises KvlabError for a bad block size or layer layout.
     """
@@ -186,7 +186,7 @@ def kv_cache_groups(
 
     token_bytes = 0
     if any(k != "linear_attention" for k in kinds):
-        token_bytes = model.kv_bytes_per_token_per_layer(tensor_parallel_size, kv_dtype_bytes)
+        token_bytes = model.kv_bytes_per_token_per_layer(tensor_parallel_size)
     state_bytes = model.linear_state_bytes_per_device(tensor_parallel_size)
     page_tokens = block_size
     if state_bytes and token_bytes and page_tokens * token_bytes < state_bytes:

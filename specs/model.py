@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvlab.errors import KvlabError
+from kvlab.specs.kv_dtype import check_model, kv_cache_dtype
 
 # vLLM's and Hugging Face's `layer_types` words: what one decoder layer keeps per request.
 # full_attention: K and V (or an MLA latent) of every token; sliding_attention: of the last
@@ -36,6 +37,8 @@ class ModelSpec:
     reads its top-k earlier tokens, picked by an indexer whose keys are cached too.
     `checkpoint_bytes` is the weights' size as stored, for quantized checkpoints that no whole
     bytes-per-parameter describes (gpt-oss's MXFP4 experts); None: num_params x element size.
+    `kv_cache_dtype` is the KV cache's precision as served (vLLM's `--kv-cache-dtype` names,
+    `kvlab.specs.kv_dtype`; `auto`: `dtype_bytes`): `with_kv_cache_dtype` sets it.
     """
 
     name: str
@@ -60,6 +63,15 @@ class ModelSpec:
     index_topk: int | None = None
     index_head_dim: int | None = None
     checkpoint_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
+
+    def with_kv_cache_dtype(self, name: str) -> ModelSpec:
+        """This model served with its KV cache in precision `name` (its weights unchanged);
+        a KvlabError for an unknown name or one the model's cache cannot take."""
+        dtype = kv_cache_dtype(name)
+        check_model(dtype, is_mla=self.is_mla, model_name=self.name)
+        weights = self.weight_dtype_bytes or self.dtype_bytes
+        return replace(self, kv_cache_dtype=dtype.name, weight_dtype_bytes=weights)
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
@@ -99,20 +111,20 @@ class ModelSpec:
         """
         return self.num_attention_layers * self.kv_bytes_per_token_per_layer(tensor_parallel_size)
 
-    def kv_bytes_per_token_per_layer(self, tensor_parallel_size: int = 1,
-                                     kv_dtype_bytes: int | None = None) -> int:
+    def kv_bytes_per_token_per_layer(self, tensor_parallel_size: int = 1) -> int:
         """Bytes one token takes in one attention layer on each device (K and V, or the MLA
-        latent plus, for DeepSeek-V3.2, its indexer key); `kv_dtype_bytes` overrides the KV
-        cache's element size (the indexer key stays fp8)."""
+        latent plus, for DeepSeek-V3.2, its indexer key) in the `kv_cache_dtype`, per-token
+        scales included (the indexer key stays fp8)."""
         check_positive_tp(tensor_parallel_size)
-        element = self.dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+        dtype = kv_cache_dtype(self.kv_cache_dtype)
         if self.kv_lora_rank is not None:
-            latent = (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) * element
+            latent_dim = self.kv_lora_rank + (self.qk_rope_head_dim or 0)
+            latent = dtype.latent_token_bytes(latent_dim, self.dtype_bytes)
             if self.index_head_dim is not None:
                 latent += self.index_head_dim + self.index_head_dim // INDEXER_QUANT_BLOCK * 4
             return latent
         kv_heads = math.ceil(self.num_kv_heads / tensor_parallel_size)
-        return 2 * kv_heads * self.head_dim * element
+        return 2 * kv_heads * dtype.head_token_bytes(self.head_dim, self.dtype_bytes)
 
     def linear_state_bytes_per_device(self, tensor_parallel_size: int = 1) -> int:
         """Bytes of one linear-attention layer's state for one request on each device (0 for a
