@@ -59,6 +59,7 @@ class ServerInfo:
     num_gpu_blocks: int | None = None
     num_cpu_blocks: int | None = None
     enable_prefix_caching: bool | None = None
+    cache_dtype: str | None = None
     scheduler: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -72,6 +73,7 @@ class ServerInfo:
             "num_gpu_blocks": self.num_gpu_blocks,
             "num_cpu_blocks": self.num_cpu_blocks,
             "enable_prefix_caching": self.enable_prefix_caching,
+            "cache_dtype": self.cache_dtype,
             "scheduler": dict(self.scheduler),
         }
 
@@ -94,6 +96,7 @@ def server_info(card: dict[str, Any], sample: MetricsSample | None) -> ServerInf
         num_gpu_blocks=_int(cache.get("num_gpu_blocks")),
         num_cpu_blocks=_int(cache.get("num_cpu_blocks")),
         enable_prefix_caching=_bool(cache.get("enable_prefix_caching")),
+        cache_dtype=cache.get("cache_dtype"),
         scheduler={k: v for k, v in scheduler.items() if k != "model_name"},
     )
 

@@ -19,6 +19,7 @@ from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec, registry
 from kvlab.policies.serving import ServingConfig
 from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL, list_hardware, list_models
+from kvlab.specs.kv_dtype import KV_CACHE_DTYPES
 from kvlab.traces import DATASET_NAMES, Trace, bundled_traces
 
 UPLOAD = "upload a file"
@@ -79,6 +80,12 @@ def sidebar_setup() -> Setup:
         kv_mib = st.number_input("KV cache MiB per device (0: from the utilisation)", 0,
                                  10_000_000, 0, key="kv_cache_mib",
                                  help="as vLLM's --kv-cache-memory-bytes")
+        dtypes = list(KV_CACHE_DTYPES)
+        kv_dtype = st.selectbox("KV cache dtype", dtypes, index=dtypes.index("auto"),
+                                key="kv_cache_dtype",
+                                help="as vLLM's --kv-cache-dtype: pages sized in its bytes, "
+                                "scales included; " + "; ".join(
+                                    f"{d.name}: {d.help}" for d in KV_CACHE_DTYPES.values()))
         max_len = st.number_input("max_model_len (0: the model's)", 0, 10_000_000, 0,
                                   key="max_model_len",
                                   help="longer requests fail, as with --max-model-len")
@@ -90,6 +97,7 @@ def sidebar_setup() -> Setup:
                             gpu_memory_utilization=float(util),
                             kv_cache_memory_bytes=int(kv_mib) * 2**20 or None,
                             max_model_len=int(max_len) or None,
+                            kv_cache_dtype=str(kv_dtype),
                             scheduler_reserve_full_isl=bool(full_isl))
     setup = Setup(trace=name, upload=upload, dataset_name=dataset,
                   num_prompts=int(num_prompts) or None,

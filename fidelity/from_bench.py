@@ -170,8 +170,9 @@ def server_serving(
     info: ServerInfo, *, preset: str | None = None, overrides: dict[str, Any] | None = None
 ) -> ServingConfig:
     """The ServingConfig that simulates the server: page size and pages from its
-    cache_config_info (less vLLM's null block), prefix caching as it runs it, the scheduler it
-    exports (kvlab serve) or the preset's, then `overrides` (ServingConfig.create's keywords,
+    cache_config_info (less vLLM's null block), its KV cache dtype (`cache_dtype`), prefix
+    caching as it runs it, the scheduler it exports (kvlab serve) or the preset's, then
+    `overrides` (ServingConfig.create's keywords,
     e.g. from flags). A KvlabError names what the server did not tell and no flag gave."""
     preset = preset or server_preset(info)
     if preset not in ("vllm", "kvlab"):
@@ -194,6 +195,8 @@ def server_serving(
     if info.num_gpu_blocks is not None:
         options["num_gpu_blocks_override"] = info.num_gpu_blocks - null_blocks
     options["enable_prefix_caching"] = bool(info.enable_prefix_caching)
+    if info.cache_dtype is not None:
+        options["kv_cache_dtype"] = info.cache_dtype
     options["max_model_len"] = info.max_model_len
     options.update({k: v for k, v in (overrides or {}).items() if v is not None})
     for name in ("block_size", "num_gpu_blocks_override"):

@@ -43,6 +43,7 @@ THROUGHPUT_ROWS = (
 KV_CACHE_ROWS = (
     ("kv_cache_size_tokens", "KV cache size (tokens):"),
     ("page_size", "Page size (tokens):"),
+    ("kv_cache_dtype", "KV cache dtype:"),
     ("mean_kv_usage_perc", "Mean KV cache usage (%):"),
     ("peak_kv_usage_perc", "Peak KV cache usage (%):"),
     ("kv_token_state_perc", "KV slots holding token states (%):"),

@@ -195,8 +195,9 @@ class ServingConfig:
 
     def result_metadata(self) -> dict[str, Any]:
         """The settings as saved with a run's result, under vLLM's names (JSON-ready; the
-        simulator and the engine add their own keys): the KV cache's size, the admission gate
-        and the tiers only when set (the stored results of runs without them keep their keys)."""
+        simulator and the engine add their own keys): the KV cache's size and dtype (when not
+        auto), the admission gate and the tiers only when set (the stored results of runs
+        without them keep their keys)."""
         policy = self.policy
         return {
             "policy": policy.to_string(),
@@ -208,7 +209,7 @@ class ServingConfig:
             "enable_chunked_prefill": self.enable_chunked_prefill,
             "enable_prefix_caching": policy.prefix_caching,
             "seed": self.seed,
-            "kv_cache_dtype": self.kv_cache_dtype,
+            **({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != "auto" else {}),
             **({"kv_cache_memory_bytes": self.kv_cache_memory_bytes}
                if self.kv_cache_memory_bytes is not None else {}),
             **({"scheduler_reserve_full_isl": True} if self.scheduler_reserve_full_isl else {}),

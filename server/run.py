@@ -56,6 +56,7 @@ def start_service(config: ServeConfig) -> tuple[EngineService, str]:
         "num_cpu_blocks": str(manager.num_host_pages),
         "enable_prefix_caching": str(engine.policy.prefix_caching),
         "gpu_memory_utilization": str(config.engine.serving.gpu_memory_utilization),
+        "cache_dtype": config.engine.serving.kv_cache_dtype,  # vLLM's label
     }
     serving = config.engine.serving
     scheduler = {

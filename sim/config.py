@@ -63,7 +63,8 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         model, hardware = self.model, self.hardware
-        self.model_spec = model if isinstance(model, ModelSpec) else get_model(model)
+        spec = model if isinstance(model, ModelSpec) else get_model(model)
+        self.model_spec = spec.with_kv_cache_dtype(self.serving.kv_cache_dtype)
         self.hardware_spec = (
             hardware if isinstance(hardware, HardwareSpec) else get_hardware(hardware)
         )

@@ -5,7 +5,10 @@ The roofline charges a step max(memory time, compute time) + collectives + a fix
 
 - memory: weights read once per step (an MoE batch touches min(all experts, active x tokens) of
   them, an upper bound that assumes tokens route to disjoint experts), KV read for every context
-  token and written for every new token, over HBM bandwidth x BANDWIDTH_EFFICIENCY;
+  token and written for every new token, in the KV cache's dtype (`ModelSpec.kv_cache_dtype`:
+  an fp8 cache reads half the bytes of a bf16 one), over HBM bandwidth x BANDWIDTH_EFFICIENCY;
+  a quantized cache also reads each new token's K and V in the model's dtype to quantize them
+  (dequantizing inside attention is elementwise work in registers, not charged);
 - compute: 2 FLOPs per active layer parameter per token, the LM head only for the one sampled
   token of each sequence (untied embeddings, as every preset has; the embedding lookup is free),
   plus attention per (query, key) pair, over peak FLOPs x FLOPS_EFFICIENCY (the fp16/bf16 peak,
@@ -29,6 +32,7 @@ from typing import Protocol
 
 from kvlab.sim.layer_costs import LayerCosts, has_layer_kinds
 from kvlab.specs import HardwareSpec, ModelSpec, check_tensor_parallel
+from kvlab.specs.kv_dtype import kv_cache_dtype
 
 # Share of data-sheet peaks a serving engine reaches: ~80% of HBM bandwidth in decode GEMVs and
 # attention, ~60% of dense FLOPs over a whole prefill (GEMMs plus lower-efficiency ops). Defaults
@@ -129,6 +133,10 @@ class RooflineCostModel:
         self._weights_s = model.weight_bytes(tp) / bandwidth
         self._active_weights_s_per_token = model.num_active_params * weight_element / tp / bandwidth
         self._kv_s_per_token = kv_bytes / bandwidth
+        self._quantize_s_per_token = 0.0
+        if kv_cache_dtype(model.kv_cache_dtype).is_quantized:  # K and V read to quantize
+            full_kv_bytes = model.with_kv_cache_dtype("auto").kv_bytes_per_token(tp)
+            self._quantize_s_per_token = full_kv_bytes / bandwidth
         self._linear_s_per_token = 2 * layer_params / tp / flops
         self._lm_head_s_per_seq = 2 * lm_head_params / tp / flops
         self._attention_s_per_pair = model.attention_flops_per_pair() / tp / flops
@@ -166,7 +174,8 @@ class RooflineCostModel:
             return self._layered_step_time_s(shape, num_tokens, _per_request(shape))
         num_context = shape.num_context_tokens
         memory_s = (
-            min(self._weights_s, self._active_weights_s_per_token * num_tokens)
+            (min(self._weights_s, self._active_weights_s_per_token * num_tokens)
+             + num_tokens * self._quantize_s_per_token)
             + (num_context + num_tokens) * self._kv_s_per_token
         )
         compute_s = (
@@ -184,8 +193,8 @@ class RooflineCostModel:
         attention_memory_s, attention_compute_s = self._layers.step_s(
             num_tokens, shape.num_prefill_tokens, shape.num_seqs, shape.num_context_tokens,
             shape.num_attention_pairs, requests)
-        memory_s = (min(self._weights_s, self._active_weights_s_per_token * num_tokens)
-                    + attention_memory_s)
+        memory_s = ((min(self._weights_s, self._active_weights_s_per_token * num_tokens)
+                     + num_tokens * self._quantize_s_per_token) + attention_memory_s)
         compute_s = (num_tokens * self._linear_s_per_token
                      + shape.num_seqs * self._lm_head_s_per_seq + attention_compute_s)
         collective_s = self._allreduce_s + num_tokens * self._allreduce_s_per_token
@@ -202,7 +211,8 @@ class RooflineCostModel:
                 return self._layered_step_time_s(shape, num_seqs, None)
 
             return layered_s
-        weights_s = min(self._weights_s, self._active_weights_s_per_token * num_seqs)
+        weights_s = (min(self._weights_s, self._active_weights_s_per_token * num_seqs)
+                     + num_seqs * self._quantize_s_per_token)
         kv_s, attention_s = self._kv_s_per_token, self._attention_s_per_pair
         linear_s = num_seqs * self._linear_s_per_token + num_seqs * self._lm_head_s_per_seq
         collective_s = self._allreduce_s + num_seqs * self._allreduce_s_per_token

@@ -4,7 +4,8 @@ user is told. Platforms by hardware name: `ascend*`/`atlas*` (vLLM-Ascend), `cpu
 backend), anything else a CUDA GPU.
 
 Rules (FACTS.md): vLLM-Ascend forces 128 whenever prefix caching or chunked prefill is on (its
-defaults), and CANN's fused attention needs a multiple of 16 (fp16/bf16) of at most 512;
+defaults), and CANN's fused attention needs a multiple of 16 (fp16/bf16; 32 for an int8 KV
+cache) of at most 512;
 vLLM's CPU attention needs a multiple of 32; vLLM on CUDA takes 1, 8, 16, 32, 64 or 128.
 """
 
@@ -27,14 +28,18 @@ def platform_of(hardware: HardwareSpec) -> str:
 
 def block_size_warnings(hardware: HardwareSpec, block_size: int, *,
                         enable_prefix_caching: bool = False,
-                        enable_chunked_prefill: bool = True) -> list[str]:
-    """Why `block_size` would not run as given on `hardware`'s platform (empty: it would)."""
+                        enable_chunked_prefill: bool = True,
+                        kv_cache_dtype: str = "auto") -> list[str]:
+    """Why `block_size` would not run as given on `hardware`'s platform with a KV cache in
+    `kv_cache_dtype` (empty: it would)."""
     platform = platform_of(hardware)
     if platform == "ascend":
         out = []
-        if block_size % 16 or block_size > ASCEND_MAX_BLOCK_SIZE:
+        multiple = 32 if kv_cache_dtype.startswith("int8") else 16
+        if block_size % multiple or block_size > ASCEND_MAX_BLOCK_SIZE:
             out.append(f"block_size {block_size}: Ascend's fused attention (CANN) needs a "
-                       f"multiple of 16 of at most {ASCEND_MAX_BLOCK_SIZE}")
+                       f"multiple of {multiple} of at most {ASCEND_MAX_BLOCK_SIZE}"
+                       + (" with an int8 KV cache" if multiple == 32 else ""))
         if block_size != ASCEND_BLOCK_SIZE and (enable_prefix_caching or enable_chunked_prefill):
             on = "prefix caching" if enable_prefix_caching else "chunked prefill"
             out.append(f"block_size {block_size}: vLLM-Ascend runs {ASCEND_BLOCK_SIZE} whenever "

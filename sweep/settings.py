@@ -226,6 +226,7 @@ def _settings() -> dict[str, Setting]:
         Setting("kv_cache_memory_bytes", "serving", _kv_cache_memory,
                 _serving_field("kv_cache_memory_bytes")),
         Setting("swap_space_bytes", "serving", _swap_space),
+        Setting("kv_cache_dtype", "serving", _str, _serving_field("kv_cache_dtype")),
         # the policy's own keys, applied over the policy spec (kvlab policies)
         Setting("reserve", "policy", _str, _policy_key("reserve")),
         Setting("block_sizing", "policy", _str, _policy_key("block_sizing")),

@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="tokens per page (default: the server's cache_config_info)")
     bench.add_argument("--num-gpu-blocks-override", type=int, default=None,
                        help="usable KV pages (default: the server's, less vLLM's null block)")
+    bench.add_argument("--kv-cache-dtype", default=None, metavar="DTYPE",
+                       help="the server's KV cache precision, vLLM's names (default: the "
+                       "cache_dtype of its cache_config_info, else auto)")
     bench.add_argument("--max-num-seqs", type=int, default=None,
                        help="the server's limit (default: exported, or the preset's: vLLM "
                        "0.32 on CPU 128)")
@@ -141,6 +144,7 @@ def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
 
     overrides = {
         "block_size": args.block_size,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,

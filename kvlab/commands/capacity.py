@@ -8,6 +8,8 @@ per page size shows each KV-cache group's pages and bytes for one request
     kvlab capacity --model llama-3.1-8b --hardware atlas-800t-a2 --block-size 16 128 \
         --max-model-len 4096
     kvlab capacity --model gpt-oss-120b --hardware h200 --max-model-len 32768
+    kvlab capacity --model llama-3.1-8b --hardware atlas-800t-a2 --kv-cache-dtype int8 \
+        --block-size 128
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab capacity`."""
+    from kvlab.commands.common import add_kv_cache_dtype_argument
     from kvlab.policies.serving import ServingConfig
     from kvlab.specs.presets import DEFAULT_HARDWARE, DEFAULT_MODEL
 
@@ -44,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
                         help="KV pages per device, whatever the memory says (wins over "
                         "--kv-cache-memory)")
+    add_kv_cache_dtype_argument(parser)
     parser.add_argument("--enable-prefix-caching", action="store_true",
                         help="the server will cache prefixes (Ascend: forces block 128)")
     parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
@@ -74,9 +78,12 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     from kvlab.specs import get_hardware, get_model
     from kvlab.specs.block_rules import block_size_warnings, platform_of
     from kvlab.specs.capacity import kv_cache_capacity_tokens
+    from kvlab.specs.kv_dtype import kv_cache_dtype, platform_warnings
     from kvlab.specs.kv_layout import max_in_flight_tokens
 
-    model, hardware = get_model(args.model), get_hardware(args.hardware)
+    hardware = get_hardware(args.hardware)
+    model = get_model(args.model).with_kv_cache_dtype(args.kv_cache_dtype)
+    dtype = kv_cache_dtype(model.kv_cache_dtype)
     length = args.max_model_len or model.max_model_len
     if length < 1:
         raise KvlabError(f"--max-model-len {length}: expected 1 or more")
@@ -102,13 +109,16 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager)
         warnings = block_size_warnings(
             hardware, block_size, enable_prefix_caching=args.enable_prefix_caching,
-            enable_chunked_prefill=args.enable_chunked_prefill)
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            kv_cache_dtype=dtype.name)
+        warnings += platform_warnings(dtype, platform_of(hardware))
         if capacity.page_size != block_size:
             warnings.append(f"block_size {block_size}: vLLM raises the attention pages to "
                             f"{capacity.page_size} tokens so that one holds a linear-attention "
                             "state")
         rows.append({
             "block_size": block_size,
+            "kv_cache_dtype": dtype.name,
             "page_size_tokens": capacity.page_size,
             "num_gpu_blocks": capacity.num_pages,
             "kv_cache_size_tokens": capacity.num_tokens,
@@ -143,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     length = rows[0]["max_model_len"]
     print(f"{args.model} on {args.hardware} (tensor parallel {args.tensor_parallel_size}, "
-          f"{_sizing(args)}), per device:")
+          f"{_sizing(args)}, KV cache {rows[0]['kv_cache_dtype']}), per device:")
     print(f"{'block size':>10} {'KV pages':>12} {'KV tokens':>14} {'KiB/page':>9} "
           f"{f'requests of {length:,} tokens at once':>34}")
     for row in rows:

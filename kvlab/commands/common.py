@@ -281,6 +281,7 @@ def add_serving_arguments(
         help=f"KV cache size per device, e.g. 256MiB or 2GiB, as vLLM's "
         f"--kv-cache-memory-bytes (--num-gpu-blocks-override wins; default {default_size})",
     )
+    add_kv_cache_dtype_argument(memory)
     add_tier_arguments(memory)
     if engine:
         memory.add_argument(
@@ -288,6 +289,18 @@ def add_serving_arguments(
             help="host memory bounding the swap pages, in GiB as vLLM's --swap-space "
             "(4 = 4 GiB), or a size such as 512MiB (default 4)",
         )
+
+
+def add_kv_cache_dtype_argument(memory: argparse._ActionsContainer) -> None:
+    """`--kv-cache-dtype` with vLLM's names (`kvlab.specs.kv_dtype`; the dest is
+    ServingConfig's field)."""
+    from kvlab.specs.kv_dtype import KV_CACHE_DTYPES, kv_cache_dtype_names
+
+    described = "; ".join(f"{d.name}: {d.help}" for d in KV_CACHE_DTYPES.values())
+    memory.add_argument(
+        "--kv-cache-dtype", default="auto", choices=kv_cache_dtype_names(), metavar="DTYPE",
+        help=f"the KV cache's precision, vLLM's names ({described}; fp8 = fp8_e4m3); pages "
+        "are sized in its bytes, scales included (default auto)")
 
 
 def add_kv_group_arguments(memory: argparse._ArgumentGroup) -> None:
@@ -387,6 +400,7 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
         scheduler_reserve_full_isl=bool(args.scheduler_reserve_full_isl),  # None: off
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         seed=args.seed,
         **memory,
     )

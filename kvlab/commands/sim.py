@@ -145,14 +145,18 @@ def _warn_config(config: SimConfig) -> None:
     import sys
 
     from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
-    from kvlab.specs.block_rules import block_size_warnings
+    from kvlab.specs.block_rules import block_size_warnings, platform_of
+    from kvlab.specs.kv_dtype import kv_cache_dtype, platform_warnings
 
     policy, layout = config.policy, config.capacity.layout
     # the size asked for: a raised one (a linear-attention state) is vLLM's own choice
     block_size = policy.block_size if layout is None else layout.requested_block_size
+    dtype = config.serving.kv_cache_dtype
     for warning in block_size_warnings(
             config.hardware_spec, block_size, enable_prefix_caching=policy.prefix_caching,
-            enable_chunked_prefill=config.serving.enable_chunked_prefill):
+            enable_chunked_prefill=config.serving.enable_chunked_prefill,
+            kv_cache_dtype=dtype) + platform_warnings(kv_cache_dtype(dtype),
+                                                      platform_of(config.hardware_spec)):
         print(f"warning: {warning}", file=sys.stderr)
     for warning in config.tier_warnings():
         print(f"warning: --kv-tiers: {warning}", file=sys.stderr)
