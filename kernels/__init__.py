@@ -37,11 +37,18 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
 
     KernelBackend (each backend's module is imported only when get_backend selects it):
         name: str
-        write_kv(key, value, k_cache, v_cache, slot_mapping) -> None
+        kv_cache_dtypes: tuple[str, ...]   the --kv-cache-dtypes it stores (torch and triton:
+            all; npu and ascend: auto, or bfloat16/float16 where the model runs in it):
+            backend.check_kv_cache_dtype(backend, name, model_dtype) -> KvlabError otherwise
+        write_kv(key, value, k_cache, v_cache, slot_mapping, kv_quant=None) -> None
             key/value [num_tokens, num_kv_heads, head_dim] stored at their slots; -1 skipped.
+            Quantized pages come with the layer's `kv_quant` (kernels/kv_quant.py: KVQuant,
+            the precision and its static scales), which stores the rows in the page format
+            (`page_format`: fp8 as uint8 bits, int8, per-token-head rows with their fp32 scale).
         paged_attention(query, k_cache, v_cache, meta, *, scale, num_kv_heads, out=None,
-                        sliding_window=0) -> Tensor
-            query [num_tokens, num_heads, head_dim] -> same shape (written into `out` if given).
+                        sliding_window=0, kv_quant=None) -> Tensor
+            query [num_tokens, num_heads, head_dim] -> same shape (written into `out` if given);
+            quantized pages dequantized as read (in-kernel for triton).
             Causal within each sequence: query row j of sequence i sits at position
             seq_len_i - query_len_i + j and attends to positions <= its own; with a
             sliding_window W > 0, only to the W positions ending at its own (torch and triton;

@@ -37,8 +37,9 @@ from kvlab.kernels.ascend_tiles import (
     prefill_constants,
     write_kv_constants,
 )
-from kvlab.kernels.backend import refuse_sliding_window
+from kvlab.kernels.backend import refuse_kv_quant, refuse_sliding_window
 from kvlab.kernels.extents import ExtentTable, build_extents
+from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.metadata import AttentionMetadata
 
 # triton-ascend has no fp64 and no fp8 arithmetic on the vector cores
@@ -75,6 +76,7 @@ class AscendBackend:
 
     name = "ascend"
     supports_sliding_window = False
+    kv_cache_dtypes = ("auto",)  # and bfloat16/float16 where the model runs in it
 
     def __init__(self) -> None:
         self._last_extents: tuple[AttentionMetadata, ExtentTable] | None = None
@@ -96,9 +98,16 @@ class AscendBackend:
             )
 
     def write_kv(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self,
+        key: Tensor,
+        value: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        kv_quant: KVQuant | None = None,
     ) -> None:
         """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        refuse_kv_quant(self.name, kv_quant)
         _check_caches(k_cache, v_cache)
         assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
         num_tokens = key.shape[0]
@@ -130,10 +139,12 @@ class AscendBackend:
         num_kv_heads: int,
         out: Tensor | None = None,
         sliding_window: int = 0,
+        kv_quant: KVQuant | None = None,
     ) -> Tensor:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
         (full attention only: a `sliding_window` raises a KvlabError)."""
         refuse_sliding_window(self.name, sliding_window)
+        refuse_kv_quant(self.name, kv_quant)
         _check_caches(k_cache, v_cache)
         assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
         assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"

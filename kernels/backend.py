@@ -5,24 +5,42 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+import torch
 from torch import Tensor
 
 from kvlab.errors import KvlabError
 from kvlab.kernels.metadata import AttentionMetadata
+from kvlab.specs.kv_dtype import kv_cache_dtype
+
+if TYPE_CHECKING:  # (kv_quant is imported by the backends that store quantized pages)
+    from kvlab.kernels.kv_quant import KVQuant
 
 
 class KernelBackend(Protocol):
-    """Paged attention and cache ops over `[num_pages, page_size, kv_heads, head_dim]` caches."""
+    """Paged attention and cache ops over `[num_pages, page_size, kv_heads, head_dim]` caches.
+
+    `kv_cache_dtypes` names the `--kv-cache-dtype`s the backend stores (`check_kv_cache_dtype`);
+    pages of a quantized one come with a `kv_quant` (kernels/kv_quant.py: the layer's precision
+    and scales; their last dimension is then a stored row's width), float pages without.
+    """
 
     name: str
     supports_sliding_window: bool
+    kv_cache_dtypes: tuple[str, ...]
 
     def write_kv(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self,
+        key: Tensor,
+        value: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        kv_quant: KVQuant | None = None,
     ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
+        quantized by `kv_quant` (None: cast to the cache's dtype)."""
         ...
 
     def paged_attention(
@@ -36,9 +54,11 @@ class KernelBackend(Protocol):
         num_kv_heads: int,
         out: Tensor | None = None,
         sliding_window: int = 0,
+        kv_quant: KVQuant | None = None,
     ) -> Tensor:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
-        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only."""
+        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only.
+        Pages stored by `kv_quant` are dequantized as they are read."""
         ...
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
@@ -60,6 +80,37 @@ def refuse_sliding_window(backend: str, sliding_window: int) -> None:
             f"{sliding_window}); use attention_backend torch or triton",
             parameters=("attention_backend",),
         )
+
+
+def refuse_kv_quant(backend: str, kv_quant: KVQuant | None) -> None:
+    """A KvlabError when a backend that stores float pages only is given quantized ones."""
+    if kv_quant is not None:
+        raise KvlabError(
+            f"kv_cache_dtype {kv_quant.dtype.name}: attention_backend {backend} stores float "
+            "pages only (kv_cache_dtype auto, or the model's dtype); use attention_backend "
+            "torch or triton", parameters=("kv_cache_dtype", "attention_backend"))
+
+
+def check_kv_cache_dtype(backend: KernelBackend, name: str, model_dtype: torch.dtype) -> None:
+    """A KvlabError naming kv_cache_dtype and attention_backend when `backend` cannot store
+    the precision `name` for a model in `model_dtype` (a float precision equal to the model's
+    dtype is `auto` under another name, which every backend stores)."""
+    dtype = kv_cache_dtype(name)
+    if dtype.name in backend.kv_cache_dtypes:
+        return
+    if not dtype.is_quantized and dtype.storage in ("model", str(model_dtype).removeprefix(
+            "torch.")):
+        return
+    others = [n for n in backend.kv_cache_dtypes if n != "auto"]
+    stores = ", ".join(others) if others else "none but auto (the model's dtype)"
+    hint, parameters = "use attention_backend torch or triton", ("kv_cache_dtype",
+                                                                 "attention_backend")
+    if not dtype.is_quantized:
+        hint += f", or run the model in {dtype.name} (dtype)"
+        parameters += ("dtype",)
+    raise KvlabError(
+        f"kv_cache_dtype {dtype.name}: attention_backend {backend.name} stores {stores}; "
+        f"{hint}", parameters=parameters)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,9 @@ from torch import Tensor
 
 from kvlab.errors import KvlabError
 from kvlab.kernels.ascendc_ops import AscendcOps, load_ascendc_ops
-from kvlab.kernels.backend import refuse_sliding_window
+from kvlab.kernels.backend import refuse_kv_quant, refuse_sliding_window
 from kvlab.kernels.extents import ExtentTable, build_extents
+from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
@@ -61,6 +62,7 @@ class NpuBackend:
 
     name = "npu"
     supports_sliding_window = False
+    kv_cache_dtypes = ("auto",)  # and bfloat16/float16 where the model runs in it
 
     def __init__(self) -> None:
         self._ops = _import_torch_npu()
@@ -69,13 +71,20 @@ class NpuBackend:
         self._last_extents: tuple[AttentionMetadata, ExtentTable, bool] | None = None
 
     def write_kv(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self,
+        key: Tensor,
+        value: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        kv_quant: KVQuant | None = None,
     ) -> None:
         """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip).
 
         The op documents slots in [0, num_slots) only, so rows marked -1 are dropped first
         (one host sync to learn whether any are).
         """
+        refuse_kv_quant(self.name, kv_quant)
         check_kv_cache(k_cache.shape[1], k_cache.dtype)
         keep = slot_mapping >= 0
         if not bool(keep.all()):
@@ -102,10 +111,12 @@ class NpuBackend:
         num_kv_heads: int,
         out: Tensor | None = None,
         sliding_window: int = 0,
+        kv_quant: KVQuant | None = None,
     ) -> Tensor:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
         (full attention only: a `sliding_window` raises a KvlabError)."""
         refuse_sliding_window(self.name, sliding_window)
+        refuse_kv_quant(self.name, kv_quant)
         check_kv_cache(meta.page_size, k_cache.dtype)
         assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"

@@ -3,19 +3,26 @@
 Decodes (one new token per sequence) are gathered into padded batches, sorted by context length
 so padding stays small; each prefill chunk gathers its own context and runs one
 scaled_dot_product_attention with a causal mask shifted by its cached prefix. Attention is
-computed in fp32 and cast back to the query's dtype.
+computed in fp32 and cast back to the query's dtype. Quantized pages (`kv_quant`) are stored by
+kernels/kv_quant.py's code and dequantized to fp32 as they are gathered.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from kvlab.kernels.metadata import AttentionMetadata
+from kvlab.specs.kv_dtype import KV_CACHE_DTYPES
+
+if TYPE_CHECKING:  # a KVQuant arrives with its pages; `get_backend("torch")` imports no more
+    from kvlab.kernels.kv_quant import KVQuant
 
 # Upper bound on gathered context slots per decode group (x num_kv_heads x head_dim x 4 bytes for
 # each of K and V): keeps the reference's temporary memory bounded for large batches.
@@ -25,6 +32,8 @@ _MAX_GATHER_RUN = 16  # slots per gathered row
 
 # (shape, like) -> two scratch tensors of that shape, for gathered K and V
 _Buffers = Callable[[tuple[int, ...], Tensor], tuple[Tensor, Tensor]]
+# (k_cache, v_cache, tables) -> the gathered (and dequantized) K and V: `_gather_pair`
+_Gather = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 class TorchBackend:
@@ -36,21 +45,31 @@ class TorchBackend:
 
     name = "torch"
     supports_sliding_window = True
+    kv_cache_dtypes = tuple(KV_CACHE_DTYPES)
 
     def __init__(self) -> None:
         # reused gather buffers: fresh multi-MB allocations page-fault on every call on CPU
         self._workspace: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
     def write_kv(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self,
+        key: Tensor,
+        value: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        kv_quant: KVQuant | None = None,
     ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
+        quantized by `kv_quant` (None: cast to the cache's dtype)."""
         keep = slot_mapping >= 0
         slots = slot_mapping[keep].to(torch.int64)
-        for rows, cache in ((key, k_cache), (value, v_cache)):
+        for rows, cache, side in ((key, k_cache, "k"), (value, v_cache, "v")):
+            rows = rows[keep]
+            stored = rows.to(cache.dtype) if kv_quant is None else kv_quant.quantize(rows, side)
             # view (not flatten/reshape) so a non-contiguous cache fails instead of writing a copy
             flat = cache.view(-1, *cache.shape[2:])
-            flat.index_copy_(0, slots, rows[keep].to(cache.dtype))
+            flat.index_copy_(0, slots, stored)
 
     def paged_attention(
         self,
@@ -63,24 +82,25 @@ class TorchBackend:
         num_kv_heads: int,
         out: Tensor | None = None,
         sliding_window: int = 0,
+        kv_quant: KVQuant | None = None,
     ) -> Tensor:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
-        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only."""
+        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only.
+        Pages stored by `kv_quant` are dequantized to float32 as they are gathered."""
         assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"
         assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
         out = torch.empty_like(query) if out is None else out
+        gather = partial(_gather_pair, buffers=self._buffers, kv_quant=kv_quant)
         if sliding_window > 0:
-            _windowed_attention(
-                query, k_cache, v_cache, meta, sliding_window, scale, out, self._buffers
-            )
+            _windowed_attention(query, k_cache, v_cache, meta, sliding_window, scale, out, gather)
             return out
         decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         for group in _decode_groups(decode_ids, meta.seq_lens_cpu, meta.page_size):
-            _decode(query, k_cache, v_cache, meta, group, scale, out, self._buffers)
+            _decode(query, k_cache, v_cache, meta, group, scale, out, gather)
         for seq_id, query_len in enumerate(meta.query_lens_cpu):
             if query_len > 1:
-                _prefill(query, k_cache, v_cache, meta, seq_id, scale, out, self._buffers)
+                _prefill(query, k_cache, v_cache, meta, seq_id, scale, out, gather)
         return out
 
     def _buffers(self, shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
@@ -188,7 +208,7 @@ def _decode(
     seq_ids: list[int],
     scale: float,
     out: Tensor,
-    buffers: _Buffers,
+    gather: _Gather,
 ) -> None:
     """One-token queries of `seq_ids`, attended over one padded gather of their pages."""
     device = query.device
@@ -199,7 +219,7 @@ def _decode(
     num_pages = -(-max_len // meta.page_size)
     tables = meta.block_tables[ids, :num_pages]
     valid = torch.arange(num_pages * meta.page_size, device=device) < meta.seq_lens[ids, None]
-    k, v = _gather_pair(k_cache, v_cache, tables, buffers)
+    k, v = gather(k_cache, v_cache, tables)
     # slots past a context are masked below, but may hold NaN/inf that 0 * garbage would spread
     for row, seq_id in enumerate(seq_ids):
         if meta.seq_lens_cpu[seq_id] < k.shape[1]:
@@ -218,14 +238,14 @@ def _prefill(
     seq_id: int,
     scale: float,
     out: Tensor,
-    buffers: _Buffers,
+    gather: _Gather,
 ) -> None:
     """The query chunk of one sequence over its whole context, causal from its offset."""
     seq_len = meta.seq_lens_cpu[seq_id]
     query_len = meta.query_lens_cpu[seq_id]
     start = meta.query_start_loc_cpu[seq_id]
     tables = meta.block_tables[seq_id : seq_id + 1, : -(-seq_len // meta.page_size)]
-    k, v = _gather_pair(k_cache, v_cache, tables, buffers)
+    k, v = gather(k_cache, v_cache, tables)
     k = k[:, :seq_len].transpose(1, 2)  # [1, kv_heads, seq_len, dim]
     v = v[:, :seq_len].transpose(1, 2)
     q = query[start : start + query_len].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, dim]
@@ -245,7 +265,7 @@ def _windowed_attention(
     window: int,
     scale: float,
     out: Tensor,
-    buffers: _Buffers,
+    gather: _Gather,
 ) -> None:
     """Attention over a sliding window of `window` tokens: each sequence's query rows gather
     only the pages from the one holding the first row's first visible key on, so pages wholly
@@ -255,10 +275,10 @@ def _windowed_attention(
     spans = [min(n, window + page_size) for n in meta.seq_lens_cpu]
     decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
     for group in _decode_groups(decode_ids, spans, page_size):
-        _attend_window(query, k_cache, v_cache, meta, group, window, scale, out, buffers)
+        _attend_window(query, k_cache, v_cache, meta, group, window, scale, out, gather)
     for seq_id, query_len in enumerate(meta.query_lens_cpu):
         if query_len > 1:
-            _attend_window(query, k_cache, v_cache, meta, [seq_id], window, scale, out, buffers)
+            _attend_window(query, k_cache, v_cache, meta, [seq_id], window, scale, out, gather)
 
 
 def _attend_window(
@@ -270,7 +290,7 @@ def _attend_window(
     window: int,
     scale: float,
     out: Tensor,
-    buffers: _Buffers,
+    gather: _Gather,
 ) -> None:
     """Sequences of equal query length (one prefill chunk, or a group of decodes) over one
     padded gather of their windows' pages, masked to each row's window."""
@@ -287,7 +307,7 @@ def _attend_window(
     ids = torch.tensor(seq_ids)[:, None]
     # columns past a table (padding) and NULL_PAGE entries read page 0; masked below
     tables = meta.block_tables[ids.to(device), cols.clamp(max=max_col).to(device)].clamp(min=0)
-    k, v = _gather_pair(k_cache, v_cache, tables, buffers)
+    k, v = gather(k_cache, v_cache, tables)
     key_pos = torch.tensor(firsts)[:, None] * page_size + torch.arange(num_pages * page_size)
     seen = (key_pos >= torch.tensor(lows)[:, None]) & (key_pos < torch.tensor(seq_lens)[:, None])
     seen = seen.to(device)
@@ -307,9 +327,15 @@ def _attend_window(
 
 
 def _gather_pair(
-    k_cache: Tensor, v_cache: Tensor, tables: Tensor, buffers: _Buffers
+    k_cache: Tensor,
+    v_cache: Tensor,
+    tables: Tensor,
+    *,
+    buffers: _Buffers,
+    kv_quant: KVQuant | None,
 ) -> tuple[Tensor, Tensor]:
-    """The pages of each table row, concatenated: `[rows, pages * page_size, kv_heads, dim]`."""
+    """The pages of each table row, concatenated: `[rows, pages * page_size, kv_heads, dim]`;
+    dequantized to float32 (new tensors) where `kv_quant` stored them."""
     page_size, slot_shape = k_cache.shape[1], k_cache.shape[2:]
     # index_select on CPU slows down several-fold once rows grow past a few tens of KiB, so
     # large pages are gathered as runs of at most 16 slots
@@ -321,6 +347,8 @@ def _gather_pair(
     torch.index_select(k_cache.view(-1, run, *slot_shape), 0, run_ids.flatten(), out=k)
     torch.index_select(v_cache.view(-1, run, *slot_shape), 0, run_ids.flatten(), out=v)
     shape = (tables.shape[0], -1, *slot_shape)
+    if kv_quant is not None:
+        return kv_quant.dequantize(k.view(shape), "k"), kv_quant.dequantize(v.view(shape), "v")
     return k.view(shape), v.view(shape)
 
 

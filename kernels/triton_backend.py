@@ -9,11 +9,17 @@ each program's loop at its first visible position, so block table entries behind
 (NULL_PAGE) are never read. Every kernel looks up each token's page through the block table, so any
 page size works; tiles are independent of the page size. swap_pages moves pages between host and
 device with torch index copies (a gather, one transfer, a scatter), not a Triton kernel.
+
+Quantized pages (`kv_quant`, kernels/kv_quant.py): write_kv quantizes with kv_quant's torch code
+(so the stored bytes are the reference backend's) and scatters them with its kernel; the
+attention kernels load the stored values (fp8, int8, int4 nibbles) and scales (per tensor, per
+channel, or the fp32 after each row) and dequantize in-kernel (`_load_kv`).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -21,8 +27,24 @@ import triton.language as tl
 from torch import Tensor
 
 from kvlab.errors import KvlabError
+from kvlab.kernels.kv_quant import (
+    MODE_INT4,
+    MODE_PER_CHANNEL,
+    MODE_PER_TENSOR,
+    MODE_PER_TOKEN_HEAD,
+    MODE_PLAIN,
+    KVQuant,
+)
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
+from kvlab.specs.kv_dtype import KV_CACHE_DTYPES
+
+# KVQuant.mode values, as constants the kernels may read
+_PLAIN = tl.constexpr(MODE_PLAIN)
+_PER_TENSOR = tl.constexpr(MODE_PER_TENSOR)
+_PER_CHANNEL = tl.constexpr(MODE_PER_CHANNEL)
+_PER_TOKEN_HEAD = tl.constexpr(MODE_PER_TOKEN_HEAD)
+_INT4 = tl.constexpr(MODE_INT4)
 
 _BLOCK_M = 64  # query rows per prefill program
 _BLOCK_N = 64  # context tokens per tile
@@ -60,10 +82,56 @@ def _write_kv_kernel(
 
 
 @triton.jit
+def _load_kv(
+    cache_ptr,
+    scales_ptr,
+    tensor_scale,
+    slot,
+    kv_head,
+    d,
+    valid,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROW: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """K or V of `kv_head` at `slot`s, `[len(slot), len(d)]`: as stored for float pages
+    (MODE 0), else decoded to float32 as kernels/kv_quant.py stores them (KVQuant.mode).
+
+    `cache_ptr` points at the pages as their values' dtype, ROW elements a (slot, head) row;
+    `scales_ptr` at the C8 [num_kv_heads, HEAD_DIM] scales (MODE 2) or at the pages as
+    float32 (MODES 3 and 4: a row's scale follows its values)."""
+    row = slot[:, None] * (NUM_KV_HEADS * ROW) + kv_head * ROW
+    mask = valid[:, None] & (d[None, :] < HEAD_DIM)
+    if MODE == _INT4:
+        packed = tl.load(cache_ptr + row + d[None, :] // 2, mask=mask, other=0).to(tl.int32)
+        nibble = (packed >> ((d[None, :] % 2) * 4)) & 0xF
+        x = tl.where(nibble >= 8, nibble - 16, nibble).to(tl.float32)
+    elif MODE == _PLAIN:
+        x = tl.load(cache_ptr + row + d[None, :], mask=mask, other=0.0)
+    else:  # masked lanes are undefined (no `other` casts to both int8 and fp8): zeroed
+        x = tl.where(mask, tl.load(cache_ptr + row + d[None, :], mask=mask).to(tl.float32), 0.0)
+    if MODE == _PER_TENSOR:
+        x = x * tensor_scale
+    elif MODE == _PER_CHANNEL:
+        channel = tl.load(scales_ptr + kv_head * HEAD_DIM + d, mask=d < HEAD_DIM, other=0.0)
+        x = x * channel[None, :]
+    elif MODE == _INT4:
+        x = x * tl.load(scales_ptr + (row + HEAD_DIM // 2) // 4, mask=valid[:, None], other=0.0)
+    elif MODE == _PER_TOKEN_HEAD:
+        x = x * tl.load(scales_ptr + (row + HEAD_DIM) // 4, mask=valid[:, None], other=0.0)
+    return x
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scales_ptr,
+    v_scales_ptr,
+    k_scale,
+    v_scale,
     block_tables_ptr,
     seq_lens_ptr,
     query_start_ptr,
@@ -90,6 +158,8 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
+    ROW: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     i = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -119,7 +189,6 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    slot_stride = NUM_KV_HEADS * HEAD_DIM
     for tile in range(start, end, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < end
@@ -127,16 +196,16 @@ def _decode_kernel(
             block_tables_ptr + seq * stride_table + pos // PAGE_SIZE, mask=valid, other=0
         )
         slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        kv_off = slot[:, None] * slot_stride + kv_head * HEAD_DIM + d[None, :]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        k = _load_kv(k_cache_ptr, k_scales_ptr, k_scale, slot, kv_head, d, valid,
+                     NUM_KV_HEADS, HEAD_DIM, ROW, MODE).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = _load_kv(v_cache_ptr, v_scales_ptr, v_scale, slot, kv_head, d, valid,
+                     NUM_KV_HEADS, HEAD_DIM, ROW, MODE).to(q.dtype)
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
@@ -201,6 +270,10 @@ def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scales_ptr,
+    v_scales_ptr,
+    k_scale,
+    v_scale,
     block_tables_ptr,
     seq_lens_ptr,
     query_start_ptr,
@@ -221,6 +294,8 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr,
+    ROW: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     i = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -248,7 +323,6 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # causal: no row of this block sees past its last row's position
     hi = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * BLOCK_M)
-    slot_stride = NUM_KV_HEADS * HEAD_DIM
     # a window: from the first key this block's first row sees (entries before it may be
     # NULL_PAGE and are never read)
     if SLIDING_WINDOW > 0:
@@ -262,9 +336,8 @@ def _prefill_kernel(
             block_tables_ptr + seq * stride_table + pos // PAGE_SIZE, mask=valid, other=0
         )
         slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        kv_off = slot[:, None] * slot_stride + kv_head * HEAD_DIM + d[None, :]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        k = _load_kv(k_cache_ptr, k_scales_ptr, k_scale, slot, kv_head, d, valid,
+                     NUM_KV_HEADS, HEAD_DIM, ROW, MODE).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         visible = (pos[None, :] <= pos_m[:, None]) & valid[None, :]
         if SLIDING_WINDOW > 0:
@@ -278,7 +351,8 @@ def _prefill_kernel(
         alpha = tl.exp(m_i - m_use)
         p = tl.exp(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = _load_kv(v_cache_ptr, v_scales_ptr, v_scale, slot, kv_head, d, valid,
+                     NUM_KV_HEADS, HEAD_DIM, ROW, MODE).to(q.dtype)
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
@@ -315,6 +389,7 @@ class TritonBackend:
 
     name = "triton"
     supports_sliding_window = True
+    kv_cache_dtypes = tuple(KV_CACHE_DTYPES)
 
     def __init__(self, partition_size: int = 512) -> None:
         assert partition_size % _BLOCK_N == 0, "a partition is a whole number of tiles"
@@ -330,14 +405,24 @@ class TritonBackend:
                 "attention_backend torch", parameters=("attention_backend",))
 
     def write_kv(
-        self, key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+        self,
+        key: Tensor,
+        value: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+        kv_quant: KVQuant | None = None,
     ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
+        quantized by `kv_quant` (kv_quant.py's torch code: the stored bytes are the reference's)
+        and scattered by the kernel; None: cast to the cache's dtype in the kernel."""
         _check_cache(k_cache, v_cache)
-        assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
-        num_kv_heads, head_dim = k_cache.shape[2:]
         if key.shape[0] == 0:
             return
+        if kv_quant is not None:
+            key, value = kv_quant.quantize(key, "k"), kv_quant.quantize(value, "v")
+        assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
+        num_kv_heads, head_dim = k_cache.shape[2:]  # a stored row's width
         _write_kv_kernel[(key.shape[0],)](
             key,
             value,
@@ -365,21 +450,24 @@ class TritonBackend:
         num_kv_heads: int,
         out: Tensor | None = None,
         sliding_window: int = 0,
+        kv_quant: KVQuant | None = None,
     ) -> Tensor:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
-        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only."""
+        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only.
+        Pages stored by `kv_quant` are loaded as stored and dequantized in the kernels."""
         _check_cache(k_cache, v_cache)
         assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"
         assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
         assert query.stride(-1) == 1, "head_dim must be contiguous"
         out = torch.empty_like(query) if out is None else out
+        kv = _kv_args(k_cache, v_cache, kv_quant)
         decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
         if decode_ids:
-            self._decode(query, k_cache, v_cache, meta, decode_ids, scale, out, sliding_window)
+            self._decode(query, kv, meta, decode_ids, scale, out, sliding_window)
         if prefill_ids:
-            _prefill(query, k_cache, v_cache, meta, prefill_ids, scale, out, sliding_window)
+            _prefill(query, kv, meta, prefill_ids, scale, out, sliding_window)
         return out
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
@@ -405,8 +493,7 @@ class TritonBackend:
     def _decode(
         self,
         query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
+        kv: _KVArgs,
         meta: AttentionMetadata,
         seq_ids: list[int],
         scale: float,
@@ -414,7 +501,7 @@ class TritonBackend:
         sliding_window: int,
     ) -> None:
         num_heads, head_dim = query.shape[1:]
-        num_kv_heads = k_cache.shape[2]
+        num_kv_heads = kv.num_kv_heads
         group = num_heads // num_kv_heads
         max_len = max(meta.seq_lens_cpu[i] for i in seq_ids)
         if sliding_window > 0:  # partitions cover the window only
@@ -429,8 +516,7 @@ class TritonBackend:
         block_d = max(16, triton.next_power_of_2(head_dim))
         _decode_kernel[(len(seq_ids), num_kv_heads, num_parts)](
             query,
-            k_cache,
-            v_cache,
+            *kv.pointers,
             meta.block_tables,
             meta.seq_lens,
             meta.query_start_loc,
@@ -457,6 +543,8 @@ class TritonBackend:
             BLOCK_N=_BLOCK_N,
             DOT_PRECISION=_dot_precision(query.dtype),
             SLIDING_WINDOW=sliding_window,
+            ROW=kv.row,
+            MODE=kv.mode,
         )
         if partitioned:
             _decode_reduce_kernel[(len(seq_ids), num_heads)](
@@ -481,8 +569,7 @@ class TritonBackend:
 
 def _prefill(
     query: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    kv: _KVArgs,
     meta: AttentionMetadata,
     seq_ids: list[int],
     scale: float,
@@ -491,13 +578,12 @@ def _prefill(
 ) -> None:
     """Launch the prefill-chunk kernel over the sequences with more than one new token."""
     num_heads, head_dim = query.shape[1:]
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = kv.num_kv_heads
     max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
     grid = (len(seq_ids), triton.cdiv(max_query_len, _BLOCK_M), num_heads)
     _prefill_kernel[grid](
         query,
-        k_cache,
-        v_cache,
+        *kv.pointers,
         meta.block_tables,
         meta.seq_lens,
         meta.query_start_loc,
@@ -518,7 +604,51 @@ def _prefill(
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION=_dot_precision(query.dtype),
         SLIDING_WINDOW=sliding_window,
+        ROW=kv.row,
+        MODE=kv.mode,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _KVArgs:
+    """What the attention kernels take of a layer's K and V caches: the pages as their stored
+    values' dtype, the scale tensors, the per-tensor scales, a row's width and the mode."""
+
+    k: Tensor
+    v: Tensor
+    k_scales: Tensor
+    v_scales: Tensor
+    k_scale: float
+    v_scale: float
+    row: int
+    mode: int
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads of the caches."""
+        return self.k.shape[2]
+
+    @property
+    def pointers(self) -> tuple[Tensor | float, ...]:
+        """The kernels' cache arguments, in their order."""
+        return (self.k, self.v, self.k_scales, self.v_scales, self.k_scale, self.v_scale)
+
+
+def _kv_args(k_cache: Tensor, v_cache: Tensor, kv_quant: KVQuant | None) -> _KVArgs:
+    """The kernels' view of a layer's caches stored by `kv_quant` (None: float pages; the
+    scale arguments are then unused, the caches stand in for them)."""
+    row = k_cache.shape[3]
+    if kv_quant is None:
+        return _KVArgs(k_cache, v_cache, k_cache, v_cache, 1.0, 1.0, row, MODE_PLAIN)
+    mode = kv_quant.mode
+    k_scales, v_scales = k_cache, v_cache
+    if mode == MODE_PER_CHANNEL:
+        k_scales, v_scales = kv_quant.channel_scale("k"), kv_quant.channel_scale("v")
+        assert k_scales is not None and v_scales is not None
+    elif mode in (MODE_PER_TOKEN_HEAD, MODE_INT4):
+        k_scales, v_scales = kv_quant.scale_view(k_cache), kv_quant.scale_view(v_cache)
+    return _KVArgs(kv_quant.data_view(k_cache), kv_quant.data_view(v_cache), k_scales,
+                   v_scales, kv_quant.k_scale, kv_quant.v_scale, row, mode)
 
 
 def _seq_ids_tensor(seq_ids: list[int], num_seqs: int, device: torch.device) -> Tensor:
