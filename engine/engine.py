@@ -28,6 +28,7 @@ from kvlab.engine.kv_cache import (
     page_bytes_all_layers,
     startup_lines,
 )
+from kvlab.engine.kv_scales import layer_kv_quants
 from kvlab.engine.loader import load_model
 from kvlab.engine.model_runner import ModelRunner, group_block_tables
 from kvlab.engine.platform import Platform, get_platform
@@ -35,6 +36,7 @@ from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.heap import frozen_heap
 from kvlab.kernels import get_backend
+from kvlab.kernels.backend import check_kv_cache_dtype
 from kvlab.metrics import StepRecorder
 from kvlab.policies import (
     KVCacheManager,
@@ -97,14 +99,18 @@ class LLMEngine:
             config.model, dtype=config.dtype, device=self.platform.device, attn_backend=backend
         )
         _check_sliding_window(backend, self.model_config.layer_windows, config.attention_backend)
+        dtype = model_dtype(self.model)
+        check_kv_cache_dtype(backend, serving.kv_cache_dtype, dtype)
         layout = cache_layout(self.model_config, config.layer_groups)
         num_cache_layers = layout.num_tensors(self.model_config.num_hidden_layers)
         self.max_model_len = serving.resolve_max_model_len(
             self.model_config.max_model_len, str(config.model)
         )
+        kv_quants = layer_kv_quants(
+            serving.kv_cache_dtype, self.model, self.model_config, str(config.model),
+            platform=self.platform, page_size=spec.block_size, max_model_len=self.max_model_len)
         num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len,
                                         num_cache_layers)
-        dtype = model_dtype(self.model)
         swap_pages = num_swap_pages(self.model_config, serving, dtype)
         tier_pages = num_tier_pages(self.model_config, serving, dtype)
         self.kv_cache = KVCache.for_model(
@@ -117,6 +123,8 @@ class LLMEngine:
             backend=backend,
             num_tier_pages=tier_pages,
             layer_slots=layout.layer_slots,
+            kv_cache_dtype=serving.kv_cache_dtype,
+            kv_quants=kv_quants,
         )
         # the manager is built below (its costs are measured on this runner), and its block
         # tables set on the runner then
@@ -139,7 +147,8 @@ class LLMEngine:
         self.preemption_costs = costs
         # the host tier's pages are the cache's tier pages (none without a tier)
         self.tiers = build_tiers(serving.kv_tiers, spec.block_size, page_bytes_all_layers(
-            self.model_config, spec.block_size, dtype)) or None
+            self.model_config, spec.block_size, dtype,
+            kv_cache_dtype=serving.kv_cache_dtype)) or None
         self.manager = KVCacheManager(
             spec,
             num_pages,

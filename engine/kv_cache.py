@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -10,27 +11,37 @@ import torch
 from kvlab.engine.models.config import ModelConfig
 from kvlab.engine.platform import Platform
 from kvlab.errors import KvlabError
+from kvlab.kernels.kv_quant import KVQuant, check_head_dim, page_format
 from kvlab.policies.outputs import MemOps, TierBatch
 from kvlab.policies.serving import GiB, ServingConfig
 from kvlab.specs.capacity import num_pages_for_budget
+from kvlab.specs.kv_dtype import KVCacheDType
+from kvlab.specs.kv_dtype import kv_cache_dtype as kv_dtype
+
+# A layer's pages as the model's forward takes them: (k_cache, v_cache), and the layer's
+# KVQuant where they are quantized
+LayerCache = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, KVQuant]
 
 # vLLM's CPU backend reserves 4 GiB for KV when VLLM_CPU_KVCACHE_SPACE is unset.
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * GiB
 
 
 def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtype,
-                          num_cache_layers: int | None = None) -> int:
+                          num_cache_layers: int | None = None,
+                          kv_cache_dtype: str = "auto") -> int:
     """Bytes one page takes over every layer, K and V (over `num_cache_layers` layer tensors
-    where KV-cache groups share them: `CacheLayout`)."""
-    per_token = config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
-    if num_cache_layers is not None:
-        per_token = per_token // config.num_hidden_layers * num_cache_layers
-    return page_size * per_token
+    where KV-cache groups share them: `CacheLayout`), for a model in `dtype` whose pages store
+    `kv_cache_dtype` (vLLM's names; per-token-head scales included)."""
+    row_bytes = kv_dtype(kv_cache_dtype).head_token_bytes(config.head_dim, dtype.itemsize)
+    num_layers = config.num_hidden_layers if num_cache_layers is None else num_cache_layers
+    return page_size * 2 * num_layers * config.num_key_value_heads * row_bytes
 
 
 def num_swap_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:
-    """Host pages that fit in the serving config's `swap_space_bytes`."""
-    return serving.swap_space_bytes // page_bytes_all_layers(config, serving.page_size, dtype)
+    """Host pages that fit in the serving config's `swap_space_bytes` (pages in its
+    `kv_cache_dtype`)."""
+    return serving.swap_space_bytes // page_bytes_all_layers(
+        config, serving.page_size, dtype, kv_cache_dtype=serving.kv_cache_dtype)
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -50,13 +61,13 @@ def determine_num_pages(
     """The number of device KV pages, sized like vLLM: `num_gpu_blocks_override` pages, else
     `kv_cache_memory_bytes`, else on cuda/npu `gpu_memory_utilization` of the device minus
     weights and the profiled activation peak (at the step limits), on cpu
-    DEFAULT_CPU_KV_CACHE_BYTES; the KV cache takes the model's dtype, over `num_cache_layers`
-    layer tensors (default: one per layer)."""
+    DEFAULT_CPU_KV_CACHE_BYTES; pages store the serving config's `kv_cache_dtype` (scales
+    included), over `num_cache_layers` layer tensors (default: one per layer)."""
     if serving.num_gpu_blocks_override is not None:
         return serving.num_gpu_blocks_override
     page_size = serving.page_size
     page_bytes = page_bytes_all_layers(model.config, page_size, model_dtype(model),
-                                       num_cache_layers)
+                                       num_cache_layers, serving.kv_cache_dtype)
     if serving.kv_cache_memory_bytes is not None:
         budget = serving.kv_cache_memory_bytes
         why = f"kv_cache_memory_bytes is {budget:,}"
@@ -71,6 +82,7 @@ def determine_num_pages(
         max_num_batched_tokens=serving.max_num_batched_tokens,
         max_num_seqs=serving.max_num_seqs,
         max_model_len=max_model_len,
+        kv_cache_dtype=serving.kv_cache_dtype,
     )
     total = platform.total_memory_bytes()
     weights = weights_bytes(model)
@@ -113,9 +125,11 @@ def profile_peak_activation_bytes(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     max_model_len: int,
+    kv_cache_dtype: str = "auto",
 ) -> int:
     """Peak bytes a full step (forward of max_num_batched_tokens, logits of max_num_seqs rows)
-    allocates beyond the weights and its own KV pages (needs the platform's allocator stats)."""
+    allocates beyond the weights and its own KV pages (needs the platform's allocator stats;
+    pages in `kv_cache_dtype`, whose attention dequantizes)."""
     from kvlab.kernels import AttentionMetadata
 
     lens = dummy_batch_lens(max_num_batched_tokens, max_num_seqs, max_model_len)
@@ -131,6 +145,7 @@ def profile_peak_activation_bytes(
         dtype=model_dtype(model),
         platform=platform,
         backend=model.attn_backend,
+        kv_cache_dtype=kv_cache_dtype,
     )
     device = platform.device
     meta = AttentionMetadata.build(
@@ -200,8 +215,28 @@ def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dty
             f"kv_tiers: the engine runs a host tier only, not {', '.join(others)} (simulate "
             "those with `kvlab sim --kv-tiers`)", parameters=("kv_tiers",))
     block_pages = serving.kv_tiers.block_pages(serving.page_size)
-    page_bytes = page_bytes_all_layers(config, serving.page_size, dtype)
+    page_bytes = page_bytes_all_layers(config, serving.page_size, dtype,
+                                       kv_cache_dtype=serving.kv_cache_dtype)
     return tiers[0].num_blocks(page_bytes, block_pages) * block_pages
+
+
+def _layer_kv_quants(dtype: KVCacheDType, head_dim: int, num_kv_heads: int, num_layers: int,
+                     kv_quants: Sequence[KVQuant] | None, device: torch.device,
+                     ) -> list[KVQuant] | None:
+    """Each model layer's KVQuant: the given ones (checked), else the defaults (fp8 and C8
+    scales 1.0); None for float pages."""
+    if not dtype.is_quantized:
+        assert not kv_quants, f"kv_cache_dtype {dtype.name} stores float pages: no KVQuant"
+        return None
+    if kv_quants is not None:
+        assert len(kv_quants) == num_layers, f"{len(kv_quants)} KVQuants for {num_layers} layers"
+        assert all(q.dtype == dtype and q.head_dim == head_dim for q in kv_quants)
+        return list(kv_quants)
+    check_head_dim(dtype, head_dim)
+    ones = torch.ones(num_kv_heads, head_dim, device=device)
+    channels = {"k_channel_scale": ones, "v_channel_scale": ones} \
+        if dtype.scales == "per_channel" else {}
+    return [KVQuant(dtype, head_dim, **channels) for _ in range(num_layers)]
 
 
 def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
@@ -229,8 +264,13 @@ class KVCache:
     tensor: `layer_slots`), the host swap space and the host tier (prefix
     pages below the device, policies/tiers.py), same layout.
 
-    Each tensor is [num_pages, page_size, num_kv_heads, head_dim]; the host tensors are pinned
-    where the platform has DMA. `backend` is the kvlab.kernels backend that moves pages.
+    Each tensor is [num_pages, page_size, num_kv_heads, head_dim] of the model's `dtype`; with
+    a `kv_cache_dtype` other than auto, of what kernels/kv_quant.py's `page_format` says (fp8
+    as uint8 bits, C8 as int8, per-token-head rows of values and their fp32 scale as uint8),
+    and `kv_quants[i]` is model layer i's KVQuant (its static scales; default: fp8 scales
+    1.0, C8 scales 1.0 until the engine calibrates them). Scales that live in pages move with
+    them. The host tensors are pinned where the platform has DMA. `backend` is the
+    kvlab.kernels backend that moves pages.
     """
 
     def __init__(
@@ -247,6 +287,8 @@ class KVCache:
         backend: Any,
         num_tier_pages: int = 0,
         layer_slots: tuple[int, ...] = (),
+        kv_cache_dtype: str = "auto",
+        kv_quants: Sequence[KVQuant] | None = None,
     ) -> None:
         self.layer_slots = layer_slots  # model layer -> its tensors (empty: layer i, tensor i)
         self.num_pages = num_pages
@@ -254,9 +296,14 @@ class KVCache:
         self.num_tier_pages = num_tier_pages
         self.page_size = page_size
         self.backend = backend
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
-        host_shape = (num_host_pages, page_size, num_kv_heads, head_dim)
-        page_bytes = 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize
+        self.kv_cache_dtype = kv_dtype(kv_cache_dtype)
+        num_model_layers = len(layer_slots) if layer_slots else num_layers
+        self.kv_quants = _layer_kv_quants(self.kv_cache_dtype, head_dim, num_kv_heads,
+                                          num_model_layers, kv_quants, platform.device)
+        dtype, row = page_format(self.kv_cache_dtype, head_dim, dtype)
+        shape = (num_pages, page_size, num_kv_heads, row)
+        host_shape = (num_host_pages, page_size, num_kv_heads, row)
+        page_bytes = 2 * num_layers * page_size * num_kv_heads * row * dtype.itemsize
         _check_fits(platform, num_pages, num_host_pages + num_tier_pages, page_bytes)
         # Zeros, not empty: a kernel that loads a whole page and masks scores must not meet NaN.
         device = platform.device
@@ -269,7 +316,7 @@ class KVCache:
         self.host_v_caches = [
             torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)
         ]
-        tier_shape = (num_tier_pages, page_size, num_kv_heads, head_dim)
+        tier_shape = (num_tier_pages, page_size, num_kv_heads, row)
         pin_tier = platform.pin_memory and num_tier_pages > 0
         self.tier_k_caches = [torch.zeros(tier_shape, dtype=dtype, pin_memory=pin_tier)
                               for _ in range(num_layers if num_tier_pages else 0)]
@@ -289,9 +336,12 @@ class KVCache:
         backend: Any,
         num_tier_pages: int = 0,
         layer_slots: tuple[int, ...] = (),
+        kv_cache_dtype: str = "auto",
+        kv_quants: Sequence[KVQuant] | None = None,
     ) -> KVCache:
         """The cache for one model's layers and KV heads (`layer_slots`: each layer's tensor
-        where KV-cache groups share them, `CacheLayout`)."""
+        where KV-cache groups share them, `CacheLayout`), its pages in `kv_cache_dtype` with
+        each layer's `kv_quants`."""
         return cls(
             num_layers=max(layer_slots) + 1 if layer_slots else config.num_hidden_layers,
             layer_slots=layer_slots,
@@ -304,13 +354,18 @@ class KVCache:
             platform=platform,
             backend=backend,
             num_tier_pages=num_tier_pages,
+            kv_cache_dtype=kv_cache_dtype,
+            kv_quants=kv_quants,
         )
 
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(k_cache, v_cache) per model layer, as the model's forward takes them."""
-        if self.layer_slots:
-            return [(self.k_caches[slot], self.v_caches[slot]) for slot in self.layer_slots]
-        return list(zip(self.k_caches, self.v_caches, strict=True))
+    def layers(self) -> list[LayerCache]:
+        """(k_cache, v_cache) per model layer, as the model's forward takes them; with
+        quantized pages (k_cache, v_cache, kv_quant)."""
+        slots = self.layer_slots or range(len(self.k_caches))
+        if self.kv_quants is None:
+            return [(self.k_caches[slot], self.v_caches[slot]) for slot in slots]
+        return [(self.k_caches[slot], self.v_caches[slot], quant)
+                for slot, quant in zip(slots, self.kv_quants, strict=True)]
 
     def execute_mem_ops(self, mem_ops: MemOps) -> None:
         """Carry out a step's memory work in MemOps' order: host-tier writes, swap-outs,

@@ -25,7 +25,10 @@ class LLM:
     KV memory: `num_gpu_blocks_override` pages, else `kv_cache_memory` (bytes or "256MiB"), else
     on cuda/npu `gpu_memory_utilization` of the device minus weights and activations (4 GiB on
     cpu). `kv_tiers` puts a host tier below the device's prefix cache ("host:2GiB", or a
-    TiersConfig; the engine runs host tiers only) and turns prefix caching on. The two startup
+    TiersConfig; the engine runs host tiers only) and turns prefix caching on.
+    `kv_cache_dtype` stores the pages in another precision (vLLM's names: auto, bfloat16,
+    float16, fp8 / fp8_e4m3, fp8_e5m2, int8 (vLLM-Ascend's C8), int8_per_token_head,
+    fp8_per_token_head, int4_per_token_head; kernels/kv_quant.py). The two startup
     lines (KV cache size, maximum concurrency) are printed to stderr once unless `verbose` is
     False.
     """
@@ -47,6 +50,7 @@ class LLM:
         kv_cache_memory: int | str | None = None,
         swap_space: int | str = DEFAULT_SWAP_SPACE_BYTES,
         dtype: str | None = None,
+        kv_cache_dtype: str = "auto",
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = False,
         kv_tiers: Any = None,
@@ -71,6 +75,7 @@ class LLM:
             max_model_len=max_model_len,
             enable_chunked_prefill=enable_chunked_prefill,
             seed=seed,
+            kv_cache_dtype=kv_cache_dtype,
         )
         config = EngineConfig(
             model=str(model),

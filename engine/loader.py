@@ -29,6 +29,10 @@ INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 # Tensors some checkpoints carry that this model recomputes instead of loading.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# A checkpoint's KV-cache scales (fp8's k_scale/v_scale and the older kv_scale, vLLM-Ascend
+# C8's kv_cache_scale/kv_cache_offset): not weights of the model; engine/kv_scales.py reads
+# them when the KV cache is quantized.
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale", ".kv_scale", ".kv_cache_scale", ".kv_cache_offset")
 
 
 def load_model(
@@ -138,14 +142,31 @@ def _check_unexpected(model: LlamaForCausalLM, located: dict[str, Path], folder:
     needed = set(model.hf_weight_names())
     if model.config.tie_word_embeddings:
         needed.add("lm_head.weight")  # some tied checkpoints still store the shared matrix
-    unexpected = [
-        name for name in located if name not in needed and not name.endswith(_IGNORED_SUFFIXES)
-    ]
+    ignored = (*_IGNORED_SUFFIXES, *KV_SCALE_SUFFIXES)
+    unexpected = [name for name in located if name not in needed and not name.endswith(ignored)]
     if unexpected:
         raise KvlabError(
             f"{folder}: checkpoint tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all) "
             f"is not part of a {model.config.architecture} of this config.json"
         )
+
+
+def load_kv_scale_tensors(name_or_path: str | Path) -> dict[str, torch.Tensor]:
+    """The KV-cache scale tensors (KV_SCALE_SUFFIXES) of a Hugging Face folder's checkpoint,
+    by name, on the CPU; none for a preset."""
+    path = Path(name_or_path)
+    if str(name_or_path) in MODEL_PRESETS and not path.is_dir():
+        return {}
+    by_file: dict[Path, list[str]] = defaultdict(list)
+    for name, file in weight_files(path).items():
+        if name.endswith(KV_SCALE_SUFFIXES):
+            by_file[file].append(name)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, file_names in sorted(by_file.items()):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in file_names:
+                tensors[name] = f.get_tensor(name)
+    return tensors
 
 
 def load_tokenizer(folder: Path) -> Any:

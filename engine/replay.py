@@ -7,6 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from kvlab.engine.engine import EngineRun, LLMEngine
+from kvlab.engine.kv_cache import model_dtype
 from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import RunResult
 from kvlab.policies import Request
@@ -92,7 +93,7 @@ def engine_metadata(engine: LLMEngine) -> dict[str, Any]:
         "backend": f"engine:{engine.platform.name}",
         "device": str(engine.platform.device),
         "attention_backend": config.attention_backend,
-        "dtype": str(engine.kv_cache.k_caches[0].dtype).removeprefix("torch."),
+        "dtype": str(model_dtype(engine.model)).removeprefix("torch."),
         "max_model_len": engine.max_model_len,
         "preemption_costs": costs.to_json() if hasattr(costs, "to_json") else None,
         **config.serving.result_metadata(),

@@ -14,11 +14,12 @@ if TYPE_CHECKING:
 
 
 def model_spec_for(engine: LLMEngine) -> ModelSpec:
-    """The engine's model as a simulator ModelSpec (its shape, length limit and size)."""
+    """The engine's model as a simulator ModelSpec (its shape, length limit and size), its KV
+    cache in the engine's `kv_cache_dtype` (so both size a page alike, scales included)."""
     config = engine.model_config
     num_params = float(sum(p.numel() for p in engine.model.parameters()))
-    dtype_bytes = engine.kv_cache.k_caches[0].element_size()
-    return ModelSpec(
+    dtype_bytes = next(engine.model.parameters()).element_size()
+    spec = ModelSpec(
         name=str(engine.config.model),
         num_layers=config.num_hidden_layers,
         hidden_size=config.hidden_size,
@@ -32,6 +33,8 @@ def model_spec_for(engine: LLMEngine) -> ModelSpec:
         num_active_params=num_params,
         dtype_bytes=dtype_bytes,
     )
+    kv_cache_dtype = engine.config.serving.kv_cache_dtype
+    return spec if kv_cache_dtype == "auto" else spec.with_kv_cache_dtype(kv_cache_dtype)
 
 
 def sim_config_for(engine: LLMEngine) -> SimConfig:

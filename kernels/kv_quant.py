@@ -34,9 +34,10 @@ Rounding, as the vLLM 0.32 path each mode comes from:
   even channel in the low nibble (vLLM's nibble order). vLLM's int4 is asymmetric (a zero
   point hidden in the scale's low mantissa bits) after a Hadamard rotation; kvlab has neither,
   only the same bytes a page.
-- int8 (vLLM-Ascend's C8): static per-channel scales, value / scale rounded half away from
-  zero, clamped to [-128, 127]; no offset (kvlab's C8 is symmetric). vLLM-Ascend quantizes with
-  `npu_quantize`, whose rounding kvlab has not checked on hardware.
+- int8 (vLLM-Ascend's C8, `AscendC8AttentionBackendImpl._quantize_kv_to_int8`): static
+  per-channel scales, value * (1 / scale) rounded half to even (torch.round), clamped to
+  [-128, 127]; kvlab's C8 has no offset (vLLM-Ascend's offsets are zero unless a checkpoint
+  sets them).
 
 Dequantization is stored value x scale, in float32.
 """
@@ -167,7 +168,7 @@ class KVQuant:
         if mode == MODE_PER_CHANNEL:
             scale = self.channel_scale(side)
             assert scale is not None
-            return _round_int(x / scale, _INT8_MIN, _INT8_MAX).to(torch.int8)
+            return torch.round(x * (1.0 / scale)).clamp(_INT8_MIN, _INT8_MAX).to(torch.int8)
         if mode == MODE_INT4:
             scale = (x.abs().amax(dim=-1) / _INT4_MAX).clamp(min=_MIN_SCALE)
             q = _round_int(x * (1.0 / scale)[..., None], _INT4_MIN, _INT4_MAX).to(torch.int8)

@@ -19,7 +19,8 @@ from torch import nn
 from kvlab.engine.models.config import ModelConfig
 from kvlab.errors import KvlabError
 
-KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # one (k_cache, v_cache) per layer
+# one (k_cache, v_cache) per layer, or (k_cache, v_cache, kv_quant) for quantized pages
+KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, Any]]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -116,18 +117,21 @@ class LlamaAttention(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, Any],
         meta: Any,
         backend: Any,
     ) -> torch.Tensor:
-        """Attention output [T, hidden] for hidden [T, hidden]; writes this step's K/V first."""
+        """Attention output [T, hidden] for hidden [T, hidden]; writes this step's K/V first
+        (quantized by the layer's kv_quant, the third item of `kv_cache` where there is one)."""
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        # only a quantized cache passes kv_quant, so float pages reach any backend unchanged
+        quant = {"kv_quant": kv_cache[2]} if len(kv_cache) == 3 else {}
+        backend.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, **quant)
         out = backend.paged_attention(
             q,
             k_cache,
@@ -136,6 +140,7 @@ class LlamaAttention(nn.Module):
             scale=self.scale,
             num_kv_heads=self.num_kv_heads,
             sliding_window=self.sliding_window,
+            **quant,
         )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -174,7 +179,7 @@ class LlamaDecoderLayer(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, Any],
         meta: Any,
         backend: Any,
     ) -> torch.Tensor:
@@ -237,8 +242,10 @@ class LlamaForCausalLM(nn.Module):
         """Final hidden states [T, hidden] for the flat batch input_ids [T] at positions [T].
 
         `kv_caches[i]` is layer i's (k_cache, v_cache), each [num_pages, page_size,
-        num_kv_heads, head_dim]; `meta` is the step's kvlab.kernels AttentionMetadata, or a
-        list or tuple of one per layer (each layer reads its KV-cache group's block tables).
+        num_kv_heads, head_dim], or for quantized pages (k_cache, v_cache, kv_quant) (pages as
+        kernels/kv_quant.py stores them, `KVCache.layers`); `meta` is the step's kvlab.kernels
+        AttentionMetadata, or a list or tuple of one per layer (each layer reads its KV-cache
+        group's block tables).
         """
         num_layers = len(self.model.layers)
         if len(kv_caches) != num_layers:
