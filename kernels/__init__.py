@@ -38,7 +38,8 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
     KernelBackend (each backend's module is imported only when get_backend selects it):
         name: str
         kv_cache_dtypes: tuple[str, ...]   the --kv-cache-dtypes it stores (torch and triton:
-            all; npu and ascend: auto, or bfloat16/float16 where the model runs in it):
+            all; ascend: auto, or bfloat16/float16 where the model runs in it; npu: those and
+            int8, vLLM-Ascend's C8, unverified on hardware):
             backend.check_kv_cache_dtype(backend, name, model_dtype) -> KvlabError otherwise
         write_kv(key, value, k_cache, v_cache, slot_mapping, kv_quant=None) -> None
             key/value [num_tokens, num_kv_heads, head_dim] stored at their slots; -1 skipped.

@@ -15,6 +15,14 @@
 torch_npu is imported when the backend is constructed, never at module import; so is the
 AscendC library. Not yet run on Ascend hardware: tests run this code against
 tests/kernels/npu_emulation.py, a torch emulation of each op's documented contract.
+
+kv_cache_dtype int8 (vLLM-Ascend's C8; UNVERIFIED ON HARDWARE, written against the documented
+interface and vLLM-Ascend's `AscendC8AttentionBackendImpl`): int8 pages written with
+kernels/kv_quant.py's C8 quantization (a device index copy); decodes run
+`npu_fused_infer_attention_score` in the BNSD layout over the int8 pages with per-channel
+antiquant scales (`key_antiquant_mode=0`, scales shaped (1, N, 1, D), zero offsets); prefill
+chunks gather and dequantize their context and run the TND layout over dense K/V (cumulative
+KV lengths), as vLLM-Ascend's chunked-prefill path does. Page size a multiple of 32.
 """
 
 from __future__ import annotations
@@ -26,14 +34,15 @@ from torch import Tensor
 
 from kvlab.errors import KvlabError
 from kvlab.kernels.ascendc_ops import AscendcOps, load_ascendc_ops
-from kvlab.kernels.backend import refuse_kv_quant, refuse_sliding_window
+from kvlab.kernels.backend import refuse_sliding_window
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
 MAX_PAGE_SIZE = 512
-PAGE_SIZE_MULTIPLE = 16  # for float16/bfloat16 caches (int8 caches would need 32)
+PAGE_SIZE_MULTIPLE = 16  # for float16/bfloat16 caches
+INT8_PAGE_SIZE_MULTIPLE = 32  # for int8 (C8) caches
 # some torch_npu releases document FIA's page attention with more than one query token as
 # needing a multiple of 128 (128..512): 128 is safe everywhere, and vllm-ascend forces it
 RECOMMENDED_PAGE_SIZE = 128
@@ -43,18 +52,30 @@ _CAUSAL_MASK_SIZE = 2048
 
 
 def check_kv_cache(page_size: int, dtype: torch.dtype) -> None:
-    """Raise KvlabError unless CANN's paged attention accepts this page size and dtype."""
-    if dtype not in SUPPORTED_DTYPES:
+    """Raise KvlabError unless CANN's paged attention accepts this page size and dtype (float16
+    or bfloat16 pages; int8 for kv_cache_dtype int8)."""
+    if dtype not in (*SUPPORTED_DTYPES, torch.int8):
         raise KvlabError(
             f"the npu backend's attention ops take float16 or bfloat16 caches, not {dtype}; "
             "run the model in float16 or bfloat16 (--dtype)"
         )
-    if not 0 < page_size <= MAX_PAGE_SIZE or page_size % PAGE_SIZE_MULTIPLE:
+    multiple = INT8_PAGE_SIZE_MULTIPLE if dtype == torch.int8 else PAGE_SIZE_MULTIPLE
+    if not 0 < page_size <= MAX_PAGE_SIZE or page_size % multiple:
+        kind = "int8" if dtype == torch.int8 else "float16/bfloat16"
         raise KvlabError(
             f"page size (--block-size) {page_size} does not suit the npu backend: CANN's paged "
-            f"attention needs a multiple of {PAGE_SIZE_MULTIPLE} that is at most {MAX_PAGE_SIZE} "
-            f"for float16/bfloat16 ({RECOMMENDED_PAGE_SIZE} recommended)"
+            f"attention needs a multiple of {multiple} that is at most {MAX_PAGE_SIZE} "
+            f"for {kind} ({RECOMMENDED_PAGE_SIZE} recommended)"
         )
+
+
+def _check_c8(kv_quant: KVQuant | None) -> None:
+    """A KvlabError for a quantized precision other than C8 (the npu backend's only one)."""
+    if kv_quant is not None and kv_quant.dtype.scales != "per_channel":
+        raise KvlabError(
+            f"kv_cache_dtype {kv_quant.dtype.name}: attention_backend npu stores int8 (C8) "
+            "only, as vLLM-Ascend; use attention_backend torch or triton",
+            parameters=("kv_cache_dtype", "attention_backend"))
 
 
 class NpuBackend:
@@ -62,7 +83,8 @@ class NpuBackend:
 
     name = "npu"
     supports_sliding_window = False
-    kv_cache_dtypes = ("auto",)  # and bfloat16/float16 where the model runs in it
+    # and bfloat16/float16 where the model runs in it; int8 unverified on hardware
+    kv_cache_dtypes = ("auto", "int8")
 
     def __init__(self) -> None:
         self._ops = _import_torch_npu()
@@ -84,12 +106,18 @@ class NpuBackend:
         The op documents slots in [0, num_slots) only, so rows marked -1 are dropped first
         (one host sync to learn whether any are).
         """
-        refuse_kv_quant(self.name, kv_quant)
+        _check_c8(kv_quant)
         check_kv_cache(k_cache.shape[1], k_cache.dtype)
         keep = slot_mapping >= 0
         if not bool(keep.all()):
             key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
         if slot_mapping.numel() == 0:
+            return
+        if kv_quant is not None:  # C8: quantized rows, written by a device index copy
+            slots = slot_mapping.to(torch.int64)
+            for rows, cache, side in ((key, k_cache, "k"), (value, v_cache, "v")):
+                cache.view(-1, *cache.shape[2:]).index_copy_(0, slots,
+                                                            kv_quant.quantize(rows, side))
             return
         self._ops.npu_scatter_pa_kv_cache(
             key.to(k_cache.dtype).contiguous(),
@@ -116,20 +144,149 @@ class NpuBackend:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
         (full attention only: a `sliding_window` raises a KvlabError)."""
         refuse_sliding_window(self.name, sliding_window)
-        refuse_kv_quant(self.name, kv_quant)
+        _check_c8(kv_quant)
         check_kv_cache(meta.page_size, k_cache.dtype)
         assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"
-        query = query.to(k_cache.dtype).contiguous()
-        if meta.is_decode_only:
-            result = self._decode(query, k_cache, v_cache, meta, scale, num_kv_heads, out)
+        if kv_quant is not None:
+            result = self._c8_attention(query.contiguous(), k_cache, v_cache, meta, scale,
+                                        num_kv_heads, kv_quant)
         else:
-            result = self._fused(query, k_cache, v_cache, meta, scale, num_kv_heads)
+            query = query.to(k_cache.dtype).contiguous()
+            result = self._float_attention(query, k_cache, v_cache, meta, scale, num_kv_heads,
+                                           out)
         if out is None:
             return result
         if result is not out:
             out.copy_(result)
         return out
+
+    def _float_attention(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        num_kv_heads: int,
+        out: Tensor | None,
+    ) -> Tensor:
+        """Attention over float16/bfloat16 pages: the decode fast path or the fused op."""
+        if meta.is_decode_only:
+            result = self._decode(query, k_cache, v_cache, meta, scale, num_kv_heads, out)
+        else:
+            result = self._fused(query, k_cache, v_cache, meta, scale, num_kv_heads)
+        return result
+
+    def _c8_attention(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        num_kv_heads: int,
+        kv_quant: KVQuant,
+    ) -> Tensor:
+        """Attention over int8 (C8) pages, as vLLM-Ascend's chunked-prefill path: decodes in
+        one BNSD call over the pages with antiquant scales, prefill chunks in one TND call
+        over their gathered, dequantized contexts. Unverified on hardware."""
+        out = torch.empty_like(query)
+        starts = meta.query_start_loc_cpu
+        decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+        prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
+        if decode_ids:
+            rows = torch.tensor([starts[i] for i in decode_ids], device=query.device)
+            ids = torch.tensor(decode_ids, device=query.device)
+            out[rows] = self._c8_decode(query[rows], k_cache, v_cache,
+                                        meta.block_tables[ids].contiguous(),
+                                        [meta.seq_lens_cpu[i] for i in decode_ids], scale,
+                                        num_kv_heads, kv_quant)
+        if prefill_ids:
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in prefill_ids])
+            rows = rows.to(query.device)
+            out[rows] = self._c8_prefill(query[rows], k_cache, v_cache, meta, prefill_ids,
+                                         scale, num_kv_heads, kv_quant)
+        return out
+
+    def _c8_decode(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        block_tables: Tensor,
+        seq_lens: list[int],
+        scale: float,
+        num_kv_heads: int,
+        kv_quant: KVQuant,
+    ) -> Tensor:
+        """One new token per sequence over int8 pages: FIA in BNSD with per-channel
+        antiquant (vLLM-Ascend's `_forward_c8_decode`)."""
+        num_pages, page_size = k_cache.shape[:2]
+        antiquant = {}
+        for side, name in (("k", "key"), ("v", "value")):
+            channel = kv_quant.channel_scale(side)
+            assert channel is not None
+            bnsd = channel.to(query.dtype).view(1, num_kv_heads, 1, -1).contiguous()
+            antiquant[f"{name}_antiquant_scale"] = bnsd
+            antiquant[f"{name}_antiquant_offset"] = torch.zeros_like(bnsd)
+        output: Tensor
+        output, _ = self._ops.npu_fused_infer_attention_score(
+            query.unsqueeze(2),  # [B, N, 1, D]
+            k_cache.view(num_pages, page_size, -1),
+            v_cache.view(num_pages, page_size, -1),
+            **antiquant,
+            block_table=block_tables,
+            actual_seq_lengths_kv=seq_lens,
+            num_heads=query.shape[1],
+            num_key_value_heads=num_kv_heads,
+            input_layout="BNSD",
+            scale=scale,
+            block_size=page_size,
+            key_antiquant_mode=0,
+            value_antiquant_mode=0,
+            sparse_mode=0,
+        )
+        return output.squeeze(2)
+
+    def _c8_prefill(
+        self,
+        query: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        meta: AttentionMetadata,
+        seq_ids: list[int],
+        scale: float,
+        num_kv_heads: int,
+        kv_quant: KVQuant,
+    ) -> Tensor:
+        """Prefill chunks over int8 pages: each context gathered and dequantized, then FIA in
+        TND over the dense K/V (vLLM-Ascend's `_dequant_paged_kv_to_dense` path)."""
+        page_size = k_cache.shape[1]
+        dense_k, dense_v, q_ends, kv_ends = [], [], [], []
+        for seq_id in seq_ids:
+            seq_len = meta.seq_lens_cpu[seq_id]
+            table = meta.block_tables[seq_id, : -(-seq_len // page_size)].to(torch.int64)
+            for cache, side, dense in ((k_cache, "k", dense_k), (v_cache, "v", dense_v)):
+                rows = cache.index_select(0, table).view(-1, *cache.shape[2:])[:seq_len]
+                dense.append(kv_quant.dequantize(rows, side).to(query.dtype))
+            q_ends.append((q_ends[-1] if q_ends else 0) + meta.query_lens_cpu[seq_id])
+            kv_ends.append((kv_ends[-1] if kv_ends else 0) + seq_len)
+        output: Tensor
+        output, _ = self._ops.npu_fused_infer_attention_score(
+            query,
+            torch.cat(dense_k),
+            torch.cat(dense_v),
+            atten_mask=self._causal_mask(query.device),
+            actual_seq_lengths=q_ends,
+            actual_seq_lengths_kv=kv_ends,  # cumulative: dense TND
+            num_heads=query.shape[1],
+            scale=scale,
+            input_layout="TND",
+            num_key_value_heads=num_kv_heads,
+            sparse_mode=3,
+        )
+        return output
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
         """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""

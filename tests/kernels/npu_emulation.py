@@ -116,12 +116,34 @@ def npu_fused_infer_attention_score(
     sparse_mode: int = 0,
     block_size: int = 0,
     softmax_lse_flag: bool = False,
+    key_antiquant_scale: Tensor | None = None,
+    key_antiquant_offset: Tensor | None = None,
+    value_antiquant_scale: Tensor | None = None,
+    value_antiquant_offset: Tensor | None = None,
+    key_antiquant_mode: int = 0,
+    value_antiquant_mode: int = 0,
     **other: object,
 ) -> tuple[Tensor, Tensor]:
-    """Paged attention in the TND layout (page attention; sparse_mode 0 unmasked or 3 causal)."""
+    """Attention in three configurations: paged TND (sparse_mode 0 unmasked or 3 causal);
+    paged BNSD decodes over int8 caches with per-channel antiquant (C8); dense TND (no
+    block_table: K/V given per token, KV lengths cumulative, sparse_mode 3)."""
     op = "npu_fused_infer_attention_score"
-    if input_layout != "TND" or block_table is None or other or softmax_lse_flag:
-        raise NotImplementedError(f"{op}: only TND with block_table and default extras emulated")
+    if other or softmax_lse_flag or key_antiquant_mode or value_antiquant_mode:
+        raise NotImplementedError(f"{op}: only the default extras and antiquant mode 0 emulated")
+    antiquant = (key_antiquant_scale, key_antiquant_offset, value_antiquant_scale,
+                 value_antiquant_offset)
+    num_kv_heads = num_key_value_heads or num_heads
+    if input_layout == "BNSD":
+        return _bnsd_int8_decode(op, query, key, value, antiquant, actual_seq_lengths_kv,
+                                 block_table, num_heads, num_kv_heads, scale, sparse_mode,
+                                 block_size, atten_mask), torch.zeros(1)
+    _require(all(t is None for t in antiquant), f"{op}: antiquant is emulated in BNSD only")
+    if input_layout != "TND":
+        raise NotImplementedError(f"{op}: only the TND and BNSD layouts are emulated")
+    if block_table is None:
+        return _dense_tnd(op, query, key, value, atten_mask, actual_seq_lengths,
+                          actual_seq_lengths_kv, num_heads, num_kv_heads, scale,
+                          sparse_mode), torch.zeros(1)
     if sparse_mode not in (0, 3):
         raise NotImplementedError(f"{op}: only sparse_mode 0 and 3 are emulated")
     _require(query.dim() == 3 and query.shape[1] == num_heads, f"{op}: query must be [T, N, D]")
@@ -130,7 +152,6 @@ def npu_fused_infer_attention_score(
     _require(key.dim() == 3, f"{op}: paged key/value emulated as [blocks, block_size, H] only")
     _require(block_size == key.shape[1], f"{op}: block_size must equal the caches' dim 1")
     _check_paged_cache(op, key, value, block_size)
-    num_kv_heads = num_key_value_heads or num_heads
     _require(num_heads % num_kv_heads == 0, f"{op}: num_heads must divide by num_key_value_heads")
     _require(num_heads // num_kv_heads <= 64, f"{op}: at most 64 query heads per KV head")
     _require(key.shape[2] == num_kv_heads * query.shape[2], f"{op}: H must be KV_N * D")
@@ -157,6 +178,71 @@ def npu_fused_infer_attention_score(
         out[start:end] = _attend(query[start:end], k, v, scale, visible).to(query.dtype)
         start = end
     return out, torch.zeros(1)
+
+
+def _bnsd_int8_decode(op: str, query: Tensor, key: Tensor, value: Tensor,
+                      antiquant: tuple[Tensor | None, ...], kv_lens: list[int] | None,
+                      block_table: Tensor | None, num_heads: int, num_kv_heads: int,
+                      scale: float, sparse_mode: int, block_size: int,
+                      atten_mask: Tensor | None) -> Tensor:
+    """BNSD decodes (S = 1) over int8 pages [blocks, block_size, KV_N * D], dequantized per
+    channel: (int8 - offset) * scale, scale and offset shaped (1, KV_N, 1, D)."""
+    _require(query.dim() == 4 and query.shape[1] == num_heads and query.shape[2] == 1,
+             f"{op}: BNSD decodes emulated as query [B, N, 1, D] only")
+    _require(query.dtype in _HALF_DTYPES and query.is_contiguous(), f"{op}: query fp16/bf16")
+    _require(key.dtype == value.dtype == torch.int8, f"{op}: BNSD emulated over int8 caches")
+    _require(key.dim() == 3 and key.shape == value.shape, f"{op}: caches [blocks, bs, H]")
+    _require(block_table is not None and block_table.dtype == torch.int32,
+             f"{op}: block_table int32 required")
+    _require(block_size == key.shape[1] and block_size % 32 == 0 and block_size <= 512,
+             f"{op}: int8 caches need block_size a multiple of 32 up to 512")
+    _require(sparse_mode == 0 and atten_mask is None, f"{op}: decodes take no mask")
+    head_dim = query.shape[3]
+    _require(key.shape[2] == num_kv_heads * head_dim, f"{op}: H must be KV_N * D")
+    shape = (1, num_kv_heads, 1, head_dim)
+    for tensor in antiquant:
+        _require(tensor is not None and tuple(tensor.shape) == shape,
+                 f"{op}: per-channel antiquant scale/offset must be {shape}")
+        _require(tensor.dtype == query.dtype, f"{op}: antiquant tensors in the query's dtype")
+    _require(kv_lens is not None and len(kv_lens) == query.shape[0],
+             f"{op}: one KV length per batch")
+    k_scale, k_offset, v_scale, v_offset = (t.float().view(num_kv_heads, head_dim)
+                                            for t in antiquant)  # type: ignore[union-attr]
+    out = torch.zeros_like(query)
+    for b, length in enumerate(kv_lens):
+        k = (_gather(key, block_table[b], length, num_kv_heads) - k_offset) * k_scale
+        v = (_gather(value, block_table[b], length, num_kv_heads) - v_offset) * v_scale
+        visible = torch.ones(1, length, dtype=torch.bool)
+        out[b, :, 0] = _attend(query[b, :, 0][None], k, v, scale, visible)[0].to(query.dtype)
+    return out
+
+
+def _dense_tnd(op: str, query: Tensor, key: Tensor, value: Tensor, atten_mask: Tensor | None,
+               q_ends: list[int] | None, kv_ends: list[int] | None, num_heads: int,
+               num_kv_heads: int, scale: float, sparse_mode: int) -> Tensor:
+    """TND over K/V given per token ([T_kv, KV_N, D]); both length lists cumulative."""
+    _require(query.dim() == 3 and query.shape[1] == num_heads, f"{op}: query must be [T, N, D]")
+    _require(key.dim() == 3 and key.shape == value.shape and key.shape[1] == num_kv_heads,
+             f"{op}: dense key/value must be [T, KV_N, D]")
+    _require(query.dtype == key.dtype == value.dtype, f"{op}: one dtype for q, k, v")
+    _require(sparse_mode == 3, f"{op}: dense TND emulated with sparse_mode 3 only")
+    _check_compressed_causal_mask(op, atten_mask)
+    q_ends, kv_ends = _check_lengths(op, query, q_ends, kv_ends)
+    _require(all(b >= a for a, b in zip([0, *kv_ends], kv_ends, strict=False)),
+             f"{op}: actual_seq_lengths_kv must be cumulative in dense TND")
+    _require(not kv_ends or kv_ends[-1] <= key.shape[0], f"{op}: KV ends exceed T_kv")
+    out = torch.zeros_like(query)
+    q_start = kv_start = 0
+    for q_end, kv_end in zip(q_ends, kv_ends, strict=True):
+        q_len, kv_len = q_end - q_start, kv_end - kv_start
+        _require(q_len <= kv_len, f"{op}: more query tokens than KV tokens")
+        rows = torch.arange(q_len)[:, None] + (kv_len - q_len)
+        visible = torch.arange(kv_len)[None, :] <= rows
+        out[q_start:q_end] = _attend(query[q_start:q_end], key[kv_start:kv_end].float(),
+                                     value[kv_start:kv_end].float(), scale,
+                                     visible).to(query.dtype)
+        q_start, kv_start = q_end, kv_end
+    return out
 
 
 def _check_lengths(
