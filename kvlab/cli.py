@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "benchmark an OpenAI-compatible server: kvlab bench serve --base-url URL"),
     "export-model": ("export_model", "write a tiny preset as a Hugging Face model folder"),
     "policies": ("policies", "list every registered memory policy"),
+    "accuracy": ("accuracy", "what a KV-cache precision costs a model: logit KL, top-1 agreement, "
+                 "perplexity, greedy agreement against its full-precision cache"),
     "capacity": ("capacity", "KV tokens, pages and concurrency of a model on a device, per "
                  "block size"),
     "presets": ("presets", "list model and hardware presets with their key figures"),

@@ -148,7 +148,7 @@ def add_report_arguments(out: argparse._ArgumentGroup, *, save_help: str = "",
                      help="format of the per-request and per-step tables (default csv)")
 
 
-def add_device_arguments(machine: argparse._ArgumentGroup) -> None:
+def add_device_arguments(machine: argparse._ActionsContainer) -> None:
     """The device flags of every command that runs the real engine (run, serve, validate)."""
     machine.add_argument("--device", default="cpu",
                          help="cpu, cuda, cuda:N or npu (default cpu)")
