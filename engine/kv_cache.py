@@ -233,10 +233,10 @@ def _layer_kv_quants(dtype: KVCacheDType, head_dim: int, num_kv_heads: int, num_
         assert all(q.dtype == dtype and q.head_dim == head_dim for q in kv_quants)
         return list(kv_quants)
     check_head_dim(dtype, head_dim)
-    ones = torch.ones(num_kv_heads, head_dim, device=device)
-    channels = {"k_channel_scale": ones, "v_channel_scale": ones} \
-        if dtype.scales == "per_channel" else {}
-    return [KVQuant(dtype, head_dim, **channels) for _ in range(num_layers)]
+    ones = torch.ones(num_kv_heads, head_dim, device=device) \
+        if dtype.scales == "per_channel" else None
+    return [KVQuant(dtype, head_dim, k_channel_scale=ones, v_channel_scale=ones)
+            for _ in range(num_layers)]
 
 
 def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,

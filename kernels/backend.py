@@ -103,8 +103,8 @@ def check_kv_cache_dtype(backend: KernelBackend, name: str, model_dtype: torch.d
         return
     others = [n for n in backend.kv_cache_dtypes if n != "auto"]
     stores = ", ".join(others) if others else "none but auto (the model's dtype)"
-    hint, parameters = "use attention_backend torch or triton", ("kv_cache_dtype",
-                                                                 "attention_backend")
+    hint = "use attention_backend torch or triton"
+    parameters: tuple[str, ...] = ("kv_cache_dtype", "attention_backend")
     if not dtype.is_quantized:
         hint += f", or run the model in {dtype.name} (dtype)"
         parameters += ("dtype",)

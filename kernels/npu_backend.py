@@ -263,7 +263,10 @@ class NpuBackend:
         """Prefill chunks over int8 pages: each context gathered and dequantized, then FIA in
         TND over the dense K/V (vLLM-Ascend's `_dequant_paged_kv_to_dense` path)."""
         page_size = k_cache.shape[1]
-        dense_k, dense_v, q_ends, kv_ends = [], [], [], []
+        dense_k: list[Tensor] = []
+        dense_v: list[Tensor] = []
+        q_ends: list[int] = []
+        kv_ends: list[int] = []
         for seq_id in seq_ids:
             seq_len = meta.seq_lens_cpu[seq_id]
             table = meta.block_tables[seq_id, : -(-seq_len // page_size)].to(torch.int64)

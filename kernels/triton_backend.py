@@ -643,8 +643,9 @@ def _kv_args(k_cache: Tensor, v_cache: Tensor, kv_quant: KVQuant | None) -> _KVA
     mode = kv_quant.mode
     k_scales, v_scales = k_cache, v_cache
     if mode == MODE_PER_CHANNEL:
-        k_scales, v_scales = kv_quant.channel_scale("k"), kv_quant.channel_scale("v")
-        assert k_scales is not None and v_scales is not None
+        k_channel, v_channel = kv_quant.channel_scale("k"), kv_quant.channel_scale("v")
+        assert k_channel is not None and v_channel is not None
+        k_scales, v_scales = k_channel, v_channel
     elif mode in (MODE_PER_TOKEN_HEAD, MODE_INT4):
         k_scales, v_scales = kv_quant.scale_view(k_cache), kv_quant.scale_view(v_cache)
     return _KVArgs(kv_quant.data_view(k_cache), kv_quant.data_view(v_cache), k_scales,

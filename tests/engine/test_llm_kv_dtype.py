@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from engine_hf_models import save_hf_model, tiny_llama_config
+from engine_hf_models import save_hf_model, tiny_llama_config, tiny_qwen2_config
 from safetensors.torch import save_file
 
 from kvlab.engine import LLM, SamplingParams
@@ -156,6 +156,30 @@ def test_greedy_generation_runs_end_to_end_under_preemption(name):
 def test_fp8_greedy_tokens_are_the_same_on_torch_and_triton():
     torch_tokens = _greedy(_llm("fp8"))
     assert _greedy(_llm("fp8", attention_backend="triton")) == torch_tokens
+
+
+@pytest.fixture(scope="module")
+def interleaved_folder(tmp_path_factory):
+    """A tiny Qwen2 whose layers alternate sliding window 8 and full attention: two KV-cache
+    groups sharing cache tensors (engine/cache_layout.py)."""
+    config = tiny_qwen2_config(num_hidden_layers=4, use_sliding_window=True, sliding_window=8,
+                               layer_types=["sliding_attention", "full_attention"] * 2)
+    return str(save_hf_model(tmp_path_factory.mktemp("interleaved"), config))
+
+
+def test_quantized_pages_of_kv_cache_groups_keep_one_kv_quant_per_layer(interleaved_folder):
+    llms = [_llm("int8", model=interleaved_folder, attention_backend=backend,
+                 num_gpu_blocks_override=24) for backend in ("torch", "triton")]
+    cache = llms[0].engine.kv_cache
+    assert len(cache.k_caches) == 2 and len(cache.layers()) == 4  # tensors shared by groups
+    scales = [layer[2].k_channel_scale for layer in cache.layers()]
+    assert not torch.equal(scales[0], scales[2])  # layers sharing a tensor keep their scales
+    prompts = [[5 + (i * 7) % 300 for i in range(30)], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12]]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    tokens = [[out.outputs[0].token_ids for out in llm.generate(prompts, params,
+                                                                use_tqdm=False)]
+              for llm in llms]
+    assert tokens[0] == tokens[1] and [len(t) for t in tokens[0]] == [6, 6]
 
 
 # ------------------------------------------------------------------ moves, bit-exactly
