@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 from kvlab.engine import LLM, SamplingParams
+from kvlab.fidelity import server_serving
 from kvlab.specs import get_hardware, get_model
 from kvlab.specs.capacity import kv_cache_capacity_tokens
 from kvlab.traces import load_trace, synthesize_prompt_ids
@@ -73,6 +74,9 @@ def test_fp8_greedy_tokens_equal_vllms(fp8_vllm):
     client = ClientConfig(base_url=server.base_url, model=str(card["id"]), ignore_eos=True,
                           max_concurrency=8)
     result = bench_serve(trace, client, card=card, vocab_size=2048, seed=0)
+    # the benchmark reads the server's precision, and its simulator runs it
+    assert result.server.cache_dtype == dtype
+    assert server_serving(result.server).kv_cache_dtype == dtype
     prompts = synthesize_prompt_ids(trace, 2048, 0).requests
     engine = LLM(str(PEER_MODEL), block_size=32, kv_cache_memory=KV_BYTES,
                  kv_cache_dtype=dtype, dtype="float32", verbose=False)
