@@ -160,6 +160,7 @@ def test_models_health_version_and_metrics(live):
                  "kvlab:internal_fragmentation_perc", "kvlab:external_fragmentation_pages",
                  "kvlab:swaps_out_total", "kvlab:swaps_in_total", "kvlab:policy_info"):
         assert name in text, name
+    assert 'cache_dtype="auto"' in text  # vLLM's label: what a benchmark client simulates
 
 
 def test_v1_routes_want_the_api_key_and_the_others_do_not(live):
