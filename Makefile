@@ -96,7 +96,7 @@ ASCEND_PACKAGES := "$(TORCH)" "triton-ascend==3.2.0" "ascendnpu-ir==1.2.0" "nump
 ASCEND_TEST_PACKAGES := safetensors "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 ASCEND_ENV := TRITON_INTERPRET=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
 ASCEND_TESTS := tests/kernels/test_kernels_ascend.py tests/kernels/test_kernels_extents.py \
-	tests/kernels/test_kernels_ascend_tiles.py \
+	tests/kernels/test_kernels_ascend_c8.py tests/kernels/test_kernels_ascend_tiles.py \
 	tests/kernels/test_kernels_ascend_compile.py tests/kernels/test_kernels_ascendc_tiling.py \
 	tests/engine/test_engine_ascend_backend.py
 

@@ -8,6 +8,12 @@
   staging buffer and a scatter from it (copy-on-write chains copy the old content).
 - swap_pages: gather the pages into one contiguous staging buffer on the source side, move it
   with one transfer, scatter on the destination side; a host side uses torch index copies.
+- kv_cache_dtype int8 (vLLM-Ascend's C8): write_kv quantizes with kernels/kv_quant.py's code
+  (the reference's bytes) and its kernel scatters the int8 rows; attention loads int8 tiles and
+  dequantizes in-kernel with the layer's per-channel scales (kernels/ascend_kernels.py); copies
+  and swaps move int8 pages as they are. CANN's own attention takes int8 pages of a multiple of
+  32 tokens only: these kernels take every page size they take for float pages, and warn
+  (KvlabWarning, as specs/block_rules.py does for the simulator) where vLLM-Ascend would not.
 
 Tile sizes per page size are kernels/ascend_tiles.py's. Runs on an Ascend NPU with triton-ascend
 and CANN (unverified on hardware: compiled here only up to bishengir's last, CANN-only step),
@@ -16,18 +22,22 @@ and on CPU tensors under TRITON_INTERPRET=1, where it is tested against the torc
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import warnings
+from dataclasses import dataclass
 
 import torch
 import triton
 from torch import Tensor
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, KvlabWarning
 from kvlab.kernels import ascend_kernels as k
 from kvlab.kernels.ascend_tiles import (
     ASCEND910B3_AI_CORES,
     ASCEND910B3_VECTOR_CORES,
+    CANN_INT8_PAGE_SIZE_MULTIPLE,
     MAX_PAGE_SIZE,
     MIN_PAGE_SIZE,
     attention_tiles,
@@ -37,13 +47,14 @@ from kvlab.kernels.ascend_tiles import (
     prefill_constants,
     write_kv_constants,
 )
-from kvlab.kernels.backend import refuse_kv_quant, refuse_sliding_window
+from kvlab.kernels.backend import refuse_sliding_window
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.metadata import AttentionMetadata
 
 # triton-ascend has no fp64 and no fp8 arithmetic on the vector cores
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+C8_DTYPE = torch.int8  # pages of kv_cache_dtype int8
 
 
 def interpreting() -> bool:
@@ -57,11 +68,13 @@ def has_triton_ascend() -> bool:
 
 
 def check_ascend_cache(page_size: int, dtype: torch.dtype) -> None:
-    """Raise KvlabError unless the ascend kernels take caches of this page size and dtype."""
-    if dtype not in SUPPORTED_DTYPES:
+    """Raise KvlabError unless the ascend kernels take caches of this page size and dtype
+    (float pages, or int8 pages of kv_cache_dtype int8)."""
+    if dtype not in (*SUPPORTED_DTYPES, C8_DTYPE):
         raise KvlabError(
             f"the ascend backend's kernels take float16, bfloat16 or float32 caches, not {dtype} "
-            "(triton-ascend has no fp64 or fp8 arithmetic); choose another --dtype"
+            "(triton-ascend has no fp64 or fp8 arithmetic), or int8 ones (kv_cache_dtype "
+            "int8); choose another --dtype"
         )
     if not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE or page_size % MIN_PAGE_SIZE:
         raise KvlabError(
@@ -71,12 +84,32 @@ def check_ascend_cache(page_size: int, dtype: torch.dtype) -> None:
         )
 
 
+def _check_c8(kv_quant: KVQuant | None) -> None:
+    """A KvlabError for a quantized precision other than C8 (the ascend backend's only one)."""
+    if kv_quant is not None and kv_quant.dtype.scales != "per_channel":
+        raise KvlabError(
+            f"kv_cache_dtype {kv_quant.dtype.name}: attention_backend ascend stores int8 (C8) "
+            "only, as vLLM-Ascend (triton-ascend has no fp8); use attention_backend torch or "
+            "triton", parameters=("kv_cache_dtype", "attention_backend"))
+
+
+@functools.cache
+def warn_c8_page_size(page_size: int) -> None:
+    """Say once per page size that CANN's attention would refuse these int8 pages."""
+    if page_size % CANN_INT8_PAGE_SIZE_MULTIPLE:
+        warnings.warn(
+            f"block_size {page_size}: Ascend's fused attention (CANN) needs a multiple of "
+            f"{CANN_INT8_PAGE_SIZE_MULTIPLE} of at most {MAX_PAGE_SIZE} with an int8 KV cache; "
+            "the ascend backend's own kernels run it, vLLM-Ascend would not",
+            KvlabWarning, stacklevel=4)
+
+
 class AscendBackend:
     """triton-ascend kernels on an Ascend NPU; on CPU tensors under Triton's interpreter."""
 
     name = "ascend"
     supports_sliding_window = False
-    kv_cache_dtypes = ("auto",)  # and bfloat16/float16 where the model runs in it
+    kv_cache_dtypes = ("auto", "int8")  # and bfloat16/float16 where the model runs in it
 
     def __init__(self) -> None:
         self._last_extents: tuple[AttentionMetadata, ExtentTable] | None = None
@@ -106,13 +139,16 @@ class AscendBackend:
         slot_mapping: Tensor,
         kv_quant: KVQuant | None = None,
     ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip)."""
-        refuse_kv_quant(self.name, kv_quant)
-        _check_caches(k_cache, v_cache)
-        assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
+        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
+        quantized by `kv_quant` (int8, C8: kv_quant.py's torch code, so the stored bytes are
+        the reference's) and scattered by the kernel; None: cast to the cache's dtype there."""
+        _check_pages(k_cache, v_cache, kv_quant)
         num_tokens = key.shape[0]
         if num_tokens == 0:
             return
+        if kv_quant is not None:
+            key, value = kv_quant.quantize(key, "k"), kv_quant.quantize(value, "v")
+        assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
         num_kv_heads, head_dim = k_cache.shape[2:]
         k.write_kv_kernel[(num_programs(num_tokens, _vector_cores(key.device)),)](
             key,
@@ -142,10 +178,10 @@ class AscendBackend:
         kv_quant: KVQuant | None = None,
     ) -> Tensor:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
-        (full attention only: a `sliding_window` raises a KvlabError)."""
+        (full attention only: a `sliding_window` raises a KvlabError). int8 pages (`kv_quant`,
+        C8) are dequantized in the kernels with the layer's per-channel scales."""
         refuse_sliding_window(self.name, sliding_window)
-        refuse_kv_quant(self.name, kv_quant)
-        _check_caches(k_cache, v_cache)
+        _check_pages(k_cache, v_cache, kv_quant)
         assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
         assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"
@@ -153,12 +189,13 @@ class AscendBackend:
         assert query.stride(-1) == 1, "head_dim must be contiguous"
         out = torch.empty_like(query) if out is None else out
         extents = self._extents(meta)
+        kv = _KVPages.of(k_cache, v_cache, kv_quant)
         decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
         prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
         if decode_ids:
-            _decode(query, k_cache, v_cache, meta, extents, decode_ids, scale, out)
+            _decode(query, kv, meta, extents, decode_ids, scale, out)
         if prefill_ids:
-            _prefill(query, k_cache, v_cache, meta, extents, prefill_ids, scale, out)
+            _prefill(query, kv, meta, extents, prefill_ids, scale, out)
         return out
 
     def _extents(self, meta: AttentionMetadata) -> ExtentTable:
@@ -210,10 +247,37 @@ class AscendBackend:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _KVPages:
+    """A layer's K/V pages as the attention kernels take them: the caches, the C8 scales
+    (float pages pass their caches in their place, unused) and whether they are int8."""
+
+    k_cache: Tensor
+    v_cache: Tensor
+    k_scale: Tensor
+    v_scale: Tensor
+    c8: bool
+
+    @staticmethod
+    def of(k_cache: Tensor, v_cache: Tensor, kv_quant: KVQuant | None) -> _KVPages:
+        if kv_quant is None:
+            return _KVPages(k_cache, v_cache, k_cache, v_cache, c8=False)
+        k_scale, v_scale = kv_quant.channel_scale("k"), kv_quant.channel_scale("v")
+        assert k_scale is not None and v_scale is not None, "C8 comes with channel scales"
+        shape = (k_cache.shape[2], kv_quant.head_dim)
+        assert k_scale.shape == shape and v_scale.shape == shape, "scales: [kv_heads, head_dim]"
+        return _KVPages(k_cache, v_cache, _fp32(k_scale, k_cache.device),
+                        _fp32(v_scale, k_cache.device), c8=True)
+
+
+def _fp32(scale: Tensor, device: torch.device) -> Tensor:
+    """Contiguous fp32 channel scales on the caches' device (a no-op for the engine's)."""
+    return scale.to(device, torch.float32).contiguous()
+
+
 def _decode(
     query: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    kv: _KVPages,
     meta: AttentionMetadata,
     extents: ExtentTable,
     seq_ids: list[int],
@@ -222,12 +286,12 @@ def _decode(
 ) -> None:
     """Launch the decode kernel over the sequences with one new token."""
     num_heads, head_dim = query.shape[1:]
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = kv.k_cache.shape[2]
     num_items = len(seq_ids) * num_kv_heads
     k.decode_kernel[(num_programs(num_items, _ai_cores(query.device)),)](
         query,
-        k_cache,
-        v_cache,
+        kv.k_cache,
+        kv.v_cache,
         extents.start_pages,
         extents.num_pages,
         extents.num_extents,
@@ -235,6 +299,8 @@ def _decode(
         meta.query_start_loc,
         _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
         out,
+        kv.k_scale,
+        kv.v_scale,
         scale,
         num_items,
         query.stride(0),
@@ -242,14 +308,13 @@ def _decode(
         out.stride(0),
         out.stride(1),
         extents.start_pages.stride(0),
-        **decode_constants(meta.page_size, num_heads, num_kv_heads, head_dim),
+        **decode_constants(meta.page_size, num_heads, num_kv_heads, head_dim, kv.c8),
     )
 
 
 def _prefill(
     query: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    kv: _KVPages,
     meta: AttentionMetadata,
     extents: ExtentTable,
     seq_ids: list[int],
@@ -258,15 +323,15 @@ def _prefill(
 ) -> None:
     """Launch the prefill-chunk kernel over the sequences with more than one new token."""
     num_heads, head_dim = query.shape[1:]
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads = kv.k_cache.shape[2]
     tiles = attention_tiles(meta.page_size, head_dim, num_heads // num_kv_heads)
     max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
     num_q_blocks = triton.cdiv(max_query_len, tiles.query_rows)
     num_items = len(seq_ids) * num_q_blocks * num_heads
     k.prefill_kernel[(num_programs(num_items, _ai_cores(query.device)),)](
         query,
-        k_cache,
-        v_cache,
+        kv.k_cache,
+        kv.v_cache,
         extents.start_pages,
         extents.num_pages,
         extents.num_extents,
@@ -274,6 +339,8 @@ def _prefill(
         meta.query_start_loc,
         _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
         out,
+        kv.k_scale,
+        kv.v_scale,
         scale,
         num_items,
         num_q_blocks,
@@ -282,7 +349,7 @@ def _prefill(
         out.stride(0),
         out.stride(1),
         extents.start_pages.stride(0),
-        **prefill_constants(meta.page_size, num_heads, num_kv_heads, head_dim),
+        **prefill_constants(meta.page_size, num_heads, num_kv_heads, head_dim, kv.c8),
     )
 
 
@@ -357,7 +424,20 @@ def _seq_ids_tensor(seq_ids: list[int], num_seqs: int, device: torch.device) -> 
     return torch.tensor(seq_ids, dtype=torch.int32, device=device)
 
 
+def _check_pages(k_cache: Tensor, v_cache: Tensor, kv_quant: KVQuant | None) -> None:
+    """_check_caches, and for writes and attention: C8 only, int8 pages with a KVQuant and
+    float pages without, and the warning for int8 pages CANN would refuse."""
+    _check_c8(kv_quant)
+    _check_caches(k_cache, v_cache)
+    assert (k_cache.dtype == C8_DTYPE) == (kv_quant is not None), (
+        "int8 pages come with their KVQuant (C8 scales), float pages without")
+    if kv_quant is not None:
+        warn_c8_page_size(k_cache.shape[1])
+
+
 def _check_caches(k_cache: Tensor, v_cache: Tensor) -> None:
+    """Page size and dtype (check_ascend_cache) and layout of a K/V cache pair."""
     check_ascend_cache(k_cache.shape[1], k_cache.dtype)
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
     assert k_cache.shape == v_cache.shape, "K and V caches must have the same shape"
+    assert k_cache.dtype == v_cache.dtype, "K and V caches must have the same dtype"

@@ -10,6 +10,15 @@ tensors, where the tests check them against the torch reference. Conventions of 
 - 64-bit arithmetic stays scalar (cache base offsets); per-element offsets are 32-bit, since
   int64 vector adds are emulated with scalar code on Ascend's vector cores;
 - softmax statistics and accumulators are fp32; caches may be fp16, bf16 or fp32.
+
+int8 pages (kv_cache_dtype int8, vLLM-Ascend's C8; the constexpr C8): write_kv_kernel scatters
+rows kernels/kv_quant.py quantized; the attention kernels load int8 K/V tiles and dequantize with
+the layer's per-channel fp32 scales, loaded once per work item as [head_dim] vectors of its KV
+head. A per-channel scale factors out of both products, so a tile is only cast (int8 values are
+exact in fp16, bf16 and fp32) and the scales are applied once per item, in fp32:
+    q . (k_int8 * k_scale) = (q * k_scale) . k_int8
+    sum_n p_n * v_int8[n] * v_scale = (p . v_int8) * v_scale
+The dots run in the query's dtype, as for float pages of the model's dtype.
 """
 
 from __future__ import annotations
@@ -63,6 +72,8 @@ def decode_kernel(
     query_start_ptr,
     seq_ids_ptr,
     out_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     scale,
     num_items,
     stride_q_tok,
@@ -77,8 +88,11 @@ def decode_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    C8: tl.constexpr,
 ):
-    """One new token per sequence: item = (sequence, KV head), all GROUP query heads at once."""
+    """One new token per sequence: item = (sequence, KV head), all GROUP query heads at once.
+
+    C8: int8 pages with fp32 [NUM_KV_HEADS, HEAD_DIM] scales at k/v_scale_ptr (else unused)."""
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
@@ -97,6 +111,10 @@ def decode_kernel(
             mask=head_mask[:, None] & d_mask[None, :],
             other=0.0,
         )
+        if C8:
+            k_channel = tl.load(k_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+            v_channel = tl.load(v_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+            q = (q.to(tl.float32) * k_channel[None, :]).to(q_ptr.dtype.element_ty)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -112,6 +130,8 @@ def decode_kernel(
                 kv_mask = valid[:, None] & d_mask[None, :]
                 base = ext_base + t * slot_stride
                 k = tl.load(k_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
+                if C8:
+                    k = k.to(q.dtype)
                 s = tl.dot(q, tl.trans(k)) * scale
                 s = tl.where(valid[None, :], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -119,10 +139,14 @@ def decode_kernel(
                 p = tl.exp(s - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
                 v = tl.load(v_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
+                if C8:
+                    v = v.to(q.dtype)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
             done += ext_len
         o = acc / l_i[:, None]
+        if C8:
+            o = o * v_channel[None, :]
         o_off = row * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
         mask = head_mask[:, None] & d_mask[None, :]
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
@@ -140,6 +164,8 @@ def prefill_kernel(
     query_start_ptr,
     seq_ids_ptr,
     out_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     scale,
     num_items,
     num_q_blocks,
@@ -156,8 +182,11 @@ def prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    C8: tl.constexpr,
 ):
-    """A prefill chunk: item = (sequence, block of BLOCK_M query rows, query head), causal."""
+    """A prefill chunk: item = (sequence, block of BLOCK_M query rows, query head), causal.
+
+    C8: int8 pages with fp32 [NUM_KV_HEADS, HEAD_DIM] scales at k/v_scale_ptr (else unused)."""
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     d_mask = d < HEAD_DIM
@@ -181,6 +210,10 @@ def prefill_kernel(
                 mask=row_valid[:, None] & d_mask[None, :],
                 other=0.0,
             )
+            if C8:
+                k_channel = tl.load(k_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+                v_channel = tl.load(v_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+                q = (q.to(tl.float32) * k_channel[None, :]).to(q_ptr.dtype.element_ty)
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -198,6 +231,8 @@ def prefill_kernel(
                     kv_mask = valid[:, None] & d_mask[None, :]
                     base = ext_base + t * slot_stride
                     k = tl.load(k_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
+                    if C8:
+                        k = k.to(q.dtype)
                     s = tl.dot(q, tl.trans(k)) * scale
                     visible = ((done + t + n)[None, :] <= pos_m[:, None]) & valid[None, :]
                     s = tl.where(visible, s, float("-inf"))
@@ -206,10 +241,14 @@ def prefill_kernel(
                     p = tl.exp(s - m_new[:, None])
                     l_i = l_i * alpha + tl.sum(p, 1)
                     v = tl.load(v_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
+                    if C8:
+                        v = v.to(q.dtype)
                     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                     m_i = m_new
                 done += ext_len
             o = acc / l_i[:, None]
+            if C8:
+                o = o * v_channel[None, :]
             o_off = rows[:, None] * stride_out_tok + head * stride_out_head + d[None, :]
             o_mask = row_valid[:, None] & d_mask[None, :]
             tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=o_mask)

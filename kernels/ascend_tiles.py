@@ -13,6 +13,12 @@ target description for Ascend910B3 states them):
   are padded to at least 16 rows/columns;
 - a launch has at most one program per core (20 AI cores, 40 vector cores on a 910B3), each
   looping over its share of the work, and never more than 65,535 programs.
+
+int8 pages (kv_cache_dtype int8, C8) take the same tiles. They are read as int8 but cast to
+the query's dtype on chip, so their UB footprint is larger than float pages', not smaller: the
+static check compiles the C8 kernels too (`make ascend-static-check`, 2026-12-06: Llama-3-8B
+bf16 at page 128, prefill 191,360 of 196,608 UB bytes against 181,280 for bf16 pages; decode
+159,872 against 38,016).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ ASCEND910B3_AI_CORES = 20  # Cube + 2 Vector cores each
 ASCEND910B3_VECTOR_CORES = 40
 MIN_PAGE_SIZE = 16
 MAX_PAGE_SIZE = 512
+# CANN's attention takes int8 pages of a multiple of 32 tokens; these kernels need only 16
+CANN_INT8_PAGE_SIZE_MULTIPLE = 32
 
 
 def next_power_of_2(n: int) -> int:
@@ -82,9 +90,9 @@ def write_kv_constants(num_kv_heads: int, head_dim: int) -> dict[str, int]:
 
 
 def decode_constants(
-    page_size: int, num_heads: int, num_kv_heads: int, head_dim: int
+    page_size: int, num_heads: int, num_kv_heads: int, head_dim: int, c8: bool = False
 ) -> dict[str, int]:
-    """Constexprs of decode_kernel for this page size and head shape."""
+    """Constexprs of decode_kernel for this page size and head shape (`c8`: int8 pages)."""
     tiles = attention_tiles(page_size, head_dim, num_heads // num_kv_heads)
     return {
         "GROUP": num_heads // num_kv_heads,
@@ -94,13 +102,14 @@ def decode_constants(
         "BLOCK_G": tiles.group_rows,
         "BLOCK_D": tiles.head_cols,
         "BLOCK_N": tiles.tile_tokens,
+        "C8": int(c8),
     }
 
 
 def prefill_constants(
-    page_size: int, num_heads: int, num_kv_heads: int, head_dim: int
+    page_size: int, num_heads: int, num_kv_heads: int, head_dim: int, c8: bool = False
 ) -> dict[str, int]:
-    """Constexprs of prefill_kernel for this page size and head shape."""
+    """Constexprs of prefill_kernel for this page size and head shape (`c8`: int8 pages)."""
     tiles = attention_tiles(page_size, head_dim, num_heads // num_kv_heads)
     return {
         "GROUP": num_heads // num_kv_heads,
@@ -111,6 +120,7 @@ def prefill_constants(
         "BLOCK_M": tiles.query_rows,
         "BLOCK_D": tiles.head_cols,
         "BLOCK_N": tiles.tile_tokens,
+        "C8": int(c8),
     }
 
 
