@@ -13,6 +13,7 @@ import sys
 from kvlab.kernels.ascend_compile import (
     L1_BYTES,
     LLAMA3_8B,
+    LLAMA3_8B_C8,
     STATIC_CHECK_PAGE_SIZES,
     UB_BYTES,
     HeadShape,
@@ -22,6 +23,7 @@ from kvlab.kernels.ascend_compile import (
 SHAPES = {
     "Llama-3-8B bf16 (32/8 heads, dim 128)": LLAMA3_8B,
     "Qwen2.5-7B fp16 (28/4 heads, dim 128)": HeadShape(28, 4, 128, "fp16"),
+    "Llama-3-8B bf16, int8 KV cache (C8)": LLAMA3_8B_C8,
 }
 
 

@@ -208,10 +208,18 @@ class HeadShape:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    dtype: str  # Triton's element name of the caches and queries: "bf16", "fp16", "fp32"
+    dtype: str  # Triton's element name of the queries (and float caches): "bf16", "fp16", "fp32"
+    kv_dtype: str = ""  # "i8": int8 pages (kv_cache_dtype int8, C8); "": caches in `dtype`
+
+    @property
+    def c8(self) -> bool:
+        """True for int8 pages with per-channel scales (kv_cache_dtype int8)."""
+        return self.kv_dtype == "i8"
 
 
 LLAMA3_8B = HeadShape(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16")
+LLAMA3_8B_C8 = HeadShape(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16",
+                         kv_dtype="i8")
 STATIC_CHECK_PAGE_SIZES = (16, 32, 64, 128, 256, 512)
 
 
@@ -228,15 +236,15 @@ def backend_kernels(page_size: int, shape: HeadShape) -> list[KernelSpec]:
     """The ascend backend's four kernels with the tiles it picks for this page size and shape."""
     tiles = importlib.import_module("kvlab.kernels.ascend_tiles")
     kernels = importlib.import_module("kvlab.kernels.ascend_kernels")
-    heads = (page_size, shape.num_heads, shape.num_kv_heads, shape.head_dim)
+    heads = (page_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.c8)
     page_numel = page_size * shape.num_kv_heads * shape.head_dim
-    pointers = {
-        name: f"*{shape.dtype}"
-        for name in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr", "q_ptr", "out_ptr")
-    }
-    pointers.update(
-        {f"{side}_{kv}_ptr": f"*{shape.dtype}" for side in ("src", "dst") for kv in "kv"}
-    )
+    kv = f"*{shape.kv_dtype or shape.dtype}"  # pages, and the rows write_kv stores in them
+    pointers = {name: kv for name in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")}
+    pointers.update(q_ptr=f"*{shape.dtype}", out_ptr=f"*{shape.dtype}")
+    pointers.update({f"{side}_{k}_ptr": kv for side in ("src", "dst") for k in "kv"})
+    # the C8 scales; float pages pass their caches in their place (unused)
+    pointers.update(k_scale_ptr="*fp32" if shape.c8 else kv, v_scale_ptr="*fp32" if shape.c8
+                    else kv)
     pointers.update(slot_ptr="*i64", src_ids_ptr="*i64", dst_ids_ptr="*i64", scale="fp32")
     launches = [
         (kernels.write_kv_kernel, tiles.write_kv_constants(shape.num_kv_heads, shape.head_dim)),

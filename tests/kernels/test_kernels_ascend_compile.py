@@ -1,5 +1,6 @@
 """The static Ascend check: every ascend kernel, at the tiles the backend picks for each page
-size, compiles for Ascend910B3 through bishengir-compile up to CANN's hivmc, inside UB and L1."""
+size, compiles for Ascend910B3 through bishengir-compile up to CANN's hivmc, inside UB and L1;
+float caches and int8 ones (kv_cache_dtype int8, C8)."""
 
 import pytest
 from ascend_env import requires_bishengir
@@ -7,6 +8,7 @@ from ascend_env import requires_bishengir
 from kvlab.kernels.ascend_compile import (
     L1_BYTES,
     LLAMA3_8B,
+    LLAMA3_8B_C8,
     STATIC_CHECK_PAGE_SIZES,
     UB_BYTES,
     HeadShape,
@@ -16,12 +18,21 @@ from kvlab.kernels.ascend_compile import (
 pytestmark = [pytest.mark.ascend, requires_bishengir]
 
 KERNELS = ["write_kv_kernel", "decode_kernel", "prefill_kernel", "move_pages_kernel"]
-SHAPES = {"llama3-8b bf16": LLAMA3_8B, "qwen2.5-7b fp16": HeadShape(28, 4, 128, "fp16")}
+SHAPES = {
+    "llama3-8b bf16": LLAMA3_8B,
+    "qwen2.5-7b fp16": HeadShape(28, 4, 128, "fp16"),
+    "llama3-8b bf16 int8 kv": LLAMA3_8B_C8,
+}
 
 
 @pytest.fixture(scope="module", params=SHAPES.values(), ids=SHAPES.keys())
-def rows(request):
-    return static_check(STATIC_CHECK_PAGE_SIZES, request.param)
+def shape(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def rows(shape):
+    return static_check(STATIC_CHECK_PAGE_SIZES, shape)
 
 
 def test_every_kernel_is_compiled_at_every_page_size(rows):
@@ -49,13 +60,14 @@ def test_attention_runs_on_cube_and_vector_cores_and_cache_ops_on_vector_cores(r
     }
 
 
-def test_the_checked_tiles_are_the_ones_the_backend_picks(rows):
+def test_the_checked_tiles_are_the_ones_the_backend_picks(rows, shape):
     from kvlab.kernels.ascend_tiles import context_tile
 
     for row in rows:
         if row.result.kernel in ("decode_kernel", "prefill_kernel"):
             assert row.constants["BLOCK_N"] == context_tile(row.page_size)
             assert row.constants["PAGE_SIZE"] == row.page_size
+            assert row.constants["C8"] == int(shape.c8)  # int8 pages: the C8 kernels
 
 
 def test_a_tile_larger_than_the_unified_buffer_fails_the_check():
