@@ -1,10 +1,12 @@
 """The engine with the ascend backend (its Triton kernels in the interpreter on CPU) produces the
-torch backend's greedy tokens, through swap preemption, prefix caching and dynamic block sizes.
-`make test-ascend` runs it again under triton-ascend's interpreter."""
+torch backend's greedy tokens, through swap preemption, prefix caching and dynamic block sizes,
+and with an int8 KV cache (C8). `make test-ascend` runs it again under triton-ascend's
+interpreter."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvlab.engine import LLM, SamplingParams
 from kvlab.kernels.extents import build_extents
@@ -15,7 +17,8 @@ PROMPTS = [[5, 9, 14, 3, 22, 7, 8, 1, 30] * 3, [5, 9, 14, 3, 22, 7, 8, 1, 30] * 
 MAX_TOKENS = [6, 5, 7]
 
 
-def _greedy(backend: str, policy: str, num_pages: int) -> tuple[list[list[int]], LLM]:
+def _greedy(backend: str, policy: str, num_pages: int, kv_cache_dtype: str = "auto"
+            ) -> tuple[list[list[int]], LLM]:
     llm = LLM(
         "tiny-llama",
         policy=policy,
@@ -26,6 +29,7 @@ def _greedy(backend: str, policy: str, num_pages: int) -> tuple[list[list[int]],
         max_num_seqs=4,
         max_num_batched_tokens=64,
         enable_prefix_caching="eviction=lru" in policy,
+        kv_cache_dtype=kv_cache_dtype,
         verbose=False,
     )
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
@@ -62,3 +66,13 @@ def test_ascend_backend_keeps_the_torch_backends_greedy_tokens(policy, num_pages
         assert manager.num_prefix_hits > 0
     if "geometric" in policy:
         assert longest_extent[0] >= 2  # runs of 2^k pages read as one extent
+
+
+def test_ascend_int8_kv_cache_keeps_the_torch_backends_greedy_tokens_through_swaps():
+    # int8 pages of 32 tokens (CANN's multiple), 3 for prompts needing 5: swapped out and in
+    policy = "paged:block_size=32,preemption=swap"
+    tokens, llm = _greedy("ascend", policy, 3, kv_cache_dtype="int8")
+    cache = llm.engine.kv_cache
+    assert cache.k_caches[0].dtype == torch.int8 and cache.kv_quants is not None
+    assert llm.engine.scheduler.num_swaps_out > 0
+    assert tokens == _greedy("torch", policy, 3, kv_cache_dtype="int8")[0]
