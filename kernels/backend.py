@@ -82,15 +82,6 @@ def refuse_sliding_window(backend: str, sliding_window: int) -> None:
         )
 
 
-def refuse_kv_quant(backend: str, kv_quant: KVQuant | None) -> None:
-    """A KvlabError when a backend that stores float pages only is given quantized ones."""
-    if kv_quant is not None:
-        raise KvlabError(
-            f"kv_cache_dtype {kv_quant.dtype.name}: attention_backend {backend} stores float "
-            "pages only (kv_cache_dtype auto, or the model's dtype); use attention_backend "
-            "torch or triton", parameters=("kv_cache_dtype", "attention_backend"))
-
-
 def check_kv_cache_dtype(backend: KernelBackend, name: str, model_dtype: torch.dtype) -> None:
     """A KvlabError naming kv_cache_dtype and attention_backend when `backend` cannot store
     the precision `name` for a model in `model_dtype` (a float precision equal to the model's
