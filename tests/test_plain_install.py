@@ -1,4 +1,5 @@
-"""A plain (non-editable) `pip install .` ships every subpackage and the bundled trace excerpts.
+"""A plain (non-editable) `pip install .` ships every subpackage, the bundled trace excerpts and
+the bundled stdlib-llama model.
 
 The editable install the tests run against maps folders to `kvlab.*` through a finder; a wheel
 is built from setup.py's package list and the package-data globs instead, so it can miss a
@@ -26,7 +27,8 @@ _NOT_SOURCE = shutil.ignore_patterns(
 # top-level folders that are kvlab subpackages (setup.py maps each to kvlab.<folder>)
 FOLDERS = ("policies", "sim", "engine", "kernels", "traces", "dashboard")
 
-# Run in the installed copy: imports every kvlab module from it and reads each bundled excerpt.
+# Run in the installed copy: imports every kvlab module from it, reads each bundled excerpt and
+# finds stdlib-llama's files.
 _CHECK = """
 import importlib, pkgutil, sys
 import kvlab
@@ -40,6 +42,12 @@ from kvlab.traces import load_trace
 from kvlab.traces.bundled import bundled_traces
 for name in bundled_traces():
     assert load_trace("azure" if name.startswith("azure") else name, name).requests, name
+from kvlab.engine.models.stdlib_llama import MODEL_DIR
+from kvlab.engine.models.stdlib_llama.corpus import MANIFEST
+assert MANIFEST.is_file() and MODEL_DIR.is_dir() and str(MODEL_DIR).startswith(target)
+for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+             "generation_config.json", "training.json"):
+    assert (MODEL_DIR / name).is_file(), f"stdlib-llama's {name} is not installed"
 print(len(names))
 """
 

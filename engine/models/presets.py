@@ -1,11 +1,14 @@
-"""Tiny random-weight models built in memory, for demos and tests (no files, no downloads)."""
+"""Model presets: tiny random-weight models built in memory, for demos and tests, and trained
+models shipped in the package as Hugging Face folders (no downloads either way)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from kvlab.engine.models import stdlib_llama
 from kvlab.engine.models.config import ModelConfig
 from kvlab.engine.models.llama import LlamaForCausalLM
 
@@ -45,6 +48,10 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         eos_token_ids=(0,),
     ),
 }
+
+# Trained models bundled as Hugging Face folders: the name loads the folder (weights, tokenizer,
+# chat template) as a local folder would.
+BUNDLED_MODELS: dict[str, Path] = {stdlib_llama.NAME: stdlib_llama.MODEL_DIR}
 
 
 def build_preset(

@@ -112,7 +112,8 @@ def test_tensor_of_another_architecture_is_refused(hf_tiny_llama, tmp_path):
 
 
 def test_unknown_name_is_neither_preset_nor_folder(tmp_path):
-    with pytest.raises(KvlabError, match="neither a preset \\(tiny-llama, tiny-qwen2\\)"):
+    with pytest.raises(KvlabError,
+                       match="neither a preset \\(tiny-llama, tiny-qwen2, stdlib-llama\\)"):
         load_model(tmp_path / "nope")
 
 

@@ -1,5 +1,6 @@
-"""The simulator's view of kvlab's engine models equals the engine's: the `tiny-*` sim presets
-(what `kvlab serve tiny-llama` is simulated as) and an HF folder read without torch."""
+"""The simulator's view of kvlab's engine models equals the engine's: the `tiny-*` and
+`stdlib-llama` sim presets (what `kvlab serve tiny-llama` is simulated as) and an HF folder read
+without torch."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def engine_spec(model: str):
     return model_spec_for(LLMEngine(EngineConfig(model=model, serving=serving)))
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
-def test_tiny_sim_presets_equal_the_engine_presets(preset):
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "stdlib-llama"])
+def test_sim_presets_equal_the_engine_presets(preset):
     assert dataclasses.replace(get_model(preset), name=preset) == dataclasses.replace(
         engine_spec(preset), name=preset)
 
