@@ -144,7 +144,7 @@ def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
 
     overrides = {
         "block_size": args.block_size,
-        "kv_cache_dtype": args.kv_cache_dtype,
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
