@@ -50,10 +50,8 @@ def load_model(
     transformers' AutoTokenizer, loaded only when the folder holds tokenizer files.
     """
     backend = _backend(attn_backend)
-    path = Path(name_or_path)
-    if str(name_or_path) in BUNDLED_MODELS and not path.is_dir():
-        path = BUNDLED_MODELS[str(name_or_path)]
-    elif str(name_or_path) in MODEL_PRESETS and not path.is_dir():
+    path = model_folder(name_or_path)
+    if path is None:
         torch_dtype = resolve_dtype(dtype, "dtype") if dtype is not None else None
         model = build_preset(
             str(name_or_path), attn_backend=backend, dtype=torch_dtype, device=device
@@ -155,11 +153,22 @@ def _check_unexpected(model: LlamaForCausalLM, located: dict[str, Path], folder:
         )
 
 
+def model_folder(name_or_path: str | Path) -> Path | None:
+    """The Hugging Face folder a model name means: a bundled model's (stdlib-llama), the path
+    itself, or None for a preset built with random weights (tiny-llama)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if str(name_or_path) in BUNDLED_MODELS:
+        return BUNDLED_MODELS[str(name_or_path)]
+    return None if str(name_or_path) in MODEL_PRESETS else path
+
+
 def load_kv_scale_tensors(name_or_path: str | Path) -> dict[str, torch.Tensor]:
     """The KV-cache scale tensors (KV_SCALE_SUFFIXES) of a Hugging Face folder's checkpoint,
     by name, on the CPU; none for a preset."""
-    path = Path(name_or_path)
-    if str(name_or_path) in MODEL_PRESETS and not path.is_dir():
+    path = model_folder(name_or_path)
+    if path is None:
         return {}
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, file in weight_files(path).items():

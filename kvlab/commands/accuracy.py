@@ -75,12 +75,11 @@ def corpus_tokens(model: str, corpus: str | None) -> tuple[list[int], str]:
     without a tokenizer or a file that cannot be read."""
     from pathlib import Path
 
-    from kvlab.engine.loader import load_tokenizer
-    from kvlab.engine.models.stdlib_llama import MODEL_DIR, NAME
+    from kvlab.engine.loader import load_tokenizer, model_folder
     from kvlab.errors import KvlabError
 
-    folder = MODEL_DIR if model == NAME else Path(model)
-    tokenizer = load_tokenizer(folder) if folder.is_dir() else None
+    folder = model_folder(model)
+    tokenizer = load_tokenizer(folder) if folder is not None and folder.is_dir() else None
     if tokenizer is None:
         raise KvlabError(f"model {model!r} has no tokenizer to read a text corpus with; give a "
                          "Hugging Face folder with tokenizer files, or stdlib-llama",

@@ -85,3 +85,15 @@ def test_a_model_without_a_tokenizer_or_a_missing_corpus_is_one_line(tmp_path, c
     save_tokenizer(folder, vocab_size=2048)
     assert main(["accuracy", str(folder), "--corpus", str(tmp_path / "nope.txt")]) == 2
     assert "--corpus" in capsys.readouterr().err
+
+
+def test_on_the_trained_model_fewer_bits_cost_more_and_per_head_scales_pay(capsys):
+    """stdlib-llama (trained on real text): the ranking docs/kv_precision.md reports, on a
+    slice of its held-out text."""
+    assert main(["accuracy", "stdlib-llama", "--kv-cache-dtype", "int8_per_token_head",
+                 "fp8_e4m3", "int4_per_token_head", "--num-tokens", "512", "--window", "256",
+                 "--num-prompts", "2", "--output-len", "4", "--json"]) == 0
+    per_head, fp8, int4 = json.loads(capsys.readouterr().out)["results"]
+    assert per_head["kl_mean"] < fp8["kl_mean"] < int4["kl_mean"]
+    assert per_head["top1_agreement"] > 0.97 and abs(per_head["perplexity_change"]) < 0.1
+    assert per_head["reference_perplexity"] < 100  # against 2,048 for a uniform guess
