@@ -82,7 +82,8 @@ def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
     machine.add_argument(
         "--model",
         default="tiny-llama",
-        help="tiny-llama, tiny-qwen2, or a local Hugging Face folder "
+        help="tiny-llama, tiny-qwen2 (random weights), stdlib-llama (trained on Python's "
+        "standard library, with a tokenizer and chat template), or a local Hugging Face folder "
         "(config.json and *.safetensors; default tiny-llama)",
     )
     add_device_arguments(machine)

@@ -19,7 +19,9 @@ from kvlab.commands.common import (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab serve` (no heavy imports here)."""
     parser.add_argument("model", metavar="MODEL",
-                        help="tiny-llama, tiny-qwen2, or a local Hugging Face folder")
+                        help="tiny-llama, tiny-qwen2 (random weights), stdlib-llama (trained on "
+                        "Python's standard library: text and chat work), or a local Hugging Face "
+                        "folder")
     http = parser.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     http.add_argument("--port", type=int, default=8000, help="port (default 8000)")
