@@ -108,7 +108,8 @@ class LLMEngine:
         )
         kv_quants = layer_kv_quants(
             serving.kv_cache_dtype, self.model, self.model_config, str(config.model),
-            platform=self.platform, page_size=spec.block_size, max_model_len=self.max_model_len)
+            platform=self.platform, page_size=spec.block_size, max_model_len=self.max_model_len,
+            tokenizer=self.tokenizer)
         num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len,
                                         num_cache_layers)
         swap_pages = num_swap_pages(self.model_config, serving, dtype)
