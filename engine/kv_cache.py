@@ -15,6 +15,7 @@ from kvlab.kernels.kv_quant import KVQuant, check_head_dim, page_format
 from kvlab.policies.outputs import MemOps, TierBatch
 from kvlab.policies.serving import GiB, ServingConfig
 from kvlab.specs.capacity import num_pages_for_budget
+from kvlab.specs.capacity import startup_lines as capacity_startup_lines
 from kvlab.specs.kv_dtype import KVCacheDType
 from kvlab.specs.kv_dtype import kv_cache_dtype as kv_dtype
 
@@ -173,13 +174,10 @@ def profile_peak_activation_bytes(
 
 
 def startup_lines(num_pages: int, page_size: int, max_model_len: int) -> list[str]:
-    """vLLM's two startup lines: KV cache size in tokens, and how many full-length requests fit."""
-    num_tokens = num_pages * page_size
+    """vLLM's two startup lines for a cache of `num_pages` pages: KV cache size in tokens, and
+    how many full-length requests fit (whole pages each)."""
     concurrency = num_pages / math.ceil(max_model_len / page_size)
-    return [
-        f"GPU KV cache size: {num_tokens:,} tokens",
-        f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
-    ]
+    return capacity_startup_lines(num_pages * page_size, max_model_len, concurrency)
 
 
 def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:

@@ -62,11 +62,17 @@ class KVCapacity:
         concurrency = self.max_concurrency(max_model_len,
                                            max_in_flight_tokens=max_in_flight_tokens,
                                            enable_prefix_caching=enable_prefix_caching)
-        return [
-            f"GPU KV cache size: {self.num_tokens:,} tokens",
-            f"Maximum concurrency for {max_model_len:,} tokens per request: "
-            f"{concurrency:.2f}x",
-        ]
+        return startup_lines(self.num_tokens, max_model_len, concurrency)
+
+
+def startup_lines(num_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
+    """vLLM's two start-up lines, in its number formatting: the KV cache's tokens and how
+    many requests of `max_model_len` tokens fit at once (`concurrency`). The simulator and
+    the engine both print these."""
+    return [
+        f"GPU KV cache size: {num_tokens:,} tokens",
+        f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
+    ]
 
 
 @dataclass(slots=True, frozen=True)
