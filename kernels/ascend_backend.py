@@ -47,7 +47,7 @@ from kvlab.kernels.ascend_tiles import (
     prefill_constants,
     write_kv_constants,
 )
-from kvlab.kernels.backend import refuse_sliding_window
+from kvlab.kernels.backend import refuse_sliding_window, refuse_unless_c8
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.metadata import AttentionMetadata
@@ -83,14 +83,6 @@ def check_ascend_cache(page_size: int, dtype: torch.dtype) -> None:
             "vLLM-Ascend uses)"
         )
 
-
-def _check_c8(kv_quant: KVQuant | None) -> None:
-    """A KvlabError for a quantized precision other than C8 (the ascend backend's only one)."""
-    if kv_quant is not None and kv_quant.dtype.scales != "per_channel":
-        raise KvlabError(
-            f"kv_cache_dtype {kv_quant.dtype.name}: attention_backend ascend stores int8 (C8) "
-            "only, as vLLM-Ascend (triton-ascend has no fp8); use attention_backend torch or "
-            "triton", parameters=("kv_cache_dtype", "attention_backend"))
 
 
 @functools.cache
@@ -427,7 +419,7 @@ def _seq_ids_tensor(seq_ids: list[int], num_seqs: int, device: torch.device) -> 
 def _check_pages(k_cache: Tensor, v_cache: Tensor, kv_quant: KVQuant | None) -> None:
     """_check_caches, and for writes and attention: C8 only, int8 pages with a KVQuant and
     float pages without, and the warning for int8 pages CANN would refuse."""
-    _check_c8(kv_quant)
+    refuse_unless_c8(AscendBackend.name, kv_quant)
     _check_caches(k_cache, v_cache)
     assert (k_cache.dtype == C8_DTYPE) == (kv_quant is not None), (
         "int8 pages come with their KVQuant (C8 scales), float pages without")

@@ -82,6 +82,16 @@ def refuse_sliding_window(backend: str, sliding_window: int) -> None:
         )
 
 
+def refuse_unless_c8(backend: str, kv_quant: KVQuant | None) -> None:
+    """A KvlabError for pages of a quantized precision other than int8 (C8), the only one the
+    Ascend backends (npu, ascend) store, as vLLM-Ascend."""
+    if kv_quant is not None and kv_quant.dtype.scales != "per_channel":
+        raise KvlabError(
+            f"kv_cache_dtype {kv_quant.dtype.name}: attention_backend {backend} stores int8 (C8) "
+            "only, as vLLM-Ascend; use attention_backend torch or triton",
+            parameters=("kv_cache_dtype", "attention_backend"))
+
+
 def check_kv_cache_dtype(backend: KernelBackend, name: str, model_dtype: torch.dtype) -> None:
     """A KvlabError naming kv_cache_dtype and attention_backend when `backend` cannot store
     the precision `name` for a model in `model_dtype` (a float precision equal to the model's

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from kvlab.errors import KvlabError
 from kvlab.kernels.ascendc_ops import AscendcOps, load_ascendc_ops
-from kvlab.kernels.backend import refuse_sliding_window
+from kvlab.kernels.backend import refuse_sliding_window, refuse_unless_c8
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.metadata import AttentionMetadata
@@ -69,14 +69,6 @@ def check_kv_cache(page_size: int, dtype: torch.dtype) -> None:
         )
 
 
-def _check_c8(kv_quant: KVQuant | None) -> None:
-    """A KvlabError for a quantized precision other than C8 (the npu backend's only one)."""
-    if kv_quant is not None and kv_quant.dtype.scales != "per_channel":
-        raise KvlabError(
-            f"kv_cache_dtype {kv_quant.dtype.name}: attention_backend npu stores int8 (C8) "
-            "only, as vLLM-Ascend; use attention_backend torch or triton",
-            parameters=("kv_cache_dtype", "attention_backend"))
-
 
 class NpuBackend:
     """Kernels from torch_npu for Ascend NPUs (Atlas A2/A3); needs torch_npu and CANN."""
@@ -106,7 +98,7 @@ class NpuBackend:
         The op documents slots in [0, num_slots) only, so rows marked -1 are dropped first
         (one host sync to learn whether any are).
         """
-        _check_c8(kv_quant)
+        refuse_unless_c8(self.name, kv_quant)
         check_kv_cache(k_cache.shape[1], k_cache.dtype)
         keep = slot_mapping >= 0
         if not bool(keep.all()):
@@ -144,39 +136,24 @@ class NpuBackend:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
         (full attention only: a `sliding_window` raises a KvlabError)."""
         refuse_sliding_window(self.name, sliding_window)
-        _check_c8(kv_quant)
+        refuse_unless_c8(self.name, kv_quant)
         check_kv_cache(meta.page_size, k_cache.dtype)
         assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
         assert query.shape[0] == meta.num_tokens, "one query row per new token"
         if kv_quant is not None:
             result = self._c8_attention(query.contiguous(), k_cache, v_cache, meta, scale,
                                         num_kv_heads, kv_quant)
-        else:
+        else:  # float16/bfloat16 pages: the decode fast path or the fused op
             query = query.to(k_cache.dtype).contiguous()
-            result = self._float_attention(query, k_cache, v_cache, meta, scale, num_kv_heads,
-                                           out)
+            if meta.is_decode_only:
+                result = self._decode(query, k_cache, v_cache, meta, scale, num_kv_heads, out)
+            else:
+                result = self._fused(query, k_cache, v_cache, meta, scale, num_kv_heads)
         if out is None:
             return result
         if result is not out:
             out.copy_(result)
         return out
-
-    def _float_attention(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        num_kv_heads: int,
-        out: Tensor | None,
-    ) -> Tensor:
-        """Attention over float16/bfloat16 pages: the decode fast path or the fused op."""
-        if meta.is_decode_only:
-            result = self._decode(query, k_cache, v_cache, meta, scale, num_kv_heads, out)
-        else:
-            result = self._fused(query, k_cache, v_cache, meta, scale, num_kv_heads)
-        return result
 
     def _c8_attention(
         self,
