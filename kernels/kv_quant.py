@@ -170,17 +170,17 @@ class KVQuant:
             assert scale is not None
             return torch.round(x * (1.0 / scale)).clamp(_INT8_MIN, _INT8_MAX).to(torch.int8)
         if mode == MODE_INT4:
-            scale = (x.abs().amax(dim=-1) / _INT4_MAX).clamp(min=_MIN_SCALE)
+            scale = _scale_of(x.abs().amax(dim=-1), _INT4_MAX)
             q = _round_int(x * (1.0 / scale)[..., None], _INT4_MIN, _INT4_MAX).to(torch.int8)
             nibbles = q.view(torch.uint8) & 0xF
             data = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
             return _with_scale(data, scale)
         if self.value_dtype == torch.int8:
-            scale = (x.abs().amax(dim=-1) / _INT8_MAX).clamp(min=_MIN_SCALE)
+            scale = _scale_of(x.abs().amax(dim=-1), _INT8_MAX)
             q = _round_int(x * (1.0 / scale)[..., None], _INT8_MIN, _INT8_MAX)
             return _with_scale(q.to(torch.int8).view(torch.uint8), scale)
         fp8_max = torch.finfo(self.value_dtype).max
-        scale = (x.abs().amax(dim=-1) / fp8_max).clamp(min=_MIN_SCALE)
+        scale = _scale_of(x.abs().amax(dim=-1), fp8_max)
         q = (x * (1.0 / scale)[..., None]).clamp(-fp8_max, fp8_max).to(self.value_dtype)
         return _with_scale(q.view(torch.uint8), scale)
 
@@ -233,4 +233,10 @@ def _with_scale(data: Tensor, scale: Tensor) -> Tensor:
 def calibrated_channel_scale(absmax: Tensor) -> Tensor:
     """Static int8 scales from the absolute maxima a calibration saw, per channel: absmax /
     127 (at least 1e-6, for a channel that stayed zero)."""
-    return (absmax.float() / _INT8_MAX).clamp(min=_MIN_SCALE)
+    return _scale_of(absmax, _INT8_MAX)
+
+
+def _scale_of(absmax: Tensor, qmax: float) -> Tensor:
+    """The scale that maps `absmax` to the largest stored value `qmax`, in float32, at least
+    _MIN_SCALE (vLLM's floor for an all-zero row)."""
+    return (absmax.float() / qmax).clamp(min=_MIN_SCALE)
