@@ -225,7 +225,7 @@ def measure_accuracy(config: AccuracyConfig, token_ids: Sequence[int],
             tested = window_logprobs(engine, window[:-1], config.chunk)
             kls.append((ref.exp() * (ref - tested)).sum(dim=-1).clamp_min(0.0))
             agree += int((ref.argmax(dim=-1) == tested.argmax(dim=-1)).sum())
-            nll_sum -= float(tested.gather(1, targets[:, None]).sum())
+            nll_sum += _nll(tested, targets)
         outputs = greedy_outputs(engine, prompts, config.output_len)
         del engine
         kl = torch.cat(kls).double()
@@ -242,9 +242,13 @@ def measure_accuracy(config: AccuracyConfig, token_ids: Sequence[int],
     return results
 
 
+def _nll(logprobs: torch.Tensor, targets: torch.Tensor) -> float:
+    """The summed negative log-likelihood of a window's next tokens."""
+    return -float(logprobs.gather(1, targets[:, None]).sum())
+
+
 def _mean_nll(logprobs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
-    total = sum(-float(lp.gather(1, t[:, None]).sum()) for lp, t in zip(logprobs, targets,
-                                                                       strict=True))
+    total = sum(_nll(lp, t) for lp, t in zip(logprobs, targets, strict=True))
     return total / sum(t.numel() for t in targets)
 
 
