@@ -7,7 +7,9 @@ longest one valid in every group (`_longest_hit`). `KVCacheManager(..., groups=.
 this class when the groups are anything but one full-attention group.
 
 Not yet with groups (refused at construction, with the reason): allocation other than paged
-with fixed blocks, memory tiers. Swapping saves each group's pages that the computed tokens
+with fixed blocks, tier pages of several device pages. Memory tiers keep each group's pages
+under its keys; a hit's page a tier holds is loaded into a fresh page (`groups/hits.py`).
+Swapping saves each group's pages that the computed tokens
 still need (a window's, a state's) and brings them back behind `NULL_PAGE`s; a fork shares
 every group's pages, copied on write (a state group's one page too: it is updated in place).
 """
@@ -19,10 +21,11 @@ from collections.abc import Sequence
 from kvlab.errors import KvlabError
 from kvlab.policies.decode_path import DecodeAhead
 from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
+from kvlab.policies.groups.hits import BELOW, HeldKeys, longest_hit
 from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.groups.windowed import WindowedManager
 from kvlab.policies.manager import KVCacheManager
-from kvlab.policies.outputs import MemOps, MemoryUsage
+from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
 from kvlab.policies.preemption.modes import should_swap
 from kvlab.policies.request import Request
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
@@ -35,10 +38,11 @@ class HybridKVCacheManager(KVCacheManager):
 
     def __init__(self, *args: object, groups: Sequence[KVCacheGroup],
                  retention_interval: int | None = None, **kwargs: object) -> None:
-        if kwargs.get("tiers"):
-            raise KvlabError("memory tiers with KV-cache groups (a hybrid model) are not "
-                             "supported yet", parameters=("kv_tiers",))
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if self._tier_link is not None and self._tier_link.unit != 1:
+            raise KvlabError("kv_tier_block_size: with KV-cache groups (a hybrid model) a tier "
+                             "page holds one device page; leave it unset or set it to the block "
+                             f"size, {self.page_size} tokens", parameters=("kv_tier_block_size",))
         self._hybrid_init(groups, retention_interval)
 
     def _hybrid_init(self, groups: Sequence[KVCacheGroup],
@@ -62,6 +66,8 @@ class HybridKVCacheManager(KVCacheManager):
                 managers.append(WindowedManager(
                     policy, self.pool, max_model_len=self.max_model_len, group=group,
                     group_id=index, retention_interval=retention_interval))
+        for manager in managers:
+            manager.tiers = self._tier_link
         self.group_managers = managers
         self._main = next((m for m in managers if type(m) is FullAttentionManager), managers[0])
         self._seqs = self._main.seqs
@@ -109,26 +115,14 @@ class HybridKVCacheManager(KVCacheManager):
 
     def _longest_hit(self, seq: Request, bound: int) -> tuple[int, list[list[int]]]:
         """The most pages (at most `bound`) of a hit valid in every group, and each group's
-        table for it."""
+        table for it (`BELOW`: a page a tier holds)."""
         keys = [m.hashes_of(seq) for m in self.group_managers]
-        num_pages = bound
-        for manager, group_keys in zip(self.group_managers, keys, strict=True):
-            if type(manager) is FullAttentionManager:
-                cached = self.pool.cached
-                num_pages = next((i for i, key in enumerate(group_keys[:num_pages])
-                                  if key not in cached), num_pages)
-        while True:  # windows may need pages a shorter hit does not: to a fixed point
-            start = num_pages
-            for manager, group_keys in zip(self.group_managers, keys, strict=True):
-                if isinstance(manager, WindowedManager):
-                    num_pages = manager.longest_hit(group_keys, num_pages)
-            if num_pages == start:
-                break
-        tables = [manager.hit_pages(group_keys, num_pages)
-                  if isinstance(manager, WindowedManager)
-                  else [self.pool.cached[key] for key in group_keys[:num_pages]]
-                  for manager, group_keys in zip(self.group_managers, keys, strict=True)]
-        return num_pages, tables
+        link = self._tier_link
+        if link is None:
+            return longest_hit(self.group_managers, keys, bound, self.pool.cached)
+        link.flush_write_backs()  # (content evicted this step is found below)
+        held = HeldKeys(self.pool.cached, [tier.store for tier in link.tiers])
+        return longest_hit(self.group_managers, keys, bound, held)
 
     # ----------------------------------------------------------------------------- allocation
 
@@ -149,12 +143,9 @@ class HybridKVCacheManager(KVCacheManager):
             return None
         hits, adds = plan
         new = held is None
+        loads: list[TierBatch] = []
         if held is None:  # every group's hits first: no block may evict another's hit
-            self._lookup.num_queries += self._lookup.num_lookup_pages(seq)
-            self._lookup.num_hits += len(hits[0]) if hits else 0
-            held = [m.take_hits(seq, group_hits)
-                    for m, group_hits in zip(managers, hits or [[]] * len(managers),
-                                             strict=True)]
+            held, loads = self._take_hits(seq, hits or [[] for _ in managers])
         else:  # pages skipped go before any are taken (vLLM's order)
             for manager, state in zip(managers, held, strict=True):
                 if isinstance(manager, WindowedManager):
@@ -163,10 +154,46 @@ class HybridKVCacheManager(KVCacheManager):
         for manager, state, add in zip(managers, held, adds, strict=True):
             cow = add > 0 and manager.shared_tail(state, total) is not None
             copies += manager.execute(seq, total, state, Plan([], add, cow)).copies
-        result = MemOps(copies=copies) if copies else NO_OPS
+        result = MemOps(copies=copies, tier_loads=loads) if copies or loads else NO_OPS
         if self._steps.active:
             self._steps.allocated(rid, new, result, NO_OPS)
         return result
+
+    def _take_hits(self, seq: Request,
+                   hits: list[list[int]]) -> tuple[list[SeqState], list[TierBatch]]:
+        """A new request's state in every group, holding its hit's pages: the device's, then
+        fresh ones loading those a tier holds (registered: they hold cached content)."""
+        pool, link, managers = self.pool, self._tier_link, self.group_managers
+        lookup, main = self._lookup, managers.index(self._main)  # (hits counted in its table)
+        num_below = hits[main].count(BELOW)
+        lookup.num_queries += lookup.num_lookup_pages(seq)
+        lookup.num_hits += len(hits[main]) - num_below
+        if link is None:
+            return [m.take_hits(seq, table) for m, table in zip(managers, hits, strict=True)], []
+        keys = [m.hashes_of(seq) for m in managers]
+        below = [(group, index) for group, table in enumerate(hits)
+                 for index, page in enumerate(table) if page == BELOW]
+        levels = [len(hits[main]) - num_below] + [0] * len(link.tiers)
+        runs = []
+        for group, index in below:
+            level, slot = link.locate(keys[group][index])
+            link.pin([keys[group][index]], 0, [(level, [slot])])
+            runs.append((level, [slot]))
+            levels[level] += group == main
+        link.count_group_hits([keys[group][index] for group, table in enumerate(hits)
+                               for index, page in enumerate(table) if page != NULL_PAGE],
+                              levels)
+        shared = [pool.take_hits([page for page in table if page >= 0]) for table in hits]
+        fresh = pool.take_block(len(below)) if below else []
+        for (group, index), page in zip(below, fresh, strict=True):
+            hits[group][index] = page
+        states = [m.hold(seq, table, num_shared)
+                  for m, table, num_shared in zip(managers, hits, shared, strict=True)]
+        for group, manager in enumerate(managers):
+            loaded = [index for g, index in below if g == group]
+            if loaded:
+                manager.register_loaded(seq, states[group], loaded)
+        return states, link.loads(runs, fresh)
 
     def _held(self, request_id: int) -> list[SeqState] | None:
         """The request's state in every group (it holds one in each or in none)."""
@@ -187,10 +214,11 @@ class HybridKVCacheManager(KVCacheManager):
         total, computed = seq.num_computed_tokens + num_new_tokens, seq.num_computed_tokens
         held = self._held(seq.request_id)
         hits: list[list[int]] = []
-        reserve, freed, real_hits = 0, 0, []
+        reserve, freed, real_hits, num_loaded = 0, 0, [], 0
         if held is None:
             hits = self._new_hits(seq)
-            real_hits = [page for table in hits for page in table if page != NULL_PAGE]
+            real_hits = [page for table in hits for page in table if page >= 0]
+            num_loaded = sum(table.count(BELOW) for table in hits)  # a fresh page each
             reserve = self.watermark_pages if self.pool.num_used_pages else 0
         adds = []
         for index, manager in enumerate(self.group_managers):
@@ -202,7 +230,7 @@ class HybridKVCacheManager(KVCacheManager):
             adds.append(manager.pages_to_add(len(state.pages), total) + cow)
             if isinstance(manager, WindowedManager):
                 freed += manager.num_freed_by_skip(state, computed)
-        if not self.pool.fits(max(0, sum(adds) - freed), real_hits, reserve):
+        if not self.pool.fits(max(0, sum(adds) + num_loaded - freed), real_hits, reserve):
             return None
         return hits, adds
 

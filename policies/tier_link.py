@@ -111,6 +111,24 @@ class TierLink:
         for level, slots in below:
             self.last_hit_levels[level] += len(slots)
 
+    def locate(self, key: Hashable) -> tuple[int, int]:
+        """The level (1: the first tier) and page of the highest tier holding `key`."""
+        for level, tier in enumerate(self.tiers, 1):
+            page = tier.page_of(key)
+            if page is not None:
+                return level, page
+        raise KeyError(key)
+
+    def count_group_hits(self, keys: list, levels: list[int]) -> None:
+        """A new sequence of a model with KV-cache groups took hits on `keys` (every group's,
+        on the device and below), `levels` pages of its first group's hit per level (device
+        first): count them as `count_hits` does."""
+        if self.store_threshold:
+            reuse = self._reuse
+            for key in keys:
+                reuse[key] = reuse.get(key, 0) + 1
+        self.last_hit_levels = levels
+
     def count_first_hits(self) -> None:
         """The sequence just allocated is at its first admission: add its hits, level by
         level, to `first_hit_pages`."""
@@ -203,6 +221,11 @@ class TierLink:
         pages, keys = self._write_backs
         if pages:
             self._write_backs = ([], [])
+            if len(set(keys)) < len(keys):  # evicted, cached again and evicted again since
+                first: dict = {}  # key -> the page of its first eviction, in order
+                for key, page in zip(keys, pages, strict=True):
+                    first.setdefault(key, page)
+                keys, pages = list(first), list(first.values())
             self._store(0, pages, keys, 1)
 
     def queue_through(self, pages: list[int], hashes: list, new: range | list[int],

@@ -26,14 +26,12 @@ def default_cost_model(config: SimConfig) -> CostModel:
     its model and hardware."""
     if config.calibrated is not None:
         return config.calibrated
-    hybrid = config.kv_cache_groups is not None
     return RooflineCostModel(
         config.model_spec,
         config.hardware_spec,
         page_size=config.policy.block_size,
         tensor_parallel_size=config.tensor_parallel_size,
-        # a pool page of a hybrid model holds one page of a group's layers, not of all
-        page_bytes=config.capacity.page_bytes if hybrid else None,
+        page_bytes=config.page_bytes,  # (a hybrid model's pool page: one group's layers)
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from kvlab.errors import KvlabError
 from kvlab.policies import KVCacheManager, PolicySpec, SchedulerConfig
 from kvlab.policies.serving import ServingConfig
+from kvlab.policies.tiers import PrefixTier
 from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
 from kvlab.specs import (
     HardwareSpec,
@@ -106,7 +107,11 @@ class SimConfig:
 
     @property
     def page_bytes(self) -> int:
-        """Bytes of one KV page on one device (all layers, K and V)."""
+        """Bytes of one KV page on one device: all layers, K and V; for a model with KV-cache
+        groups, a page of the pool (one group's share of the layers, `KVCapacity.page_bytes`),
+        which is what a tier page, a swap or a transfer moves."""
+        if self.kv_cache_groups is not None:
+            return self.capacity.page_bytes
         return self.model_spec.kv_bytes_per_token(self.tensor_parallel_size) * \
             self.serving.page_size
 
@@ -193,16 +198,14 @@ class SimConfig:
 
     def _check_manager(self, groups: list[KVCacheGroup]) -> None:
         """Raise the KvlabError the hybrid manager gives for this config, on a one-page
-        manager (its checks run on construction; memory tiers are refused by name)."""
-        if self.serving.kv_tiers:
-            raise KvlabError(
-                f"model {self.model_spec.name!r} has KV-cache groups ("
-                f"{', '.join(g.label for g in groups)}): memory tiers with a hybrid model are "
-                "not supported yet; drop kv_tiers or disable the hybrid KV cache manager "
-                "(every layer then keeps every token)", parameters=("kv_tiers",))
+        manager (its checks run on construction), with one-page tiers of the same settings."""
+        tier_config = self.serving.kv_tiers
+        tiers = [PrefixTier(spec, 1, tier_config.block_pages(self.serving.page_size))
+                 for spec in tier_config.tiers]
         try:
             KVCacheManager(self.policy, 1, max_model_len=self.max_model_len, groups=groups,
-                           retention_interval=self.prefix_cache_retention_interval)
+                           retention_interval=self.prefix_cache_retention_interval,
+                           tiers=tiers or None, tier_config=tier_config)
         except KvlabError as err:
             raise KvlabError(
                 f"model {self.model_spec.name!r} has KV-cache groups "

@@ -191,7 +191,12 @@ class FullAttentionManager(TableRelease):
 
     def take_hits(self, seq: Request, hits: list[int]) -> SeqState:
         """A new sequence's state, holding its prefix-hit pages."""
-        self.num_dup_slots += self.pool.take_hits(hits) * self.page_size
+        return self.hold(seq, hits, self.pool.take_hits(hits))
+
+    def hold(self, seq: Request, hits: list[int], num_shared: int) -> SeqState:
+        """A new sequence's state holding `hits`, pages the pool counts it an owner of already
+        (`PagePool.take_hits`), `num_shared` of them held by other tables too."""
+        self.num_dup_slots += num_shared * self.page_size
         hashes = self.hashes_of(seq) if self.caching else []
         state = SeqState(list(hits), 0, 0, 0, len(hits), hashes, True, len(hits))
         state.hash_outputs = self.hashes_outputs(seq)
@@ -303,6 +308,17 @@ class FullAttentionManager(TableRelease):
             self._record_stored(seq, hashes, new)
         if self.tiers is not None and self.tiers.write_through:
             self.tiers.queue_through(state.pages, hashes, new, start, num_full, state.regular)
+
+    def register_loaded(self, seq: Request, state: SeqState, indices: list[int]) -> None:
+        """Put the pages at `indices` of a new table, just given the content a tier holds for
+        them, into the prefix cache under the table's keys."""
+        hashes, cached = state.hashes, self.pool.cached
+        for index in indices:
+            cached[hashes[index]] = state.pages[index]
+        if self.pool.events is not None:
+            self._record_stored(seq, hashes, indices)
+        if self.tiers is not None and self.tiers.write_through:
+            self.tiers.queue_through(state.pages, hashes, indices, 0, 0, False)
 
     def _record_stored(self, seq: Request, hashes: list, indices: range | list[int]) -> None:
         """Stored events for the pages at `indices` of `seq`'s table, just registered."""

@@ -25,6 +25,7 @@ from kvlab.policies.spec import PolicySpec
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
 if TYPE_CHECKING:
+    from kvlab.policies.groups.hits import HeldKeys
     from kvlab.policies.page_pool import PagePool
 
 
@@ -118,6 +119,8 @@ class WindowedManager(FullAttentionManager):
         state.num_hashed = num_full
         if self.pool.events is not None:
             self._record_stored(seq, hashes, new)
+        if self.tiers is not None and self.tiers.write_through:
+            self.tiers.queue_through(state.pages, hashes, new, start, num_full, False)
 
     def _reachable_pages(self, seq: Request) -> Callable[[int], bool]:
         """Whether a page index of `seq`'s table can serve a prefix hit: the `need` pages
@@ -193,8 +196,13 @@ class WindowedManager(FullAttentionManager):
     def take_hits(self, seq: Request, hits: list[int]) -> SeqState:
         """A new request's state in this group: `NULL_PAGE` entries before the hit pages this
         group needs."""
+        return self.hold(seq, hits, self.pool.take_hits([page for page in hits
+                                                         if page != NULL_PAGE]))
+
+    def hold(self, seq: Request, hits: list[int], num_shared: int) -> SeqState:
+        """Full attention's `hold`, of a table with `NULL_PAGE` entries before its pages."""
         real = [page for page in hits if page != NULL_PAGE]
-        self.num_dup_slots += self.pool.take_hits(real) * self.page_size
+        self.num_dup_slots += num_shared * self.page_size
         hashes = self.hashes_of(seq) if self.caching else []
         state = SeqState(list(hits), 0, 0, 0, len(hits), hashes, False, len(hits))
         state.num_null_pages = len(hits) - len(real)
@@ -209,10 +217,10 @@ class WindowedManager(FullAttentionManager):
         super().release(seq, state, num_written)
         self.num_live_slots += state.num_null_pages * self.page_size  # never counted live
 
-    def longest_hit(self, keys: list, bound: int) -> int:
+    def longest_hit(self, keys: list, bound: int, cached: HeldKeys | dict) -> int:
         """The most pages, at most `bound`, of a prefix hit valid in this group: the pages
-        the next token reads all cached."""
-        cached, num_pages = self.pool.cached, bound
+        the next token reads all `cached` (on the device, or below it where tiers are)."""
+        num_pages = bound
         while num_pages > 0:
             need = self.num_needed_pages(num_pages * self.page_size)
             missing = next((index for index in range(num_pages - 1, num_pages - need - 1, -1)
@@ -222,8 +230,9 @@ class WindowedManager(FullAttentionManager):
             num_pages = missing  # a hit must end at or before the missing page
         return 0
 
-    def hit_pages(self, keys: list, num_pages: int) -> list[int]:
-        """The table of a hit of `num_pages` pages: `NULL_PAGE` before the pages it needs."""
-        cached, need = self.pool.cached, self.num_needed_pages(num_pages * self.page_size)
+    def hit_pages(self, keys: list, num_pages: int, cached: HeldKeys | dict) -> list[int]:
+        """The table of a hit of `num_pages` pages: `NULL_PAGE` before the pages it needs
+        (`BELOW` for one a tier holds)."""
+        need = self.num_needed_pages(num_pages * self.page_size)
         return [NULL_PAGE] * (num_pages - need) + [cached[key] for key in
                                                     keys[num_pages - need : num_pages]]

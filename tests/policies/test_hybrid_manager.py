@@ -14,10 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
-from kvlab.policies import KVCacheManager, Request, RequestStatus, SchedulerConfig
+from kvlab.policies import KVCacheManager, MemOps, Request, RequestStatus, SchedulerConfig
 from kvlab.policies.hybrid_manager import HybridKVCacheManager
+from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup, parse_groups
 from tests.policies.test_scheduler_properties import run_workload
+from tests.policies.test_tiers_shadow import EVICTIONS
 
 PAGE = 4
 LAYOUTS = ["sliding_window(8),full", "chunked_local(8),full", "state,full",
@@ -34,6 +36,27 @@ class Model:
         self.content: dict[int, object] = {}
         self.host: dict[int, object] = {}  # host page -> content (swap)
         self.live: dict[int, Request] = {}
+        # level -> page -> content: the device (`content`) and each memory tier below it
+        self.levels: dict[int, dict[int, object]] = {0: self.content}
+
+    def step(self, call):
+        """`call` as a step of its own: the tier writes decided in it are carried out first,
+        reading the device pages before anything else of the step writes them."""
+        self.m.begin_step()
+        ops = call()
+        after = MemOps()
+        self.m.end_step(after)
+        self.copy_levels(after.tier_writes)
+        return ops
+
+    def copy_levels(self, batches) -> None:
+        """Carry out tier writes or loads, each batch read whole before it writes."""
+        for src_level, src_pages, dst_level, dst_pages in batches:
+            src = self.levels.setdefault(src_level, {})
+            dst = self.levels.setdefault(dst_level, {})
+            values = [src.get(page) for page in src_pages]
+            for page, value in zip(dst_pages, values, strict=True):
+                dst[page] = value
 
     def keys(self, seq: Request, group: int) -> list:
         hashes = seq.page_hashes(PAGE)
@@ -44,10 +67,11 @@ class Model:
     def admit(self, seq: Request, num_new: int) -> bool:
         hit = self.m.num_computed_prefix_tokens(seq)
         seq.num_computed_tokens = hit
-        ops = self.m.allocate(seq, min(num_new, seq.prompt_len - hit))
+        ops = self.step(lambda: self.m.allocate(seq, min(num_new, seq.prompt_len - hit)))
         if ops is None:
             seq.num_computed_tokens = 0
             return False
+        self.copy_levels(ops.tier_loads)
         for group, table in enumerate(self.m.block_tables(seq)):
             keys = self.keys(seq, group)
             for index, page in enumerate(table[: hit // PAGE]):
@@ -59,7 +83,7 @@ class Model:
 
     def grow(self, seq: Request, num_new: int) -> bool:
         start = seq.num_computed_tokens
-        if self.m.allocate(seq, num_new) is None:
+        if self.step(lambda: self.m.allocate(seq, num_new)) is None:
             return False
         self.write(seq, start, num_new)
         return True
@@ -93,7 +117,7 @@ class Model:
     def fork(self, parent: Request, child: Request) -> None:
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_output_tokens = parent.num_output_tokens
-        self.m.fork(parent, child)
+        self.step(lambda: self.m.fork(parent, child))
         self.live[child.request_id] = child
 
     def first_read(self, group: int, position: int) -> int:
@@ -105,20 +129,20 @@ class Model:
         return kind.num_skipped_tokens(position)
 
     def free(self, seq: Request) -> None:
-        self.m.free(seq)
+        self.step(lambda: self.m.free(seq))
         del self.live[seq.request_id]
 
     def swap_out(self, seq: Request) -> bool:
         if not self.m.can_swap_out(seq):
             return False
-        ops = self.m.swap_out(seq)
+        ops = self.step(lambda: self.m.swap_out(seq))
         for page, host_page in ops.swap_outs:
             self.host[host_page] = self.content.get(page)
         del self.live[seq.request_id]
         return True
 
     def swap_in(self, seq: Request) -> bool:
-        ops = self.m.swap_in(seq)
+        ops = self.step(lambda: self.m.swap_in(seq))
         if ops is None:
             return False
         for host_page, page in ops.swap_ins:
@@ -166,6 +190,35 @@ def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, ret
     spec = "paged:block_size=4,preemption=swap" + (",eviction=lru" if caching else "")
     manager = KVCacheManager(spec, num_pages, max_model_len=128, groups=parse_groups(layout),
                              retention_interval=retention)
+    run_program(manager, program)
+
+
+@st.composite
+def unit_tier_configs(draw) -> TiersConfig:
+    """One to three tiers of one device page per tier page, any eviction, write policy and
+    reuse threshold."""
+    kinds = draw(st.sampled_from([["host"], ["host", "ssd"], ["host", "ssd", "remote"]]))
+    tiers = tuple(TierSpec(kind, size_pages=draw(st.integers(1, 24)),
+                           eviction=draw(st.sampled_from(EVICTIONS))) for kind in kinds)
+    return TiersConfig(tiers, write_policy=draw(st.sampled_from(["write-back", "write-through"])),
+                       store_threshold=draw(st.sampled_from([0, 0, 1, 2])))
+
+
+@settings(max_examples=3 * settings.default.max_examples)
+@given(layout=st.sampled_from(LAYOUTS), num_pages=st.integers(12, 40),
+       retention=st.sampled_from([None, 0, 8]), tier_config=unit_tier_configs(),
+       eviction=st.sampled_from(EVICTIONS), program=programs)
+def test_tier_hits_bring_each_groups_content_back(layout, num_pages, retention, tier_config,
+                                                  eviction, program):
+    tiers = build_tiers(tier_config, page_size=PAGE, page_bytes=1)
+    manager = KVCacheManager(f"paged:block_size=4,preemption=swap,eviction={eviction}",
+                             num_pages, max_model_len=128, groups=parse_groups(layout),
+                             retention_interval=retention, tiers=tiers, tier_config=tier_config)
+    run_program(manager, program)
+
+
+def run_program(manager: KVCacheManager, program: list) -> None:
+    """Run `program` on the manager, checked by the model after every call; then free all."""
     assert isinstance(manager, HybridKVCacheManager)
     model = Model(manager)
     waiting: list[Request] = []
@@ -208,6 +261,7 @@ def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, ret
             else:
                 model.free(seq)
         model.check()
+        manager.check_tiers()
     for seq in list(model.live.values()) + swapped:
         if seq.request_id in model.live:
             model.free(seq)

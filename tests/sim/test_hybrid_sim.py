@@ -88,11 +88,27 @@ def test_a_linear_attention_model_runs_with_the_raised_block_size(trace):
     assert summary["kv_cache_groups"] == ["state", "state", "state", "full"]
 
 
+def test_a_host_tier_serves_hits_the_device_lost_on_a_sliding_window_model(trace):
+    """With too little device memory to keep the shared prefixes, a host tier brings them back:
+    pages of both groups (the window's too) loaded, every page and tier page conserved."""
+    small = {"memory": 2**26}
+    without = summarize(Simulation(trace, _config(**small)).run())
+    simulation = Simulation(trace, _config(**small,
+                                           kv_tiers=TiersConfig(parse_tiers("host:4GiB"))))
+    tiered = summarize(simulation.run())
+    simulation.manager.check_tiers()
+    assert tiered["host_tier_hit_rate_perc"] > 0
+    assert tiered["prefix_cache_hit_rate_perc"] > without["prefix_cache_hit_rate_perc"] + 10
+    # a tier page holds one pool page: one group's share of the layers
+    assert simulation.config.page_bytes == simulation.config.capacity.page_bytes
+
+
 @pytest.mark.parametrize(("settings", "words"), [
     ({"prefix_cache_retention_interval": 100}, "multiple of the block size"),
     ({"prefix_cache_retention_interval": -16}, "expected None"),
     ({"policy": "contiguous"}, "paged allocation with fixed blocks"),
-    ({"kv_tiers": TiersConfig(parse_tiers("host:1GiB"))}, "memory tiers"),
+    ({"kv_tiers": TiersConfig(parse_tiers("host:1GiB"), write_policy="write-through",
+                              block_size=64)}, "kv_tier_block_size"),
 ])
 def test_what_the_hybrid_manager_refuses_fails_on_construction(settings, words):
     with pytest.raises(KvlabError, match=words):
