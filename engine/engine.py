@@ -112,8 +112,8 @@ class LLMEngine:
             tokenizer=self.tokenizer)
         num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len,
                                         num_cache_layers)
-        swap_pages = num_swap_pages(self.model_config, serving, dtype)
-        tier_pages = num_tier_pages(self.model_config, serving, dtype)
+        swap_pages = num_swap_pages(self.model_config, serving, dtype, num_cache_layers)
+        tier_pages = num_tier_pages(self.model_config, serving, dtype, num_cache_layers)
         self.kv_cache = KVCache.for_model(
             self.model_config,
             num_pages=num_pages,
@@ -148,8 +148,8 @@ class LLMEngine:
         self.preemption_costs = costs
         # the host tier's pages are the cache's tier pages (none without a tier)
         self.tiers = build_tiers(serving.kv_tiers, spec.block_size, page_bytes_all_layers(
-            self.model_config, spec.block_size, dtype,
-            kv_cache_dtype=serving.kv_cache_dtype)) or None
+            self.model_config, spec.block_size, dtype, num_cache_layers,
+            serving.kv_cache_dtype)) or None
         self.manager = KVCacheManager(
             spec,
             num_pages,

@@ -38,11 +38,12 @@ def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtyp
     return page_size * 2 * num_layers * config.num_key_value_heads * row_bytes
 
 
-def num_swap_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:
+def num_swap_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype,
+                   num_cache_layers: int | None = None) -> int:
     """Host pages that fit in the serving config's `swap_space_bytes` (pages in its
-    `kv_cache_dtype`)."""
+    `kv_cache_dtype`, over `num_cache_layers` layer tensors: `page_bytes_all_layers`)."""
     return serving.swap_space_bytes // page_bytes_all_layers(
-        config, serving.page_size, dtype, kv_cache_dtype=serving.kv_cache_dtype)
+        config, serving.page_size, dtype, num_cache_layers, serving.kv_cache_dtype)
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -200,10 +201,12 @@ def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
     return batches
 
 
-def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype) -> int:
+def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype,
+                   num_cache_layers: int | None = None) -> int:
     """Pages of the host tier of the serving config, in device pages (0 without one; a whole
-    number of tier pages, `TiersConfig.block_size` each); a KvlabError for a tier
-    the engine does not run (ssd, remote: the simulator's only)."""
+    number of tier pages, `TiersConfig.block_size` each; pages over `num_cache_layers` layer
+    tensors); a KvlabError for a tier the engine does not run (ssd, remote: the simulator's
+    only)."""
     tiers = serving.kv_tiers.tiers
     if not tiers:
         return 0
@@ -213,8 +216,8 @@ def num_tier_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dty
             f"kv_tiers: the engine runs a host tier only, not {', '.join(others)} (simulate "
             "those with `kvlab sim --kv-tiers`)", parameters=("kv_tiers",))
     block_pages = serving.kv_tiers.block_pages(serving.page_size)
-    page_bytes = page_bytes_all_layers(config, serving.page_size, dtype,
-                                       kv_cache_dtype=serving.kv_cache_dtype)
+    page_bytes = page_bytes_all_layers(config, serving.page_size, dtype, num_cache_layers,
+                                       serving.kv_cache_dtype)
     return tiers[0].num_blocks(page_bytes, block_pages) * block_pages
 
 

@@ -277,3 +277,20 @@ def test_swap_preemption_on_the_hybrid_manager_keeps_transformers_tokens(models,
                             num_gpu_blocks_override=num_pages, max_num_batched_tokens=8)
     assert tokens == expected
     assert llm.engine.scheduler.num_swaps_out > 0
+
+
+@pytest.mark.parametrize("layout", ["mistral", "interleaved_layer_types"])
+def test_host_tier_hits_on_the_hybrid_manager_keep_transformers_tokens(models, layout):
+    """Each prompt run twice, one at a time, on a device that keeps about one prompt's pages:
+    the second run finds its prefix (a window's pages too) in the host tier, loads it back and
+    decodes transformers' tokens."""
+    folder, expected = models[layout]
+    llm = LLM(str(folder), verbose=False, policy=f"paged:block_size={PAGE},eviction=lru",
+              num_gpu_blocks_override=13 * len(MANAGER_GROUPS[layout]), max_num_seqs=1,
+              kv_tiers="host:256p")
+    outputs = llm.generate(PROMPTS * 2, _params(MAX_TOKENS * 2), use_tqdm=False)
+    assert [out.outputs[0].token_ids for out in outputs] == expected * 2
+    manager = llm.engine.manager
+    host = manager.tiers[0]
+    assert host.stats.num_hits >= 2 * len(MANAGER_GROUPS[layout])  # pages of every group
+    manager.check_tiers()
