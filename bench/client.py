@@ -53,13 +53,16 @@ class ClientConfig:
 
 @dataclass(slots=True)
 class PlannedRequest:
-    """One request to send: its id, prompt token ids, output budget and send time (s)."""
+    """One request to send: its id, prompt token ids, output budget and send time (s); its
+    priority (sent as vLLM's `priority` field when not 0: a server that does not schedule by
+    priority refuses it, as vLLM does)."""
 
     request_id: int
     prompt: list[int] | str
     prompt_len: int
     max_tokens: int
     arrival_s: float
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -177,6 +180,8 @@ def _payload(config: ClientConfig, item: PlannedRequest) -> dict[str, Any]:
         body["ignore_eos"] = True
     if config.return_token_ids:
         body["return_token_ids"] = True
+    if item.priority:
+        body["priority"] = item.priority
     return body
 
 

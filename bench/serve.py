@@ -254,7 +254,7 @@ def plan_requests(trace: Trace, vocab_size: int, seed: int) -> list[PlannedReque
     return [
         PlannedRequest(r.request_id, r.prompt_text if r.prompt_text is not None
                        else list(r.prompt_token_ids or ()), r.input_len, r.output_len,
-                       r.arrival_s)
+                       r.arrival_s, r.priority)
         for r in with_ids.requests
     ]
 

@@ -41,6 +41,7 @@ def main() -> None:
         view = cached_run(run_setup.key(), policy, (), run_setup)
     headline(view)
     charts(view)
+    slo_classes(view)
     page_map(view, run_setup, policy)
     with st.expander("Tables"):
         summary = {k: v for k, v in view.summary.items() if not isinstance(v, (dict, list))}
@@ -75,6 +76,31 @@ def charts(view: RunView) -> None:
         chart(ttft, "explore_ttft_cdf")
     with right:
         chart(tpot, "explore_tpot_cdf")
+
+
+def slo_classes(view: RunView) -> None:
+    """Each SLO class's metrics, its goodput share and P99 TTFT as bars, Jain's fairness and
+    the priority inversions (nothing for a workload without classes)."""
+    summary = view.summary
+    classes = summary.get("classes")
+    if not classes:
+        return
+    st.subheader("SLO classes")
+    frame = pd.DataFrame([{"class": name, **stats} for name, stats in classes.items()])
+    fairness = summary.get("fairness_jain")
+    st.caption(f"Scheduling policy `{summary.get('scheduling_policy') or 'fcfs'}` · Jain's "
+               "fairness over the classes' SLO attainment: "
+               + ("n/a (fewer than two classes with SLOs)" if fairness is None
+                  else f"{fairness:.3f}")
+               + f" · priority inversions: {summary.get('num_priority_inversions', 0):,}")
+    left, right = st.columns(2)
+    with left:
+        if "goodput_perc" in frame:
+            chart(figures.metric_bar_figure(frame, "goodput_perc", "class"),
+                  "explore_class_goodput")
+    with right:
+        chart(figures.metric_bar_figure(frame, "p99_ttft_ms", "class"), "explore_class_ttft")
+    table(frame, "explore_classes")
 
 
 def page_map(view: RunView, setup: Setup, policy: str) -> None:

@@ -89,6 +89,13 @@ def sidebar_setup() -> Setup:
         max_len = st.number_input("max_model_len (0: the model's)", 0, 10_000_000, 0,
                                   key="max_model_len",
                                   help="longer requests fail, as with --max-model-len")
+        orders = registry.names("scheduling")
+        order = st.selectbox("scheduling_policy", orders, index=orders.index("fcfs"),
+                             key="scheduling_policy",
+                             help="which waiting request is admitted first, as "
+                             "--scheduling-policy: " + "; ".join(
+                                 f"{e.name}: {e.help}" for e in registry.entries()
+                                 if e.family == "scheduling"))
         full_isl = st.checkbox("scheduler_reserve_full_isl", defaults.scheduler_reserve_full_isl,
                                key="reserve_full_isl",
                                help="admit a waiting request only when its whole prompt fits in "
@@ -98,6 +105,7 @@ def sidebar_setup() -> Setup:
                             kv_cache_memory_bytes=int(kv_mib) * 2**20 or None,
                             max_model_len=int(max_len) or None,
                             kv_cache_dtype=str(kv_dtype),
+                            scheduling_policy=str(order),
                             scheduler_reserve_full_isl=bool(full_isl))
     setup = Setup(trace=name, upload=upload, dataset_name=dataset,
                   num_prompts=int(num_prompts) or None,

@@ -17,7 +17,7 @@ from kvlab.traces import Trace, guess_dataset_name, load_trace
 from kvlab.traces.bundled import bundled_dataset_name
 
 MAX_UPLOAD_BYTES = 50 * 1024 * 1024
-UPLOAD_SUFFIXES = (".csv", ".jsonl", ".json")
+UPLOAD_SUFFIXES = (".csv", ".jsonl", ".json", ".yaml", ".yml")
 DEFAULT_TRACE = "azure-conv"
 
 
@@ -105,7 +105,8 @@ def check_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_BYTES) -> N
     suffix = Path(name).suffix.lower()
     if suffix not in UPLOAD_SUFFIXES:
         raise KvlabError(f"{name}: expected a trace file ending in {', '.join(UPLOAD_SUFFIXES)} "
-                         "(Azure or BurstGPT .csv, Mooncake .jsonl, ShareGPT .json)")
+                         "(Azure or BurstGPT .csv, Mooncake .jsonl, ShareGPT .json, a workload "
+                         "spec .yaml)")
     if len(data) > max_bytes:
         raise KvlabError(f"{name} is {len(data) / 2**20:.1f} MiB; the dashboard takes trace "
                          f"files up to {max_bytes / 2**20:.0f} MiB (cut it, or use kvlab sim)")

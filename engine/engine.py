@@ -189,8 +189,11 @@ class LLMEngine:
         hash_ids: tuple[int, ...] | None = None,
         hash_block_size: int = 512,
         request_id: int | None = None,
+        priority: int = 0,
+        slo_class: str | None = None,
     ) -> Request:
-        """A new request; its output budget is `params.max_tokens`.
+        """A new request; its output budget is `params.max_tokens`; `priority` orders it under
+        priority scheduling (lower first), `slo_class` names the class it is reported in.
 
         `request_id` defaults to a fresh one; a trace passes its own ids so that ties in the
         scheduler break exactly as in the simulator. A sampling request without a seed gets one
@@ -219,6 +222,8 @@ class LLMEngine:
             hash_ids=hash_ids,
             hash_block_size=hash_block_size,
             output_ids_known=True,  # sampled before their KV is computed: decode pages cache
+            priority=priority,
+            slo_class=slo_class,
         )
 
     def check_prompt(self, ids: list[int]) -> None:

@@ -57,6 +57,8 @@ def trace_requests(engine: LLMEngine, trace: Trace) -> list[Request]:
                 hash_ids=item.hash_ids,
                 hash_block_size=item.hash_block_size,
                 request_id=item.request_id,
+                priority=item.priority,
+                slo_class=item.slo_class,
             )
         )
     return requests

@@ -64,6 +64,7 @@ SERVER_ROWS = (
 )
 RUN_ROWS = (
     ("policy", "Policy:"),
+    ("scheduling_policy", "Scheduling policy:"),
     ("backend", "Backend:"),
     ("model", "Model:"),
     ("hardware", "Hardware:"),
@@ -168,6 +169,36 @@ def _group_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+# per SLO class (kvlab.metrics.classes): (key in the class's dict, label after its name)
+CLASS_ROWS = (
+    ("completed", "completed:"),
+    ("goodput_perc", "within SLO (%):"),
+    ("request_goodput", "goodput (req/s):"),
+    ("mean_ttft_ms", "mean TTFT (ms):"),
+    ("p99_ttft_ms", "P99 TTFT (ms):"),
+    ("mean_tpot_ms", "mean TPOT (ms):"),
+    ("p99_e2el_ms", "P99 E2EL (ms):"),
+    ("prefix_cache_hit_rate_perc", "prefix hit rate (%):"),
+    ("num_preemptions", "preemptions:"),
+)
+
+
+def _class_lines(summary: dict) -> list[str]:
+    """The SLO Classes section: each class's rows, Jain's index, the priority inversions
+    (nothing for a run without classes)."""
+    classes = summary.get("classes")
+    if not isinstance(classes, dict) or not classes:
+        return []
+    lines = [_header("SLO Classes", "-")]
+    for name, stats in classes.items():
+        lines.extend(_row(f"{name} {label}", stats[key]) for key, label in CLASS_ROWS
+                     if stats.get(key) is not None)
+    if summary.get("fairness_jain") is not None:
+        lines.append(_row("Jain's fairness (SLO attainment):", summary["fairness_jain"]))
+    lines.append(_row("Priority inversions:", summary.get("num_priority_inversions")))
+    return lines
+
+
 def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> str:
     """The summary as vLLM's printed report, with a KV Cache and a Run section after it.
 
@@ -191,6 +222,8 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
     for section, section_rows in (("KV Cache", KV_CACHE_ROWS), ("KV Tiers", _tier_rows(summary)),
                                   ("KV Cache Groups", _group_rows(summary)),
                                   ("Server's Own Latency", SERVER_ROWS), ("Run", RUN_ROWS)):
+        if section == "Run":
+            lines.extend(_class_lines(summary))
         present = [(k, label) for k, label in section_rows if summary.get(k) is not None]
         if present:
             lines.append(_header(section, "-"))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvlab.errors import KvlabError
+from kvlab.metrics.classes import count_priority_inversions, jain_index, request_classes
 from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
 from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult
 
@@ -195,11 +196,23 @@ def _num_good(arrays: _RequestArrays, slos_ms: dict[str, float]) -> int:
     return int(good.sum())
 
 
-def count_good_requests(result: RunResult, slos_ms: dict[str, float]) -> int:
-    """The run's completed requests meeting every SLO (milliseconds keyed ttft/tpot/e2el), as
-    `request_goodput` counts them; over all requests it is vLLM's goodput as a share."""
+def count_good_requests(result: RunResult, slos_ms: dict[str, float],
+                        slo_class: str | None = None) -> tuple[int, int]:
+    """(good, total): the run's completed requests meeting every SLO (milliseconds keyed
+    ttft/tpot/e2el), as `request_goodput` counts them, and the requests counted; with
+    `slo_class`, of that class only (a KvlabError naming the classes when the run has no
+    such class). good / total is vLLM's goodput as a share."""
     _check_goodput(slos_ms)
-    return _num_good(_request_arrays(result.requests), slos_ms)
+    requests = result.requests
+    if slo_class is not None:
+        found = request_classes(requests)
+        names = found[0] if found is not None else []
+        requests = [r for r, name in zip(requests, names, strict=True) if name == slo_class]
+        if not requests:
+            raise KvlabError(f"slo_class {slo_class!r}: no request of the run is in it "
+                             f"(classes: {', '.join(sorted(set(names))) or 'none'})",
+                             parameters=("slo_class",))
+    return _num_good(_request_arrays(requests), slos_ms), len(requests)
 
 
 def step_columns(steps: StepRecorder) -> dict[str, np.ndarray]:
@@ -373,6 +386,8 @@ def summarize(
     summary["page_size"] = int(result.page_size)
     summary["num_total_pages"] = int(result.num_total_pages)
     summary["num_host_pages"] = int(result.num_host_pages)
+    summary.update(_class_stats(result, arrays, percentile_metrics, metric_percentiles,
+                                goodput_slos, per_second))
     metadata = _metadata(result.metadata)
     clash = sorted(set(metadata) & set(summary))
     assert not clash, f"metadata keys {clash} shadow metric keys"
@@ -380,13 +395,62 @@ def summarize(
     return summary
 
 
+def _class_stats(result: RunResult, arrays: _RequestArrays, percentile_metrics: Sequence[str],
+                 metric_percentiles: Sequence[float], goodput_slos: dict[str, float] | None,
+                 per_second: Any) -> dict[str, Any]:
+    """`classes` (per SLO class: counts, throughput, goodput and its share, latency
+    percentiles, preemptions, prefix hit rate), `fairness_jain` (Jain's index over the classes'
+    goodput shares; None unless two or more classes have SLOs) and `num_priority_inversions`;
+    nothing for a run without classes (`kvlab.metrics.classes`). A class's SLOs are its own
+    (a workload spec's, in the metadata's `slo_classes`), else `goodput_slos`."""
+    found = request_classes(result.requests)
+    if found is None:
+        return {}
+    names, priorities = found
+    class_slos = result.metadata.get("slo_classes") or {}
+    done = arrays.completed
+    tpot = arrays.tpot_s
+    classes: dict[str, dict[str, Any]] = {}
+    shares = []
+    for name in sorted(set(names)):
+        mask = np.array([n == name for n in names], dtype=bool)
+        sub = _RequestArrays(*(getattr(arrays, f)[mask] for f in _RequestArrays.__slots__))
+        ok = done[mask]
+        stats: dict[str, Any] = {
+            "completed": int(ok.sum()),
+            "failed": int((~ok).sum()),
+            "request_throughput": per_second(int(ok.sum())),
+        }
+        slos = class_slos.get(name, goodput_slos)
+        if slos:
+            num_good = _num_good(sub, slos)
+            stats["request_goodput"] = per_second(num_good)
+            stats["goodput_perc"] = 100.0 * num_good / int(mask.sum())
+            shares.append(stats["goodput_perc"])
+        values = {"ttft": sub.ttft_s[ok], "tpot": tpot[mask][ok], "e2el": sub.e2el_s[ok]}
+        values["tpot"] = values["tpot"][~np.isnan(values["tpot"])]
+        for metric in ("ttft", "tpot", "e2el"):
+            if metric in percentile_metrics or metric == "e2el":
+                stats.update(_distribution(metric, values[metric], metric_percentiles))
+        stats["num_preemptions"] = int(sub.num_preemptions.sum())
+        stats["prefix_cache_hit_rate_perc"] = _prefix_cache_hit_rate_perc(sub)
+        classes[name] = stats
+    return {
+        "classes": classes,
+        "fairness_jain": jain_index(shares) if len(shares) >= 2 else None,
+        "num_priority_inversions": count_priority_inversions(
+            arrays.arrival_s, arrays.first_scheduled_s, priorities),
+    }
+
+
 def per_request_table(result: RunResult) -> pd.DataFrame:
-    """One row per request: lengths, status, latencies in ms (NaN where undefined), counters."""
+    """One row per request: lengths, status, latencies in ms (NaN where undefined), counters;
+    and each request's priority and SLO class when the run has classes."""
     import pandas as pd
 
     arrays = _request_arrays(result.requests)
     ms = 1000.0
-    return pd.DataFrame(
+    table = pd.DataFrame(
         {
             "request_id": arrays.request_id,
             "arrival_s": arrays.arrival_s,
@@ -404,6 +468,11 @@ def per_request_table(result: RunResult) -> pd.DataFrame:
             "finish_s": arrays.finish_s,
         }
     )
+    if request_classes(result.requests) is not None:
+        table["priority"] = [getattr(r, "priority", 0) for r in result.requests]
+        table["slo_class"] = pd.Series([getattr(r, "slo_class", None) for r in result.requests],
+                                       dtype=object)
+    return table
 
 
 def per_step_table(result: RunResult) -> pd.DataFrame:

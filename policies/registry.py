@@ -6,7 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-FAMILIES = ("allocation", "reserve", "block_sizing", "eviction", "victim", "preemption")
+FAMILIES = (
+    "allocation", "reserve", "block_sizing", "eviction", "victim", "preemption", "scheduling",
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,4 +56,10 @@ def entries() -> list[Entry]:
 
 def _load_builtin() -> None:
     # Importing the family packages runs their @register decorators.
-    from kvlab.policies import allocation, block_sizing, eviction, preemption  # noqa: F401
+    from kvlab.policies import (  # noqa: F401
+        allocation,
+        block_sizing,
+        eviction,
+        preemption,
+        scheduling,
+    )

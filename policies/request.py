@@ -47,6 +47,8 @@ class Request:
     Mooncake, where `hash_ids[i]` stands for block i together with everything before it). Either
     gives per-page prefix hashes for any page size; with neither, the prompt is never shared.
     `max_output_tokens` is the output budget; in the simulator it is also the real output length.
+    `priority` orders requests under priority scheduling (lower first); `slo_class` names the
+    class its latencies are reported in.
     """
 
     request_id: int
@@ -56,6 +58,10 @@ class Request:
     prompt_token_ids: list[int] | None = None
     hash_ids: tuple[int, ...] | None = None
     hash_block_size: int = 512
+    # Who goes first under `--scheduling-policy priority` (lower first, as vLLM; 0 default),
+    # and the SLO class whose metrics the request counts in (None: no class).
+    priority: int = 0
+    slo_class: str | None = None
     # Appended by the engine as it samples. The simulator only counts, but a replayed run may
     # carry its recorded outputs here from the start (see `output_ids_known`).
     output_token_ids: list[int] = field(default_factory=list)

@@ -13,6 +13,7 @@ from kvlab.policies import registry
 from kvlab.policies.manager import NO_OPS, DecodeAhead, KVCacheManager
 from kvlab.policies.outputs import MemOps, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus
+from kvlab.policies.scheduling.spec import DEFAULT_SCHEDULING_POLICY, make_order
 
 # The defaults of every world's config (ServingConfig composes these limits).
 DEFAULT_MAX_NUM_SEQS = 256
@@ -24,17 +25,21 @@ class SchedulerConfig:
     """Batch limits: requests per step, tokens per step, model length, chunked prefill; and
     `reserve_full_isl`: admit a waiting request only when its whole known sequence (prompt
     and the output it has so far) would fit in KV memory now, not just its first chunk
-    (vLLM's `--scheduler-reserve-full-isl`, on by default since vLLM 0.32)."""
+    (vLLM's `--scheduler-reserve-full-isl`, on by default since vLLM 0.32);
+    `scheduling_policy`: the order waiting requests are admitted in (`kvlab.policies.scheduling`:
+    fcfs, priority, lpm, sjf, ...; vLLM's `--scheduling-policy`)."""
 
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     reserve_full_isl: bool = False
+    scheduling_policy: str = DEFAULT_SCHEDULING_POLICY
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             check_whole_number(name, getattr(self, name), 1)
+        make_order(self.scheduling_policy)  # a KvlabError for a spec it does not name
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise KvlabError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
@@ -55,7 +60,9 @@ class Scheduler:
     """Decides each step which requests run, how many tokens each computes, and who is preempted.
 
     Order of service: running requests (decodes and unfinished prefill chunks), then swapped
-    requests (swap-in, oldest first), then waiting requests (first come, first served). Swapped
+    requests (swap-in, oldest first), then waiting requests (first come, first served, or in the
+    order of the config's `scheduling_policy`; `priority` orders swapped requests too and picks
+    the victims). Swapped
     and waiting requests are admitted only in steps without a preemption, and waiting ones only
     when no request is left swapped out, so preempted work is never starved by new arrivals.
     When `allocate` fails the preemption policy picks a victim among the running requests.
@@ -68,6 +75,11 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self._pick_victim = registry.get("victim", manager.policy.victim).factory
+        order = make_order(config.scheduling_policy)
+        # None for fcfs: the queues stay as they are, and the hot paths check one attribute
+        self._order = order if order.reorders else None
+        if order.chooses_victim:
+            self._pick_victim = lambda running, pages_held: order.victim(running)
         self.step_id = 0
         self.num_preemptions = 0
         self.num_swaps_out = 0
@@ -287,6 +299,9 @@ class Scheduler:
 
     def _schedule_swapped(self, step: _Step, now_s: float) -> None:
         manager, running = self.manager, self.running
+        order = self._order
+        if order is not None and order.arranges_swapped and len(self.swapped) > 1:
+            order.arrange(self.swapped, manager, now_s)
         while self.swapped and step.budget > 0 and len(running) < self.config.max_num_seqs:
             request = self.swapped[0]
             if not manager.can_swap_in(request):
@@ -305,6 +320,10 @@ class Scheduler:
 
     def _schedule_waiting(self, step: _Step, now_s: float) -> None:
         config, manager, running = self.config, self.manager, self.running
+        order = self._order
+        if (order is not None and len(self.waiting) > 1 and step.budget > 0
+                and len(running) < config.max_num_seqs):
+            order.arrange(self.waiting, manager, now_s)
         while self.waiting and step.budget > 0 and len(running) < config.max_num_seqs:
             request = self.waiting[0]
             error = self._admission_error(request)

@@ -18,6 +18,7 @@ from kvlab.policies.scheduler import (
     SchedulerConfig,
     check_whole_number,
 )
+from kvlab.policies.scheduling.spec import DEFAULT_SCHEDULING_POLICY, canonical_scheduling_policy
 from kvlab.policies.spec import PolicySpec, parse_policy
 from kvlab.policies.tiers import TiersConfig
 from kvlab.specs.kv_dtype import kv_cache_dtype
@@ -67,8 +68,10 @@ class ServingConfig:
     bounds the host swap pages unless the policy's `host_pages` does. `kv_tiers` are the memory
     tiers below the device that the prefix cache spills to (policies/tiers.py; none by
     default). `kv_cache_dtype` is the KV cache's precision (vLLM's `--kv-cache-dtype` names,
-    `kvlab.specs.kv_dtype`; an alias is stored as its full name). `seed` shapes sampling and
-    synthetic workloads and is recorded with results. Checked on construction.
+    `kvlab.specs.kv_dtype`; an alias is stored as its full name). `scheduling_policy` is the
+    order waiting requests are admitted in (vLLM's `--scheduling-policy`: fcfs, priority; and
+    SGLang's lpm, sjf, ...: `kvlab.policies.scheduling`; stored canonical). `seed` shapes
+    sampling and synthetic workloads and is recorded with results. Checked on construction.
     """
 
     policy: PolicySpec = field(default_factory=PolicySpec)
@@ -84,12 +87,15 @@ class ServingConfig:
     seed: int = 0
     kv_tiers: TiersConfig = field(default_factory=TiersConfig)
     kv_cache_dtype: str = "auto"
+    scheduling_policy: str = DEFAULT_SCHEDULING_POLICY
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, PolicySpec):
             raise TypeError("ServingConfig.policy is a PolicySpec; use ServingConfig.create")
         # frozen: store the full name of an alias (fp8 -> fp8_e4m3), as vLLM resolves it
         object.__setattr__(self, "kv_cache_dtype", kv_cache_dtype(self.kv_cache_dtype).name)
+        object.__setattr__(self, "scheduling_policy",
+                           canonical_scheduling_policy(self.scheduling_policy))
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             check_whole_number(name, getattr(self, name), 1)
         if not isinstance(self.scheduler_reserve_full_isl, bool):
@@ -180,6 +186,7 @@ class ServingConfig:
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             reserve_full_isl=self.scheduler_reserve_full_isl,
+            scheduling_policy=self.scheduling_policy,
         )
 
     def num_host_pages(self, num_pages: int, swap_space_pages: int | None = None) -> int:
@@ -196,8 +203,8 @@ class ServingConfig:
     def result_metadata(self) -> dict[str, Any]:
         """The settings as saved with a run's result, under vLLM's names (JSON-ready; the
         simulator and the engine add their own keys): the KV cache's size and dtype (when not
-        auto), the admission gate and the tiers only when set (the stored results of runs
-        without them keep their keys)."""
+        auto), the scheduling policy (when not fcfs), the admission gate and the tiers only
+        when set (the stored results of runs without them keep their keys)."""
         policy = self.policy
         return {
             "policy": policy.to_string(),
@@ -210,6 +217,8 @@ class ServingConfig:
             "enable_prefix_caching": policy.prefix_caching,
             "seed": self.seed,
             **({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != "auto" else {}),
+            **({"scheduling_policy": self.scheduling_policy}
+               if self.scheduling_policy != DEFAULT_SCHEDULING_POLICY else {}),
             **({"kv_cache_memory_bytes": self.kv_cache_memory_bytes}
                if self.kv_cache_memory_bytes is not None else {}),
             **({"scheduler_reserve_full_isl": True} if self.scheduler_reserve_full_isl else {}),

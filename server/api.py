@@ -71,6 +71,7 @@ def build_app(service: EngineService, *, model_name: str, api_key: str | None = 
     max_model_len, vocab_size = engine.max_model_len, engine.model_config.vocab_size
     manager = engine.manager  # read-only here: its sizing rules
     has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+    scheduling_policy = engine.config.serving.scheduling_policy
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError) -> JSONResponse:
@@ -215,6 +216,11 @@ def build_app(service: EngineService, *, model_name: str, api_key: str | None = 
 
     async def _respond(request: Request, body: SamplingFields, prepared: list[Prepared], *,
                        chat: bool) -> Response:
+        if body.priority and not scheduling_policy.startswith("priority"):
+            # as vLLM: a priority other than 0 is an error unless the server orders by it
+            raise APIError(400, f"priority {body.priority}: the server schedules by "
+                           f"{scheduling_policy}; a priority other than 0 needs "
+                           "--scheduling-policy priority", "priority")
         loop = asyncio.get_running_loop()
         streams: list[Stream] = []
         try:
@@ -222,7 +228,7 @@ def build_app(service: EngineService, *, model_name: str, api_key: str | None = 
             each_token = body.stream or bool(body.stop_strings())
             for item in prepared:
                 streams.append(service.submit(item.token_ids, item.params, loop,
-                                              each_token=each_token))
+                                              each_token=each_token, priority=body.priority))
         except Overloaded as exc:
             _abort(streams)
             raise APIError(503, f"the server is busy: {exc}") from None

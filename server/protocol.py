@@ -33,6 +33,9 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False  # vLLM's extension: the prompt's and the output's ids
+    # vLLM's extension: the request's place under --scheduling-policy priority (lower first;
+    # ignored by other policies)
+    priority: StrictInt = 0
 
     def stop_strings(self) -> list[str]:
         """`stop` as a list of non-empty strings."""

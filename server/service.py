@@ -147,11 +147,12 @@ class EngineService:
 
     def submit(
         self, prompt_token_ids: Sequence[int], params: SamplingParams,
-        loop: asyncio.AbstractEventLoop, *, each_token: bool = True,
+        loop: asyncio.AbstractEventLoop, *, each_token: bool = True, priority: int = 0,
     ) -> Stream:
         """Queue a request and return its stream (called on the server's event loop, the only
         caller of `make_request`): an event per step with new tokens, or with `each_token`
-        False only the last. Raises KvlabError for a prompt outside the vocabulary, and
+        False only the last; `priority` orders it under priority scheduling (vLLM's request
+        field: lower first). Raises KvlabError for a prompt outside the vocabulary, and
         Overloaded while shutting down or when `max_queue` requests are already waiting."""
         with self._lock:
             if self._stopping:
@@ -164,7 +165,7 @@ class EngineService:
             # latency that `calibrate --from-bench` measures, and the simulator counted it
             # twice). In the inbox under the lock: arrivals reach the engine in their order.
             request = self.engine.make_request(list(prompt_token_ids), params,
-                                               arrival_s=self._clock.now())
+                                               arrival_s=self._clock.now(), priority=priority)
             self._num_queued += 1
             stream = Stream(request, loop, each_token)
             self._inbox.put(_Submit(stream))

@@ -24,6 +24,8 @@ def to_requests(trace: Trace) -> list[Request]:
             hash_block_size=r.hash_block_size,
             output_token_ids=[] if r.output_token_ids is None else list(r.output_token_ids),
             output_ids_known=r.output_token_ids is not None and r.prompt_token_ids is not None,
+            priority=r.priority,
+            slo_class=r.slo_class,
         )
         for r in trace.requests
     ]

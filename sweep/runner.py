@@ -164,6 +164,7 @@ def run_point(settings: Mapping[str, Any]) -> dict[str, Any]:
     start = time.process_time()
     try:
         result, summary = simulate_settings(settings)
+        attainment = _attainment(result, settings)
     except KvlabError as err:
         row = point_row(settings, "error", str(err))
     except Exception as err:  # a bug in one run must not stop the others; its row says where
@@ -174,12 +175,20 @@ def run_point(settings: Mapping[str, Any]) -> dict[str, Any]:
         row = point_row(settings, "ok", None)
         row.update(flatten(summary))
         row["seed"] = settings.get("seed", 0)
-        goodput = settings.get("goodput")
-        if goodput:
-            total = len(result.requests)
-            row[ATTAINMENT_COLUMN] = count_good_requests(result, goodput) / total if total else 0.0
+        if attainment is not None:
+            row[ATTAINMENT_COLUMN] = attainment
     row["run_cpu_s"] = time.process_time() - start
     return row
+
+
+def _attainment(result: RunResult, settings: Mapping[str, Any]) -> float | None:
+    """The share of requests meeting the goodput SLOs (of the `slo_class` only, when set);
+    None without SLOs."""
+    goodput = settings.get("goodput")
+    if not goodput:
+        return None
+    good, total = count_good_requests(result, goodput, settings.get("slo_class"))
+    return good / total if total else 0.0
 
 
 def error_row(settings: Mapping[str, Any], message: str) -> dict[str, Any]:

@@ -227,6 +227,7 @@ def _settings() -> dict[str, Setting]:
                 _serving_field("kv_cache_memory_bytes")),
         Setting("swap_space_bytes", "serving", _swap_space),
         Setting("kv_cache_dtype", "serving", _str, _serving_field("kv_cache_dtype")),
+        Setting("scheduling_policy", "serving", _str, _serving_field("scheduling_policy")),
         # the policy's own keys, applied over the policy spec (kvlab policies)
         Setting("reserve", "policy", _str, _policy_key("reserve")),
         Setting("block_sizing", "policy", _str, _policy_key("block_sizing")),
@@ -249,6 +250,8 @@ def _settings() -> dict[str, Setting]:
         Setting("metric_percentiles", "summary", _text_list, parse_metric_percentiles,
                 sweepable=False),
         Setting("goodput", "summary", _goodput, sweepable=False),
+        # the SLO class whose requests the goodput attainment counts (kvlab tune --slo-class)
+        Setting("slo_class", "summary", _optional(_str), sweepable=False),
         # the cluster (kvlab.sim.simulate_cluster): one instance unless num_instances > 1
         Setting("num_instances", "cluster", _int, _whole("num_instances", 1)),
         Setting("router", "cluster", _str, check_router),

@@ -147,10 +147,12 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
          min_attainment: float = DEFAULT_MIN_ATTAINMENT,
          options: SearchOptions | None = None, force: bool = False,
          progress: bool = False,
-         on_probe: Callable[[dict[str, Any]], object] | None = None) -> pd.DataFrame:
+         on_probe: Callable[[dict[str, Any]], object] | None = None,
+         slo_class: str | None = None) -> pd.DataFrame:
     """The ranked table: for each candidate (checked settings), the highest request rate
     whose goodput attainment is at least `min_attainment` under `slos` (ms keyed ttft, tpot,
-    e2el), with its probe's metrics; best first.
+    e2el), with its probe's metrics; best first. With `slo_class`, the attainment is over
+    the requests of that SLO class only (a workload's `slo_class`: rank by its goodput).
 
     Candidates search in parallel on `executor`, one probe each in flight. Probes are
     appended to `store` when given, and a re-run takes the stored ones instead of simulating
@@ -165,7 +167,8 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
     check_candidates(candidates)
     options = options or SearchOptions()
     cached = _stored_probes(store) if store is not None and not force else {}
-    states = [_Candidate({**candidate, "goodput": goodput}, options.search())
+    measured = {"goodput": goodput, **({"slo_class": slo_class} if slo_class else {})}
+    states = [_Candidate({**candidate, **measured}, options.search())
               for candidate in candidates]
     bar = _bar(len(states), progress)
     in_flight: dict[int, float] = {}
@@ -264,6 +267,7 @@ def _varying(settings: Any) -> list[str]:
     for candidate in candidates:
         names.update(dict.fromkeys(candidate))
     names.pop("goodput", None)
+    names.pop("slo_class", None)
     if len(candidates) == 1:
         return list(names)
     return [name for name in names

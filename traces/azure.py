@@ -1,11 +1,19 @@
-"""Loader for the Azure LLM inference traces: CSV `TIMESTAMP,ContextTokens,GeneratedTokens`."""
+"""Loader for the Azure LLM inference traces: CSV `TIMESTAMP,ContextTokens,GeneratedTokens`,
+with optional columns `priority` (a whole number, lower first under priority scheduling) and
+`slo_class` (the class a request's latencies are reported in)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from kvlab.traces.build import build_trace
-from kvlab.traces.tabular import raise_first_bad, read_table, timestamps_ns, whole_numbers
+from kvlab.traces.tabular import (
+    raise_first_bad,
+    read_labels,
+    read_table,
+    timestamps_ns,
+    whole_numbers,
+)
 from kvlab.traces.types import Trace
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -25,6 +33,7 @@ def load_azure(path: str | Path, *, num_prompts: int | None = None) -> Trace:
         "ContextTokens": whole_numbers(table, "ContextTokens"),
         "GeneratedTokens": whole_numbers(table, "GeneratedTokens"),
     }
+    labels = read_labels(table, columns)
     raise_first_bad(table, columns)
     # Subtract in integer nanoseconds before converting, so the 100 ns digits survive.
     arrival_ns = columns["TIMESTAMP"].values
@@ -36,4 +45,5 @@ def load_azure(path: str | Path, *, num_prompts: int | None = None) -> Trace:
         columns["ContextTokens"].values,
         columns["GeneratedTokens"].values,
         num_prompts=num_prompts,
+        labels=labels,
     )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +49,13 @@ def build_trace(
     hash_block_size: int = 512,
     prompt_token_ids: Sequence[tuple[int, ...]] | None = None,
     prompt_texts: Sequence[str] | None = None,
+    labels: RequestLabels | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Trace:
     """A trace of a file's rows in arrival order (stable for ties), keeping the first num_prompts.
 
-    Arrivals are shifted so the first request arrives at 0.0.
+    Arrivals are shifted so the first request arrives at 0.0. `labels`: each row's priority and
+    SLO class, where the file has them.
     """
     check_num_prompts(num_prompts)
     order = np.argsort(arrival_s, kind="stable")
@@ -72,6 +76,7 @@ def build_trace(
         prompt_token_ids=None if prompt_token_ids is None
         else [prompt_token_ids[i] for i in order.tolist()],
         prompt_texts=None if prompt_texts is None else [prompt_texts[i] for i in order.tolist()],
+        labels=None if labels is None else labels.pick(order.tolist()),
     )
     return Trace(name, dataset_name, source, requests, metadata)
 
@@ -85,18 +90,36 @@ def make_requests(
     hash_block_size: int = 512,
     prompt_token_ids: Sequence[tuple[int, ...] | None] | None = None,
     prompt_texts: Sequence[str | None] | None = None,
+    labels: RequestLabels | None = None,
 ) -> list[TraceRequest]:
     """TraceRequests numbered 0..n-1 from parallel arrays already in arrival order."""
     num = len(arrival_s)
     hashes = hash_ids if hash_ids is not None else [None] * num
     token_ids = prompt_token_ids if prompt_token_ids is not None else [None] * num
     texts = prompt_texts if prompt_texts is not None else [None] * num
-    return [
+    requests = [
         TraceRequest(i, t, x, y, h, hash_block_size, p, prompt_text=text)
         for i, (t, x, y, h, p, text) in enumerate(zip(
             arrival_s.astype(float).tolist(), input_len.tolist(), output_len.tolist(),
             hashes, token_ids, texts, strict=True))
     ]
+    if labels is None:
+        return requests
+    return [dataclasses.replace(r, priority=p, slo_class=c) for r, p, c in
+            zip(requests, labels.priorities, labels.slo_classes, strict=True)]
+
+
+@dataclass(slots=True, frozen=True)
+class RequestLabels:
+    """Each request's priority and SLO class (None: no class), parallel to a trace's rows."""
+
+    priorities: list[int]
+    slo_classes: list[str | None]
+
+    def pick(self, rows: list[int]) -> RequestLabels:
+        """The labels of `rows`, in that order."""
+        return RequestLabels([self.priorities[i] for i in rows],
+                             [self.slo_classes[i] for i in rows])
 
 
 def num_hash_blocks(input_len: int, block_size: int) -> int:

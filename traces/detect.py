@@ -7,11 +7,12 @@ from pathlib import Path
 from kvlab.errors import KvlabError
 from kvlab.traces.tabular import check_file
 
-_ANY_TRACE = "a trace file (.csv, .jsonl or .json)"
+_ANY_TRACE = "a trace file (.csv, .jsonl or .json) or a workload spec (.yaml)"
 
 
 def guess_dataset_name(path: str | Path) -> str:
-    """'mooncake' for .jsonl, 'sharegpt' for .json, else 'azure' or 'burstgpt' by CSV header."""
+    """'mooncake' for .jsonl, 'sharegpt' for .json, 'workload' for a .yaml workload spec, else
+    'azure' or 'burstgpt' by CSV header."""
     path = Path(path)
     check_file(path, _ANY_TRACE)
     suffix = path.suffix.lower()
@@ -19,6 +20,8 @@ def guess_dataset_name(path: str | Path) -> str:
         return "mooncake"
     if suffix == ".json":
         return "sharegpt"
+    if suffix in (".yaml", ".yml"):
+        return "workload"
     with path.open(encoding="utf-8", errors="replace") as file:
         header = [name.strip() for name in file.readline().split(",")]
     if "ContextTokens" in header:

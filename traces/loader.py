@@ -18,6 +18,7 @@ from kvlab.traces.mooncake import load_mooncake
 from kvlab.traces.sharegpt import load_sharegpt
 from kvlab.traces.synthetic import RandomOptions, load_random
 from kvlab.traces.types import Trace
+from kvlab.traces.workload import load_workload
 
 FILE_LOADERS: dict[str, Callable[..., Trace]] = {
     "azure": load_azure,
@@ -25,7 +26,7 @@ FILE_LOADERS: dict[str, Callable[..., Trace]] = {
     "burstgpt": load_burstgpt,
     "sharegpt": load_sharegpt,
 }
-DATASET_NAMES = (*FILE_LOADERS, "random")
+DATASET_NAMES = (*FILE_LOADERS, "workload", "random")
 
 # Options beyond the shared ones that each dataset accepts.
 _OPTIONS: dict[str, tuple[str, ...]] = {
@@ -49,7 +50,8 @@ def load_trace(
 ) -> Trace:
     """Load a trace (or generate `random`) and set its arrivals.
 
-    `path` may be a file or a bundled excerpt name (`azure-conv`, `azure-code`, `mooncake`);
+    `path` may be a file or a bundled excerpt name (`azure-conv`, `azure-code`, `mooncake`),
+    or for `workload` a workload spec (`kvlab.traces.workload`);
     without one, `azure` and `mooncake` load their bundled excerpt. `num_prompts` keeps the first
     N requests in arrival order (random: generates N, default 1000). Arrivals replay the trace's
     timestamps divided by `time_scale`, unless a `request_rate` resamples them (inf: all at 0)
@@ -73,6 +75,8 @@ def load_trace(
                              "requests and reads no file",
                              parameters=("dataset_path", "dataset_name"))
         trace = load_random(num_prompts=num_prompts, seed=seed, **options)
+    elif dataset_name == "workload":
+        trace = load_workload(_trace_file(dataset_name, path), num_prompts=num_prompts, seed=seed)
     else:
         file = _trace_file(dataset_name, path)
         trace = FILE_LOADERS[dataset_name](file, num_prompts=num_prompts, **options)

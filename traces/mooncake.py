@@ -2,6 +2,8 @@
 
 `timestamp` is milliseconds since the start of the trace; `hash_ids[i]` names the i-th 512-token
 prompt block together with everything before it, so a row must carry ceil(input_length / 512) ids.
+Optional fields: `priority` (a whole number, lower first under priority scheduling; default 0)
+and `slo_class` (the name of the class the request's latencies are reported in).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvlab.errors import KvlabError
-from kvlab.traces.build import build_trace, num_hash_blocks
+from kvlab.traces.build import RequestLabels, build_trace, num_hash_blocks
 from kvlab.traces.tabular import MAX_TOKENS, check_file
 from kvlab.traces.types import Trace
 
@@ -30,6 +32,8 @@ def load_mooncake(path: str | Path, *, num_prompts: int | None = None) -> Trace:
     input_lens: list[int] = []
     output_lens: list[int] = []
     hash_ids: list[tuple[int, ...]] = []
+    labels = RequestLabels([], [])
+    labelled = False
     line_no = 0
     try:
         with path.open(encoding="utf-8") as file:
@@ -41,6 +45,9 @@ def load_mooncake(path: str | Path, *, num_prompts: int | None = None) -> Trace:
                 input_lens.append(row[1])
                 output_lens.append(row[2])
                 hash_ids.append(row[3])
+                labels.priorities.append(row[4])
+                labels.slo_classes.append(row[5])
+                labelled = labelled or row[6]
     except UnicodeDecodeError:
         raise KvlabError(f"{path} line {line_no + 1}: not UTF-8 text; expected {_WHAT}") from None
     if not timestamps:
@@ -55,11 +62,14 @@ def load_mooncake(path: str | Path, *, num_prompts: int | None = None) -> Trace:
         num_prompts=num_prompts,
         hash_ids=hash_ids,
         hash_block_size=HASH_BLOCK_SIZE,
+        labels=labels if labelled else None,
     )
 
 
-def _parse_row(path: Path, line_no: int, line: str) -> tuple[float, int, int, tuple[int, ...]]:
-    """(timestamp ms, input length, output length, hash ids) of one line, or a KvlabError."""
+def _parse_row(path: Path, line_no: int, line: str
+               ) -> tuple[float, int, int, tuple[int, ...], int, str | None, bool]:
+    """(timestamp ms, input length, output length, hash ids, priority, SLO class, whether
+    either was given) of one line, or a KvlabError."""
     where = f"{path} line {line_no}"
     try:
         row = json.loads(line.rstrip())  # so an error column points into the line
@@ -90,7 +100,14 @@ def _parse_row(path: Path, line_no: int, line: str) -> tuple[float, int, int, tu
             f"{where}, field hash_ids: {len(ids)} ids for input_length {input_len}; expected "
             f"ceil({input_len}/{HASH_BLOCK_SIZE}) = {expected}"
         )
-    return float(timestamp), input_len, output_len, tuple(ids)
+    priority, slo_class = row.get("priority", 0), row.get("slo_class")
+    if type(priority) is not int:
+        raise KvlabError(f"{where}, field priority: {_short(priority)} is not a whole number")
+    if slo_class is not None and (not isinstance(slo_class, str) or not slo_class.strip()):
+        raise KvlabError(f"{where}, field slo_class: {_short(slo_class)} is not a class name")
+    labelled = "priority" in row or slo_class is not None
+    return (float(timestamp), input_len, output_len, tuple(ids), priority,
+            None if slo_class is None else slo_class.strip(), labelled)
 
 
 def _length(where: str, name: str, value: Any) -> int:

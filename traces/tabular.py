@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import KvlabError
+from kvlab.traces.build import RequestLabels
 
 _EXAMPLE_TIMESTAMP = "2023-11-16 18:15:46.6805900"
 
@@ -111,6 +112,24 @@ def whole_numbers(table: Table, column: str, *, min_value: int = 1,
         (too_small, f"is too small: expected a whole number >= {min_value}"),
         (too_large, f"is too large: expected a whole number <= {max_value:,}"),
     ])
+
+
+def read_labels(table: Table, columns: dict[str, Parsed]) -> RequestLabels | None:
+    """The optional `priority` (whole numbers, any sign) and `slo_class` (names) columns as
+    each row's labels, None when the table has neither; a bad priority joins `columns`, so
+    `raise_first_bad` reports it at its line."""
+    has_priority, has_class = "priority" in table.header, "slo_class" in table.header
+    if not (has_priority or has_class):
+        return None
+    num = len(table.frame)
+    priorities = [0] * num
+    if has_priority:
+        columns["priority"] = whole_numbers(table, "priority", min_value=-MAX_TOKENS)
+        priorities = columns["priority"].values.tolist()
+    classes: list[str | None] = [None] * num
+    if has_class:
+        classes = [name.strip() or None for name in table.frame["slo_class"].tolist()]
+    return RequestLabels(priorities, classes)
 
 
 def seconds(table: Table, column: str) -> Parsed:

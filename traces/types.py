@@ -25,7 +25,9 @@ class TraceRequest:
     served run's record (the outputs the engine sampled): replayed through the simulator, they
     give its prefix cache the output pages the engine cached. `prompt_text` is the prompt as
     text where the trace has it (ShareGPT): what a benchmark client sends, so that the server
-    tokenizes it as it would a user's.
+    tokenizes it as it would a user's. `priority` (lower first under priority scheduling, as
+    vLLM) and `slo_class` (the class its latencies are reported in) come from the trace's
+    `priority` and `slo_class` fields where it has them, or from a workload spec's classes.
     """
 
     request_id: int  # 0..n-1 in arrival order
@@ -37,6 +39,8 @@ class TraceRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     output_token_ids: tuple[int, ...] | None = None
     prompt_text: str | None = None
+    priority: int = 0
+    slo_class: str | None = None
 
 
 @dataclass(slots=True)
@@ -77,4 +81,5 @@ class Trace:
             "burstiness": float(meta.get("burstiness", 1.0)),
             "time_scale": float(meta.get("time_scale", 1.0)),
             **{key: meta[key] for key in RAMP_UP_KEYS if key in meta},
+            **({"slo_classes": meta["slo_classes"]} if "slo_classes" in meta else {}),
         }

@@ -254,6 +254,7 @@ def add_serving_arguments(
         default=defaults.enable_chunked_prefill,
         help="split long prompts over steps within the token budget (default: on)",
     )
+    add_scheduling_policy_argument(policy)
     policy.add_argument(
         "--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=None,
         help="admit a waiting request only when its whole prompt fits in KV memory, not just "
@@ -289,6 +290,19 @@ def add_serving_arguments(
             help="host memory bounding the swap pages, in GiB as vLLM's --swap-space "
             "(4 = 4 GiB), or a size such as 512MiB (default 4)",
         )
+
+
+def add_scheduling_policy_argument(policy: argparse._ActionsContainer) -> None:
+    """`--scheduling-policy` (vLLM's flag; the orders of `kvlab.policies.scheduling`, listed
+    from the registry; the dest is ServingConfig's field)."""
+    from kvlab.policies import registry
+
+    described = "; ".join(f"{e.name}: {e.help}" for e in registry.entries()
+                          if e.family == "scheduling")
+    policy.add_argument(
+        "--scheduling-policy", default="fcfs", metavar="SPEC",
+        help=f"the order waiting requests are admitted in, NAME[:key=value,...] ({described}; "
+        "default fcfs)")
 
 
 def add_kv_cache_dtype_argument(memory: argparse._ActionsContainer) -> None:
@@ -401,6 +415,7 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+        scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
         seed=args.seed,
         **memory,
     )

@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slo.add_argument("--slo", action="append", default=None, metavar="KEY:MS", required=True,
                      help="a latency SLO a good request meets, KEY one of ttft, tpot, e2el, in "
                      "ms (vLLM's goodput); repeat for more, e.g. --slo ttft:2000 --slo tpot:100")
+    slo.add_argument("--slo-class", default=None, metavar="NAME",
+                     help="count only the requests of this SLO class (a workload spec's class or "
+                     "a trace's slo_class): rank the candidates by that class's goodput "
+                     "(default: all requests)")
     slo.add_argument("--min-attainment", type=float, default=100 * DEFAULT_MIN_ATTAINMENT,
                      metavar="PERCENT",
                      help="a rate is met when at least this share of all requests is good "
@@ -69,11 +73,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         table = tune(candidates, slos, executor, store=store,
                      min_attainment=args.min_attainment / 100, options=options,
-                     force=args.force, progress=show_progress(args))
+                     force=args.force, progress=show_progress(args),
+                     slo_class=args.slo_class)
     finally:
         executor.close()
     slo_text = ", ".join(f"{name} <= {ms:g} ms" for name, ms in slos.items())
-    print(f"Highest request rate with >= {args.min_attainment:g}% of requests meeting "
+    whose = f"{args.slo_class} requests" if args.slo_class else "requests"
+    print(f"Highest request rate with >= {args.min_attainment:g}% of {whose} meeting "
           f"{slo_text}:")
     params = [column for column in table.columns if column.startswith("param.")]
     rows: list[dict[str, Any]] = [

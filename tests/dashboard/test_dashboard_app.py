@@ -244,3 +244,15 @@ def test_routers_shows_a_bad_policy_as_an_error(app):
     app.text_input(key="routers_policy").set_value("paged:eviction=sometimes").run()
     assert not app.exception
     assert app.error[0].value.startswith("policy:")
+
+
+def test_the_scheduling_policy_reaches_the_setup_and_classes_show(app):
+    assert app.session_state[SETUP_STATE].serving.scheduling_policy == "fcfs"
+    checked(app.selectbox(key="scheduling_policy").set_value("priority").run())
+    assert app.session_state[SETUP_STATE].serving.scheduling_policy == "priority"
+    spec = Path(__file__).resolve().parents[2] / "docs/experiments/scheduling/two-class.yaml"
+    app.selectbox(key="trace").set_value(LOCAL_PATH).run()
+    checked(app.text_input(key="trace_path").set_value(str(spec)).run())
+    checked(app.button(key="explore_run").click().run())
+    assert ["goodput_perc"] in series(app) and ["p99_ttft_ms"] in series(app)
+    assert any("Jain's fairness" in caption.value for caption in app.caption)

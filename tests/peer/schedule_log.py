@@ -120,12 +120,22 @@ def simulated_schedule(trace: Trace, config: SimConfig, durations_s: list[float]
 
 
 def preset_on_engine_clock(result: BenchResult, log: ScheduleLog, *, token_ids: bool = False,
-                           model: str = "tiny-llama"
+                           model: str = "tiny-llama", sent: Trace | None = None,
+                           scheduling_policy: str | None = None,
                            ) -> tuple[list[dict[int, int]], dict[int, int]]:
     """`simulated_schedule` of a bench run against the peer, under the `vllm` preset with the
     server's configuration, replayed on vLLM's engine clock (`replay_on_engine_clock`).
     `token_ids`: prompts and outputs as the server's tokens (`bench_trace`), so that output
     blocks are cached and hashed as vLLM's (needed where prefix caching meets preemptions).
-    `model`: the peer's model (a preset name or the served model folder)."""
-    replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=token_ids), log)
-    return simulated_schedule(replay, server_sim_config(result.server, model), durations)
+    `model`: the peer's model (a preset name or the served model folder). `sent`: the trace
+    sent, whose priorities the replay takes (a bench record keeps none); `scheduling_policy`:
+    the server's `--scheduling-policy` (which its /metrics do not tell)."""
+    served = bench_trace(result, token_ids=token_ids)
+    if sent is not None:
+        priority = {r.request_id: r.priority for r in sent.requests}
+        served = replace(served, requests=[replace(r, priority=priority[r.request_id])
+                                           for r in served.requests])
+    replay, durations = replay_on_engine_clock(served, log)
+    config = server_sim_config(result.server, model,
+                               overrides={"scheduling_policy": scheduling_policy})
+    return simulated_schedule(replay, config, durations)

@@ -28,8 +28,9 @@ def test_the_other_settings_are_the_policy_keys_and_the_swap_space():
     parser = argparse.ArgumentParser()
     sim.add_arguments(parser)
     extra = set(SETTINGS) - {action.dest for action in parser._actions}
+    # (slo_class: the class whose goodput `kvlab tune --slo-class` ranks by)
     assert extra == {"reserve", "block_sizing", "eviction", "preemption", "victim",
-                     "watermark", "host_pages", "swap_space_bytes"}
+                     "watermark", "host_pages", "swap_space_bytes", "slo_class"}
 
 
 @pytest.mark.parametrize(("name", "text", "value"), [

