@@ -11,6 +11,7 @@ _TITLES = {
     "eviction": "eviction=",
     "victim": "victim=",
     "preemption": "preemption=",
+    "scheduling": "--scheduling-policy NAME[:key=value,...] (its own flag; default fcfs)",
 }
 
 
@@ -58,5 +59,7 @@ def format_policies(entries: list) -> str:
         "free at admission, default 0.01), host_pages (swap space in pages; default: as many "
         "as device pages)",
         "defaults: " + ",".join(f"{key}={value}" for key, value in defaults.items()),
+        "scheduling order: not a key of the policy spec but vLLM's own flag, e.g. "
+        "--scheduling-policy priority or --scheduling-policy lpm:max_queue=256",
     ]
     return "\n".join(lines)

@@ -168,3 +168,13 @@ def test_specs_are_stored_canonical_and_fcfs_stays_out_of_results():
     assert "scheduling_policy" not in ServingConfig().result_metadata()
     assert ServingConfig(scheduling_policy="priority").result_metadata()[
         "scheduling_policy"] == "priority"
+
+
+def test_kvlab_policies_lists_the_scheduling_orders(capsys):
+    from kvlab.cli import main
+
+    assert main(["policies"]) == 0
+    text = capsys.readouterr().out
+    assert "--scheduling-policy NAME[:key=value,...]" in text
+    for name in ("fcfs", "priority", "lpm", "sjf", "sjf-oracle"):
+        assert f"\n  {name} " in text
