@@ -9,8 +9,8 @@ TORCH := torch==2.13.0
 # moves them to the newest releases.
 CONSTRAINTS := constraints.txt
 
-.PHONY: run test lint bench constraints clean vllm-peer test-peer ascend-env test-ascend ascend-static-check \
-	text-model
+.PHONY: run test lint bench constraints clean vllm-peer vllm-plugin test-peer ascend-env test-ascend \
+	ascend-static-check text-model
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -93,7 +93,15 @@ $(PEER_MODEL)/config.json: $(VENV)/.installed-dev
 
 vllm-peer: $(PEER)/.installed $(PEER_MODEL)/config.json
 
-test-peer: vllm-peer
+# kvlab's vLLM plugin (kvlab.integrations.vllm) in the peer, installed from this checkout (a
+# plain install, so a vLLM started anywhere imports kvlab from the peer's site-packages, never
+# the checkout's folders); without dependencies, since vLLM pins its own numpy, yaml and tqdm,
+# plus xxhash (kvlab.policies' hashing). Rerun after changing the plugin.
+vllm-plugin: $(PEER)/.installed
+	$(PEER)/bin/pip install --quiet --no-deps --no-build-isolation --force-reinstall .
+	$(PEER)/bin/pip install --quiet "xxhash==4.1.0"
+
+test-peer: vllm-peer vllm-plugin
 	$(BIN)/python -m pytest -q -m peer
 
 # Ascend: triton-ascend replaces the `triton` package's files, so it lives in a venv of its own

@@ -19,6 +19,7 @@ FOLDERS = {
     "bench": "kvlab.bench",
     "sweep": "kvlab.sweep",
     "dashboard": "kvlab.dashboard",
+    "integrations": "kvlab.integrations",
 }
 
 

@@ -12,6 +12,8 @@ from kvlab.bench.scrape import MetricsSample
 
 CACHE_INFO = "vllm:cache_config_info"
 SCHEDULER_INFO = "kvlab:scheduler_config_info"  # kvlab serve's; vLLM 0.32 exports none
+# kvlab's vLLM plugin (kvlab.integrations.vllm): the policy its device prefix cache evicts by
+EVICTION_INFO = "kvlab:eviction_policy_info"
 PREEMPTION_BOUNDS = (0, 1, 2, 3, 4, 5)
 # (table column, exposition name, scale): gauges as they are, counters as totals.
 SERIES = (
@@ -61,6 +63,7 @@ class ServerInfo:
     enable_prefix_caching: bool | None = None
     cache_dtype: str | None = None
     scheduler: dict[str, str] = field(default_factory=dict)
+    eviction: str | None = None  # a vLLM with kvlab's plugin: its eviction policy's spec
 
     def to_json(self) -> dict[str, Any]:
         """The fields as saved with a result."""
@@ -75,6 +78,7 @@ class ServerInfo:
             "enable_prefix_caching": self.enable_prefix_caching,
             "cache_dtype": self.cache_dtype,
             "scheduler": dict(self.scheduler),
+            "eviction": self.eviction,
         }
 
     @classmethod
@@ -87,6 +91,7 @@ def server_info(card: dict[str, Any], sample: MetricsSample | None) -> ServerInf
     """ServerInfo from a /v1/models card and one /metrics sample (None: no metrics)."""
     cache = sample.info.get(CACHE_INFO, {}) if sample is not None else {}
     scheduler = sample.info.get(SCHEDULER_INFO, {}) if sample is not None else {}
+    eviction = sample.info.get(EVICTION_INFO, {}) if sample is not None else {}
     return ServerInfo(
         model=str(card.get("id")),
         owned_by=card.get("owned_by"),
@@ -98,6 +103,7 @@ def server_info(card: dict[str, Any], sample: MetricsSample | None) -> ServerInf
         enable_prefix_caching=_bool(cache.get("enable_prefix_caching")),
         cache_dtype=cache.get("cache_dtype"),
         scheduler={k: v for k, v in scheduler.items() if k != "model_name"},
+        eviction=eviction.get("policy") or None,
     )
 
 

@@ -171,7 +171,8 @@ def server_serving(
 ) -> ServingConfig:
     """The ServingConfig that simulates the server: page size and pages from its
     cache_config_info (less vLLM's null block), its KV cache dtype (`cache_dtype`), prefix
-    caching as it runs it, the scheduler it exports (kvlab serve) or the preset's, then
+    caching as it runs it (a vLLM with kvlab's plugin: the eviction policy it exports), the
+    scheduler it exports (kvlab serve) or the preset's, then
     `overrides` (ServingConfig.create's keywords,
     e.g. from flags). A KvlabError names what the server did not tell and no flag gave."""
     preset = preset or server_preset(info)
@@ -190,6 +191,8 @@ def server_serving(
     else:
         policy, null_blocks = VLLM_POLICY, VLLM_NULL_BLOCKS
         options.update(VLLM_SCHEDULER)
+        if info.eviction is not None and info.enable_prefix_caching:
+            policy = f"{VLLM_POLICY},eviction={plugin_eviction(info.eviction)}"
     if info.block_size is not None:
         options["block_size"] = info.block_size
     if info.num_gpu_blocks is not None:
@@ -204,6 +207,18 @@ def server_serving(
             raise KvlabError(f"the server exports no {name} (vllm:cache_config_info): give "
                              f"{name}", parameters=(name,))
     return ServingConfig.create(policy, **options)
+
+
+def plugin_eviction(spec: str) -> str:
+    """The eviction policy of a vLLM running kvlab's plugin (its `kvlab:eviction_policy_info`
+    spec) as the replay's policy key. Raises KvlabError for a spec with parameters, which
+    kvlab's manager does not take yet (it builds each eviction policy with its defaults)."""
+    name, _, params = spec.partition(":")
+    if params:
+        raise KvlabError(f"the server evicts by kvlab's {spec}: kvlab's replay builds eviction "
+                         f"policies with their default parameters only; restart the server "
+                         f"with KVLAB_VLLM_EVICTION={name} to validate it")
+    return name
 
 
 def server_sim_config(info: ServerInfo, model: str | ModelSpec, *, preset: str | None = None,

@@ -77,19 +77,29 @@ def parse_policy(text: str | dict[str, Any] | PolicySpec) -> PolicySpec:
         return text
     if isinstance(text, dict):
         return PolicySpec.from_json(text)
-    kind, _, rest = text.strip().partition(":")
+    kind, items = split_spec(text, f"policy {text!r}")
     kinds = registry.names("allocation")
     if kind not in kinds:
         raise KvlabError(f"policy {text!r}: unknown kind {kind!r}; valid kinds: {', '.join(kinds)}")
     options: dict[str, Any] = {}
+    for key, value in items:
+        _check_keys([key], with_kind=False, context=text)
+        options[key] = _convert(key, value, text)
+    return PolicySpec(kind=kind, **options)
+
+
+def split_spec(text: str, where: str) -> tuple[str, list[tuple[str, str]]]:
+    """`NAME[:key=value,...]` as (NAME, [(key, value), ...]), names and values stripped and
+    a key's dashes as underscores. Raises KvlabError, prefixed by `where`, for an item that is
+    not key=value."""
+    name, _, rest = text.strip().partition(":")
+    items = []
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
         if not eq:
-            raise KvlabError(f"policy {text!r}: {item!r} is not key=value")
-        _check_keys([key], with_kind=False, context=text)
-        options[key] = _convert(key, value.strip(), text)
-    return PolicySpec(kind=kind, **options)
+            raise KvlabError(f"{where}: {item!r} is not key=value")
+        items.append((key.strip().replace("-", "_"), value.strip()))
+    return name.strip(), items
 
 
 _FIELD_NAMES = [f.name for f in fields(PolicySpec)]

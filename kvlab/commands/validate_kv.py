@@ -64,10 +64,14 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
     config = server_sim_config(result.server, model, preset=args.preset,
                                overrides=server_overrides(args))
     report = kv_lockstep(result, config)
+    policy = config.serving.policy.to_string()
+    source = " (the server's kvlab plugin)" if result.server.eviction else ""
+    print(f"{'kvlab replays policy:':<40} {policy}{source}")
     print(format_kv_lockstep(report))
     if path is not None:
         document = {"reference": "server", "base_url": result.run.metadata.get("base_url"),
                     "kv_events": stream.endpoint, "preset": args.preset or "auto",
+                    "policy": policy, "server_eviction": result.server.eviction,
                     "num_requests": len(result.requests), "kv_lockstep": report.to_json()}
         save_document(path, document)
     return 0 if report.identical else 1

@@ -33,6 +33,17 @@ def missing_reason() -> str | None:
     return None
 
 
+def plugin_missing_reason() -> str | None:
+    """Why the peer cannot run kvlab's vLLM plugin here (the peer is missing, or kvlab is not
+    installed in it), or None when it can."""
+    reason = missing_reason()
+    if reason is not None:
+        return reason
+    if not list(PEER_PYTHON.parent.parent.glob("lib/python*/site-packages/kvlab-*.dist-info")):
+        return f"kvlab's vLLM plugin is not installed in {PEER_PYTHON}: run `make vllm-plugin`"
+    return None
+
+
 @dataclass
 class PeerServer:
     """A running vLLM: its URL, model name (the folder path) and process."""
@@ -107,18 +118,21 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
 
 
 def start_vllm_with_kv_events(num_blocks: int, *, log_schedule: bool = False,
-                              model: Path = PEER_MODEL, extra: tuple[str, ...] = ()
+                              model: Path = PEER_MODEL, extra: tuple[str, ...] = (),
+                              env: dict[str, str] | None = None
                               ) -> tuple[PeerServer, str]:
     """`start_vllm` with `num_blocks` blocks of KV and prefix caching, publishing its KV events
     on a free port, its prefix cache resettable (`VLLM_SERVER_DEV_MODE`, /reset_prefix_cache).
     `model`: another folder whose blocks are BLOCK_BYTES too (`save_sliding_window_model`);
-    `extra`: more vLLM flags. Returns the server and the endpoint to subscribe to."""
+    `extra`: more vLLM flags; `env`: more environment variables (`KVLAB_VLLM_EVICTION`).
+    Returns the server and the endpoint to subscribe to."""
     port = _free_port()
     config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                          "endpoint": f"tcp://*:{port}", "topic": ""})
     server = start_vllm(kv_cache_memory_bytes=num_blocks * BLOCK_BYTES, prefix_caching=True,
                         extra=("--kv-events-config", config, *extra),
-                        env={"VLLM_SERVER_DEV_MODE": "1"}, log_schedule=log_schedule,
+                        env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
+                        log_schedule=log_schedule,
                         model=model)
     return server, f"tcp://127.0.0.1:{port}"
 

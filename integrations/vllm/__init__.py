@@ -1,0 +1,54 @@
+"""kvlab's eviction policies inside vLLM: a vLLM general plugin (entry point group
+`vllm.general_plugins`, name `kvlab`), loaded by vLLM in each of its processes, never by kvlab.
+
+Set `KVLAB_VLLM_EVICTION=arc` (any registered kvlab eviction policy, in kvlab's spec grammar:
+`slru:protected_share=0.5`) and vLLM's device prefix cache evicts by that kvlab policy object;
+unset, the plugin does nothing but say so. On a vLLM it does not support, or a bad value, it
+stops vLLM at start with one line. The offloading connector's CPU tier takes kvlab's policies
+through `kvlab.integrations.vllm.offload` (its `cache_policy_module_path`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from kvlab.errors import KvlabError
+from kvlab.integrations.vllm.setting import VARIABLE, eviction_from_env
+from kvlab.policies.interfaces import Eviction
+
+logger = logging.getLogger("vllm.kvlab")
+
+
+def register() -> None:
+    """The entry point vLLM calls in each process. Raises SystemExit with one line when the
+    variable asks for something the plugin cannot do."""
+    try:
+        choice = eviction_from_env(os.environ)
+        if choice is None:
+            logger.info("kvlab: %s is not set: vLLM's device prefix cache evicts by vLLM's own "
+                        "LRU (kvlab plugin idle)", VARIABLE)
+            return
+        _activate(choice.spec, choice.factory())
+    except KvlabError as error:
+        raise SystemExit(f"kvlab plugin: {error}") from None
+
+
+def _activate(spec: str, policy: Callable[[], Eviction]) -> None:
+    """Check this vLLM, patch its block pool and export the policy."""
+    import vllm
+    from vllm.distributed.kv_events import MEDIUM_GPU
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+
+    from kvlab.integrations.vllm.export import export_policy
+    from kvlab.integrations.vllm.install import install
+    from kvlab.integrations.vllm.support import check_internals, check_version
+
+    check_version(vllm.__version__)
+    check_internals(BlockPool, FreeKVCacheBlockQueue)
+    install(BlockPool, policy, spec, MEDIUM_GPU)
+    export_policy(spec)
+    logger.info("kvlab: %s=%s: vLLM %s's device prefix cache evicts by kvlab's %s",
+                VARIABLE, os.environ.get(VARIABLE), vllm.__version__, spec)

