@@ -37,6 +37,20 @@ class SchedulingOrder(Protocol):
         ...
 
 
+class BaseOrder:
+    """The defaults an order inherits: it rearranges the waiting queue only, and leaves the
+    victim to the memory policy."""
+
+    __slots__ = ()
+    reorders: ClassVar[bool] = True
+    arranges_swapped: ClassVar[bool] = False
+    chooses_victim: ClassVar[bool] = False
+
+    def victim(self, running: list[Request]) -> Request | None:
+        """None: the memory policy's `victim` chooses."""
+        return None
+
+
 def register_order(name: str, *, help: str) -> Callable[[Any], Any]:
     """Class decorator: register a scheduling order under `name` (family "scheduling")."""
     return register("scheduling", name, help=help)

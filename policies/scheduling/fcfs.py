@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from kvlab.policies.request import Request
-from kvlab.policies.scheduling.base import register_order
+from kvlab.policies.scheduling.base import BaseOrder, register_order
 
 if TYPE_CHECKING:
     from kvlab.policies.manager import KVCacheManager
@@ -16,16 +16,10 @@ if TYPE_CHECKING:
 @register_order("fcfs", help="first come, first served (vLLM's default): arrival order; a "
                 "preempted request goes back to the head of the queue")
 @dataclass(slots=True, frozen=True)
-class FCFSOrder:
+class FCFSOrder(BaseOrder):
     """Arrival order: the scheduler's queues as they are (nothing is ever rearranged)."""
 
     reorders: ClassVar[bool] = False
-    arranges_swapped: ClassVar[bool] = False
-    chooses_victim: ClassVar[bool] = False
 
     def arrange(self, queue: deque[Request], manager: KVCacheManager, now_s: float) -> None:
         """Nothing to do: the queue is in arrival order already."""
-
-    def victim(self, running: list[Request]) -> Request | None:
-        """None: the memory policy's `victim` chooses."""
-        return None

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from kvlab.policies.request import Request
-from kvlab.policies.scheduling.base import register_order, sort_in_place, starving_first
+from kvlab.policies.scheduling.base import BaseOrder, register_order, sort_in_place, starving_first
 
 if TYPE_CHECKING:
     from kvlab.policies.manager import KVCacheManager
@@ -33,7 +33,7 @@ SGLANG_IN_BATCH_TOKENS = 32
                 "cached prompt tokens first; as-is (fcfs) above max_queue=128 waiting; "
                 "in_batch=32 defers requests sharing a prefix with one ahead (0: off)")
 @dataclass(slots=True, frozen=True)
-class LongestPrefixMatchOrder:
+class LongestPrefixMatchOrder(BaseOrder):
     """Waiting requests by cached prefix length, longest first (stable: ties keep their order).
 
     `max_queue`: above this many waiting requests nothing is matched or sorted (SGLang: 128).
@@ -44,9 +44,6 @@ class LongestPrefixMatchOrder:
     max_queue: int = SGLANG_MAX_QUEUE
     in_batch: int = SGLANG_IN_BATCH_TOKENS
     max_wait_s: float | None = None
-    reorders: ClassVar[bool] = True
-    arranges_swapped: ClassVar[bool] = False
-    chooses_victim: ClassVar[bool] = False
 
     def arrange(self, queue: deque[Request], manager: KVCacheManager, now_s: float) -> None:
         """Sort by cached prefix tokens, most first, deferring in-batch duplicates; nothing
@@ -79,7 +76,3 @@ class LongestPrefixMatchOrder:
             return float("inf") if rid in deferred else -matched[rid]
 
         sort_in_place(queue, starving_first(self.max_wait_s, now_s, key))
-
-    def victim(self, running: list[Request]) -> Request | None:
-        """None: the memory policy's `victim` chooses."""
-        return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from kvlab.policies.request import Request
-from kvlab.policies.scheduling.base import register_order, sort_in_place
+from kvlab.policies.scheduling.base import BaseOrder, register_order, sort_in_place
 
 if TYPE_CHECKING:
     from kvlab.policies.manager import KVCacheManager
@@ -34,10 +34,9 @@ def _victim_key(request: Request) -> tuple[int, float]:
                 "(ties by arrival); the running request with the largest (priority, arrival) "
                 "is preempted first")
 @dataclass(slots=True, frozen=True)
-class PriorityOrder:
+class PriorityOrder(BaseOrder):
     """Waiting and swapped requests by (priority, arrival, id); victims by vLLM's rule."""
 
-    reorders: ClassVar[bool] = True
     arranges_swapped: ClassVar[bool] = True
     chooses_victim: ClassVar[bool] = True
 

@@ -4,11 +4,17 @@ oracle bound that knows each request's real output length, as the simulator does
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from kvlab.policies.request import Request
-from kvlab.policies.scheduling.base import register_order, sort_in_place, starving_first
+from kvlab.policies.scheduling.base import (
+    BaseOrder,
+    register_order,
+    sort_in_place,
+    starving_first,
+)
 
 if TYPE_CHECKING:
     from kvlab.policies.manager import KVCacheManager
@@ -22,45 +28,35 @@ def _total_key(request: Request) -> tuple[int, float, int]:
     return (request.total_len, request.arrival_s, request.request_id)
 
 
-@register_order("sjf", help="shortest job first by prompt length (ties by arrival); "
-                "max_wait_s=S serves requests waiting longer than S first (default: no guard)")
 @dataclass(slots=True, frozen=True)
-class SJFOrder:
-    """Waiting requests by prompt length, shortest first.
+class _ShortestFirst(BaseOrder):
+    """Waiting requests by a length, shortest first (ties by arrival).
 
     `max_wait_s` is a starvation guard of kvlab's own (BLIS's sjf and SGLang have none): a
     request that has waited longer than it since arrival goes ahead of every shorter one."""
 
     max_wait_s: float | None = None
-    reorders: ClassVar[bool] = True
-    arranges_swapped: ClassVar[bool] = False
-    chooses_victim: ClassVar[bool] = False
+    length_key: ClassVar[Callable[[Request], tuple[int, float, int]]]
 
     def arrange(self, queue: deque[Request], manager: KVCacheManager, now_s: float) -> None:
-        """Sort by prompt length, behind the starvation guard."""
-        sort_in_place(queue, starving_first(self.max_wait_s, now_s, _prompt_key))
+        """Sort by the length, behind the starvation guard."""
+        sort_in_place(queue, starving_first(self.max_wait_s, now_s, type(self).length_key))
 
-    def victim(self, running: list[Request]) -> Request | None:
-        """None: the memory policy's `victim` chooses."""
-        return None
+
+@register_order("sjf", help="shortest job first by prompt length (ties by arrival); "
+                "max_wait_s=S serves requests waiting longer than S first (default: no guard)")
+@dataclass(slots=True, frozen=True)
+class SJFOrder(_ShortestFirst):
+    """Waiting requests by prompt length, shortest first."""
+
+    length_key = staticmethod(_prompt_key)
 
 
 @register_order("sjf-oracle", help="shortest job first by total length, prompt + real output "
                 "(an oracle bound: the trace's output length); max_wait_s=S as sjf")
 @dataclass(slots=True, frozen=True)
-class OracleSJFOrder:
+class OracleSJFOrder(_ShortestFirst):
     """Waiting requests by prompt plus output length (known to the simulator, not to a real
     server): the bound a length predictor could reach."""
 
-    max_wait_s: float | None = None
-    reorders: ClassVar[bool] = True
-    arranges_swapped: ClassVar[bool] = False
-    chooses_victim: ClassVar[bool] = False
-
-    def arrange(self, queue: deque[Request], manager: KVCacheManager, now_s: float) -> None:
-        """Sort by total length, behind the starvation guard."""
-        sort_in_place(queue, starving_first(self.max_wait_s, now_s, _total_key))
-
-    def victim(self, running: list[Request]) -> Request | None:
-        """None: the memory policy's `victim` chooses."""
-        return None
+    length_key = staticmethod(_total_key)

@@ -3,18 +3,12 @@ per-class panels for a workload with SLO classes, and its user errors."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "docs" / "experiments"
+from tests.dashboard.test_experiment_scripts import EXPERIMENTS
+from tests.dashboard.test_experiment_scripts import _script as _experiment_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("scheduling_figure",
-                                                  EXPERIMENTS / "scheduling_figure.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _experiment_script("scheduling_figure")
 
 
 def _sweep(path):
