@@ -25,6 +25,8 @@ class BenchRequest:
     reports one. `prompt_token_ids` are the prompt's ids as the server returned them (vLLM and
     kvlab serve do with `return_token_ids`), for a text prompt the server tokenized, whose
     `prompt_len` is then the server's count. `status` is set when the request ends.
+    `priority` (sent as the API's `priority` field) and `slo_class` are the trace's, so that
+    the run's summary has per-class metrics as a simulated one does.
     """
 
     request_id: int
@@ -44,6 +46,8 @@ class BenchRequest:
     prompt_token_ids: list[int] | None = None
     num_preemptions: int = 0
     num_swaps_out: int = 0
+    priority: int = 0
+    slo_class: str | None = None
 
     @property
     def first_token_s(self) -> float | None:

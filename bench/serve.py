@@ -150,7 +150,16 @@ class BenchResult:
             "kvlab_hash_ids": self.hash_ids,
             "kvlab_hash_block_size": self.hash_block_size,
             **self._token_ids(),
+            **self._classes(),
         }
+
+    def _classes(self) -> dict[str, Any]:
+        """The requests' priorities and SLO classes, kept when any request has one."""
+        requests = self.requests
+        if not any(r.priority or r.slo_class is not None for r in requests):
+            return {}
+        return {"kvlab_priorities": [r.priority for r in requests],
+                "kvlab_slo_classes": [r.slo_class for r in requests]}
 
     def _token_ids(self) -> dict[str, Any]:
         """The prompts' and outputs' token ids, kept when KV events were recorded."""
@@ -323,6 +332,9 @@ def bench_result(ran: ClientRun, trace: Trace, card: dict[str, Any],
                   **trace.result_metadata(), **metadata},
     )
     by_id = {r.request_id: r for r in trace.requests}
+    for record in records:
+        record.priority, record.slo_class = (by_id[record.request_id].priority,
+                                             by_id[record.request_id].slo_class)
     hash_ids = [list(h) if (h := by_id[r.request_id].hash_ids) else None for r in records]
     block = trace.requests[0].hash_block_size if trace.requests else 512
     return BenchResult(run, info, series, ran.started_at, ran.metrics_errors, hash_ids, block,
@@ -380,12 +392,15 @@ def _from_document(d: dict[str, Any]) -> BenchResult:
                            else record.chunk_times_s[-1] if record.chunk_times_s
                            else record.arrival_s)
         record.generated_text = d["generated_texts"][i]
+        if "kvlab_priorities" in d:
+            record.priority = int(d["kvlab_priorities"][i])
+            record.slo_class = d["kvlab_slo_classes"][i]
         requests.append(record)
     info = ServerInfo.from_json(d["server"])
     itls = [gap for r in requests if r.completed for gap in r.itls_s()]
     keys = ("policy", "model", "hardware", "dataset", "dataset_name", "dataset_source",
             "backend", "endpoint_type", "seed", "request_rate", "burstiness", "time_scale",
-            "max_concurrency", "label", "base_url")
+            "max_concurrency", "label", "base_url", "slo_classes")
     run = RunResult(
         requests=requests,
         steps=StepRecorder(),
