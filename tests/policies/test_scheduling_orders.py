@@ -178,3 +178,26 @@ def test_kvlab_policies_lists_the_scheduling_orders(capsys):
     assert "--scheduling-policy NAME[:key=value,...]" in text
     for name in ("fcfs", "priority", "lpm", "sjf", "sjf-oracle"):
         assert f"\n  {name} " in text
+
+
+def test_lpm_counts_the_prefix_a_tier_below_the_device_holds():
+    from kvlab.policies.tiers import TiersConfig, build_tiers, parse_tiers
+
+    config = TiersConfig(parse_tiers("host:64p"))
+    manager = KVCacheManager("paged:block_size=4,eviction=lru", 12, max_model_len=256,
+                             tiers=build_tiers(config, page_size=4, page_bytes=1),
+                             tier_config=config)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=256,
+                                          max_model_len=256, scheduling_policy="lpm"), manager)
+    shared = list(range(1, 33))
+    _cache_prefix(scheduler, shared)
+    scheduler.add_request(Request(101, 44, 1, prompt_token_ids=list(range(600, 644))))
+    _run_to_end(scheduler, now=1.0)  # 11 of the 12 pages: the prefix leaves the device
+    warm = Request(1, 36, 2, arrival_s=3.1, prompt_token_ids=[*shared, 7, 7, 7, 7])
+    on_device = 0
+    while warm.page_hashes(4)[on_device] in manager.pool.cached:
+        on_device += 1
+    assert on_device < 8  # the device lost some of the prefix's 8 pages ...
+    assert manager.num_computed_prefix_tokens(warm) == 32  # ... the host tier holds the rest
+    cold = Request(0, 36, 2, arrival_s=3.0, prompt_token_ids=list(range(200, 236)))
+    assert _first_admitted(scheduler, [cold, warm], now=4.0) == 1
