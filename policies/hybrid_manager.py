@@ -6,12 +6,13 @@ attention as `FullAttentionManager`, sliding window, chunked local and state gro
 longest one valid in every group (`_longest_hit`). `KVCacheManager(..., groups=...)` builds
 this class when the groups are anything but one full-attention group.
 
-Not yet with groups (refused at construction, with the reason): allocation other than paged
-with fixed blocks, tier pages of several device pages. Memory tiers keep each group's pages
-under its keys; a hit's page a tier holds is loaded into a fresh page (`groups/hits.py`).
-Swapping saves each group's pages that the computed tokens
-still need (a window's, a state's) and brings them back behind `NULL_PAGE`s; a fork shares
-every group's pages, copied on write (a state group's one page too: it is updated in place).
+Every allocation and block-sizing policy runs with groups: an allocation takes one block of
+the pool for every group's pages (`groups/joint.py`). Memory tiers keep each group's pages
+under its keys; a hit's page a tier holds is loaded into a fresh page (`groups/hits.py`); tier
+pages of several device pages are refused. Swapping saves each group's pages that the computed
+tokens still need (a window's, a state's) and brings them back behind `NULL_PAGE`s; a fork
+shares every group's pages, copied on write (a state group's one page too: it is updated in
+place).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kvlab.errors import KvlabError
 from kvlab.policies.decode_path import DecodeAhead
 from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
 from kvlab.policies.groups.hits import BELOW, HeldKeys, longest_hit
+from kvlab.policies.groups.joint import JointPlan, take_shares
 from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.groups.windowed import WindowedManager
 from kvlab.policies.manager import KVCacheManager
@@ -48,9 +50,6 @@ class HybridKVCacheManager(KVCacheManager):
     def _hybrid_init(self, groups: Sequence[KVCacheGroup],
                      retention_interval: int | None) -> None:
         policy = self.policy
-        if policy.kind != "paged" or not self.block_sizing.exact:
-            raise KvlabError(f"policy {policy.to_string()}: KV-cache groups (a hybrid model) "
-                             "need paged allocation with fixed blocks")
         if retention_interval is not None and (
                 retention_interval < 0 or retention_interval % self.page_size):
             raise KvlabError(f"prefix_cache_retention_interval is {retention_interval}: "
@@ -94,9 +93,12 @@ class HybridKVCacheManager(KVCacheManager):
     def pages_needed_alone(self, seq: Request) -> int:
         """Pages the request holds at its largest with memory to itself: a whole prompt chunk
         is in memory at once, so sliding and chunked groups count every page, and so does a
-        state group with prefix caching (a page per boundary of the chunk); without, one."""
+        state group with prefix caching (a page per boundary of the chunk); without, one; a
+        full-attention group what its allocation reserves (`tokens_needed_alone`)."""
         whole = -(-seq.total_len // self.page_size)
-        return sum(1 if g.kind == "state" and not self.caching else whole for g in self.groups)
+        return sum(-(-m.tokens_needed_alone(seq) // self.page_size) if _keeps_every_token(m)
+                   else 1 if g.kind == "state" and not self.caching else whole
+                   for m, g in zip(self.group_managers, self.groups, strict=True))
 
     def usage(self) -> MemoryUsage:
         """A snapshot of device and host memory, the live slots of every group together."""
@@ -141,19 +143,20 @@ class HybridKVCacheManager(KVCacheManager):
         plan = self._plan_groups(seq, num_new_tokens)
         if plan is None:
             return None
-        hits, adds = plan
         new = held is None
         loads: list[TierBatch] = []
         if held is None:  # every group's hits first: no block may evict another's hit
-            held, loads = self._take_hits(seq, hits or [[] for _ in managers])
+            held, loads = self._take_hits(seq, plan.hits)
         else:  # pages skipped go before any are taken (vLLM's order)
             for manager, state in zip(managers, held, strict=True):
                 if isinstance(manager, WindowedManager):
                     manager.remove_skipped(state, seq.num_computed_tokens)
         copies = []
-        for manager, state, add in zip(managers, held, adds, strict=True):
+        shares = take_shares(self.pool, plan, managers.index(self._main))
+        for manager, state, add, share in zip(managers, held, plan.adds, shares, strict=True):
             cow = add > 0 and manager.shared_tail(state, total) is not None
-            copies += manager.execute(seq, total, state, Plan([], add, cow)).copies
+            step = Plan([], len(share), cow, block=share)
+            copies += manager.execute(seq, total, state, step).copies
         result = MemOps(copies=copies, tier_loads=loads) if copies or loads else NO_OPS
         if self._steps.active:
             self._steps.allocated(rid, new, result, NO_OPS)
@@ -207,32 +210,44 @@ class HybridKVCacheManager(KVCacheManager):
                 manager.num_live_slots += total - state.num_tokens
                 state.num_tokens = total
 
-    def _plan_groups(self, seq: Request,
-                     num_new_tokens: int) -> tuple[list[list[int]], list[int]] | None:
-        """(each group's hit table for a new request, or [], and the pages each group takes),
+    def _plan_groups(self, seq: Request, num_new_tokens: int) -> JointPlan | None:
+        """The pages every group takes for `num_new_tokens` more tokens (`groups/joint.py`),
         or None when they do not fit together."""
         total, computed = seq.num_computed_tokens + num_new_tokens, seq.num_computed_tokens
-        held = self._held(seq.request_id)
-        hits: list[list[int]] = []
-        reserve, freed, real_hits, num_loaded = 0, 0, [], 0
-        if held is None:
-            hits = self._new_hits(seq)
-            real_hits = [page for table in hits for page in table if page >= 0]
-            num_loaded = sum(table.count(BELOW) for table in hits)  # a fresh page each
-            reserve = self.watermark_pages if self.pool.num_used_pages else 0
-        adds = []
-        for index, manager in enumerate(self.group_managers):
-            if held is None:
-                adds.append(manager.pages_to_add(len(hits[index]), total))
-                continue
-            state = held[index]
-            cow = manager.shared_tail(state, total) is not None
-            adds.append(manager.pages_to_add(len(state.pages), total) + cow)
-            if isinstance(manager, WindowedManager):
-                freed += manager.num_freed_by_skip(state, computed)
-        if not self.pool.fits(max(0, sum(adds) + num_loaded - freed), real_hits, reserve):
+        held, pool = self._held(seq.request_id), self.pool
+        managers = self.group_managers
+        if held is not None:
+            adds = [m.pages_to_grow(seq, total, state)
+                    for m, state in zip(managers, held, strict=True)]
+            freed = [page for m, state in zip(managers, held, strict=True)
+                     if isinstance(m, WindowedManager) for page in m.freed_by_skip(state, computed)]
+            return JointPlan([], adds) if pool.fits(sum(adds), [], 0, freed) else None
+        hits = self._new_hits(seq)
+        real_hits = [page for table in hits for page in table if page >= 0]
+        num_loaded = sum(table.count(BELOW) for table in hits)  # a fresh page each
+        reserve = self.watermark_pages if pool.num_used_pages else 0
+        adds = [m.pages_to_start(seq, total, len(table))
+                for m, table in zip(managers, hits, strict=True)]
+        fits = pool.fits(sum(adds) + num_loaded, real_hits, reserve)
+        allocator = pool.allocator
+        alone_in_buddy = (not pool.num_used_pages and allocator.free_list is None
+                          and not allocator.reserves_region)
+        if alone_in_buddy and (seq.num_preemptions or not fits):
+            return self._plan_alone(seq, total, hits, real_hits, num_loaded)
+        return JointPlan(hits, adds) if fits else None
+
+    def _plan_alone(self, seq: Request, total: int, hits: list[list[int]],
+                    real_hits: list[int], num_loaded: int) -> JointPlan | None:
+        """A new request alone in buddy memory: its full-attention groups take its whole
+        length at once, every group's pages as power-of-two runs (a request that fits alone
+        always runs to its end)."""
+        whole = max(seq.total_len, total)
+        adds = [m.pages_to_add(len(table), whole) if _keeps_every_token(m)
+                else m.pages_to_start(seq, total, len(table))
+                for m, table in zip(self.group_managers, hits, strict=True)]
+        if not self.pool.fits_as_runs(sum(adds) + num_loaded, real_hits):
             return None
-        return hits, adds
+        return JointPlan(hits, adds, as_runs=True)
 
     def _new_hits(self, seq: Request) -> list[list[int]]:
         """Each group's table of a new request's prefix hit: its `num_computed_tokens`."""
@@ -353,12 +368,14 @@ class HybridKVCacheManager(KVCacheManager):
         assert stored is not None
         host_pages, num_tokens = stored
         self.host.release(seq.request_id, hold=self._steps.active)
-        pages: list[int] = []
-        for manager in self.group_managers:
-            kept = self._kept_pages(manager, num_tokens)
-            state = manager.take_hits(seq, [NULL_PAGE] * kept.start)
-            manager.execute(seq, num_tokens, state, Plan([], len(kept), False))
-            pages += state.pages[kept.start : kept.stop]
+        managers, pages = self.group_managers, []
+        kept = [self._kept_pages(manager, num_tokens) for manager in managers]
+        shares = take_shares(self.pool, JointPlan([], [len(k) for k in kept]),
+                             managers.index(self._main))
+        for manager, group_kept, share in zip(managers, kept, shares, strict=True):
+            state = manager.take_hits(seq, [NULL_PAGE] * group_kept.start)
+            manager.execute(seq, num_tokens, state, Plan([], len(share), False, block=share))
+            pages += state.pages[group_kept.start : group_kept.stop]
         self._steps.given_memory(seq.request_id, loaded=True)
         return MemOps(swap_ins=list(zip(host_pages, pages, strict=True)))
 
@@ -369,3 +386,7 @@ class HybridKVCacheManager(KVCacheManager):
             manager.fork(manager.seqs[parent.request_id], child)
         self._steps.given_memory(child.request_id)
 
+
+def _keeps_every_token(manager: FullAttentionManager) -> bool:
+    """A full-attention group's manager (not a window's, a chunk's or a state's)."""
+    return not isinstance(manager, WindowedManager) or manager.group.kind == "full"

@@ -70,25 +70,27 @@ class PagePool:
 
     # ----------------------------------------------------------------------------- fitting
 
-    def fits(self, num_pages: int, hits: list[int], reserve: int) -> bool:
+    def fits(self, num_pages: int, hits: list[int], reserve: int,
+             freed: list[int] | None = None) -> bool:
         """Whether `num_pages` (as one block) can be taken with `reserve` pages left, evicting
-        cached pages if needed; the `hits` (about to be taken) stop being evictable."""
+        cached pages if needed; the `hits` (about to be taken) stop being evictable, and the
+        held pages `freed` (given back first) count as free."""
         if num_pages <= 0:
             return True
         allocator, evictor = self.allocator, self.evictor
         take = allocator.pages_for(num_pages)
-        available = allocator.num_free_pages + len(evictor)
+        available = allocator.num_free_pages + len(evictor) + (len(freed) if freed else 0)
         if hits and take + reserve > available - len(hits):  # only then can the hits matter
             available -= sum(1 for page in hits if page in evictor)  # they stop being cached
         if take + reserve > available:
             return False
-        if allocator.free_list is not None or allocator.can_allocate(num_pages):
+        if allocator.free_list is not None or allocator.can_allocate(num_pages, freed or ()):
             return True
         if not len(evictor):
             return False
         hit_set = set(hits)
         evictable = [page for page in evictor.pages() if page not in hit_set]
-        return allocator.can_allocate(num_pages, evictable)
+        return allocator.can_allocate(num_pages, evictable + (freed or []))
 
     def fits_as_runs(self, num_pages: int, hits: list[int]) -> bool:
         """Whether `num_pages` pages in runs of any power-of-two size can be taken: any free

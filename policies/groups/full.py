@@ -70,9 +70,18 @@ class FullAttentionManager(TableRelease):
         return seq.total_len
 
     def pages_to_add(self, num_held: int, total: int) -> int:
-        """Pages a table of `num_held` pages takes to hold `total` tokens, one page at a time
-        (the hybrid manager's fixed blocks)."""
+        """Pages a table of `num_held` pages takes to hold `total` tokens, one page at a time."""
         return max(0, -(-total // self.page_size) - num_held)
+
+    def pages_to_start(self, seq: Request, total: int, num_hits: int) -> int:
+        """Pages a new sequence's table takes after its `num_hits` hit pages to hold `total`
+        tokens (what the hybrid manager asks of each group)."""
+        return self.new_block_pages(seq, total, num_hits)
+
+    def pages_to_grow(self, seq: Request, total: int, state: SeqState) -> int:
+        """Pages a held sequence's table takes to hold `total` tokens, the copy of a shared
+        last page first (what the hybrid manager asks of each group)."""
+        return self.growth_pages(seq, total, state) + (self.shared_tail(state, total) is not None)
 
     def block_pages(self, seq: Request, total: int, num_blocks: int, num_held: int) -> int:
         """Pages of the next block: what the block-sizing policy asks, never past the request's
@@ -85,6 +94,22 @@ class FullAttentionManager(TableRelease):
         ceiling = -(-max(total, seq.total_len) // page_size) - num_held
         return max(needed, min(wanted, ceiling))
 
+    def new_block_pages(self, seq: Request, total: int, num_hits: int) -> int:
+        """Pages of a new sequence's first block, after its `num_hits` hit pages, to hold
+        `total` tokens: its reserved region (contiguous), else the block-sizing policy's."""
+        if self.pool.allocator.reserves_region:
+            reserved = max(total, self._reserve(seq.total_len, self.max_model_len))
+            return -(-reserved // self.page_size) - num_hits
+        return self.block_pages(seq, total, 0, num_hits)
+
+    def growth_pages(self, seq: Request, total: int, state: SeqState) -> int:
+        """Pages of a held sequence's next block to hold `total` tokens (without the copy of
+        a shared last page): the block-sizing policy's; a region grows by another elsewhere,
+        of exactly the pages missing."""
+        if self.pool.allocator.reserves_region:
+            return max(0, -(-total // self.page_size) - len(state.pages))
+        return self.block_pages(seq, total, state.num_blocks, len(state.pages))
+
     # ----------------------------------------------------------------------------- planning
 
     def plan_new(self, seq: Request, total: int, hits: list[int], *,
@@ -94,11 +119,7 @@ class FullAttentionManager(TableRelease):
         page_size, pool = self.page_size, self.pool
         allocator = pool.allocator
         alone = pool.num_used_pages == 0
-        if allocator.reserves_region:
-            reserved = max(total, self._reserve(seq.total_len, self.max_model_len))
-            needed = -(-reserved // page_size) - len(hits)
-        else:
-            needed = self.block_pages(seq, total, 0, len(hits))
+        needed = self.new_block_pages(seq, total, len(hits))
         fits = pool.fits(needed, hits, self.watermark_pages if watermark and not alone else 0)
         # Alone in buddy memory, a request takes its whole length as power-of-two runs when its
         # own block would not fit (a prompt block rounded up past the memory), or when it was
@@ -115,14 +136,9 @@ class FullAttentionManager(TableRelease):
     def plan_growth(self, seq: Request, total: int, state: SeqState) -> Plan | None:
         """The plan for a held sequence growing to `total` tokens, or None when it does not
         fit."""
-        page_size = self.page_size
         cow = self.shared_tail(state, total) is not None
-        if self.pool.allocator.reserves_region:  # a region grows only by another elsewhere
-            needed = max(0, -(-total // page_size) - len(state.pages))
-        else:
-            needed = self.block_pages(seq, total, state.num_blocks, len(state.pages))
         # The copy of a shared last page is the first page of the new block: one allocation.
-        needed += cow
+        needed = self.growth_pages(seq, total, state) + cow
         if not self.pool.fits(needed, [], 0):
             return None
         return Plan([], needed, cow)
@@ -144,7 +160,7 @@ class FullAttentionManager(TableRelease):
             state.pages += pool.take_runs(plan.num_block_pages)
             state.num_blocks += 1
         elif plan.num_block_pages:
-            block = pool.take_block(plan.num_block_pages)
+            block = pool.take_block(plan.num_block_pages) if plan.block is None else plan.block
             if plan.cow:  # copy the shared page written next into the block's first page
                 index = self.shared_tail(state, total)
                 assert index is not None, "a copy-on-write plan without a shared page"

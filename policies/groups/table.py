@@ -43,3 +43,6 @@ class Plan:
     tier_hits: list[tuple[int, list[int]]] | None = None
     # Pages after those whose KV another instance sends (`Request.kv_transfer_tokens`).
     num_transfer_pages: int = 0
+    # The block's pages, taken already (a hybrid manager takes one block for every group and
+    # hands each its share); None: taken from the pool here.
+    block: list[int] | None = None

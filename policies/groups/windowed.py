@@ -149,11 +149,25 @@ class WindowedManager(FullAttentionManager):
             return 0 if num_held else 1
         return super().pages_to_add(num_held, total)
 
-    def num_freed_by_skip(self, state: SeqState, num_computed: int) -> int:
+    def pages_to_start(self, seq: Request, total: int, num_hits: int) -> int:
+        """A window's, chunk's or state's pages as it needs them, one at a time (a full group
+        of this class: the policy's block)."""
+        if self.group.kind == "full":
+            return super().pages_to_start(seq, total, num_hits)
+        return self.pages_to_add(num_hits, total)
+
+    def pages_to_grow(self, seq: Request, total: int, state: SeqState) -> int:
+        """`pages_to_start`'s pages for a held table, the copy of a shared page first."""
+        if self.group.kind == "full":
+            return super().pages_to_grow(seq, total, state)
+        cow = self.shared_tail(state, total) is not None
+        return self.pages_to_add(len(state.pages), total) + cow
+
+    def freed_by_skip(self, state: SeqState, num_computed: int) -> list[int]:
         """Pages `remove_skipped` would return to the pool (not those others hold)."""
         end = min(self.num_skipped_pages(num_computed), len(state.pages))
         owners = self.pool.owners
-        return sum(1 for page in state.pages[state.num_null_pages : end] if page not in owners)
+        return [page for page in state.pages[state.num_null_pages : end] if page not in owners]
 
     def fast_limit(self, state: SeqState) -> int:
         """Full attention's limit, short of the next token whose computing skips a page."""

@@ -181,13 +181,25 @@ programs = st.lists(st.tuples(st.sampled_from(["admit", "admit", "grow", "decode
                     min_size=1, max_size=40)
 
 
+# every allocation and block-sizing family (a full group's blocks; windows take pages)
+ALLOCATIONS = ["paged", "paged", "paged:block_sizing=geometric", "buddy",
+               "buddy:block_sizing=geometric", "contiguous:reserve=pow2",
+               "contiguous:reserve=oracle", "contiguous:reserve=max"]
+
+
+def _spec(allocation: str, options: str) -> str:
+    """A policy spec of `allocation` (with or without its own options) and more options."""
+    return f"{allocation}{',' if ':' in allocation else ':'}{options}"
+
+
 @settings(max_examples=3 * settings.default.max_examples)
 @given(layout=st.sampled_from(LAYOUTS), num_pages=st.integers(12, 60),
        caching=st.sampled_from([True, True, True, False]),
-       retention=st.sampled_from([None, 0, 8, 16]), program=programs)
+       retention=st.sampled_from([None, 0, 8, 16]), allocation=st.sampled_from(ALLOCATIONS),
+       program=programs)
 def test_hybrid_manager_keeps_pages_and_contents(layout, num_pages, caching, retention,
-                                                 program):
-    spec = "paged:block_size=4,preemption=swap" + (",eviction=lru" if caching else "")
+                                                 allocation, program):
+    spec = _spec(allocation, "block_size=4,preemption=swap" + (",eviction=lru" if caching else ""))
     manager = KVCacheManager(spec, num_pages, max_model_len=128, groups=parse_groups(layout),
                              retention_interval=retention)
     run_program(manager, program)
@@ -329,8 +341,6 @@ def test_the_retention_interval_registers_only_the_windows_a_hit_can_use():
 
 def test_unsupported_combinations_are_refused():
     groups = [KVCacheGroup("sliding_window", 1, 8), KVCacheGroup()]
-    with pytest.raises(KvlabError, match="paged allocation"):
-        KVCacheManager("buddy", 64, max_model_len=64, groups=groups)
     with pytest.raises(KvlabError, match="retention"):
         KVCacheManager("paged", 64, max_model_len=64, groups=groups, retention_interval=6)
 
@@ -361,8 +371,9 @@ def hybrid_workloads(draw):
     config = SchedulerConfig(max_num_seqs=draw(st.integers(1, 8)),
                              max_num_batched_tokens=budget, max_model_len=128,
                              enable_chunked_prefill=True)
-    spec = f"paged:block_size=4,preemption={draw(st.sampled_from(['recompute', 'swap']))}" + \
-        (",eviction=lru" if caching else "")
+    spec = _spec(draw(st.sampled_from(ALLOCATIONS)),
+                 f"block_size=4,preemption={draw(st.sampled_from(['recompute', 'swap']))}"
+                 + (",eviction=lru" if caching else ""))
     return spec, num_pages, config, requests, groups, retention
 
 

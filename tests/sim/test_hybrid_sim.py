@@ -106,7 +106,6 @@ def test_a_host_tier_serves_hits_the_device_lost_on_a_sliding_window_model(trace
 @pytest.mark.parametrize(("settings", "words"), [
     ({"prefix_cache_retention_interval": 100}, "multiple of the block size"),
     ({"prefix_cache_retention_interval": -16}, "expected None"),
-    ({"policy": "contiguous"}, "paged allocation with fixed blocks"),
     ({"kv_tiers": TiersConfig(parse_tiers("host:1GiB"), write_policy="write-through",
                               block_size=64)}, "kv_tier_block_size"),
 ])
@@ -126,8 +125,8 @@ def test_the_cli_flag_sets_the_interval_and_bad_values_name_it(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "--prefix-cache-retention-interval is 100" in err
-    assert main([*args, "--policy", "buddy"]) == 2
-    assert "paged allocation with fixed blocks" in capsys.readouterr().err
+    assert main([*args, "--policy", "buddy:block_sizing=geometric"]) == 0  # (every family)
+    assert "Group 1 full peak pages" in capsys.readouterr().out
     assert main([*args, "--policy", "paged:preemption=swap"]) == 0  # (swap works with groups)
 
 
