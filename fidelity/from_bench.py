@@ -186,6 +186,7 @@ def server_serving(
             max_num_batched_tokens=int(info.scheduler.get("max_num_batched_tokens", 8192)),
             enable_chunked_prefill=info.scheduler.get("enable_chunked_prefill") != "False",
             scheduler_reserve_full_isl=info.scheduler.get("scheduler_reserve_full_isl") == "True",
+            scheduling_policy=info.scheduler.get("scheduling_policy", "fcfs"),
         )
         null_blocks = 0
     else:

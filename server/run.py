@@ -64,6 +64,7 @@ def start_service(config: ServeConfig) -> tuple[EngineService, str]:
         "max_num_batched_tokens": str(serving.max_num_batched_tokens),
         "enable_chunked_prefill": str(serving.enable_chunked_prefill),
         "scheduler_reserve_full_isl": str(serving.scheduler_reserve_full_isl),
+        "scheduling_policy": serving.scheduling_policy,
         "max_model_len": str(engine.max_model_len),
         "policy": engine.policy.to_string(),
     }

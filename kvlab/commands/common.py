@@ -300,9 +300,9 @@ def add_scheduling_policy_argument(policy: argparse._ActionsContainer) -> None:
     described = "; ".join(f"{e.name}: {e.help}" for e in registry.entries()
                           if e.family == "scheduling")
     policy.add_argument(
-        "--scheduling-policy", default="fcfs", metavar="SPEC",
+        "--scheduling-policy", default=None, metavar="SPEC",
         help=f"the order waiting requests are admitted in, NAME[:key=value,...] ({described}; "
-        "default fcfs)")
+        "default fcfs, and against a server (validate --base-url) the one kvlab serve exports)")
 
 
 def add_kv_cache_dtype_argument(memory: argparse._ActionsContainer) -> None:
@@ -415,7 +415,7 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
-        scheduling_policy=getattr(args, "scheduling_policy", "fcfs"),
+        scheduling_policy=getattr(args, "scheduling_policy", None) or "fcfs",
         seed=args.seed,
         **memory,
     )

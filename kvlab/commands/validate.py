@@ -333,5 +333,7 @@ def _server_target(args: argparse.Namespace) -> Any:
 
 def server_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The serving settings the flags give for a server's simulator, over its preset's (a
-    vLLM run with --no-scheduler-reserve-full-isl, or one older than 0.32, has no gate)."""
-    return {"scheduler_reserve_full_isl": args.scheduler_reserve_full_isl}
+    vLLM run with --no-scheduler-reserve-full-isl, or one older than 0.32, has no gate; a
+    vLLM started with --scheduling-policy priority does not export it)."""
+    return {"scheduler_reserve_full_isl": args.scheduler_reserve_full_isl,
+            "scheduling_policy": getattr(args, "scheduling_policy", None)}

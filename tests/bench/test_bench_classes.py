@@ -11,6 +11,7 @@ import pytest
 from kvlab.bench import load_bench_result
 from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
+from kvlab.fidelity import server_serving
 from kvlab.policies.serving import ServingConfig
 from tests.live_server import start_live_server
 
@@ -67,7 +68,14 @@ def test_a_classed_workload_is_reported_per_class_and_saved_with_its_classes(
     assert document["classes"]["chat"]["completed"] + document["classes"]["batch"][
         "completed"] == 12
     assert sorted(seen) == sorted(document["kvlab_priorities"]) and set(seen) == {0, 1}
-    loaded = load_bench_result(path).summary()
+    result = load_bench_result(path)
+    loaded = result.summary()
     assert loaded["classes"]["chat"]["goodput_perc"] == pytest.approx(
         document["classes"]["chat"]["goodput_perc"])
     assert loaded["num_priority_inversions"] == document["num_priority_inversions"]
+    # the server exports its scheduling policy, and its simulator (validate --base-url,
+    # calibrate --from-bench) runs it; vLLM exports none: the flag gives it
+    assert server_serving(result.server).scheduling_policy == "priority"
+    assert server_serving(result.server, preset="vllm").scheduling_policy == "fcfs"
+    assert server_serving(result.server, preset="vllm", overrides={
+        "scheduling_policy": "priority"}).scheduling_policy == "priority"
