@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import subprocess
+import tempfile
 
 import pytest
 
@@ -19,7 +21,12 @@ from kvlab.cli import main
 from kvlab.fidelity import server_sim_config
 from kvlab.fidelity.kv_lockstep import kv_lockstep
 from kvlab.specs import get_model
-from tests.peer.vllm_server import plugin_missing_reason, start_vllm, start_vllm_with_kv_events
+from tests.peer.vllm_server import (
+    PEER_PYTHON,
+    plugin_missing_reason,
+    start_vllm,
+    start_vllm_with_kv_events,
+)
 
 pytestmark = pytest.mark.peer
 
@@ -37,7 +44,9 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plugin")
     found = {}
     for policy in POLICIES:
-        env = {} if policy == "off" else {"KVLAB_VLLM_EVICTION": policy}
+        env = {"VLLM_LOGGING_LEVEL": "INFO"}  # the plugin's lines are INFO, as vLLM's own
+        if policy != "off":
+            env["KVLAB_VLLM_EVICTION"] = policy
         server, endpoint = start_vllm_with_kv_events(256, env=env)
         try:
             code = main(["validate", "--base-url", server.base_url, "--kv-events", endpoint,
@@ -49,14 +58,16 @@ def runs(tmp_path_factory):
         assert code in (0, 1)
         bench = load_bench_result(folder / f"{policy}.bench.json")
         bench.kv_events = load_stream(stream_path(folder / f"{policy}.bench.json"))
-        found[policy] = (json.loads((folder / f"{policy}.json").read_text()), bench)
+        found[policy] = (json.loads((folder / f"{policy}.json").read_text()), bench,
+                         server.log_path.read_text())
     return found
 
 
 @pytest.mark.parametrize("policy", ["arc", "lfu", "slru"])
 def test_block_changes_match_the_replay_of_the_plugins_policy(runs, policy):
-    document, _ = runs[policy]
+    document, _, log = runs[policy]
     report = document["kv_lockstep"]
+    assert f"vLLM's device prefix cache (255 blocks) evicts by kvlab's {policy}" in log
     assert document["server_eviction"] == policy  # read from the server's /metrics
     assert f"eviction={policy}," in document["policy"]
     assert report["server_counts"].get("removed", 0) > 500, "the budget must evict"
@@ -65,7 +76,8 @@ def test_block_changes_match_the_replay_of_the_plugins_policy(runs, policy):
 
 
 def test_without_the_variable_vllm_evicts_as_before(runs):
-    document, _ = runs["off"]
+    document, _, log = runs["off"]
+    assert "kvlab plugin idle" in log
     assert document["server_eviction"] is None
     assert "eviction=lru," in document["policy"]
     assert document["kv_lockstep"]["match_rate"] >= 0.98, document["kv_lockstep"]
@@ -89,6 +101,22 @@ def test_greedy_outputs_are_unchanged_by_the_policy(runs, policy):
     reference, ours = outputs(runs["off"][1]), outputs(runs[policy][1])
     assert len(reference) > 100
     assert ours == reference
+
+
+def test_without_the_variable_nothing_of_vllm_is_patched():
+    if plugin_missing_reason() is not None:
+        pytest.skip(plugin_missing_reason())
+    code = ("import os; os.environ.pop('KVLAB_VLLM_EVICTION', None)\n"
+            "from vllm.v1.core.block_pool import BlockPool\n"
+            "before = dict(vars(BlockPool))\n"
+            "import kvlab.integrations.vllm as plugin; plugin.register()\n"
+            "assert dict(vars(BlockPool)) == before, 'patched'\n"
+            "os.environ['KVLAB_VLLM_EVICTION'] = 'arc'; plugin.register()\n"
+            "assert BlockPool.touch is not before['touch'], 'the active plugin patches touch'\n"
+            "print('ok')")
+    run = subprocess.run([str(PEER_PYTHON), "-c", code], capture_output=True, text=True,
+                         cwd=tempfile.gettempdir(), timeout=300)
+    assert run.stdout.strip().endswith("ok"), run.stderr[-2000:]
 
 
 def test_a_bad_variable_stops_vllm_with_one_line():
