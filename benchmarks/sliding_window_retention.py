@@ -36,11 +36,11 @@ def run_one(trace: Any, args: argparse.Namespace, memory_gib: float,
     from kvlab.policies.serving import ServingConfig
     from kvlab.sim import SimConfig, simulate
 
-    serving = ServingConfig.create("paged", enable_prefix_caching=True,
-                                   kv_cache_memory_bytes=int(memory_gib * 2**30))
-    config = SimConfig(model=args.model, hardware=args.hardware, serving=serving,
-                       hybrid_kv_cache_manager=interval != FULL,
-                       prefix_cache_retention_interval=None if interval == FULL else interval)
+    serving = ServingConfig.create(
+        "paged", enable_prefix_caching=True, kv_cache_memory_bytes=int(memory_gib * 2**30),
+        hybrid_kv_cache_manager=interval != FULL,
+        prefix_cache_retention_interval=None if interval == FULL else interval)
+    config = SimConfig(model=args.model, hardware=args.hardware, serving=serving)
     summary = summarize(simulate(trace, config))
     groups = summary.get("kv_cache_groups") or []
     row: dict[str, Any] = {

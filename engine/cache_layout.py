@@ -3,8 +3,9 @@
 A model with sliding-window layers gets vLLM's KV-cache groups (`kvlab.specs.kv_layout`): every
 group holds the same number of layers, and layer i of each group shares cache tensor i with the
 i-th layer of every other group, so one page id (one group's, at a time) takes one page in each
-of `group size` tensors instead of one in every layer's. A model without windows keeps one
-tensor per layer and one full-attention group.
+of `group size` tensors instead of one in every layer's. A model without windows, or with
+the hybrid manager off (vLLM's `--disable-hybrid-kv-cache-manager`: every layer keeps every
+token, a window read from the whole table), keeps one tensor per layer and one full group.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ class CacheLayout:
         return max(self.layer_slots) + 1 if self.layer_slots else num_layers
 
 
-def cache_layout(config: ModelConfig, layer_groups: tuple[int, ...] = ()) -> CacheLayout:
+def cache_layout(config: ModelConfig, layer_groups: tuple[int, ...] = (),
+                 hybrid: bool = True) -> CacheLayout:
     """The layout of `config`'s layers; `layer_groups` named by the caller (a manager of its
-    own tables) keeps one tensor per layer and no groups for the manager."""
+    own tables) keeps one tensor per layer and no groups for the manager; `hybrid` False
+    keeps one full-attention group (see the module)."""
     windows = config.layer_windows
-    if layer_groups or not any(windows):
+    if layer_groups or not any(windows) or not hybrid:
         return CacheLayout(None, layer_groups, ())
     groups, ids = layer_group_ids([("sliding_attention", window) if window
                                    else ("full_attention", 0) for window in windows])

@@ -101,7 +101,8 @@ class LLMEngine:
         _check_sliding_window(backend, self.model_config.layer_windows, config.attention_backend)
         dtype = model_dtype(self.model)
         check_kv_cache_dtype(backend, serving.kv_cache_dtype, dtype)
-        layout = cache_layout(self.model_config, config.layer_groups)
+        layout = cache_layout(self.model_config, config.layer_groups,
+                              serving.hybrid_kv_cache_manager)
         num_cache_layers = layout.num_tensors(self.model_config.num_hidden_layers)
         self.max_model_len = serving.resolve_max_model_len(
             self.model_config.max_model_len, str(config.model)
@@ -159,6 +160,7 @@ class LLMEngine:
             tiers=self.tiers,
             tier_config=serving.kv_tiers,
             groups=layout.groups,
+            retention_interval=serving.prefix_cache_retention_interval,
         )
         self.runner.block_tables = group_block_tables(self.manager)
         self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)

@@ -28,7 +28,11 @@ class LLM:
     TiersConfig; the engine runs host tiers only) and turns prefix caching on.
     `kv_cache_dtype` stores the pages in another precision (vLLM's names: auto, bfloat16,
     float16, fp8 / fp8_e4m3, fp8_e5m2, int8 (vLLM-Ascend's C8), int8_per_token_head,
-    fp8_per_token_head, int4_per_token_head; kernels/kv_quant.py). The two startup
+    fp8_per_token_head, int4_per_token_head; kernels/kv_quant.py). A model with sliding-window
+    layers runs vLLM's hybrid KV cache manager: `prefix_cache_retention_interval` (vLLM's:
+    None caches every page leaving a window, 0 only what a hit at a prompt's end needs, R also
+    what a hit at each multiple of R tokens needs), `hybrid_kv_cache_manager` False keeps every
+    token in every layer (one full group). The two startup
     lines (KV cache size, maximum concurrency) are printed to stderr once unless `verbose` is
     False.
     """
@@ -54,6 +58,8 @@ class LLM:
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = False,
         kv_tiers: Any = None,
+        prefix_cache_retention_interval: int | None = None,
+        hybrid_kv_cache_manager: bool = True,
         preemption_costs: Any = None,
         verbose: bool = True,
     ) -> None:
@@ -76,6 +82,8 @@ class LLM:
             enable_chunked_prefill=enable_chunked_prefill,
             seed=seed,
             kv_cache_dtype=kv_cache_dtype,
+            prefix_cache_retention_interval=prefix_cache_retention_interval,
+            hybrid_kv_cache_manager=hybrid_kv_cache_manager,
         )
         config = EngineConfig(
             model=str(model),

@@ -70,8 +70,15 @@ class ServingConfig:
     default). `kv_cache_dtype` is the KV cache's precision (vLLM's `--kv-cache-dtype` names,
     `kvlab.specs.kv_dtype`; an alias is stored as its full name). `scheduling_policy` is the
     order waiting requests are admitted in (vLLM's `--scheduling-policy`: fcfs, priority; and
-    SGLang's lpm, sjf, ...: `kvlab.policies.scheduling`; stored canonical). `seed` shapes
-    sampling and synthetic workloads and is recorded with results. Checked on construction.
+    SGLang's lpm, sjf, ...: `kvlab.policies.scheduling`; stored canonical). A model with
+    KV-cache groups (sliding window, chunked local, linear-attention state) runs vLLM's hybrid
+    KV cache manager: `prefix_cache_retention_interval` is vLLM's setting of that name
+    (tokens: None, every page leaving a window stays cached; 0, only what a hit at a prompt's
+    end needs, vLLM 0.32's default; R, that and what a hit at each multiple of R needs; a
+    multiple of the block size); `hybrid_kv_cache_manager` False is vLLM's
+    `--disable-hybrid-kv-cache-manager` (every attention layer keeps every token: one full
+    group). `seed` shapes sampling and synthetic workloads and is recorded with results.
+    Checked on construction.
     """
 
     policy: PolicySpec = field(default_factory=PolicySpec)
@@ -88,6 +95,8 @@ class ServingConfig:
     kv_tiers: TiersConfig = field(default_factory=TiersConfig)
     kv_cache_dtype: str = "auto"
     scheduling_policy: str = DEFAULT_SCHEDULING_POLICY
+    prefix_cache_retention_interval: int | None = None
+    hybrid_kv_cache_manager: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, PolicySpec):
@@ -98,6 +107,7 @@ class ServingConfig:
                            canonical_scheduling_policy(self.scheduling_policy))
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             check_whole_number(name, getattr(self, name), 1)
+        self._check_group_settings()
         if not isinstance(self.scheduler_reserve_full_isl, bool):
             raise KvlabError(f"scheduler_reserve_full_isl is {self.scheduler_reserve_full_isl!r}; "
                              "expected true or false", parameters=("scheduler_reserve_full_isl",))
@@ -124,6 +134,21 @@ class ServingConfig:
         if (limit is not None and not self.enable_chunked_prefill
                 and self.max_num_batched_tokens < limit):
             raise _prefill_budget_error(self.max_num_batched_tokens, limit)
+
+    def _check_group_settings(self) -> None:
+        """The KV-cache group settings' types (the interval's multiple of the block size is
+        checked where the block size is final: `SimConfig`, the engine)."""
+        interval = self.prefix_cache_retention_interval
+        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)
+                                     or interval < 0):
+            raise KvlabError(
+                f"prefix_cache_retention_interval is {interval!r}: expected None (cache every "
+                "page leaving a sliding window), 0 (only what a hit at a prompt's end needs) "
+                "or a multiple of the block size",
+                parameters=("prefix_cache_retention_interval",))
+        if not isinstance(self.hybrid_kv_cache_manager, bool):
+            raise KvlabError(f"hybrid_kv_cache_manager is {self.hybrid_kv_cache_manager!r}: "
+                             "expected true or false", parameters=("hybrid_kv_cache_manager",))
 
     @classmethod
     def create(
@@ -203,8 +228,9 @@ class ServingConfig:
     def result_metadata(self) -> dict[str, Any]:
         """The settings as saved with a run's result, under vLLM's names (JSON-ready; the
         simulator and the engine add their own keys): the KV cache's size and dtype (when not
-        auto), the scheduling policy (when not fcfs), the admission gate and the tiers only
-        when set (the stored results of runs without them keep their keys)."""
+        auto), the scheduling policy (when not fcfs), the admission gate, the tiers, the
+        retention interval and the hybrid manager's switch only when set (the stored results of
+        runs without them keep their keys)."""
         policy = self.policy
         return {
             "policy": policy.to_string(),
@@ -223,6 +249,9 @@ class ServingConfig:
                if self.kv_cache_memory_bytes is not None else {}),
             **({"scheduler_reserve_full_isl": True} if self.scheduler_reserve_full_isl else {}),
             **({"kv_tiers": self.kv_tiers.to_json()} if self.kv_tiers else {}),
+            **({"prefix_cache_retention_interval": self.prefix_cache_retention_interval}
+               if self.prefix_cache_retention_interval is not None else {}),
+            **({"hybrid_kv_cache_manager": False} if not self.hybrid_kv_cache_manager else {}),
         }
 
     def to_json(self) -> dict[str, Any]:

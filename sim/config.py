@@ -42,11 +42,8 @@ class SimConfig:
     KV-cache groups: a model whose layers keep different caches (sliding window, chunked local,
     linear-attention state) runs vLLM's hybrid KV cache manager over the groups of its layout
     (`kv_cache_groups`), with pages of the layout's block size (raised for linear-attention
-    models: the policy's block size follows it). `prefix_cache_retention_interval` is vLLM's
-    setting of that name (tokens, 0 or a multiple of the block size; 0: every sliding-window
-    page leaving the window stays cached). `hybrid_kv_cache_manager` False is vLLM's
-    `--disable-hybrid-kv-cache-manager`: every attention layer keeps every token (one full
-    group, the plain manager).
+    models: the policy's block size follows it), under the serving config's
+    `prefix_cache_retention_interval` and `hybrid_kv_cache_manager` (vLLM's settings).
     """
 
     model: str | ModelSpec = "llama-2-7b"
@@ -54,8 +51,6 @@ class SimConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
     tensor_parallel_size: int = 1
     cost_model: str | None = None
-    prefix_cache_retention_interval: int | None = None
-    hybrid_kv_cache_manager: bool = True
     model_spec: ModelSpec = field(init=False)
     hardware_spec: HardwareSpec = field(init=False)
     max_model_len: int = field(init=False)
@@ -71,7 +66,6 @@ class SimConfig:
         )
         spec = self.model_spec
         self.max_model_len = self.serving.resolve_max_model_len(spec.max_model_len, spec.name)
-        self._check_group_settings()
         self._resolve_memory()
         self.calibrated = None if self.cost_model is None else load_cost_model(self.cost_model)
 
@@ -86,6 +80,16 @@ class SimConfig:
         other.serving = self.serving.with_policy(policy)
         other._resolve_memory()
         return other
+
+    @property
+    def prefix_cache_retention_interval(self) -> int | None:
+        """The serving config's (vLLM's `prefix_cache_retention_interval`)."""
+        return self.serving.prefix_cache_retention_interval
+
+    @property
+    def hybrid_kv_cache_manager(self) -> bool:
+        """The serving config's (False: vLLM's `--disable-hybrid-kv-cache-manager`)."""
+        return self.serving.hybrid_kv_cache_manager
 
     @property
     def kv_cache_groups(self) -> list[KVCacheGroup] | None:
@@ -144,17 +148,14 @@ class SimConfig:
 
     def metadata(self) -> dict[str, Any]:
         """The config as saved with a result (JSON-ready; names, not specs); `cost_model` only
-        when a calibrated one is named, the KV-cache groups and the retention interval only
-        for a hybrid model, `hybrid_kv_cache_manager` only when off (the roofline's results
-        and plain models' keep their keys)."""
+        when a calibrated one is named, the KV-cache groups and the retention interval (None
+        too) for a hybrid model (the roofline's results and plain models' keep their keys)."""
         calibrated = {} if self.cost_model is None else {"cost_model": self.cost_model}
         groups = self.kv_cache_groups
         hybrid: dict[str, Any] = {} if groups is None else {
             "kv_cache_groups": [g.label for g in groups],
             "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
         }
-        if not self.hybrid_kv_cache_manager:
-            hybrid["hybrid_kv_cache_manager"] = False
         return {
             **calibrated,
             "model": self.model_spec.name,
@@ -164,19 +165,6 @@ class SimConfig:
             **self.serving.result_metadata(),
             **hybrid,
         }
-
-    def _check_group_settings(self) -> None:
-        interval = self.prefix_cache_retention_interval
-        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)
-                                     or interval < 0):
-            raise KvlabError(
-                f"prefix_cache_retention_interval is {interval!r}: expected None (cache every "
-                "page leaving a sliding window), 0 (only what a hit at a prompt's end needs) "
-                "or a multiple of the block size",
-                parameters=("prefix_cache_retention_interval",))
-        if not isinstance(self.hybrid_kv_cache_manager, bool):
-            raise KvlabError(f"hybrid_kv_cache_manager is {self.hybrid_kv_cache_manager!r}: "
-                             "expected true or false", parameters=("hybrid_kv_cache_manager",))
 
     def _resolve_memory(self) -> None:
         """Capacity for the policy; the policy's block size raised to the layout's; the

@@ -284,6 +284,7 @@ def add_serving_arguments(
     )
     add_kv_cache_dtype_argument(memory)
     add_tier_arguments(memory)
+    add_kv_group_arguments(memory)
     if engine:
         memory.add_argument(
             "--swap-space", dest="swap_space_bytes", default="4", metavar="GiB",
@@ -318,8 +319,8 @@ def add_kv_cache_dtype_argument(memory: argparse._ActionsContainer) -> None:
 
 
 def add_kv_group_arguments(memory: argparse._ArgumentGroup) -> None:
-    """The flags of a hybrid model's KV-cache groups (`kvlab.sim.SimConfig`'s fields, vLLM's
-    names): the sliding-window retention interval and the switch to one full group."""
+    """The flags of a hybrid model's KV-cache groups (ServingConfig's fields, vLLM's names):
+    the sliding-window retention interval and the switch to one full group."""
     memory.add_argument(
         "--prefix-cache-retention-interval", type=_retention_interval, default=None,
         metavar="TOKENS",
@@ -339,12 +340,6 @@ def _retention_interval(text: str) -> int | None:
     if text.strip().lower() == "none":
         return None
     return int(text)
-
-
-def kv_group_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """SimConfig's KV-cache group settings from the flags of `add_kv_group_arguments`."""
-    return {"prefix_cache_retention_interval": args.prefix_cache_retention_interval,
-            "hybrid_kv_cache_manager": args.hybrid_kv_cache_manager}
 
 
 def add_tier_arguments(memory: argparse._ArgumentGroup) -> None:
@@ -416,6 +411,8 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         scheduling_policy=getattr(args, "scheduling_policy", None) or "fcfs",
+        prefix_cache_retention_interval=args.prefix_cache_retention_interval,
+        hybrid_kv_cache_manager=args.hybrid_kv_cache_manager,
         seed=args.seed,
         **memory,
     )

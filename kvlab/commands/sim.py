@@ -13,12 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from kvlab.commands.common import (
     add_cluster_arguments,
-    add_kv_group_arguments,
     add_machine_arguments,
     add_report_arguments,
     add_serving_arguments,
     add_workload_arguments,
-    kv_group_settings,
     load_trace_from_args,
     serving_config,
     show_progress,
@@ -44,7 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_serving_arguments(
         parser.add_argument_group("policy and scheduler"), machine, compare=True
     )
-    add_kv_group_arguments(machine)
 
     add_report_arguments(
         parser.add_argument_group("report and results"),
@@ -182,7 +179,6 @@ def _configs(args: argparse.Namespace) -> list[SimConfig]:
         serving=serving_config(args, specs[0]),
         tensor_parallel_size=args.tensor_parallel_size,
         cost_model=args.cost_model,
-        **kv_group_settings(args),
     )
     return [first] + [first.with_policy(serving_config(args, spec).policy) for spec in specs[1:]]
 

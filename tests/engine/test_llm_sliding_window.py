@@ -19,6 +19,7 @@ from engine_hf_models import (
 from kvlab.engine import LLM, SamplingParams
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
+from kvlab.errors import KvlabError
 from kvlab.policies import KVCacheManager
 from kvlab.policies.serving import ServingConfig
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
@@ -294,3 +295,33 @@ def test_host_tier_hits_on_the_hybrid_manager_keep_transformers_tokens(models, l
     host = manager.tiers[0]
     assert host.stats.num_hits >= 2 * len(MANAGER_GROUPS[layout])  # pages of every group
     manager.check_tiers()
+
+
+@pytest.mark.parametrize("layout", ["mistral", "interleaved_layer_types"])
+def test_the_hybrid_manager_off_keeps_every_token_and_transformers_tokens(models, layout):
+    """vLLM's --disable-hybrid-kv-cache-manager: one full group, windows read from whole
+    tables."""
+    folder, expected = models[layout]
+    llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE}",
+                            num_gpu_blocks_override=64, hybrid_kv_cache_manager=False)
+    assert tokens == expected
+    assert type(llm.engine.manager) is KVCacheManager
+    assert len(llm.engine.kv_cache.k_caches) == len(LAYOUTS[layout][2])  # a tensor per layer
+
+
+def test_the_retention_interval_caches_fewer_window_pages_and_keeps_tokens(models):
+    """vLLM 0.32's default interval 0: a sliding-window page leaving the window is cached
+    only where a hit at a prompt's end needs it."""
+    folder, expected = models["interleaved_layer_types"]
+    cached = {}
+    for interval in (None, 0):
+        llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE},eviction=lru",
+                                num_gpu_blocks_override=64, max_num_seqs=1,
+                                prefix_cache_retention_interval=interval)
+        assert tokens == expected
+        cached[interval] = sum(1 for key in llm.engine.manager.pool.cached
+                               if isinstance(key, tuple))  # the sliding group's keys
+    assert cached[0] < cached[None]
+    with pytest.raises(KvlabError, match="prefix_cache_retention_interval"):
+        LLM(str(folder), verbose=False, policy=f"paged:block_size={PAGE}",
+            num_gpu_blocks_override=64, prefix_cache_retention_interval=6)

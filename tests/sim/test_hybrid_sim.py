@@ -22,10 +22,15 @@ def trace():
                       random_input_len=256, random_output_len=32, num_prefix_groups=3)
 
 
+GROUP_SETTINGS = ("prefix_cache_retention_interval", "hybrid_kv_cache_manager")
+
+
 def _config(**settings) -> SimConfig:
     serving = ServingConfig.create(settings.pop("policy", "paged"), enable_prefix_caching=True,
                                    kv_cache_memory_bytes=settings.pop("memory", 2**30),
-                                   kv_tiers=settings.pop("kv_tiers", TiersConfig()))
+                                   kv_tiers=settings.pop("kv_tiers", TiersConfig()),
+                                   **{key: settings.pop(key) for key in list(settings)
+                                      if key in GROUP_SETTINGS})
     return SimConfig(model=settings.pop("model", "gpt-oss-20b"), hardware="h100",
                      serving=serving, **settings)
 
