@@ -245,7 +245,29 @@ def _comparison_rows(summaries: Sequence[dict]) -> list[tuple[str, str]]:
         rows.extend(row for row in _tier_rows(summary) if row not in rows)
     for summary in summaries:
         rows.extend(row for row in _group_rows(summary) if row not in rows)
-    return [(k, label) for k, label in rows if any(s.get(k) is not None for s in summaries)]
+    rows.extend(_class_comparison_rows(summaries))
+    return [(k, label) for k, label in rows
+            if any(_lookup(s, k) is not None for s in summaries)]
+
+
+def _class_comparison_rows(summaries: Sequence[dict]) -> list[tuple[str, str]]:
+    """(key, label) of the SLO classes' rows (`classes.<name>.<stat>`), then fairness and
+    inversions, for the classes any summary has."""
+    names = sorted({name for s in summaries for name in (s.get("classes") or {})})
+    if not names:
+        return []
+    rows = [(f"classes.{name}.{key}", f"{name} {label}") for name in names
+            for key, label in CLASS_ROWS]
+    return [*rows, ("fairness_jain", "Jain's fairness (SLO attainment):"),
+            ("num_priority_inversions", "Priority inversions:")]
+
+
+def _lookup(summary: dict, key: str) -> object:
+    """A summary's value of a row key: a top-level key, or `classes.<name>.<stat>`."""
+    if key.startswith("classes."):
+        _, name, stat = key.split(".", 2)
+        return ((summary.get("classes") or {}).get(name) or {}).get(stat)
+    return summary.get(key)
 
 
 def format_comparison(summaries: Sequence[dict], labels: Sequence[str]) -> str:
@@ -260,7 +282,8 @@ def format_comparison(summaries: Sequence[dict], labels: Sequence[str]) -> str:
     headers = [f"[{i}]" for i in range(1, len(labels) + 1)] if abbreviate else list(labels)
     rows = _comparison_rows(summaries)
     cells = [
-        [_value(s[key]) if s.get(key) is not None else "-" for s in summaries] for key, _ in rows
+        [_value(_lookup(s, key)) if _lookup(s, key) is not None else "-" for s in summaries]
+        for key, _ in rows
     ]
     widths = [
         max(len(headers[i]), *(len(row[i]) for row in cells)) + 2 for i in range(len(headers))

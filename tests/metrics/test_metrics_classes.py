@@ -85,3 +85,18 @@ def test_the_report_prints_each_class_and_the_fairness():
     assert "chat within SLO (%):" in text and "batch P99 TTFT (ms):" in text
     assert "Jain's fairness (SLO attainment):" in text
     assert "Priority inversions:" in text
+
+
+def test_the_comparison_shows_each_class_side_by_side():
+    from kvlab.report import format_comparison
+
+    fast = summarize(build_result([_classed(0, "chat", first_token_s=0.1)]),
+                     goodput_slos={"ttft": 500.0})
+    slow = summarize(build_result([_classed(0, "chat", first_token_s=0.9)]),
+                     goodput_slos={"ttft": 500.0})
+    text = format_comparison([fast, slow], ["fast", "slow"])
+    row = next(line for line in text.splitlines() if line.startswith("chat within SLO (%):"))
+    assert row.split()[-2:] == ["100.00", "0.00"]
+    assert "Priority inversions:" in text
+    plain = format_comparison([summarize(build_result([build_request(0)]))], ["plain"])
+    assert "within SLO" not in plain
