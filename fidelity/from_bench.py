@@ -59,6 +59,7 @@ from kvlab.fidelity.optimize import nelder_mead
 from kvlab.fidelity.validation import relative_error
 from kvlab.metrics import summarize
 from kvlab.policies.serving import ServingConfig
+from kvlab.policies.spec import PolicySpec, parse_policy
 from kvlab.sim import SimConfig, simulate
 from kvlab.sim.api_latency import (
     api_delays,
@@ -179,6 +180,7 @@ def server_serving(
     if preset not in ("vllm", "kvlab"):
         raise KvlabError(f"preset {preset!r}: expected vllm or kvlab", parameters=("preset",))
     options: dict[str, Any] = {}
+    policy: str | PolicySpec
     if preset == "kvlab":
         policy = info.scheduler.get("policy", "paged")
         options.update(
@@ -192,8 +194,8 @@ def server_serving(
     else:
         policy, null_blocks = VLLM_POLICY, VLLM_NULL_BLOCKS
         options.update(VLLM_SCHEDULER)
-        if info.eviction is not None and info.enable_prefix_caching:
-            policy = f"{VLLM_POLICY},eviction={plugin_eviction(info.eviction)}"
+        if info.eviction is not None and info.enable_prefix_caching:  # kvlab's vLLM plugin
+            policy = parse_policy(VLLM_POLICY).with_options(eviction=info.eviction)
     if info.block_size is not None:
         options["block_size"] = info.block_size
     if info.num_gpu_blocks is not None:
@@ -208,18 +210,6 @@ def server_serving(
             raise KvlabError(f"the server exports no {name} (vllm:cache_config_info): give "
                              f"{name}", parameters=(name,))
     return ServingConfig.create(policy, **options)
-
-
-def plugin_eviction(spec: str) -> str:
-    """The eviction policy of a vLLM running kvlab's plugin (its `kvlab:eviction_policy_info`
-    spec) as the replay's policy key. Raises KvlabError for a spec with parameters, which
-    kvlab's manager does not take yet (it builds each eviction policy with its defaults)."""
-    name, _, params = spec.partition(":")
-    if params:
-        raise KvlabError(f"the server evicts by kvlab's {spec}: kvlab's replay builds eviction "
-                         f"policies with their default parameters only; restart the server "
-                         f"with KVLAB_VLLM_EVICTION={name} to validate it")
-    return name
 
 
 def server_sim_config(info: ServerInfo, model: str | ModelSpec, *, preset: str | None = None,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from kvlab.policies.params import bind, split_spec
 
 FAMILIES = (
     "allocation", "reserve", "block_sizing", "eviction", "victim", "preemption", "scheduling",
@@ -43,9 +46,20 @@ def names(family: str) -> list[str]:
 
 
 def get(family: str, name: str) -> Entry:
-    """The entry for `name`; KeyError when it is not registered."""
+    """The entry for `name`; KeyError when it is not registered. `NAME:key=value,...` is
+    NAME's entry whose factory passes those keyword parameters (`slru:protected_share=0.5`,
+    kvlab.policies.params; KvlabError where they are wrong)."""
     _load_builtin()
-    return _REGISTRY[family][name]
+    registered = _REGISTRY[family]
+    entry = registered.get(name)
+    if entry is not None:
+        return entry
+    base, items = split_spec(name, f"{family} {name!r}")
+    entry = registered.get(base)
+    if entry is None or not items:
+        raise KeyError(name)
+    params = bind(entry.factory, base, items, f"{family} {name!r}")
+    return Entry(family, name, entry.help, functools.partial(entry.factory, **params))
 
 
 def entries() -> list[Entry]:

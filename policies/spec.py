@@ -7,6 +7,7 @@ from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
+from kvlab.policies.params import split_spec
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,20 +89,6 @@ def parse_policy(text: str | dict[str, Any] | PolicySpec) -> PolicySpec:
     return PolicySpec(kind=kind, **options)
 
 
-def split_spec(text: str, where: str) -> tuple[str, list[tuple[str, str]]]:
-    """`NAME[:key=value,...]` as (NAME, [(key, value), ...]), names and values stripped and
-    a key's dashes as underscores. Raises KvlabError, prefixed by `where`, for an item that is
-    not key=value."""
-    name, _, rest = text.strip().partition(":")
-    items = []
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise KvlabError(f"{where}: {item!r} is not key=value")
-        items.append((key.strip().replace("-", "_"), value.strip()))
-    return name.strip(), items
-
-
 _FIELD_NAMES = [f.name for f in fields(PolicySpec)]
 
 
@@ -146,7 +133,7 @@ def _validate(spec: PolicySpec) -> None:
         ("victim", spec.victim),
     ):
         valid = registry.names(family)
-        if value not in valid:
+        if value not in valid and not _with_params(family, value, valid):
             raise KvlabError(f"{where}: {family}={value!r}; valid: {', '.join(valid)}")
     reserves_region = registry.get("allocation", spec.kind).factory.reserves_region
     if reserves_region and spec.block_sizing != "fixed":
@@ -158,3 +145,12 @@ def _validate(spec: PolicySpec) -> None:
         raise KvlabError(f"{where}: watermark={spec.watermark!r} must be in [0, 1)")
     if spec.host_pages is not None and spec.host_pages < 0:
         raise KvlabError(f"{where}: host_pages={spec.host_pages!r} must be >= 0")
+
+
+def _with_params(family: str, value: str, valid: list[str]) -> bool:
+    """Whether `value` is a registered name with its own parameters (`slru:protected_share=0.5`,
+    kvlab.policies.params); KvlabError where those parameters are wrong."""
+    if value.partition(":")[0] not in valid:
+        return False
+    registry.get(family, value)
+    return True

@@ -1,9 +1,9 @@
 """The plugin's one setting: `KVLAB_VLLM_EVICTION`, a kvlab eviction policy in kvlab's spec
-grammar (`NAME[:key=value,...]`, the keys being the policy's own parameters)."""
+grammar (`NAME[:key=value,...]`, the keys being the policy's own parameters:
+kvlab.policies.params), the same string `kvlab sim --policy paged:eviction=...` takes."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +11,7 @@ from typing import Any
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
 from kvlab.policies.interfaces import Eviction
-from kvlab.policies.spec import split_spec
+from kvlab.policies.params import bind, split_spec
 
 VARIABLE = "KVLAB_VLLM_EVICTION"
 
@@ -25,16 +25,16 @@ class EvictionChoice:
 
     @property
     def spec(self) -> str:
-        """The canonical spec string: the name, then each parameter (sorted)."""
+        """The canonical spec string: the name, then each parameter (sorted); what kvlab's
+        registry builds again (`registry.get("eviction", spec)`)."""
         if not self.params:
             return self.name
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
 
     def factory(self) -> Callable[[], Eviction]:
         """A new policy object per call (one per vLLM block pool)."""
-        entry = registry.get("eviction", self.name)
-        params = dict(self.params)
-        return lambda: entry.factory(**params)  # type: ignore[no-any-return]
+        factory: Callable[[], Eviction] = registry.get("eviction", self.spec).factory
+        return factory
 
 
 def eviction_from_env(environ: Mapping[str, str]) -> EvictionChoice | None:
@@ -47,41 +47,12 @@ def eviction_from_env(environ: Mapping[str, str]) -> EvictionChoice | None:
 def parse_eviction(text: str) -> EvictionChoice:
     """Parse `NAME[:key=value,...]` into a policy kvlab can build (built once here, so a bad
     parameter fails at start). Raises KvlabError naming `KVLAB_VLLM_EVICTION`."""
-    name, items = split_spec(text, f"{VARIABLE}={text!r}")
+    where = f"{VARIABLE}={text!r}"
+    name, items = split_spec(text, where)
     valid = [n for n in registry.names("eviction") if n != "none"]
     if name == "none":
         raise KvlabError(f"{VARIABLE}=none: to turn vLLM's prefix cache off, start it with "
                          f"--no-enable-prefix-caching and unset {VARIABLE}")
     if name not in valid:
-        raise KvlabError(f"{VARIABLE}={text!r}: unknown eviction policy {name!r}; valid: "
-                         f"{', '.join(valid)}")
-    factory = registry.get("eviction", name).factory
-    accepted = {p.name: p.default for p in inspect.signature(factory).parameters.values()
-                if p.default is not inspect.Parameter.empty}
-    params: dict[str, Any] = {}
-    for key, value in items:
-        if key not in accepted:
-            keys = ", ".join(accepted) or "none"
-            raise KvlabError(f"{VARIABLE}={text!r}: {name} has no parameter {key!r}; its "
-                             f"parameters: {keys}")
-        params[key] = _convert(value, accepted[key], f"{VARIABLE}={text!r}: {key}")
-    choice = EvictionChoice(name, params)
-    try:
-        choice.factory()()
-    except (AssertionError, ValueError, TypeError):
-        raise KvlabError(f"{VARIABLE}={text!r}: {name} refuses these parameters "
-                         f"({choice.spec})") from None
-    return choice
-
-
-def _convert(value: str, default: Any, where: str) -> Any:
-    """`value` as the type of the parameter's default (a number where the default is None)."""
-    if value.lower() == "none":
-        return None
-    try:
-        if isinstance(default, float):
-            return float(value)
-        return int(value)
-    except ValueError:
-        expected = "a number" if isinstance(default, float) else "a whole number"
-        raise KvlabError(f"{where}={value!r} is not {expected}") from None
+        raise KvlabError(f"{where}: unknown eviction policy {name!r}; valid: {', '.join(valid)}")
+    return EvictionChoice(name, bind(registry.get("eviction", name).factory, name, items, where))

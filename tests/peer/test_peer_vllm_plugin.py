@@ -30,7 +30,8 @@ from tests.peer.vllm_server import (
 
 pytestmark = pytest.mark.peer
 
-POLICIES = ("off", "arc", "lfu", "slru")  # off: the plugin installed, the variable unset
+# off: the plugin installed, the variable unset; the last: a policy with its own parameters
+POLICIES = ("off", "arc", "lfu", "slru", "slru:protected_share=0.5")
 MOONCAKE = ["--dataset-name", "mooncake", "--length-scale", "16", "--num-prompts", "120",
             "--time-scale", "4", "--vocab-size", "2048", "--model", "tiny-llama"]
 
@@ -44,6 +45,7 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plugin")
     found = {}
     for policy in POLICIES:
+        name = policy.replace(":", "-").replace("=", "-")
         env = {"VLLM_LOGGING_LEVEL": "INFO"}  # the plugin's lines are INFO, as vLLM's own
         if policy != "off":
             env["KVLAB_VLLM_EVICTION"] = policy
@@ -51,25 +53,25 @@ def runs(tmp_path_factory):
         try:
             code = main(["validate", "--base-url", server.base_url, "--kv-events", endpoint,
                          "--lockstep", "--reset-prefix-cache", *MOONCAKE, "--save-result",
-                         "--result-dir", str(folder), "--result-filename", f"{policy}.json",
+                         "--result-dir", str(folder), "--result-filename", f"{name}.json",
                          "--disable-tqdm"])
         finally:
             server.stop()
         assert code in (0, 1)
-        bench = load_bench_result(folder / f"{policy}.bench.json")
-        bench.kv_events = load_stream(stream_path(folder / f"{policy}.bench.json"))
-        found[policy] = (json.loads((folder / f"{policy}.json").read_text()), bench,
+        bench = load_bench_result(folder / f"{name}.bench.json")
+        bench.kv_events = load_stream(stream_path(folder / f"{name}.bench.json"))
+        found[policy] = (json.loads((folder / f"{name}.json").read_text()), bench,
                          server.log_path.read_text())
     return found
 
 
-@pytest.mark.parametrize("policy", ["arc", "lfu", "slru"])
+@pytest.mark.parametrize("policy", ["arc", "lfu", "slru", "slru:protected_share=0.5"])
 def test_block_changes_match_the_replay_of_the_plugins_policy(runs, policy):
     document, _, log = runs[policy]
     report = document["kv_lockstep"]
     assert f"vLLM's device prefix cache (255 blocks) evicts by kvlab's {policy}" in log
     assert document["server_eviction"] == policy  # read from the server's /metrics
-    assert f"eviction={policy}," in document["policy"]
+    assert f"eviction={policy}," in document["policy"]  # parameters included
     assert report["server_counts"].get("removed", 0) > 500, "the budget must evict"
     # 99.89-100% on 2026-12-06 (docs/vllm_plugin.md); the bar of issue 49 is 99%
     assert report["match_rate"] >= 0.99, report
