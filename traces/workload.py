@@ -6,7 +6,8 @@ clients. `kvlab sim --dataset-name workload --dataset-path spec.yaml`.
 num_prompts: 1000            # total requests (the --num-prompts flag wins)
 classes:
   - name: chat               # the SLO class its latencies are reported in
-    rate: 4.0                # requests/s of this class (Poisson; burstiness: gamma shape)
+    rate: 4.0                # requests/s of this class (Poisson; burstiness: gamma shape);
+                             # or `share: 0.8` of a top-level `request_rate: 5.0`
     priority: 0              # lower first under --scheduling-policy priority (default 0)
     input_len: {mean: 512, range_ratio: 0.5}   # uniform in mean*(1 +- r); or a whole number,
     output_len: {lognormal: {mean: 128, sigma: 0.5}}  # or {lognormal: {mean, sigma}}
@@ -35,7 +36,7 @@ from kvlab.traces.types import Trace
 
 HASH_BLOCK_SIZE = 16
 DEFAULT_NUM_PROMPTS = 1000
-_CLASS_KEYS = ("name", "rate", "burstiness", "priority", "input_len", "output_len",
+_CLASS_KEYS = ("name", "rate", "share", "burstiness", "priority", "input_len", "output_len",
                "prefix_len", "num_prefix_groups", "slo")
 _SLO_KEYS = ("ttft", "tpot", "e2el")
 
@@ -46,10 +47,10 @@ def load_workload(path: str | Path, *, num_prompts: int | None = None, seed: int
     spec = _read(path)
     check_num_prompts(num_prompts)
     where = str(path)
-    unknown = sorted(set(spec) - {"num_prompts", "classes"})
+    unknown = sorted(set(spec) - {"num_prompts", "request_rate", "classes"})
     if unknown:
         raise KvlabError(f"{where}: unknown key {unknown[0]!r}; a workload spec has "
-                         "num_prompts and classes")
+                         "num_prompts, request_rate and classes")
     if num_prompts is None:
         num_prompts = spec.get("num_prompts", DEFAULT_NUM_PROMPTS)
         if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
@@ -58,6 +59,7 @@ def load_workload(path: str | Path, *, num_prompts: int | None = None, seed: int
     if not isinstance(classes, list) or not classes:
         raise KvlabError(f"{where}: expected `classes:`, a list of at least one request class")
     parsed = [_parse_class(where, index, item) for index, item in enumerate(classes)]
+    _rates_from_shares(where, spec.get("request_rate"), parsed)
     names = [c["name"] for c in parsed]
     if len(set(names)) != len(names):
         raise KvlabError(f"{where}: class names repeat ({', '.join(names)}); each names one class")
@@ -101,14 +103,18 @@ def _parse_class(where: str, index: int, item: Any) -> dict[str, Any]:
     unknown = sorted(set(item) - set(_CLASS_KEYS))
     if unknown:
         raise KvlabError(f"{at}: unknown key {unknown[0]!r}; keys: {', '.join(_CLASS_KEYS)}")
-    for key in ("name", "rate", "input_len", "output_len"):
+    for key in ("name", "input_len", "output_len"):
         if key not in item:
             raise KvlabError(f"{at}: missing key {key!r}")
     name = item["name"]
     if not isinstance(name, str) or not name.strip():
         raise KvlabError(f"{at}, name: {name!r} is not a class name")
     at = f"{where}, class {name}"
-    rate = _number(at, "rate", item["rate"], positive=True)
+    if ("rate" in item) == ("share" in item):
+        raise KvlabError(f"{at}: give its rate (requests/s) or its share (of the spec's "
+                         "request_rate), one of the two")
+    rate = _number(at, "rate", item["rate"], positive=True) if "rate" in item else None
+    share = _number(at, "share", item["share"], positive=True) if "share" in item else None
     burstiness = _number(at, "burstiness", item.get("burstiness", 1.0), positive=True)
     priority = item.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
@@ -120,10 +126,31 @@ def _parse_class(where: str, index: int, item: Any) -> dict[str, Any]:
         raise KvlabError(f"{at}, slo: {slo!r}; expected milliseconds keyed "
                          f"{', '.join(_SLO_KEYS)}, e.g. {{ttft: 500, tpot: 50}}")
     slo = {key: _number(at, f"slo.{key}", value, positive=False) for key, value in slo.items()}
-    return {"name": name.strip(), "rate": rate, "burstiness": burstiness, "priority": priority,
+    return {"name": name.strip(), "rate": rate, "share": share, "burstiness": burstiness,
+            "priority": priority,
             "input_len": _lengths(at, "input_len", item["input_len"]),
             "output_len": _lengths(at, "output_len", item["output_len"]),
             "prefix_len": prefix_len, "num_prefix_groups": groups, "slo": slo}
+
+
+def _rates_from_shares(where: str, request_rate: Any, classes: list[dict[str, Any]]) -> None:
+    """Each class given a `share` gets that share of `request_rate` (shares normalised to
+    sum to 1); a spec mixes no shares with rates."""
+    shares = [c["share"] for c in classes if c["share"] is not None]
+    if not shares:
+        if request_rate is not None:
+            raise KvlabError(f"{where}: request_rate applies to classes given by share; these "
+                             "give their own rate")
+        return
+    if len(shares) != len(classes):
+        raise KvlabError(f"{where}: some classes give a rate, others a share; give every "
+                         "class a share (of request_rate) or every class a rate")
+    if request_rate is None:
+        raise KvlabError(f"{where}: classes given by share need a top-level request_rate "
+                         "(requests/s of all classes)")
+    total = _number(where, "request_rate", request_rate, positive=True)
+    for cls in classes:
+        cls["rate"] = total * cls["share"] / sum(shares)
 
 
 def _lengths(at: str, key: str, value: Any) -> tuple[str, float, float]:

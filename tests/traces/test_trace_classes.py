@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import textwrap
 
 import pytest
@@ -102,3 +103,21 @@ def test_a_bad_priority_names_the_line(tmp_path):
                    "2023-11-16 18:15:46.6805900,10,2,urgent\n")
     with pytest.raises(KvlabError, match=r"t.csv line 2, column priority: 'urgent'"):
         load_trace("azure", csv)
+
+
+def test_classes_may_take_shares_of_one_request_rate(tmp_path):
+    shared = SPEC.replace("num_prompts: 400\n", "num_prompts: 400\nrequest_rate: 5.0\n") \
+        .replace("rate: 4.0", "share: 0.8").replace("rate: 1.0", "share: 0.2")
+    by_share = load_trace("workload", _spec(tmp_path, shared), seed=3)
+    by_rate = load_trace("workload", _spec(tmp_path), seed=3)
+    assert by_share.requests == by_rate.requests  # 0.8 and 0.2 of 5 req/s: 4 and 1
+
+
+@pytest.mark.parametrize("change, words", [
+    (("rate: 4.0", "share: 0.8"), "some classes give a rate, others a share"),
+    (("rate: 4.0", "rate: 4.0\n    share: 0.5"), "give its rate (requests/s) or its share"),
+    (("num_prompts: 400", "num_prompts: 400\nrequest_rate: 3"), "request_rate applies to "),
+])
+def test_a_spec_mixing_rates_and_shares_is_refused(tmp_path, change, words):
+    with pytest.raises(KvlabError, match=re.escape(words)):
+        load_trace("workload", _spec(tmp_path, SPEC.replace(*change)))
