@@ -35,7 +35,9 @@ class TraceInfo:
     `request_rate` is requests per second over the span from the first to the last arrival
     (inf when they all arrive at once). `prefix_share` is the share of prompt blocks whose hash
     id already appeared in an earlier block: the hit rate of an unbounded prefix cache at
-    `hash_block_size` granularity; None when the trace has no hash ids.
+    `hash_block_size` granularity; None when the trace has no hash ids. `classes` maps each
+    SLO class (or priority, for a trace with priorities and no classes) to its requests and
+    mean input and output lengths; empty for a trace with neither.
     """
 
     name: str
@@ -49,6 +51,7 @@ class TraceInfo:
     prefix_share: float | None = None
     hash_block_size: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    classes: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
 
 def trace_info(trace: Trace) -> TraceInfo:
@@ -73,7 +76,25 @@ def trace_info(trace: Trace) -> TraceInfo:
         prefix_share=share,
         hash_block_size=block_size,
         metadata=dict(trace.metadata),
+        classes=_classes(trace),
     )
+
+
+def _classes(trace: Trace) -> dict[str, tuple[int, float, float]]:
+    """Requests and mean input and output lengths per SLO class (or per priority)."""
+    requests = trace.requests
+    if any(r.slo_class is not None for r in requests):
+        names = [r.slo_class or "(none)" for r in requests]
+    elif len({r.priority for r in requests}) > 1:
+        names = [f"priority {r.priority}" for r in requests]
+    else:
+        return {}
+    groups: dict[str, list[Any]] = {}
+    for name, request in zip(names, requests, strict=True):
+        groups.setdefault(name, []).append(request)
+    return {name: (len(members), float(np.mean([r.input_len for r in members])),
+                   float(np.mean([r.output_len for r in members])))
+            for name, members in sorted(groups.items())}
 
 
 def _prefix_share(trace: Trace) -> tuple[float | None, int | None]:
@@ -108,6 +129,10 @@ def format_info(info: TraceInfo) -> str:
     if info.prefix_share is not None:
         label = f"Prefix sharing ({info.hash_block_size}-token blocks):"
         lines += ["", _row(label, f"{info.prefix_share:.1%}")]
+    if info.classes:
+        lines += ["", f"{'Class':<16}{'requests':>10}{'mean in':>10}{'mean out':>10}"]
+        lines += [f"{name:<16}{count:>10,}{mean_in:>10,.1f}{mean_out:>10,.1f}"
+                  for name, (count, mean_in, mean_out) in info.classes.items()]
     return "\n".join(lines)
 
 

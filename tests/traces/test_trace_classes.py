@@ -121,3 +121,14 @@ def test_classes_may_take_shares_of_one_request_rate(tmp_path):
 def test_a_spec_mixing_rates_and_shares_is_refused(tmp_path, change, words):
     with pytest.raises(KvlabError, match=re.escape(words)):
         load_trace("workload", _spec(tmp_path, SPEC.replace(*change)))
+
+
+def test_traces_info_counts_each_class(tmp_path):
+    from kvlab.traces.stats import format_info
+
+    info = load_trace("workload", _spec(tmp_path), seed=3).info()
+    assert set(info.classes) == {"chat", "batch"}
+    assert sum(count for count, _, _ in info.classes.values()) == 400
+    assert info.classes["batch"][1] == 1000.0  # every batch prompt is 1,000 tokens
+    assert "Class             requests   mean in  mean out" in format_info(info)
+    assert load_trace("azure").info().classes == {}
