@@ -29,6 +29,7 @@ def test_a_bare_name_is_the_registered_entry_itself():
     ("paged:eviction=slru:protected_share=2", "slru refuses these parameters"),
     ("paged:eviction=lfu:x=1", "lfu has no parameter 'x'; its parameters: none"),
     ("paged:eviction=bogus:x=1", "eviction='bogus:x=1'; valid: arc, cost, fifo"),
+    ("paged:eviction=slru:protected_share=most", "protected_share='most' is not a number"),
 ])
 def test_a_bad_parameter_is_a_user_error_naming_it(text, says):
     with pytest.raises(KvlabError) as error:
