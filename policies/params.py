@@ -24,14 +24,19 @@ def split_spec(text: str, where: str) -> tuple[str, list[tuple[str, str]]]:
     return name.strip(), items
 
 
+def parameters(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The keyword parameters a policy's constructor takes, with their defaults."""
+    return {p.name: p.default for p in inspect.signature(factory).parameters.values()
+            if p.default is not inspect.Parameter.empty}
+
+
 def bind(factory: Callable[..., Any], name: str, items: list[tuple[str, str]],
          where: str) -> dict[str, Any]:
     """The keyword arguments `items` give `factory` (the policy `name`'s constructor), each
     converted to its default's type (a whole number where the default is None), checked by
     building the policy once. Raises KvlabError, prefixed by `where`, for a key the
     constructor lacks, a value of the wrong kind, or values the policy refuses."""
-    accepted = {p.name: p.default for p in inspect.signature(factory).parameters.values()
-                if p.default is not inspect.Parameter.empty}
+    accepted = parameters(factory)
     params: dict[str, Any] = {}
     for key, value in items:
         if key not in accepted:

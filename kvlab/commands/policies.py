@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 _TITLES = {
     "allocation": "allocation (KIND)",
     "reserve": "reserve= (contiguous only)",
     "block_sizing": "block_sizing=",
-    "eviction": "eviction=",
+    "eviction": "eviction=NAME[:key=value] (a policy's own parameter, as shown)",
     "victim": "victim=",
     "preemption": "preemption=",
     "scheduling": "--scheduling-policy NAME[:key=value,...] (its own flag; default fcfs)",
@@ -51,7 +52,7 @@ def format_policies(entries: list) -> str:
         if entry.family != family:
             family = entry.family
             lines.append(_TITLES[family])
-        lines.append(f"  {entry.name:<{width}}{entry.help}")
+        lines.append(f"  {entry.name:<{width}}{entry.help}{_own_parameters(entry)}")
     defaults = PolicySpec().to_json()
     lines += [
         "",
@@ -63,3 +64,12 @@ def format_policies(entries: list) -> str:
         "--scheduling-policy priority or --scheduling-policy lpm:max_queue=256",
     ]
     return "\n".join(lines)
+
+
+def _own_parameters(entry: Any) -> str:
+    """` (slru:protected_share=0.8)`: an eviction policy's parameters with their defaults."""
+    from kvlab.policies.params import parameters
+
+    params = parameters(entry.factory) if entry.family == "eviction" else {}
+    shown = ",".join(f"{key}={value}" for key, value in params.items())
+    return f" ({entry.name}:{shown})" if params else ""

@@ -40,3 +40,11 @@ def test_a_bad_parameter_is_a_user_error_naming_it(text, says):
 def test_an_unknown_name_is_still_a_key_error():
     with pytest.raises(KeyError):
         registry.get("eviction", "bogus:x=1")
+
+
+def test_kvlab_policies_shows_each_policys_own_parameters(capsys):
+    from kvlab.cli import main
+
+    assert main(["policies"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  slru "))
+    assert line.endswith("(slru:protected_share=0.8)")
