@@ -4,9 +4,8 @@ oracle bound that knows each request's real output length, as the simulator does
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from kvlab.policies.request import Request
 from kvlab.policies.scheduling.base import (
@@ -20,14 +19,6 @@ if TYPE_CHECKING:
     from kvlab.policies.manager import KVCacheManager
 
 
-def _prompt_key(request: Request) -> tuple[int, float, int]:
-    return (request.prompt_len, request.arrival_s, request.request_id)
-
-
-def _total_key(request: Request) -> tuple[int, float, int]:
-    return (request.total_len, request.arrival_s, request.request_id)
-
-
 @dataclass(slots=True, frozen=True)
 class _ShortestFirst(BaseOrder):
     """Waiting requests by a length, shortest first (ties by arrival).
@@ -36,11 +27,14 @@ class _ShortestFirst(BaseOrder):
     request that has waited longer than it since arrival goes ahead of every shorter one."""
 
     max_wait_s: float | None = None
-    length_key: ClassVar[Callable[[Request], tuple[int, float, int]]]
 
     def arrange(self, queue: deque[Request], manager: KVCacheManager, now_s: float) -> None:
         """Sort by the length, behind the starvation guard."""
-        sort_in_place(queue, starving_first(self.max_wait_s, now_s, type(self).length_key))
+        sort_in_place(queue, starving_first(self.max_wait_s, now_s, self.length_key))
+
+    def length_key(self, request: Request) -> tuple[int, float, int]:
+        """(the length that orders, arrival, request id)."""
+        raise NotImplementedError
 
 
 @register_order("sjf", help="shortest job first by prompt length (ties by arrival); "
@@ -49,7 +43,9 @@ class _ShortestFirst(BaseOrder):
 class SJFOrder(_ShortestFirst):
     """Waiting requests by prompt length, shortest first."""
 
-    length_key = staticmethod(_prompt_key)
+    def length_key(self, request: Request) -> tuple[int, float, int]:
+        """(prompt length, arrival, request id)."""
+        return (request.prompt_len, request.arrival_s, request.request_id)
 
 
 @register_order("sjf-oracle", help="shortest job first by total length, prompt + real output "
@@ -59,4 +55,6 @@ class OracleSJFOrder(_ShortestFirst):
     """Waiting requests by prompt plus output length (known to the simulator, not to a real
     server): the bound a length predictor could reach."""
 
-    length_key = staticmethod(_total_key)
+    def length_key(self, request: Request) -> tuple[int, float, int]:
+        """(prompt + output length, arrival, request id)."""
+        return (request.total_len, request.arrival_s, request.request_id)
