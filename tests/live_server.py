@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -54,3 +55,19 @@ def start_live_server(engine: EngineConfig, *, api_key: str | None = None,
             raise RuntimeError("the test server did not start")
         time.sleep(0.05)
     return LiveServer(f"http://127.0.0.1:{port}", service, server, thread, name)
+
+
+def record_priorities(server: LiveServer, monkeypatch: Any) -> list[int]:
+    """The priorities of the requests the server's engine makes from now on, in order (the
+    engine's `make_request` wrapped by `monkeypatch`)."""
+    engine = server.service.engine
+    seen: list[int] = []
+    make_request = engine.make_request
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        request = make_request(*args, **kwargs)
+        seen.append(request.priority)
+        return request
+
+    monkeypatch.setattr(engine, "make_request", recording)
+    return seen

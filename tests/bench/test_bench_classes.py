@@ -13,7 +13,7 @@ from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
 from kvlab.fidelity import server_serving
 from kvlab.policies.serving import ServingConfig
-from tests.live_server import start_live_server
+from tests.live_server import record_priorities, start_live_server
 
 SPEC = """\
 num_prompts: 12
@@ -46,16 +46,7 @@ def test_a_classed_workload_is_reported_per_class_and_saved_with_its_classes(
         priority_live, tmp_path, monkeypatch, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
-    engine = priority_live.service.engine
-    seen = []
-    make_request = engine.make_request
-
-    def recording(*args, **kwargs):
-        request = make_request(*args, **kwargs)
-        seen.append(request.priority)
-        return request
-
-    monkeypatch.setattr(engine, "make_request", recording)
+    seen = record_priorities(priority_live, monkeypatch)
     code = main(["bench", "serve", "--base-url", priority_live.base_url, "--dataset-name",
                  "workload", "--dataset-path", str(spec), "--ignore-eos", "--save-result",
                  "--save-detailed", "--result-dir", str(tmp_path), "--label", "classes",

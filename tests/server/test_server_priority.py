@@ -8,7 +8,7 @@ import httpx
 import pytest
 from server_cases import engine_config
 
-from tests.live_server import start_live_server
+from tests.live_server import record_priorities, start_live_server
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +27,7 @@ def fcfs_live(chat_model):
 
 def test_priority_reaches_the_scheduler_from_completions_and_chat(priority_live, monkeypatch):
     engine = priority_live.service.engine
-    seen = []
-    make_request = engine.make_request
-
-    def recording(*args, **kwargs):
-        request = make_request(*args, **kwargs)
-        seen.append(request.priority)
-        return request
-
-    monkeypatch.setattr(engine, "make_request", recording)
+    seen = record_priorities(priority_live, monkeypatch)
     base = priority_live.base_url
     reply = httpx.post(base + "/v1/completions", timeout=60, json={
         "prompt": [5, 9, 14], "max_tokens": 3, "priority": -2})
