@@ -62,9 +62,9 @@ class Scheduler:
     Order of service: running requests (decodes and unfinished prefill chunks), then swapped
     requests (swap-in, oldest first), then waiting requests (first come, first served, or in the
     order of the config's `scheduling_policy`; `priority` orders swapped requests too and picks
-    the victims). Swapped
-    and waiting requests are admitted only in steps without a preemption, and waiting ones only
-    when no request is left swapped out, so preempted work is never starved by new arrivals.
+    the victims). Swapped and waiting requests are admitted only in steps without a
+    preemption, and waiting ones only when no request is left swapped out, so preempted work
+    is never starved by new arrivals.
     When `allocate` fails the preemption policy picks a victim among the running requests.
     """
 
