@@ -6,16 +6,12 @@ victims, so the same preemptions per request. Marked `peer` (make test-peer)."""
 
 from __future__ import annotations
 
-import dataclasses
-import random
-
 import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
-from kvlab.traces import Trace, load_trace
 from tests.peer.schedule_log import first_difference, preset_on_engine_clock, read_schedule_log
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm
-from tests.peer.workloads import queued_behind_a_long_request
+from tests.peer.workloads import PRIORITY_WORKLOADS, priority_workload
 
 pytestmark = pytest.mark.peer
 
@@ -32,31 +28,9 @@ def priority_vllm():
     server.stop()
 
 
-def _with_priorities(trace: Trace, priorities: list[int]) -> Trace:
-    requests = [dataclasses.replace(r, priority=p)
-                for r, p in zip(trace.requests, priorities, strict=True)]
-    return dataclasses.replace(trace, requests=requests)
-
-
-def _workload(name: str) -> Trace:
-    """Forced-preemption workloads with priorities: followers queued behind a long request
-    with random priorities (0-3), the same with priorities rising against arrival order (the
-    last sent first), and a burst of 32 with random priorities."""
-    rng = random.Random(7)
-    if name == "queued-random":
-        trace = queued_behind_a_long_request()
-        return _with_priorities(trace, [rng.randint(0, 3) for _ in trace.requests])
-    if name == "queued-reversed":
-        trace = queued_behind_a_long_request(seed=1)
-        return _with_priorities(trace, [len(trace.requests) - i for i in range(len(trace))])
-    trace = load_trace("random", None, num_prompts=32, seed=2, random_input_len=256,
-                       random_output_len=128, random_range_ratio=0.5)
-    return _with_priorities(trace, [rng.randint(0, 3) for _ in trace.requests])
-
-
-@pytest.mark.parametrize("workload", ["queued-random", "queued-reversed", "burst-random"])
+@pytest.mark.parametrize("workload", PRIORITY_WORKLOADS)
 def test_the_vllm_preset_with_priority_schedules_as_vllm_does(priority_vllm, workload):
-    trace = _workload(workload)
+    trace = priority_workload(workload)
     prefix = f"{workload}-"
     card = resolve_model(priority_vllm.base_url, None, None)
     client = ClientConfig(base_url=priority_vllm.base_url, model=str(card["id"]),

@@ -3,6 +3,7 @@ not one of the trace loaders' synthetic kinds."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from kvlab.traces.types import Trace, TraceRequest
@@ -30,3 +31,30 @@ def queued_behind_a_long_request(num_followers: int = 31, seed: int = 0) -> Trac
             input_len=rng.randint(*FOLLOWER_PROMPTS), output_len=rng.randint(*FOLLOWER_OUTPUTS)))
     return Trace(name="queued-behind-a-long-request", dataset_name="random", source="synthetic",
                  requests=requests)
+
+
+PRIORITY_WORKLOADS = ("queued-random", "queued-reversed", "burst-random")
+
+
+def priority_workload(name: str) -> Trace:
+    """Forced-preemption workloads whose requests carry priorities (for a vLLM started with
+    `--scheduling-policy priority`, 40 blocks of 32): `queued-random`, followers queued behind
+    a long request with priorities 0-3 at random; `queued-reversed`, priorities rising against
+    arrival (the last sent first); `burst-random`, a burst of 32 with priorities 0-3."""
+    from kvlab.traces import load_trace
+
+    rng = random.Random(7)
+    if name == "queued-random":
+        trace = queued_behind_a_long_request()
+        priorities = [rng.randint(0, 3) for _ in trace.requests]
+    elif name == "queued-reversed":
+        trace = queued_behind_a_long_request(seed=1)
+        priorities = [len(trace.requests) - i for i in range(len(trace.requests))]
+    else:
+        assert name == "burst-random", name
+        trace = load_trace("random", None, num_prompts=32, seed=2, random_input_len=256,
+                           random_output_len=128, random_range_ratio=0.5)
+        priorities = [rng.randint(0, 3) for _ in trace.requests]
+    requests = [dataclasses.replace(r, priority=p)
+                for r, p in zip(trace.requests, priorities, strict=True)]
+    return dataclasses.replace(trace, requests=requests)
