@@ -99,6 +99,8 @@ def results(views: list, labels: list[str], slos: dict[str, float]) -> None:
         chart(tpot, "compare_tpot_cdf")
     metric = "request_goodput" if slos else "request_throughput"
     chart(figures.metric_bar_figure(frame, metric, "label"), "compare_bar")
+    if any(column.endswith(".goodput_perc") for column in frame):  # a workload with classes
+        chart(figures.class_bar_figure(frame, "goodput_perc"), "compare_class_goodput")
 
 
 if __name__ == "__main__":

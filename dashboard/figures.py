@@ -163,6 +163,19 @@ def metric_bar_figure(table: pd.DataFrame, metric: str, label_column: str = "pol
                    label)
 
 
+def class_bar_figure(table: pd.DataFrame, stat: str, label_column: str = "label") -> go.Figure:
+    """One group of bars per run, one bar per SLO class, for one per-class metric (the
+    table's `classes.<name>.<stat>` columns)."""
+    fig = go.Figure()
+    for column in table.columns:
+        if column.startswith("classes.") and column.endswith("." + stat):
+            name = column[len("classes."):-len(stat) - 1]
+            fig.add_trace(go.Bar(x=table[label_column], y=table[column], name=name))
+    fig.update_layout(barmode="group")
+    label = metric_label(stat)
+    return _layout(fig, f"{label} per SLO class", "run", label)
+
+
 def page_map_figure(page_map: PageMap, *, max_cells: int = 10_000) -> go.Figure:
     """The pages as a grid of cells coloured by state: free, cached, shared, or the request
     that holds them (colours cycle over request ids; hover names the request).

@@ -84,11 +84,15 @@ def run_view(trace: Trace, setup: Setup, policy: PolicySpec | str,
 
 
 def summary_table(views: Sequence[RunView], labels: Sequence[str]) -> pd.DataFrame:
-    """One row per run: its label, then every scalar summary key."""
+    """One row per run: its label, then every scalar summary key, and each SLO class's
+    metrics as `classes.<name>.<stat>` columns."""
     rows = []
     for label, view in zip(labels, views, strict=True):
         scalars = {k: v for k, v in view.summary.items() if not isinstance(v, (dict, list))}
-        rows.append({"label": label, **scalars})
+        classes = {f"classes.{name}.{stat}": value
+                   for name, stats in (view.summary.get("classes") or {}).items()
+                   for stat, value in stats.items()}
+        rows.append({"label": label, **scalars, **classes})
     return pd.DataFrame(rows)
 
 

@@ -256,3 +256,13 @@ def test_the_scheduling_policy_reaches_the_setup_and_classes_show(app):
     checked(app.button(key="explore_run").click().run())
     assert ["goodput_perc"] in series(app) and ["p99_ttft_ms"] in series(app)
     assert any("Jain's fairness" in caption.value for caption in app.caption)
+
+
+def test_compare_draws_each_class_goodput_for_a_workload_with_classes(app):
+    spec = Path(__file__).resolve().parents[2] / "docs/experiments/scheduling/two-class.yaml"
+    app.selectbox(key="trace").set_value(LOCAL_PATH).run()
+    checked(app.text_input(key="trace_path").set_value(str(spec)).run())
+    app.switch_page("compare.py").run()
+    app.text_area(key="compare_policies").set_value("paged\npaged:eviction=lru")
+    checked(app.button(key="compare_run").click().run())
+    assert series(app)[-1] == ["batch", "chat"]
