@@ -144,17 +144,17 @@ class HybridKVCacheManager(KVCacheManager):
         if plan is None:
             return None
         new = held is None
-        loads: list[TierBatch] = []
         if held is None:  # every group's hits first: no block may evict another's hit
-            held, loads = self._take_hits(seq, plan.hits)
+            held = self._take_hits(seq, plan.hits)
         else:  # pages skipped go before any are taken (vLLM's order)
             for manager, state in zip(managers, held, strict=True):
                 if isinstance(manager, WindowedManager):
                     manager.remove_skipped(state, seq.num_computed_tokens)
-        copies = []
         shares = take_shares(self.pool, plan, managers.index(self._main))
-        for manager, state, add, share in zip(managers, held, plan.adds, shares, strict=True):
-            cow = add > 0 and manager.shared_tail(state, total) is not None
+        loads = self._load_below(seq, held, shares) if new and self._tier_link else []
+        copies = []
+        for manager, state, share in zip(managers, held, shares, strict=True):
+            cow = bool(share) and manager.shared_tail(state, total) is not None
             step = Plan([], len(share), cow, block=share)
             copies += manager.execute(seq, total, state, step).copies
         result = MemOps(copies=copies, tier_loads=loads) if copies or loads else NO_OPS
@@ -162,41 +162,47 @@ class HybridKVCacheManager(KVCacheManager):
             self._steps.allocated(rid, new, result, NO_OPS)
         return result
 
-    def _take_hits(self, seq: Request,
-                   hits: list[list[int]]) -> tuple[list[SeqState], list[TierBatch]]:
-        """A new request's state in every group, holding its hit's pages: the device's, then
-        fresh ones loading those a tier holds (registered: they hold cached content)."""
-        pool, link, managers = self.pool, self._tier_link, self.group_managers
+    def _take_hits(self, seq: Request, hits: list[list[int]]) -> list[SeqState]:
+        """A new request's state in every group, holding its hit's device pages (`BELOW`
+        where only a tier holds the page: `_load_below` fills it)."""
+        pool, managers = self.pool, self.group_managers
         lookup, main = self._lookup, managers.index(self._main)  # (hits counted in its table)
-        num_below = hits[main].count(BELOW)
         lookup.num_queries += lookup.num_lookup_pages(seq)
-        lookup.num_hits += len(hits[main]) - num_below
-        if link is None:
-            return [m.take_hits(seq, table) for m, table in zip(managers, hits, strict=True)], []
-        keys = [m.hashes_of(seq) for m in managers]
-        below = [(group, index) for group, table in enumerate(hits)
-                 for index, page in enumerate(table) if page == BELOW]
-        levels = [len(hits[main]) - num_below] + [0] * len(link.tiers)
-        runs = []
-        for group, index in below:
-            level, slot = link.locate(keys[group][index])
-            link.pin([keys[group][index]], 0, [(level, [slot])])
-            runs.append((level, [slot]))
-            levels[level] += group == main
-        link.count_group_hits([keys[group][index] for group, table in enumerate(hits)
-                               for index, page in enumerate(table) if page != NULL_PAGE],
-                              levels)
+        lookup.num_hits += len(hits[main]) - hits[main].count(BELOW)
         shared = [pool.take_hits([page for page in table if page >= 0]) for table in hits]
-        fresh = pool.take_block(len(below)) if below else []
-        for (group, index), page in zip(below, fresh, strict=True):
-            hits[group][index] = page
-        states = [m.hold(seq, table, num_shared)
-                  for m, table, num_shared in zip(managers, hits, shared, strict=True)]
-        for group, manager in enumerate(managers):
-            loaded = [index for g, index in below if g == group]
-            if loaded:
-                manager.register_loaded(seq, states[group], loaded)
-        return states, link.loads(runs, fresh)
+        return [m.hold(seq, table, num_shared)
+                for m, table, num_shared in zip(managers, hits, shared, strict=True)]
+
+    def _load_below(self, seq: Request, states: list[SeqState],
+                    shares: list[list[int]]) -> list[TierBatch]:
+        """Give each group's `BELOW` entries the first pages of its share (cut from it), their
+        content loaded from the tiers and registered; count the hit's pages per level."""
+        link, managers = self._tier_link, self.group_managers
+        assert link is not None
+        main = managers.index(self._main)
+        levels = [states[main].num_hit_pages] + [0] * len(link.tiers)
+        runs: list[tuple[int, list[int]]] = []
+        fresh: list[int] = []
+        hit_keys = []
+        for group, (manager, state) in enumerate(zip(managers, states, strict=True)):
+            hit_keys += [state.hashes[index] for index in range(state.num_hit_pages)
+                         if state.pages[index] != NULL_PAGE]
+            below = [index for index in range(state.num_hit_pages)
+                     if state.pages[index] == BELOW]
+            if not below:
+                continue
+            pages, shares[group] = shares[group][: len(below)], shares[group][len(below) :]
+            for index, page in zip(below, pages, strict=True):
+                level, slot = link.locate(state.hashes[index])
+                link.pin([state.hashes[index]], 0, [(level, [slot])])
+                runs.append((level, [slot]))
+                state.pages[index] = page
+                levels[0] -= group == main
+                levels[level] += group == main
+            fresh += pages
+            manager.register_loaded(seq, state, below)
+        link.count_group_hits(hit_keys, levels)
+        return link.loads(runs, fresh)
 
     def _held(self, request_id: int) -> list[SeqState] | None:
         """The request's state in every group (it holds one in each or in none)."""
@@ -224,28 +230,27 @@ class HybridKVCacheManager(KVCacheManager):
             return JointPlan([], adds) if pool.fits(sum(adds), [], 0, freed) else None
         hits = self._new_hits(seq)
         real_hits = [page for table in hits for page in table if page >= 0]
-        num_loaded = sum(table.count(BELOW) for table in hits)  # a fresh page each
         reserve = self.watermark_pages if pool.num_used_pages else 0
-        adds = [m.pages_to_start(seq, total, len(table))
-                for m, table in zip(managers, hits, strict=True)]
-        fits = pool.fits(sum(adds) + num_loaded, real_hits, reserve)
+        adds = [m.pages_to_start(seq, total, len(table)) + table.count(BELOW)  # (a page each
+                for m, table in zip(managers, hits, strict=True)]  # to load a tier's into)
+        fits = pool.fits(sum(adds), real_hits, reserve)
         allocator = pool.allocator
         alone_in_buddy = (not pool.num_used_pages and allocator.free_list is None
                           and not allocator.reserves_region)
         if alone_in_buddy and (seq.num_preemptions or not fits):
-            return self._plan_alone(seq, total, hits, real_hits, num_loaded)
+            return self._plan_alone(seq, total, hits, real_hits)
         return JointPlan(hits, adds) if fits else None
 
     def _plan_alone(self, seq: Request, total: int, hits: list[list[int]],
-                    real_hits: list[int], num_loaded: int) -> JointPlan | None:
+                    real_hits: list[int]) -> JointPlan | None:
         """A new request alone in buddy memory: its full-attention groups take its whole
         length at once, every group's pages as power-of-two runs (a request that fits alone
         always runs to its end)."""
         whole = max(seq.total_len, total)
-        adds = [m.pages_to_add(len(table), whole) if _keeps_every_token(m)
-                else m.pages_to_start(seq, total, len(table))
+        adds = [(m.pages_to_add(len(table), whole) if _keeps_every_token(m)
+                 else m.pages_to_start(seq, total, len(table))) + table.count(BELOW)
                 for m, table in zip(self.group_managers, hits, strict=True)]
-        if not self.pool.fits_as_runs(sum(adds) + num_loaded, real_hits):
+        if not self.pool.fits_as_runs(sum(adds), real_hits):
             return None
         return JointPlan(hits, adds, as_runs=True)
 

@@ -84,7 +84,7 @@ class PagePool:
             available -= sum(1 for page in hits if page in evictor)  # they stop being cached
         if take + reserve > available:
             return False
-        if allocator.free_list is not None or allocator.can_allocate(num_pages, freed or ()):
+        if allocator.free_list is not None or allocator.can_allocate(num_pages, freed or []):
             return True
         if not len(evictor):
             return False

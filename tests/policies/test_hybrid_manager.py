@@ -65,9 +65,12 @@ class Model:
         return hashes if group == first_full else [(group, key) for key in hashes]
 
     def admit(self, seq: Request, num_new: int) -> bool:
-        hit = self.m.num_computed_prefix_tokens(seq)
-        seq.num_computed_tokens = hit
-        ops = self.step(lambda: self.m.allocate(seq, min(num_new, seq.prompt_len - hit)))
+        def lookup_and_allocate() -> MemOps | None:  # (in one step: a step's start may
+            seq.num_computed_tokens = self.m.num_computed_prefix_tokens(seq)  # write through)
+            return self.m.allocate(seq, min(num_new, seq.prompt_len - seq.num_computed_tokens))
+
+        ops = self.step(lookup_and_allocate)
+        hit = seq.num_computed_tokens
         if ops is None:
             seq.num_computed_tokens = 0
             return False
@@ -104,11 +107,19 @@ class Model:
                 page = table[index]
                 assert page != NULL_PAGE, "a token is written into a given-back page"
                 assert page not in self.held_by_others(seq), "a write into a shared page"
-                full = (index + 1) * PAGE <= end
-                self.content[page] = keys[index] if full and index < len(keys) else None
+                self.content[page] = self.page_content(seq, keys, index, end)
         if end > seq.prompt_len:
             seq.num_output_tokens = end - seq.prompt_len
         seq.num_computed_tokens = end
+
+    @staticmethod
+    def page_content(seq: Request, keys: list, index: int, num_tokens: int) -> object:
+        """What page `index` of a sequence with `num_tokens` computed holds: its key when full
+        and keyed; else its prompt up to there and how many of its slots are written."""
+        end = min(num_tokens, (index + 1) * PAGE)
+        if end == (index + 1) * PAGE and index < len(keys):
+            return keys[index]
+        return ("tokens", hash(tuple(seq.prompt_token_ids[:end])), end - index * PAGE)
 
     def held_by_others(self, seq: Request) -> set[int]:
         return {page for other in self.live.values() if other is not seq
@@ -155,6 +166,16 @@ class Model:
 
     def check(self) -> None:
         m = self.m
+        for seq in self.live.values():  # every computed token's KV where its tables say
+            for group, table in enumerate(m.block_tables(seq)):
+                if m.groups[group].kind == "state" and not m.caching:
+                    continue  # (one state, updated in place)
+                keys = self.keys(seq, group)
+                done = seq.num_computed_tokens
+                for index in range(-(-done // PAGE)):
+                    want = self.page_content(seq, keys, index, done)
+                    assert table[index] == NULL_PAGE or self.content.get(table[index]) == want, \
+                        f"seq {seq.request_id}: the KV of its page {index} is lost"
         held: dict[int, int] = {}
         for seq in self.live.values():
             for table, manager in zip(m.block_tables(seq), m.group_managers, strict=True):
