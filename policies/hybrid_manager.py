@@ -272,17 +272,28 @@ class HybridKVCacheManager(KVCacheManager):
     def allocate_decodes(self, requests: list[Request], start: int, budget: int) -> int:
         """Claim one token for each decode in `requests[start:]` whose every group has room
         without the planner; stops at the first that is not such a decode."""
-        batch = requests[start : start + budget]
+        tables = [m.seqs for m in self.group_managers]
+        first = tables[0]
+        gained = [0] * len(tables)  # live slots each group gains
         num_claimed = 0
-        for request in batch:
+        for request in requests[start : start + budget]:
             done = request.num_computed_tokens
             if request.prompt_len + request.num_output_tokens - done != 1 or not done:
                 break
-            held = self._held(request.request_id)
-            if held is None or any(done + 1 > state.fast_limit for state in held):
+            rid = request.request_id
+            if rid not in first:
                 break
-            self._claim(held, done + 1)
+            held = [seqs[rid] for seqs in tables]
+            total = done + 1
+            if any(total > state.fast_limit for state in held):
+                break
+            for index, state in enumerate(held):  # (as `_claim`, the counters summed once)
+                if total > state.num_tokens:
+                    gained[index] += total - state.num_tokens
+                    state.num_tokens = total
             num_claimed += 1
+        for manager, num_slots in zip(self.group_managers, gained, strict=True):
+            manager.num_live_slots += num_slots
         return num_claimed
 
     def decode_run_ahead(self, requests: list[Request], max_steps: int) -> DecodeAhead | None:
