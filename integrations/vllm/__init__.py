@@ -38,15 +38,19 @@ def register() -> None:
 def _activate(spec: str, policy: Callable[[], Eviction]) -> None:
     """Check this vLLM, patch its block pool and export the policy."""
     import vllm
-    from vllm.distributed.kv_events import MEDIUM_GPU
-    from vllm.v1.core.block_pool import BlockPool
-    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
 
     from kvlab.integrations.vllm.export import export_policy
     from kvlab.integrations.vllm.install import install
     from kvlab.integrations.vllm.support import check_internals, check_version
 
     check_version(vllm.__version__)
+    try:
+        from vllm.distributed.kv_events import MEDIUM_GPU
+        from vllm.v1.core.block_pool import BlockPool
+        from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+    except ImportError as error:  # a vLLM whose modules moved
+        raise KvlabError(f"this vLLM lacks {error.name or error}, which kvlab's eviction "
+                         f"plugin relies on; unset {VARIABLE} to run vLLM's own LRU") from None
     check_internals(BlockPool, FreeKVCacheBlockQueue)
     install(BlockPool, policy, spec, MEDIUM_GPU)
     export_policy(spec)
