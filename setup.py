@@ -6,11 +6,11 @@ from setuptools import Extension, setup
 
 ROOT = Path(__file__).parent
 FOLDERS = {
-    "kvlab": "kvlab",
+    "kvcli": "kvlab",
     "policies": "kvlab.policies",
     "sim": "kvlab.sim",
     "engine": "kvlab.engine",
-    "kernels": "kvlab.kernels",
+    "kvkernels": "kvlab.kernels",
     "traces": "kvlab.traces",
     "metrics": "kvlab.metrics",
     "specs": "kvlab.specs",

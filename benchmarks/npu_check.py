@@ -1,7 +1,7 @@
 """Ascend NPU check (gpu_check.py's twin): accuracy, paged decode bandwidth, copy/swap GB/s.
 
 Run on an Atlas machine with CANN, torch_npu and triton-ascend (and, for kvlab's AscendC
-kernels, kernels/ascendc built with CMake: see its CMakeLists.txt):
+kernels, kvkernels/ascendc built with CMake: see its CMakeLists.txt):
 
     python benchmarks/npu_check.py [--batch 64] [--context 4096] [--page-sizes 128 16]
 

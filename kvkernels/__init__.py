@@ -19,18 +19,18 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
     backend_names() -> list[str]                 every name get_backend accepts
     available_backends() -> list[str]            those whose packages are installed here
 
-    torch   reference: plain PyTorch on any device, attention in fp32 (kernels/torch_backend.py)
+    torch   reference: plain PyTorch on any device, attention in fp32 (kvkernels/torch_backend.py)
     triton  Triton kernels: flash-decoding with a partition reduce, prefill chunks over block
             tables; CUDA in fp16/bf16/fp32, or CPU tensors with TRITON_INTERPRET=1 set before
-            import (kernels/triton_backend.py)
+            import (kvkernels/triton_backend.py)
     npu     torch_npu's npu_scatter_pa_kv_cache, _npu_paged_attention (decode-only batches) and
             npu_fused_infer_attention_score (TND, sparse_mode=3); fp16/bf16 caches, page size a
-            multiple of 16 up to 512, 128 recommended (kernels/npu_backend.py); not yet run on
+            multiple of 16 up to 512, 128 recommended (kvkernels/npu_backend.py); not yet run on
             Ascend hardware, tested against an emulation of the documented ops; with kvlab's
-            AscendC kernels built (kernels/ascendc/, kernels/ascendc_ops.py), page copy, the
+            AscendC kernels built (kvkernels/ascendc/, kvkernels/ascendc_ops.py), page copy, the
             batched host<->device swap and decodes over runs of pages use them
-    ascend  kvlab's Triton kernels for triton-ascend (kernels/ascend_backend.py): reshape-and-
-            cache, decode and prefill over extent tables (kernels/extents.py: runs of contiguous
+    ascend  kvlab's Triton kernels for triton-ascend (kvkernels/ascend_backend.py): reshape-and-
+            cache, decode and prefill over extent tables (kvkernels/extents.py: runs of contiguous
             pages, read as one DMA each), page copy and swap; fp16/bf16/fp32, page sizes 16..512
             in multiples of 16; CPU tensors under TRITON_INTERPRET=1; compiled for Ascend910B3
             up to bishengir's CANN-only last step by `make test-ascend`, not yet run on an NPU
@@ -43,7 +43,7 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
             backend.check_kv_cache_dtype(backend, name, model_dtype) -> KvlabError otherwise
         write_kv(key, value, k_cache, v_cache, slot_mapping, kv_quant=None) -> None
             key/value [num_tokens, num_kv_heads, head_dim] stored at their slots; -1 skipped.
-            Quantized pages come with the layer's `kv_quant` (kernels/kv_quant.py: KVQuant,
+            Quantized pages come with the layer's `kv_quant` (kvkernels/kv_quant.py: KVQuant,
             the precision and its static scales), which stores the rows in the page format
             (`page_format`: fp8 as uint8 bits, int8, per-token-head rows with their fp32 scale).
         paged_attention(query, k_cache, v_cache, meta, *, scale, num_kv_heads, out=None,

@@ -1,21 +1,21 @@
 """The `ascend` backend: kvlab's own Triton kernels for Ascend NPUs (triton-ascend).
 
-- write_kv: reshape-and-cache, one token per work item (kernels/ascend_kernels.py).
+- write_kv: reshape-and-cache, one token per work item (kvkernels/ascend_kernels.py).
 - paged_attention: decodes (one new token) and prefill chunks as two kernels over an extent
-  table of the block tables (kernels/extents.py), so dynamic block sizes (runs of 2^k pages)
+  table of the block tables (kvkernels/extents.py), so dynamic block sizes (runs of 2^k pages)
   and contiguous regions are read as long DMA runs; GQA; page sizes 16..512, multiples of 16.
 - copy_pages: one kernel launch when no page is both read and written, else a gather into a
   staging buffer and a scatter from it (copy-on-write chains copy the old content).
 - swap_pages: gather the pages into one contiguous staging buffer on the source side, move it
   with one transfer, scatter on the destination side; a host side uses torch index copies.
-- kv_cache_dtype int8 (vLLM-Ascend's C8): write_kv quantizes with kernels/kv_quant.py's code
+- kv_cache_dtype int8 (vLLM-Ascend's C8): write_kv quantizes with kvkernels/kv_quant.py's code
   (the reference's bytes) and its kernel scatters the int8 rows; attention loads int8 tiles and
-  dequantizes in-kernel with the layer's per-channel scales (kernels/ascend_kernels.py); copies
+  dequantizes in-kernel with the layer's per-channel scales (kvkernels/ascend_kernels.py); copies
   and swaps move int8 pages as they are. CANN's own attention takes int8 pages of a multiple of
   32 tokens only: these kernels take every page size they take for float pages, and warn
   (KvlabWarning, as specs/block_rules.py does for the simulator) where vLLM-Ascend would not.
 
-Tile sizes per page size are kernels/ascend_tiles.py's. Runs on an Ascend NPU with triton-ascend
+Tile sizes per page size are kvkernels/ascend_tiles.py's. Runs on an Ascend NPU with triton-ascend
 and CANN (unverified on hardware: compiled here only up to bishengir's last, CANN-only step),
 and on CPU tensors under TRITON_INTERPRET=1, where it is tested against the torch reference.
 """

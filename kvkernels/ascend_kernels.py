@@ -12,7 +12,7 @@ tensors, where the tests check them against the torch reference. Conventions of 
 - softmax statistics and accumulators are fp32; caches may be fp16, bf16 or fp32.
 
 int8 pages (kv_cache_dtype int8, vLLM-Ascend's C8; the constexpr C8): write_kv_kernel scatters
-rows kernels/kv_quant.py quantized; the attention kernels load int8 K/V tiles and dequantize with
+rows kvkernels/kv_quant.py quantized; the attention kernels load int8 K/V tiles and dequantize with
 the layer's per-channel fp32 scales, loaded once per work item as [head_dim] vectors of its KV
 head. A per-channel scale factors out of both products, so a tile is only cast (int8 values are
 exact in fp16, bf16 and fp32) and the scales are applied once per item, in fp32:

@@ -1,7 +1,7 @@
 """kvlab's AscendC kernels as the npu backend calls them: loaded when built, planned in Python.
 
 `load_ascendc_ops()` loads `libkvlab_ascendc.so` (built on an Atlas machine by CMake from
-kernels/ascendc/, or named by $KVLAB_ASCENDC_LIB) and returns an `AscendcOps`, or None when no
+kvkernels/ascendc/, or named by $KVLAB_ASCENDC_LIB) and returns an `AscendcOps`, or None when no
 library is there. UNVERIFIED ON HARDWARE, NOT COMPILED HERE: the library has never been built;
 the npu backend's tests run this code against an emulation of the three ops' contracts
 (tests/kernels/npu_emulation.py), and `pytest -m npu` runs it on an Atlas machine.
@@ -34,7 +34,7 @@ def library_path() -> Path | None:
     named = os.environ.get(LIBRARY_ENV)
     if named:
         if not Path(named).is_file():
-            raise KvlabError(f"{LIBRARY_ENV}={named}: no such file (build kernels/ascendc first)")
+            raise KvlabError(f"{LIBRARY_ENV}={named}: no such file (build kvkernels/ascendc first)")
         return Path(named)
     return DEFAULT_LIBRARY if DEFAULT_LIBRARY.is_file() else None
 
@@ -52,7 +52,7 @@ def load_ascendc_ops() -> AscendcOps | None:
 
 
 class AscendcOps:
-    """The `kvlab_ascendc` torch ops with their tiling planned by kernels/ascendc_tiling.py."""
+    """The `kvlab_ascendc` torch ops with their tiling planned by kvkernels/ascendc_tiling.py."""
 
     def __init__(self, ops: Any) -> None:
         self._ops = ops

@@ -1,4 +1,4 @@
-"""The tiling plan of kvlab's AscendC kernels (kernels/ascendc/), as a model the tests check.
+"""The tiling plan of kvlab's AscendC kernels (kvkernels/ascendc/), as a model the tests check.
 
 The AscendC kernels cannot be compiled here (no CANN on the package index): they are unverified
 on hardware. Their tiling is decided here, in Python, and passed to them as launch arguments,

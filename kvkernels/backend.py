@@ -22,7 +22,7 @@ class KernelBackend(Protocol):
     """Paged attention and cache ops over `[num_pages, page_size, kv_heads, head_dim]` caches.
 
     `kv_cache_dtypes` names the `--kv-cache-dtype`s the backend stores (`check_kv_cache_dtype`);
-    pages of a quantized one come with a `kv_quant` (kernels/kv_quant.py: the layer's precision
+    pages of a quantized one come with a `kv_quant` (kvkernels/kv_quant.py: the layer's precision
     and scales; their last dimension is then a stored row's width), float pages without.
     """
 

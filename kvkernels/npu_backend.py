@@ -3,7 +3,7 @@
 - write_kv: `npu_scatter_pa_kv_cache(..., cache_mode="Norm")`, the ND cache layout
   `[num_pages, page_size, num_kv_heads, head_dim]`.
 - decode-only batches: `_npu_paged_attention` over the block tables, context lengths on the
-  host; when kvlab's AscendC kernels are built (kernels/ascendc/) and the longest sequence's
+  host; when kvlab's AscendC kernels are built (kvkernels/ascendc/) and the longest sequence's
   pages come in runs (dynamic block sizes, contiguous regions), kvlab's extent-aware decode.
 - any batch with a prefill chunk: `npu_fused_infer_attention_score` in the "TND" layout with
   `sparse_mode=3` (causal aligned to the bottom-right corner, i.e. to the end of each context),
@@ -18,7 +18,7 @@ tests/kernels/npu_emulation.py, a torch emulation of each op's documented contra
 
 kv_cache_dtype int8 (vLLM-Ascend's C8; UNVERIFIED ON HARDWARE, written against the documented
 interface and vLLM-Ascend's `AscendC8AttentionBackendImpl`): int8 pages written with
-kernels/kv_quant.py's C8 quantization (a device index copy); decodes run
+kvkernels/kv_quant.py's C8 quantization (a device index copy); decodes run
 `npu_fused_infer_attention_score` in the BNSD layout over the int8 pages with per-channel
 antiquant scales (`key_antiquant_mode=0`, scales shaped (1, N, 1, D), zero offsets); prefill
 chunks gather and dequantize their context and run the TND layout over dense K/V (cumulative

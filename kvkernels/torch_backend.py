@@ -4,7 +4,7 @@ Decodes (one new token per sequence) are gathered into padded batches, sorted by
 so padding stays small; each prefill chunk gathers its own context and runs one
 scaled_dot_product_attention with a causal mask shifted by its cached prefix. Attention is
 computed in fp32 and cast back to the query's dtype. Quantized pages (`kv_quant`) are stored by
-kernels/kv_quant.py's code and dequantized to fp32 as they are gathered.
+kvkernels/kv_quant.py's code and dequantized to fp32 as they are gathered.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ each program's loop at its first visible position, so block table entries behind
 page size works; tiles are independent of the page size. swap_pages moves pages between host and
 device with torch index copies (a gather, one transfer, a scatter), not a Triton kernel.
 
-Quantized pages (`kv_quant`, kernels/kv_quant.py): write_kv quantizes with kv_quant's torch code
+Quantized pages (`kv_quant`, kvkernels/kv_quant.py): write_kv quantizes with kv_quant's torch code
 (so the stored bytes are the reference backend's) and scatters them with its kernel; the
 attention kernels load the stored values (fp8, int8, int4 nibbles) and scales (per tensor, per
 channel, or the fp32 after each row) and dequantize in-kernel (`_load_kv`).
@@ -96,7 +96,7 @@ def _load_kv(
     MODE: tl.constexpr,
 ):
     """K or V of `kv_head` at `slot`s, `[len(slot), len(d)]`: as stored for float pages
-    (MODE 0), else decoded to float32 as kernels/kv_quant.py stores them (KVQuant.mode).
+    (MODE 0), else decoded to float32 as kvkernels/kv_quant.py stores them (KVQuant.mode).
 
     `cache_ptr` points at the pages as their values' dtype, ROW elements a (slot, head) row;
     `scales_ptr` at the C8 [num_kv_heads, HEAD_DIM] scales (MODE 2) or at the pages as

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.package_folders import package_folders
+
 ROOT = Path(__file__).resolve().parents[1]
 # what a clean checkout has and a build must not see: stale build/ output would mask a file the
 # package configuration no longer ships
@@ -24,8 +26,6 @@ _NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis",
     "results", "tests", "docs",
 )
-# top-level folders that are kvlab subpackages (setup.py maps each to kvlab.<folder>)
-FOLDERS = ("policies", "sim", "engine", "kernels", "traces", "dashboard", "integrations")
 
 # Run in the installed copy: imports every kvlab module from it, reads each bundled excerpt and
 # finds stdlib-llama's files.
@@ -82,10 +82,11 @@ def test_plain_install_has_every_module_and_excerpt(tmp_path):
 
 def _source_files() -> set[Path]:
     """Every .py file of the package's source folders, as a path inside the installed kvlab/."""
-    files = {p.relative_to(ROOT / "kvlab") for p in (ROOT / "kvlab").rglob("*.py")}
-    for folder in FOLDERS:
+    files = set()
+    for folder, package in package_folders().items():
+        inside = Path(*package.split(".")[1:])  # kvlab.kernels: kernels/ inside kvlab/
         files |= {
-            Path(folder) / p.relative_to(ROOT / folder)
+            inside / p.relative_to(ROOT / folder)
             for p in (ROOT / folder).rglob("*.py")
             if (p.parent / "__init__.py").exists()
         }

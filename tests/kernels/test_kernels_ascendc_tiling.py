@@ -19,7 +19,7 @@ from kvlab.kernels.ascendc_tiling import (
     swap_runs,
 )
 
-ASCENDC = Path(__file__).parents[2] / "kernels" / "ascendc"
+ASCENDC = Path(__file__).parents[2] / "kvkernels" / "ascendc"
 PAGE_SIZES = [16, 32, 48, 64, 128, 256, 512]
 
 

@@ -1,6 +1,5 @@
 """Start and stop the peer: a real vLLM (`make vllm-peer`) serving the exported tiny-llama on
-loopback, with the start command of FACTS.md (run outside the checkout: `python -m` would put
-the checkout's `kernels/` ahead of vLLM's own import of `kernels`)."""
+loopback, with the start command of FACTS.md (run in a scratch folder that keeps its log)."""
 
 from __future__ import annotations
 
