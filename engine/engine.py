@@ -164,7 +164,10 @@ class LLMEngine:
         )
         self.runner.block_tables = group_block_tables(self.manager)
         self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)
-        self.startup_lines = startup_lines(num_pages, spec.block_size, self.max_model_len)
+        self.startup_lines = startup_lines(
+            num_pages, spec.block_size, self.max_model_len, platform=self.platform.name,
+            groups=layout.groups, max_num_batched_tokens=serving.max_num_batched_tokens,
+            enable_prefix_caching=spec.prefix_caching)
         self.device_name = describe_device(self.platform)
         self._params: dict[int, SamplingParams] = {}
         self._stop_ids: dict[int, frozenset[int]] = {}

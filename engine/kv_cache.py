@@ -14,10 +14,12 @@ from kvlab.errors import KvlabError
 from kvlab.kernels.kv_quant import KVQuant, check_head_dim, page_format
 from kvlab.policies.outputs import MemOps, TierBatch
 from kvlab.policies.serving import GiB, ServingConfig
-from kvlab.specs.capacity import num_pages_for_budget
+from kvlab.specs.capacity import device_name, num_pages_for_budget
 from kvlab.specs.capacity import startup_lines as capacity_startup_lines
 from kvlab.specs.kv_dtype import KVCacheDType
 from kvlab.specs.kv_dtype import kv_cache_dtype as kv_dtype
+from kvlab.specs.kv_groups import FULL_ATTENTION, KVCacheGroup
+from kvlab.specs.kv_layout import max_in_flight_tokens
 
 # A layer's pages as the model's forward takes them: (k_cache, v_cache), and the layer's
 # KVQuant where they are quantized
@@ -174,11 +176,21 @@ def profile_peak_activation_bytes(
     return peak
 
 
-def startup_lines(num_pages: int, page_size: int, max_model_len: int) -> list[str]:
-    """vLLM's two startup lines for a cache of `num_pages` pages: KV cache size in tokens, and
-    how many full-length requests fit (whole pages each)."""
-    concurrency = num_pages / math.ceil(max_model_len / page_size)
-    return capacity_startup_lines(num_pages * page_size, max_model_len, concurrency)
+def startup_lines(num_pages: int, page_size: int, max_model_len: int, *,
+                  platform: str = "cuda", groups: Sequence[KVCacheGroup] | None = None,
+                  max_num_batched_tokens: int | None = None,
+                  enable_prefix_caching: bool = False) -> list[str]:
+    """vLLM's start-up line for a cache of `num_pages` pages on `platform` (the engine's
+    platform name): how many requests of `max_model_len` tokens fit at once, whole pages each
+    in every KV-cache group of `groups` (None: one full-attention group) with a step's
+    `max_num_batched_tokens` in flight (`KVCacheGroup.pages_per_request`)."""
+    in_flight = None if max_num_batched_tokens is None else max_in_flight_tokens(
+        max_num_batched_tokens, "cpu" if platform == "cpu" else "cuda")
+    needed = sum(group.pages_per_request(max_model_len, page_size,
+                                         max_in_flight_tokens=in_flight,
+                                         enable_prefix_caching=enable_prefix_caching)
+                 for group in groups or (FULL_ATTENTION,))
+    return capacity_startup_lines(device_name(platform), max_model_len, num_pages / needed)
 
 
 def copy_batches(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:

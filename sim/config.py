@@ -21,6 +21,7 @@ from kvlab.specs import (
     kv_cache_capacity_tokens,
 )
 from kvlab.specs.block_rules import platform_of
+from kvlab.specs.capacity import device_name
 from kvlab.specs.host import available_ram_bytes
 from kvlab.specs.kv_groups import KVCacheGroup
 from kvlab.specs.kv_layout import max_in_flight_tokens
@@ -103,10 +104,10 @@ class SimConfig:
     def startup_lines(self) -> list[str]:
         """vLLM's start-up lines for this instance: its KV cache and how many requests of
         max_model_len fit at once, counted as vLLM counts them on the hardware's platform."""
-        in_flight = max_in_flight_tokens(self.serving.max_num_batched_tokens,
-                                         platform_of(self.hardware_spec))
+        platform = platform_of(self.hardware_spec)
+        in_flight = max_in_flight_tokens(self.serving.max_num_batched_tokens, platform)
         return self.capacity.startup_lines(
-            self.max_model_len, max_in_flight_tokens=in_flight,
+            self.max_model_len, device=device_name(platform), max_in_flight_tokens=in_flight,
             enable_prefix_caching=self.serving.policy.prefix_caching)
 
     @property

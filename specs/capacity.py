@@ -55,24 +55,31 @@ class KVCapacity:
                            num_pages * group.num_layers * group.layer_used_bytes)
                 for group, num_pages in zip(layout.groups, pages, strict=True)]
 
-    def startup_lines(self, max_model_len: int, *, max_in_flight_tokens: int | None = None,
+    def startup_lines(self, max_model_len: int, *, device: str = "GPU",
+                      max_in_flight_tokens: int | None = None,
                       enable_prefix_caching: bool = False) -> list[str]:
-        """The two lines vLLM prints at start-up, with its number formatting (the arguments
-        are `max_concurrency`'s)."""
+        """The line vLLM prints at start-up, with its number formatting (`device`: GPU, CPU
+        or NPU; the other arguments are `max_concurrency`'s)."""
         concurrency = self.max_concurrency(max_model_len,
                                            max_in_flight_tokens=max_in_flight_tokens,
                                            enable_prefix_caching=enable_prefix_caching)
-        return startup_lines(self.num_tokens, max_model_len, concurrency)
+        return startup_lines(device, max_model_len, concurrency)
 
 
-def startup_lines(num_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
-    """vLLM's two start-up lines, in its number formatting: the KV cache's tokens and how
-    many requests of `max_model_len` tokens fit at once (`concurrency`). The simulator and
-    the engine both print these."""
-    return [
-        f"GPU KV cache size: {num_tokens:,} tokens",
-        f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
-    ]
+def startup_lines(device: str, max_model_len: int, concurrency: float) -> list[str]:
+    """vLLM 0.32's start-up line (`update_kv_cache_capacity`), in its number formatting: the
+    KV cache's size in tokens as requests of `max_model_len` tokens at once take them (so a
+    sliding window's savings count; `int(concurrency x max_model_len)`) and that concurrency.
+    `device`: GPU, CPU or NPU, as vLLM names the pool. The simulator and the engine print it."""
+    num_tokens = int(concurrency * max_model_len)
+    return [f"{device} KV cache size: {num_tokens:,} tokens, Maximum concurrency for "
+            f"{max_model_len:,} tokens per request: {concurrency:.2f}x"]
+
+
+def device_name(platform: str) -> str:
+    """How vLLM names a platform's KV pool in its start-up line: `cuda` GPU, `cpu` CPU,
+    `ascend` or `npu` NPU (`block_rules.platform_of`, the engine's platform names)."""
+    return {"cpu": "CPU", "ascend": "NPU", "npu": "NPU"}.get(platform, "GPU")
 
 
 @dataclass(slots=True, frozen=True)

@@ -63,16 +63,22 @@ class KVCacheGroup:
             return num_computed_tokens // self.window * self.window
         return 0
 
-    def max_pages(self, num_tokens: int, page_size: int) -> int:
-        """The most pages a request of `num_tokens` tokens holds in this group at once, one
-        token computed per step (a decode): the pages its live tokens span."""
-        if self.kind == "state":
-            return 1
-        whole = -(-num_tokens // page_size)
+    def pages_per_request(self, num_tokens: int, block_size: int, *,
+                          max_in_flight_tokens: int | None = None,
+                          enable_prefix_caching: bool = False) -> int:
+        """Pool pages vLLM sets aside for a request of `num_tokens` tokens in this group (its
+        `max_memory_usage_bytes` per page). `max_in_flight_tokens` (None: `num_tokens`, a
+        whole request in one step) bounds the tokens a sliding or chunked group holds beyond
+        its window."""
+        in_flight = num_tokens if max_in_flight_tokens is None else max_in_flight_tokens
         if self.kind == "full":
-            return whole
-        # W tokens (or a chunk) starting anywhere in a page span one page more than they fill
-        return min(whole, -(-(self.window - 1) // page_size) + 1)
+            return -(-num_tokens // block_size)
+        if self.kind == "sliding_window":
+            # +1: a window need not start at a page boundary
+            return -(-min(self.window - 1 + in_flight, num_tokens) // block_size) + 1
+        if self.kind == "chunked_local":
+            return -(-min(self.window + in_flight, num_tokens) // block_size)
+        return 2 if enable_prefix_caching else 1
 
 
 FULL_ATTENTION = KVCacheGroup()

@@ -101,20 +101,11 @@ class LayoutGroup:
     def pages_per_request(self, num_tokens: int, block_size: int, *,
                           max_in_flight_tokens: int | None = None,
                           enable_prefix_caching: bool = False) -> int:
-        """Pool pages vLLM sets aside for a request of `num_tokens` tokens in this group.
-
-        `max_in_flight_tokens` (None: `num_tokens`, a whole request in one step) bounds the
-        tokens a sliding or chunked group holds beyond its window.
-        """
-        in_flight = num_tokens if max_in_flight_tokens is None else max_in_flight_tokens
-        if self.kind == "full":
-            return -(-num_tokens // block_size)
-        if self.kind == "sliding_window":
-            # +1: a window need not start at a page boundary
-            return -(-min(self.window - 1 + in_flight, num_tokens) // block_size) + 1
-        if self.kind == "chunked_local":
-            return -(-min(self.window + in_flight, num_tokens) // block_size)
-        return 2 if enable_prefix_caching else 1
+        """Pool pages vLLM sets aside for a request of `num_tokens` tokens in this group
+        (`KVCacheGroup.pages_per_request`)."""
+        return self.group.pages_per_request(num_tokens, block_size,
+                                            max_in_flight_tokens=max_in_flight_tokens,
+                                            enable_prefix_caching=enable_prefix_caching)
 
 
 @dataclass(slots=True, frozen=True)

@@ -25,6 +25,7 @@ from kvlab.errors import KvlabError
 from kvlab.kernels import get_backend
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.serving import ServingConfig
+from kvlab.specs.kv_groups import KVCacheGroup
 
 CPU = get_platform("cpu")
 
@@ -178,14 +179,23 @@ def test_swap_space_holds_whole_pages(tiny):
 
 def test_startup_lines_use_vllms_wording():
     assert startup_lines(num_pages=1000, page_size=16, max_model_len=4096) == [
-        "GPU KV cache size: 16,000 tokens",
-        "Maximum concurrency for 4,096 tokens per request: 3.91x",
-    ]
+        "GPU KV cache size: 16,000 tokens, Maximum concurrency for 4,096 tokens per request: "
+        "3.91x"]
 
 
 def test_concurrency_counts_whole_pages_per_request():
     # 100 tokens need 7 pages of 16: 70 pages hold exactly 10 such requests
-    assert startup_lines(70, 16, 100)[1].endswith(": 10.00x")
+    assert startup_lines(70, 16, 100, platform="cpu") == [
+        "CPU KV cache size: 1,000 tokens, Maximum concurrency for 100 tokens per request: "
+        "10.00x"]
+
+
+def test_concurrency_counts_every_kv_cache_group():
+    # a window of 32 tokens on 16-token pages holds ceil((31 + 64) / 16) + 1 = 7 pages beside
+    # the full group's 64 of a 1,024-token request (64 tokens in flight on cpu)
+    groups = [KVCacheGroup("sliding_window", 2, 32), KVCacheGroup("full", 2)]
+    line = startup_lines(710, 16, 1024, platform="cpu", groups=groups, max_num_batched_tokens=64)
+    assert line[0].endswith("Maximum concurrency for 1,024 tokens per request: 10.00x")
 
 
 def test_profiling_batch_fills_the_step_budget_within_the_model_length():

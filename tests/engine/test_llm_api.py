@@ -139,8 +139,8 @@ def test_startup_lines_are_printed_once(capsys):
     llm = LLM("tiny-llama", block_size=16, num_gpu_blocks_override=64, max_model_len=512)
     llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
     err = capsys.readouterr().err
-    assert err.count("GPU KV cache size: 1,024 tokens") == 1
-    assert err.count("Maximum concurrency for 512 tokens per request: 2.00x") == 1
+    assert err.count("CPU KV cache size: 1,024 tokens, Maximum concurrency for 512 tokens per "
+                     "request: 2.00x") == 1
 
 
 def test_every_page_comes_back_after_generate(llm):

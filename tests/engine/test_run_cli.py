@@ -33,7 +33,7 @@ def test_run_saves_the_summary_the_requests_and_the_step_profile(tmp_path, capsy
     )
     assert code == 0
     out = capsys.readouterr()
-    assert "GPU KV cache size: 8,192 tokens" in out.out
+    assert "CPU KV cache size: 8,192 tokens, Maximum concurrency" in out.out
     assert "Serving Benchmark Result" in out.out and "engine:cpu" in out.out
     assert "1 request(s) failed" in out.err and "max_model_len 512" in out.err
     summary = json.loads((tmp_path / "run.json").read_text())

@@ -13,9 +13,9 @@ FAST = ["--num-prompts", "150", "--disable-tqdm"]
 def test_default_run_prints_the_startup_lines_then_the_report(capsys):
     assert main(["sim", "--disable-tqdm"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "GPU KV cache size: 118,992 tokens"
-    assert lines[1] == "Maximum concurrency for 4,096 tokens per request: 29.05x"
-    assert lines[2].startswith("=") and "Serving Benchmark Result" in lines[2]
+    assert lines[0] == ("GPU KV cache size: 118,992 tokens, Maximum concurrency for 4,096 "
+                        "tokens per request: 29.05x")
+    assert lines[1].startswith("=") and "Serving Benchmark Result" in lines[1]
     text = "\n".join(lines)
     for label in (
         "Successful requests:",
@@ -31,14 +31,14 @@ def test_default_run_prints_the_startup_lines_then_the_report(capsys):
 def test_kv_cache_memory_sizes_the_cache_as_vllms_flag(capsys):
     assert main(["sim", *FAST, "--kv-cache-memory", "2GiB"]) == 0
     # Llama-2-7B: 512 KiB a token, so 2 GiB is 4,096 tokens, 256 pages of 16
-    assert capsys.readouterr().out.splitlines()[0] == "GPU KV cache size: 4,096 tokens"
+    assert capsys.readouterr().out.splitlines()[0].startswith("GPU KV cache size: 4,096 tokens,")
 
 
 def test_compare_prints_the_policies_side_by_side(capsys):
     code = main(["sim", *FAST, "--compare", "paged", "contiguous:reserve=pow2"])
     assert code == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "[1] GPU KV cache size: 118,992 tokens"
+    assert out.splitlines()[0].startswith("[1] GPU KV cache size: 118,992 tokens,")
     assert "Policy Comparison" in out
     assert "[1] paged" in out and "[2] contiguous:reserve=pow2" in out
     row = next(line for line in out.splitlines() if line.startswith("KV slots holding"))

@@ -72,10 +72,13 @@ def test_startup_lines_have_vllm_format():
         weight_bytes=0,
         activation_bytes=0,
     )
+    # vLLM 0.32's one line; its tokens are concurrency x max_model_len (whole pages each)
     assert capacity.startup_lines(4096) == [
-        "GPU KV cache size: 117,136 tokens",
-        "Maximum concurrency for 4,096 tokens per request: 28.60x",
-    ]
+        "GPU KV cache size: 117,136 tokens, Maximum concurrency for 4,096 tokens per request: "
+        "28.60x"]
+    assert capacity.startup_lines(4000, device="CPU") == [
+        "CPU KV cache size: 117,136 tokens, Maximum concurrency for 4,000 tokens per request: "
+        "29.28x"]
 
 
 def test_max_concurrency_counts_whole_pages_per_request():
