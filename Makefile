@@ -96,7 +96,8 @@ vllm-peer: $(PEER)/.installed $(PEER_MODEL)/config.json
 # kvlab's vLLM plugin (kvlab.integrations.vllm) in the peer, installed from this checkout (a
 # plain install, so a vLLM started anywhere imports kvlab from the peer's site-packages, never
 # the checkout's folders); without dependencies, since vLLM pins its own numpy, yaml and tqdm,
-# plus xxhash (kvlab.policies' hashing). Rerun after changing the plugin.
+# plus xxhash (kvlab.policies' hashing); pip then warns that kvlab's pandas and simpy are missing,
+# which the plugin never imports. Rerun after changing the plugin.
 vllm-plugin: $(PEER)/.installed
 	$(PEER)/bin/pip install --quiet --no-deps --no-build-isolation --force-reinstall .
 	$(PEER)/bin/pip install --quiet "xxhash==4.1.0"
