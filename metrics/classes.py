@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from kvlab.metrics.exact import exact_sum
+
 NO_CLASS = "(none)"
 
 
@@ -34,8 +36,8 @@ def jain_index(values: Sequence[float]) -> float | None:
     x = np.asarray(values, dtype=np.float64)
     if not x.size:
         return None
-    squares = float(np.dot(x, x))
-    return 1.0 if squares == 0 else float(x.sum() ** 2 / (x.size * squares))
+    squares = exact_sum(x * x)
+    return 1.0 if squares == 0 else exact_sum(x) ** 2 / (x.size * squares)
 
 
 def count_priority_inversions(arrival_s: np.ndarray, first_scheduled_s: np.ndarray,

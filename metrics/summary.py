@@ -17,6 +17,7 @@ import numpy as np
 
 from kvlab.errors import KvlabError
 from kvlab.metrics.classes import count_priority_inversions, jain_index, request_classes
+from kvlab.metrics.exact import exact_sum
 from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
 from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult
 
@@ -221,9 +222,9 @@ def step_columns(steps: StepRecorder) -> dict[str, np.ndarray]:
 
 
 def _time_weighted_ratio(weights: np.ndarray, num: np.ndarray, den: np.ndarray) -> float:
-    """sum(w * num) / sum(w * den) in percent; 0.0 when the denominator is 0."""
-    den_sum = float(np.dot(weights, den))
-    return 100.0 * float(np.dot(weights, num)) / den_sum if den_sum > 0 else 0.0
+    """sum(w * num) / sum(w * den) in percent, summed exactly; 0.0 when the denominator is 0."""
+    den_sum = exact_sum(weights * den)
+    return 100.0 * exact_sum(weights * num) / den_sum if den_sum > 0 else 0.0
 
 
 def _kv_stats(result: RunResult) -> dict:
