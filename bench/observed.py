@@ -62,6 +62,8 @@ class ServerInfo:
     num_cpu_blocks: int | None = None
     enable_prefix_caching: bool | None = None
     cache_dtype: str | None = None
+    # vLLM's prefix_cache_retention_interval (0.32 on; "None" exported: dense, as before it)
+    prefix_cache_retention_interval: int | None = None
     scheduler: dict[str, str] = field(default_factory=dict)
     eviction: str | None = None  # a vLLM with kvlab's plugin: its eviction policy's spec
 
@@ -77,6 +79,7 @@ class ServerInfo:
             "num_cpu_blocks": self.num_cpu_blocks,
             "enable_prefix_caching": self.enable_prefix_caching,
             "cache_dtype": self.cache_dtype,
+            "prefix_cache_retention_interval": self.prefix_cache_retention_interval,
             "scheduler": dict(self.scheduler),
             "eviction": self.eviction,
         }
@@ -102,6 +105,7 @@ def server_info(card: dict[str, Any], sample: MetricsSample | None) -> ServerInf
         num_cpu_blocks=_int(cache.get("num_cpu_blocks")),
         enable_prefix_caching=_bool(cache.get("enable_prefix_caching")),
         cache_dtype=cache.get("cache_dtype"),
+        prefix_cache_retention_interval=_int(cache.get("prefix_cache_retention_interval")),
         scheduler={k: v for k, v in scheduler.items() if k != "model_name"},
         eviction=eviction.get("policy") or None,
     )

@@ -172,7 +172,8 @@ def server_serving(
 ) -> ServingConfig:
     """The ServingConfig that simulates the server: page size and pages from its
     cache_config_info (less vLLM's null block), its KV cache dtype (`cache_dtype`), prefix
-    caching as it runs it (a vLLM with kvlab's plugin: the eviction policy it exports), the
+    caching as it runs it (a vLLM with kvlab's plugin: the eviction policy it exports), its
+    prefix_cache_retention_interval, the
     scheduler it exports (kvlab serve) or the preset's, then
     `overrides` (ServingConfig.create's keywords,
     e.g. from flags). A KvlabError names what the server did not tell and no flag gave."""
@@ -203,6 +204,7 @@ def server_serving(
     options["enable_prefix_caching"] = bool(info.enable_prefix_caching)
     if info.cache_dtype is not None:
         options["kv_cache_dtype"] = info.cache_dtype
+    options["prefix_cache_retention_interval"] = info.prefix_cache_retention_interval
     options["max_model_len"] = info.max_model_len
     options.update({k: v for k, v in (overrides or {}).items() if v is not None})
     for name in ("block_size", "num_gpu_blocks_override"):

@@ -65,10 +65,10 @@ WHY = {
     "unknown": "a block the subscription never saw stored (the server cached it before the "
                "run began: reset its cache first, --reset-prefix-cache)",
     "sparse": "a block of a run the server cached sparsely (its BlockStored names fewer "
-              "blocks than its tokens fill: vLLM's prefix_cache_retention_interval, whose "
-              "default 0 keeps only each prompt's last window; kvlab's default None keeps "
-              "every block: start vLLM with --prefix-cache-retention-interval None, or give "
-              "kvlab the server's interval)",
+              "blocks than its tokens fill, so which block each name is stays unknown: "
+              "vLLM's prefix_cache_retention_interval, default 0 in 0.32, which kvlab "
+              "replays as the server exports it; compare the stored and removed counts, or "
+              "start vLLM with --prefix-cache-retention-interval None for block by block)",
     "server-only": "only the server made this change",
     "kvlab-only": "only kvlab made this change (for a stored block: the server may have held "
                   "it cached from before the run)",

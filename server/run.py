@@ -57,6 +57,8 @@ def start_service(config: ServeConfig) -> tuple[EngineService, str]:
         "enable_prefix_caching": str(engine.policy.prefix_caching),
         "gpu_memory_utilization": str(config.engine.serving.gpu_memory_utilization),
         "cache_dtype": config.engine.serving.kv_cache_dtype,  # vLLM's label
+        "prefix_cache_retention_interval": str(
+            config.engine.serving.prefix_cache_retention_interval),  # (vLLM's too)
     }
     serving = config.engine.serving
     scheduler = {

@@ -336,4 +336,6 @@ def server_overrides(args: argparse.Namespace) -> dict[str, Any]:
     vLLM run with --no-scheduler-reserve-full-isl, or one older than 0.32, has no gate; a
     vLLM started with --scheduling-policy priority does not export it)."""
     return {"scheduler_reserve_full_isl": args.scheduler_reserve_full_isl,
-            "scheduling_policy": getattr(args, "scheduling_policy", None)}
+            "scheduling_policy": getattr(args, "scheduling_policy", None),
+            "prefix_cache_retention_interval": getattr(
+                args, "prefix_cache_retention_interval", None)}

@@ -468,3 +468,24 @@ def test_stage_2_stays_near_the_measured_steps(monkeypatch):
     assert overhead(0.0) == pytest.approx(0.002, rel=0.02)  # the distributions alone
     # per run (log error)^2 + weight x (log factor)^2: a third of the way at weight 2
     assert overhead(weight) == pytest.approx(0.001 * 2 ** (1 / (1 + weight)), rel=0.02)
+
+
+def test_a_servers_retention_interval_is_replayed():
+    """vLLM 0.32 exports prefix_cache_retention_interval in cache_config_info ("0", "256" or
+    "None"); the simulator of the server runs it, a flag overrides it."""
+    from kvlab.bench.observed import server_info
+    from kvlab.bench.scrape import MetricsSample
+
+    def info(value: str | None):
+        cache = {"block_size": "32", "num_gpu_blocks": "257", "enable_prefix_caching": "True"}
+        if value is not None:
+            cache["prefix_cache_retention_interval"] = value
+        sample = MetricsSample(0.0, {}, {"vllm:cache_config_info": cache})
+        return server_info({"id": "m", "max_model_len": 2048}, sample)
+
+    assert server_serving(info("0")).prefix_cache_retention_interval == 0
+    assert server_serving(info("256")).prefix_cache_retention_interval == 256
+    assert server_serving(info("None")).prefix_cache_retention_interval is None
+    assert server_serving(info(None)).prefix_cache_retention_interval is None  # (before 0.32)
+    overridden = server_serving(info("0"), overrides={"prefix_cache_retention_interval": 64})
+    assert overridden.prefix_cache_retention_interval == 64
