@@ -30,12 +30,15 @@ $(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py policies/_tierstor
 run: $(VENV)/.installed
 	$(BIN)/kvlab sim
 
-# mypy and import-linter find modules by name, and the editable install's folder mapping
-# (policies/ is kvlab.policies) hides them from them: they check a plain install of the package in
-# build/typecheck, mypy keeping its cache in .mypy_cache (a first run takes a minute or two, later
-# ones seconds); import-linter checks the layer contracts of pyproject.toml.
+# vulture finds names defined and never used (pyproject.toml's [tool.vulture]; names used where
+# it cannot see are in vulture_whitelist.py). mypy and import-linter find modules by name, and the
+# editable install's folder mapping (policies/ is kvlab.policies) hides them from them: they
+# check a plain install of the package in build/typecheck, mypy keeping its cache in .mypy_cache
+# (a first run takes a minute or two, later ones seconds); import-linter checks the layer
+# contracts of pyproject.toml.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
+	$(BIN)/vulture
 	rm -rf build/lib build/typecheck
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target build/typecheck .
 	cd build/typecheck && ../../$(BIN)/mypy --cache-dir ../../.mypy_cache -p kvlab

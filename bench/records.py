@@ -80,10 +80,3 @@ class BenchRequest:
         """Gaps between consecutive chunks, as vLLM's client records `itl` (one per chunk)."""
         times = self.chunk_times_s
         return [later - earlier for earlier, later in itertools.pairwise(times)]
-
-    def token_times_s(self) -> list[float]:
-        """When each output token arrived: every token of a chunk at the chunk's time."""
-        times: list[float] = []
-        for time_s, count in zip(self.chunk_times_s, self.chunk_tokens, strict=True):
-            times.extend([time_s] * count)
-        return times

@@ -432,8 +432,3 @@ class KVCache:
     def num_bytes(self) -> int:
         """Device bytes of all K and V pages."""
         return sum(t.numel() * t.element_size() for t in self.k_caches + self.v_caches)
-
-    @property
-    def num_host_bytes(self) -> int:
-        """Host bytes of the swap space."""
-        return sum(t.numel() * t.element_size() for t in self.host_k_caches + self.host_v_caches)

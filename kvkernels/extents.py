@@ -29,11 +29,6 @@ class ExtentTable:
     num_pages: Tensor
     num_extents: Tensor
 
-    @property
-    def max_extents(self) -> int:
-        """Width of the padded tables (columns)."""
-        return int(self.start_pages.shape[1])
-
     def has_runs(self) -> bool:
         """True when some extent is longer than one page (one host sync)."""
         return bool((self.num_pages > 1).any())

@@ -189,7 +189,5 @@ def take_hits(evictor: Eviction, page_ids: list[int]) -> list[bool]:
     return taken
 
 
-# Victim choice: (running requests, pages each holds) -> the request to preempt.
-VictimPicker = Callable[[list[Request], Callable[[Request], int]], Request]
 # Contiguous reservation: (request's total length, max_model_len) -> tokens reserved.
 ReserveRule = Callable[[int, int], int]

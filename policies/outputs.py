@@ -105,17 +105,6 @@ class MemoryUsage:
     num_prefix_queries: int  # prompt pages looked up in the prefix cache
     num_prefix_hits: int  # of those, found
 
-    @property
-    def usage_perc(self) -> float:
-        """Share of pages held by sequences, in percent (vLLM's kv_cache_usage_perc x 100)."""
-        return 100.0 * self.num_used_pages / self.num_total_pages if self.num_total_pages else 0.0
-
-    @property
-    def token_state_perc(self) -> float:
-        """Share of held slots that store real token states (the PagedAttention paper's metric)."""
-        held = self.num_used_pages * self.page_size
-        return 100.0 * self.num_live_token_slots / held if held else 0.0
-
 
 @dataclass(slots=True)
 class ScheduledRequest:
@@ -124,18 +113,6 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     num_computed_tokens: int  # tokens whose KV is already in memory before this step
-
-    @property
-    def is_prefill(self) -> bool:
-        """False only for a decode: one new token after all the others are in memory."""
-        return not (
-            self.num_new_tokens == 1 and 0 < self.num_computed_tokens == self.request.num_tokens - 1
-        )
-
-    @property
-    def samples_token(self) -> bool:
-        """True when this step reaches the end of the known tokens and so samples a new one."""
-        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
 
 
 @dataclass(slots=True)
@@ -183,8 +160,3 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         """Tokens computed this step."""
         return self.num_prefill_tokens + self.num_decode_tokens
-
-    @property
-    def is_empty(self) -> bool:
-        """True when nothing runs and no memory work is due."""
-        return not self.requests and not self.mem_ops

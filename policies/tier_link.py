@@ -213,8 +213,8 @@ class TierLink:
         """Device pages whose content is being dropped: store what the first tier lacks (in a
         batch, soon: the pages keep their content until the step's work runs)."""
         pending_pages, pending_keys = self._write_backs
-        pending_pages += pages
-        pending_keys += keys
+        pending_pages.extend(pages)
+        pending_keys.extend(keys)
 
     def flush_write_backs(self) -> None:
         """Store the pending write-backs now."""
@@ -335,8 +335,8 @@ def _by_level(hits: list[tuple[int, list[int]]], values: list) -> dict[int, tupl
     start = 0
     for level, slots in hits:
         level_slots, level_values = grouped.setdefault(level, ([], []))
-        level_slots += slots
-        level_values += values[start : start + len(slots)]
+        level_slots.extend(slots)
+        level_values.extend(values[start : start + len(slots)])
         start += len(slots)
     assert start == len(values), "one value per hit"
     return grouped

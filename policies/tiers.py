@@ -28,7 +28,7 @@ import re
 import warnings
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import compress
 from typing import Any, Protocol, cast
 
@@ -198,10 +198,6 @@ class TiersConfig:
                              "is written as it is computed; set kv_tier_write write-through",
                              parameters=("kv_tier_block_size", "kv_tier_write"))
         return block // page_size
-
-    def with_tiers(self, tiers: tuple[TierSpec, ...]) -> TiersConfig:
-        """A copy with other tiers (the same write settings)."""
-        return replace(self, tiers=tiers)
 
 
 def parse_tiers(text: str) -> tuple[TierSpec, ...]:

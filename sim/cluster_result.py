@@ -3,7 +3,6 @@ for the whole cluster), its summary and its tables with an instance column."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,12 +10,6 @@ from kvlab.metrics import RunResult, per_request_table, per_step_table, summariz
 
 if TYPE_CHECKING:
     import pandas as pd
-
-# The per-instance columns the report prints and the dashboard charts, in that order.
-INSTANCE_COLUMNS = ("instance", "role", "completed", "failed", "request_throughput",
-                    "output_throughput", "mean_ttft_ms", "prefix_cache_hit_rate_perc",
-                    "mean_kv_usage_perc", "peak_kv_usage_perc", "num_preemptions")
-
 
 @dataclass(slots=True)
 class ClusterResult:
@@ -57,12 +50,6 @@ def instance_summaries(result: ClusterResult, **options: Any) -> list[dict[str, 
     return [{"instance": index, "role": role, **summarize(run, **options)}
             for index, (run, role) in enumerate(zip(result.instances, result.roles,
                                                     strict=True))]
-
-
-def instance_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The INSTANCE_COLUMNS of each instance summary (the report's per-instance table)."""
-    return [{column: summary.get(column) for column in INSTANCE_COLUMNS}
-            for summary in summaries]
 
 
 def cluster_request_table(result: ClusterResult) -> pd.DataFrame:

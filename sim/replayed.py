@@ -18,7 +18,6 @@ class ReplayedStepTimes:
         self._durations_s = list(durations_s)
         self._next = 0
         self._costs = preemption_costs
-        self.num_extra_steps = 0
 
     def step_time_s(self, shape: object) -> float:
         """The engine's measured duration of the next step."""
@@ -26,7 +25,6 @@ class ReplayedStepTimes:
         self._next += 1
         if index < len(self._durations_s):
             return self._durations_s[index]
-        self.num_extra_steps += 1
         return 0.0
 
     def swap_time_s(self, num_pages: int, num_transfers: int) -> float:

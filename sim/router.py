@@ -72,11 +72,6 @@ def router_names() -> list[str]:
     return list(_ROUTERS)
 
 
-def router_entries() -> list[RouterEntry]:
-    """Every registered router, in registration order."""
-    return list(_ROUTERS.values())
-
-
 def check_router(name: str) -> str:
     """`name` when a router of that name is registered; else a KvlabError listing them."""
     if name not in _ROUTERS:

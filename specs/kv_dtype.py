@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from kvlab.errors import KvlabError
 
-SCALE_KINDS = ("none", "per_tensor", "per_channel", "per_token_head")
 SCALE_BYTES = 4  # an fp32 scale
 
 

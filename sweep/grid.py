@@ -234,8 +234,3 @@ def _yaml_grid_values(path: Path, name: str, value: Any, at: Any) -> list[Any]:
             raise KvlabError(f"{path}, line {_line(item_node)}: {err}") from None
     return grid_values(name, value)
 
-
-def swept_names(spec: SweepSpec) -> list[str]:
-    """The grid's settings that take more than one value."""
-    return [name for name, values in spec.grid.items() if len(values) > 1]
-

@@ -100,7 +100,7 @@ def _run_child(argv: list[str], open_url: str | None) -> int:
 
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
-    def stop(signum: int, _frame: object) -> None:
+    def stop(_signum: int, _frame: object) -> None:
         child.terminate()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}

@@ -53,11 +53,6 @@ class SLRUEviction:
         """Pages in the protected segment."""
         return len(self._protected)
 
-    @property
-    def num_probationary_pages(self) -> int:
-        """Pages in the probationary segment."""
-        return len(self._probation)
-
     def segments(self) -> tuple[list[int], list[int]]:
         """The (probationary, protected) pages, each least recently released first."""
         return list(self._probation), list(self._protected)
