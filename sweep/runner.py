@@ -93,7 +93,7 @@ def load_settings_trace(settings: Mapping[str, Any]) -> Trace:
     trace = _group(settings, "trace")
     ramp_up = ramp_up_from(*(trace.pop(name, None) for name in _RAMP_UP_KEYS))
     arguments = {name: trace.pop(name) for name in _TRACE_ARGUMENTS if name in trace}
-    dataset_name = trace.pop("dataset_name", "azure")
+    dataset_name = trace.pop("dataset_name", None)  # (None: read from the file)
     path = trace.pop("dataset_path", None)
     options = {name: value for name, value in trace.items() if value is not None}
     return load_trace(dataset_name, path, ramp_up=ramp_up, **arguments, **options)

@@ -13,6 +13,7 @@ from kvlab.traces.azure import load_azure
 from kvlab.traces.build import check_num_prompts
 from kvlab.traces.bundled import DEFAULT_EXCERPT, bundled_trace_path, resolve_trace_path
 from kvlab.traces.burstgpt import load_burstgpt
+from kvlab.traces.detect import guess_dataset_name
 from kvlab.traces.lengths import scale_lengths
 from kvlab.traces.mooncake import load_mooncake
 from kvlab.traces.sharegpt import load_sharegpt
@@ -36,7 +37,7 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
 
 
 def load_trace(
-    dataset_name: str,
+    dataset_name: str | None,
     path: str | Path | None = None,
     *,
     num_prompts: int | None = None,
@@ -50,6 +51,9 @@ def load_trace(
 ) -> Trace:
     """Load a trace (or generate `random`) and set its arrivals.
 
+    `dataset_name` None reads the format from the file (`guess_dataset_name`: its extension or
+    CSV header); with no `path` either, the bundled Azure conversation excerpt.
+
     `path` may be a file or a bundled excerpt name (`azure-conv`, `azure-code`, `mooncake`),
     or for `workload` a workload spec (`kvlab.traces.workload`);
     without one, `azure` and `mooncake` load their bundled excerpt. `num_prompts` keeps the first
@@ -60,6 +64,8 @@ def load_trace(
     `tokenizer` for sharegpt, the `random_*` options and `num_prefix_groups` for random. Every
     user mistake is a KvlabError naming the flag.
     """
+    if dataset_name is None:
+        dataset_name = "azure" if path is None else guess_dataset_name(resolve_trace_path(path))
     if dataset_name not in DATASET_NAMES:
         raise KvlabError(f"dataset_name {dataset_name!r}: expected one of "
                          f"{', '.join(DATASET_NAMES)}",

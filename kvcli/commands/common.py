@@ -27,10 +27,11 @@ def add_workload_arguments(
 
     data.add_argument(
         "--dataset-name",
-        default="azure",
+        default=None,
         choices=DATASET_NAMES,
-        help="trace format, or random for vLLM's synthetic set (default: azure, "
-        "the bundled Azure conversation excerpt)",
+        help="trace format, or random for vLLM's synthetic set (default: read from "
+        "--dataset-path, its extension or CSV header; without one, the bundled Azure "
+        "conversation excerpt)",
     )
     data.add_argument(
         "--dataset-path",

@@ -81,3 +81,23 @@ def test_unrecognised_header_asks_for_a_dataset_name(tmp_path):
     path.write_text("when,in,out\n")
     with pytest.raises(KvlabError, match=r"a.csv line 1: cannot tell the dataset"):
         guess_dataset_name(path)
+
+
+def test_every_loader_reads_the_format_from_the_file_when_not_told(tmp_path, capsys):
+    """A Mooncake or BurstGPT file given without its dataset name is read as what it is, by
+    the library and by every command that loads a trace (not parsed as Azure)."""
+    from kvlab.cli import main
+
+    mooncake = tmp_path / "requests.jsonl"
+    mooncake.write_text('{"timestamp": 0, "input_length": 40, "output_length": 5, '
+                        '"hash_ids": [1]}\n{"timestamp": 1000, "input_length": 30, '
+                        '"output_length": 4, "hash_ids": [1]}\n')
+    assert len(load_trace(None, mooncake).requests) == 2
+    assert load_trace(None).name == load_trace("azure").name  # (no file: the Azure excerpt)
+    assert main(["sim", "--dataset-path", str(mooncake), "--disable-tqdm"]) == 0
+    assert "Successful requests:                     2" in capsys.readouterr().out
+    burstgpt = tmp_path / "b.csv"
+    burstgpt.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,"
+                        "Log Type\n0,ChatGPT,40,5,45,Conversation log\n")
+    assert main(["sim", "--dataset-path", str(burstgpt), "--disable-tqdm"]) == 0
+    assert "Successful requests:                     1" in capsys.readouterr().out
