@@ -27,6 +27,13 @@ LAYOUTS = ["sliding_window(8),full", "chunked_local(8),full", "state,full",
 FAMILIES = [list(range(100 * f, 100 * f + 24)) for f in range(1, 3)]
 
 
+def family_request(request_id: int, family: int, suffix: int, num_output: int) -> Request:
+    """A request whose prompt is one of FAMILIES' shared prefixes and `suffix` tokens of its
+    own."""
+    ids = FAMILIES[family] + list(range(9000 + request_id * 16, 9000 + request_id * 16 + suffix))
+    return Request(request_id, len(ids), num_output, prompt_token_ids=ids)
+
+
 class Model:
     """What each page holds (the key of the content last written to it), from the tables
     the manager hands out and the tokens computed into them."""
@@ -266,9 +273,7 @@ def run_program(manager: KVCacheManager, program: list) -> None:
             if waiting and op != "admit":
                 seq = waiting.pop(0)
             else:
-                ids = FAMILIES[family] + list(range(9000 + next_id * 16, 9000 + next_id * 16
-                                                    + suffix))
-                seq = Request(next_id, len(ids), amount, prompt_token_ids=ids)
+                seq = family_request(next_id, family, suffix, amount)
                 next_id += 1
             if not model.admit(seq, amount * 4):
                 waiting.append(seq)

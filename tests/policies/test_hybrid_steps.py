@@ -15,11 +15,11 @@ from kvlab.policies.tiers import build_tiers
 from kvlab.specs.kv_groups import NULL_PAGE, parse_groups
 from tests.policies.test_hybrid_manager import (
     ALLOCATIONS,
-    FAMILIES,
     LAYOUTS,
     PAGE,
     Model,
     _spec,
+    family_request,
     unit_tier_configs,
 )
 
@@ -182,9 +182,7 @@ def test_any_order_of_calls_within_a_step_keeps_each_groups_content(
                 if waiting and op != "admit":
                     seq = waiting.pop(0)
                 else:
-                    ids = FAMILIES[family] + list(range(9000 + next_id * 16,
-                                                        9000 + next_id * 16 + suffix))
-                    seq = Request(next_id, len(ids), amount, prompt_token_ids=ids)
+                    seq = family_request(next_id, family, suffix, amount)
                     next_id += 1
                 if not model.allocate(seq, amount * 4, new=True):
                     waiting.append(seq)
