@@ -14,11 +14,17 @@ import streamlit as st
 from kvlab.dashboard.cluster_runs import ClusterView, cluster_view
 from kvlab.dashboard.pagemap import PageMap, page_map_at
 from kvlab.dashboard.runs import RunView, run_view
+from kvlab.dashboard.setting_widgets import (
+    choice_setting,
+    number_setting,
+    setting_help,
+    switch_setting,
+)
 from kvlab.dashboard.workload import DEFAULT_TRACE, Setup, load_setup_trace
 from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec, registry
 from kvlab.policies.serving import ServingConfig
-from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL, list_hardware, list_models
+from kvlab.specs import list_hardware, list_models
 from kvlab.specs.kv_dtype import KV_CACHE_DTYPES
 from kvlab.traces import DATASET_NAMES, Trace, bundled_traces
 
@@ -59,54 +65,19 @@ def sidebar_setup() -> Setup:
     rate: float | None = None
     scale = 1.0
     if arrivals == "replay timestamps":
-        scale = side.number_input("Time scale (x faster)", 0.01, 1000.0, 1.0, key="time_scale")
+        scale = number_setting(side, "time_scale", 0.01, 1000.0, key="time_scale",
+                               label="Time scale (x faster)")
     else:
-        rate = side.number_input("Request rate (req/s)", 0.01, 10_000.0, 4.0, key="request_rate")
+        rate = number_setting(side, "request_rate", 0.01, 10_000.0, key="request_rate",
+                              label="Request rate (req/s)", default=4.0)
     side.header("Machine")
-    models, hardware = list(list_models()), list(list_hardware())
-    model = side.selectbox("Model", models, index=models.index(DEFAULT_MODEL), key="model")
-    device = side.selectbox("Hardware", hardware, index=hardware.index(DEFAULT_HARDWARE),
-                            key="hardware")
-    tp = side.number_input("Tensor-parallel size", 1, 64, 1, key="tp")
-    defaults = ServingConfig()
+    model = choice_setting(side, "model", list(list_models()), key="model", label="Model")
+    device = choice_setting(side, "hardware", list(list_hardware()), key="hardware",
+                            label="Hardware")
+    tp = number_setting(side, "tensor_parallel_size", 1, 64, key="tp",
+                        label="Tensor-parallel size")
     with side.expander("Scheduler limits"):
-        max_seqs = st.number_input("max_num_seqs", 1, 4096, defaults.max_num_seqs,
-                                   key="max_num_seqs")
-        max_tokens = st.number_input("max_num_batched_tokens", 16, 1_000_000,
-                                     defaults.max_num_batched_tokens,
-                                     key="max_num_batched_tokens")
-        util = st.number_input("gpu_memory_utilization", 0.05, 1.0,
-                               defaults.gpu_memory_utilization, key="gpu_util")
-        kv_mib = st.number_input("KV cache MiB per device (0: from the utilisation)", 0,
-                                 10_000_000, 0, key="kv_cache_mib",
-                                 help="as vLLM's --kv-cache-memory-bytes")
-        dtypes = list(KV_CACHE_DTYPES)
-        kv_dtype = st.selectbox("KV cache dtype", dtypes, index=dtypes.index("auto"),
-                                key="kv_cache_dtype",
-                                help="as vLLM's --kv-cache-dtype: pages sized in its bytes, "
-                                "scales included; " + "; ".join(
-                                    f"{d.name}: {d.help}" for d in KV_CACHE_DTYPES.values()))
-        max_len = st.number_input("max_model_len (0: the model's)", 0, 10_000_000, 0,
-                                  key="max_model_len",
-                                  help="longer requests fail, as with --max-model-len")
-        orders = registry.names("scheduling")
-        order = st.selectbox("scheduling_policy", orders, index=orders.index("fcfs"),
-                             key="scheduling_policy",
-                             help="which waiting request is admitted first, as "
-                             "--scheduling-policy: " + "; ".join(
-                                 f"{e.name}: {e.help}" for e in registry.entries()
-                                 if e.family == "scheduling"))
-        full_isl = st.checkbox("scheduler_reserve_full_isl", defaults.scheduler_reserve_full_isl,
-                               key="reserve_full_isl",
-                               help="admit a waiting request only when its whole prompt fits in "
-                               "KV memory, not just its first chunk (vLLM 0.32's default)")
-    serving = ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
-                            gpu_memory_utilization=float(util),
-                            kv_cache_memory_bytes=int(kv_mib) * 2**20 or None,
-                            max_model_len=int(max_len) or None,
-                            kv_cache_dtype=str(kv_dtype),
-                            scheduling_policy=str(order),
-                            scheduler_reserve_full_isl=bool(full_isl))
+        serving = _serving_widgets()
     setup = Setup(trace=name, upload=upload, dataset_name=dataset,
                   num_prompts=int(num_prompts) or None,
                   request_rate=None if rate is None else float(rate),
@@ -114,6 +85,31 @@ def sidebar_setup() -> Setup:
                   hardware=device, tensor_parallel_size=int(tp), serving=serving)
     st.session_state[SETUP_STATE] = setup
     return setup
+
+
+def _serving_widgets() -> ServingConfig:
+    """The serving config's widgets (each from its setting) and the config they set."""
+    max_seqs = number_setting(st, "max_num_seqs", 1, 4096, key="max_num_seqs")
+    max_tokens = number_setting(st, "max_num_batched_tokens", 16, 1_000_000,
+                                key="max_num_batched_tokens")
+    util = number_setting(st, "gpu_memory_utilization", 0.05, 1.0, key="gpu_util")
+    kv_mib = st.number_input("KV cache MiB per device (0: from the utilisation)", 0,
+                             10_000_000, 0, key="kv_cache_mib",
+                             help=setting_help("kv_cache_memory_bytes"))
+    kv_dtype = choice_setting(st, "kv_cache_dtype", list(KV_CACHE_DTYPES), key="kv_cache_dtype",
+                              label="KV cache dtype")
+    max_len = number_setting(st, "max_model_len", 0, 10_000_000, key="max_model_len",
+                             label="max_model_len (0: the model's)", default=0)
+    order = choice_setting(st, "scheduling_policy", registry.names("scheduling"),
+                           key="scheduling_policy", default=ServingConfig().scheduling_policy)
+    full_isl = switch_setting(st, "scheduler_reserve_full_isl", key="reserve_full_isl")
+    return ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
+                         gpu_memory_utilization=float(util),
+                         kv_cache_memory_bytes=int(kv_mib) * 2**20 or None,
+                         max_model_len=int(max_len) or None,
+                         kv_cache_dtype=str(kv_dtype),
+                         scheduling_policy=str(order),
+                         scheduler_reserve_full_isl=bool(full_isl))
 
 
 def _trace_file(source: str) -> tuple[str, bytes | None]:

@@ -95,3 +95,36 @@ def test_different_settings_have_different_keys(one, other):
 def test_the_same_value_written_two_ways_is_one_run():
     assert run_key(check_settings({"time_scale": 2})) == run_key(check_settings(
         {"time_scale": "2.0"}))
+
+
+def _parser(command) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser
+
+
+def test_every_flag_of_the_table_is_a_command_flag_with_the_table_default():
+    """The one table makes the flags: a declared flag is some command's, with its default."""
+    from kvlab.commands import run
+
+    actions = {}
+    for command in (run, sim):  # (sim last: kvlab run has a --model of its own)
+        actions |= {a.dest: a for a in _parser(command)._actions}
+    for setting in SETTINGS.values():
+        if setting.flag is None or setting.name in ("num_prompts", "seed"):  # (each command's)
+            continue
+        action = actions[setting.name]
+        assert setting.flag in action.option_strings
+        if setting.action != "off":
+            assert action.default == setting.default, setting.name
+
+
+def test_a_flag_reads_its_text_as_the_sweep_setting_does():
+    args = _parser(sim).parse_args(["--max-num-seqs", "64", "--kv-cache-memory", "2GiB",
+                                    "--prefix-cache-retention-interval", "none",
+                                    "--no-enable-chunked-prefill"])
+    assert args.max_num_seqs == setting_value("max_num_seqs", "64")
+    assert args.prefix_cache_retention_interval is setting_value(
+        "prefix_cache_retention_interval", "none")
+    assert args.enable_chunked_prefill is setting_value("enable_chunked_prefill", "false")
+    assert setting_value("kv_cache_memory_bytes", args.kv_cache_memory_bytes) == 2 * 2**30
