@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
+from kvlab.bench.result_files import save_bench_result  # noqa: E402
 from kvlab.bench.serve import BenchResult, vocab_size_of  # noqa: E402
-from kvlab.commands.bench import save_bench_result  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
 from kvlab.fidelity.kv_lockstep import SEND_ORDER_SLACK_S, kv_lockstep  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
@@ -142,8 +142,9 @@ def keep(folder: Path, run: int, result: BenchResult, log: ScheduleLog) -> None:
     """Save run `run`: the bench result with its tables and KV events (as `kvlab bench serve
     --save-detailed` does), and vLLM's schedule of it."""
     folder.mkdir(parents=True, exist_ok=True)
-    save_bench_result(result, result.summary(), result_dir=folder,
-                      result_filename=f"run-{run}.json", detailed=True)
+    paths = save_bench_result(result, result.summary(), result_dir=folder,
+                              result_filename=f"run-{run}.json", detailed=True)
+    print("Saved " + ", ".join(str(path) for path in paths))
     (folder / f"run-{run}.schedule.json").write_text(json.dumps(dataclasses.asdict(log)))
 
 

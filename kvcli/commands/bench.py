@@ -239,28 +239,11 @@ def check_stream(stream: Any) -> None:
 
 
 def _save(args: argparse.Namespace, result: Any, summary: dict) -> None:
+    from kvlab.bench.result_files import save_bench_result
+
     detailed = args.save_detailed or result.kv_events is not None  # lockstep reads the arrays
-    save_bench_result(result, summary, result_dir=args.result_dir,
-                      result_filename=args.result_filename, table_format=args.table_format,
-                      append=args.append_result, detailed=detailed)
-
-
-def save_bench_result(result: Any, summary: dict, *, result_dir: Any,
-                      result_filename: str | None, table_format: str = "csv",
-                      append: bool = False, detailed: bool = False) -> None:
-    """Save a bench result (kvlab.metrics.save_results: the JSON, the per-request and metrics
-    tables) and its KV event stream beside it, and say where."""
-    from pathlib import Path
-
-    from kvlab.bench.kv_events import save_stream, stream_path
-    from kvlab.metrics import save_results
-
-    paths = save_results(
-        result.to_json(summary, detailed=detailed), result.run, result_dir=result_dir,
-        result_filename=result_filename, table_format=table_format,
-        tables={"requests": result.requests_table(), "metrics": result.metrics_table()},
-        append=append,
-    )
-    if result.kv_events is not None:
-        paths.append(save_stream(result.kv_events, stream_path(Path(paths[0]))))
+    paths = save_bench_result(result, summary, result_dir=args.result_dir,
+                              result_filename=args.result_filename,
+                              table_format=args.table_format, append=args.append_result,
+                              detailed=detailed)
     print("Saved " + ", ".join(str(path) for path in paths))

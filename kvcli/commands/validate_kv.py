@@ -86,8 +86,10 @@ def _report_path(args: argparse.Namespace) -> Path | None:
 def _save_bench(result: Any, report_path: Path) -> None:
     """The bench run beside the report: `<stem>.bench.json` (detailed, token ids), its tables
     and `<stem>.bench.kv_events.jsonl`."""
-    from kvlab.commands.bench import save_bench_result
+    from kvlab.bench.result_files import save_bench_result
     from kvlab.metrics.results import result_stem
 
-    save_bench_result(result, result.summary(), result_dir=report_path.parent,
-                      result_filename=f"{result_stem(report_path)}.bench.json", detailed=True)
+    paths = save_bench_result(result, result.summary(), result_dir=report_path.parent,
+                              result_filename=f"{result_stem(report_path)}.bench.json",
+                              detailed=True)
+    print("Saved " + ", ".join(str(path) for path in paths))
