@@ -52,10 +52,17 @@ def _group(settings: Mapping[str, Any], group: str) -> dict[str, Any]:
 
 
 def sim_config(settings: Mapping[str, Any]) -> SimConfig:
-    """The SimConfig of checked settings, as `kvlab sim` builds it from the same flags: the
-    policy's own keys (eviction, ...) are applied over `policy`, then `block_size` and
-    `enable_prefix_caching` as the flags do; unset settings keep the library's defaults
-    (`kvlab sim`'s)."""
+    """The SimConfig of checked settings, as `kvlab sim` builds it from the same flags; unset
+    settings keep the library's defaults (`kvlab sim`'s)."""
+    machine = {"model": DEFAULT_MODEL, "hardware": DEFAULT_HARDWARE,
+               **_group(settings, "machine")}  # `kvlab sim`'s defaults
+    return SimConfig(serving=serving_config(settings), **machine)
+
+
+def serving_config(settings: Mapping[str, Any]) -> ServingConfig:
+    """The ServingConfig of read settings (the CLI's flags build theirs here too): the policy's
+    own keys (eviction, ...) are applied over `policy`, then `block_size` and
+    `enable_prefix_caching` as the flags do; unset settings keep ServingConfig's defaults."""
     policy = parse_policy(settings.get("policy", "paged"))
     keys = _group(settings, "policy")
     if keys:
@@ -64,16 +71,13 @@ def sim_config(settings: Mapping[str, Any]) -> SimConfig:
     if "seed" in settings:
         serving["seed"] = settings["seed"]
     tiers = tiers_config(settings)
-    config = ServingConfig.create(
+    return ServingConfig.create(
         policy,
         block_size=settings.get("block_size"),
         enable_prefix_caching=bool(settings.get("enable_prefix_caching", False)) or bool(tiers),
         kv_tiers=tiers,
         **serving,
     )
-    machine = {"model": DEFAULT_MODEL, "hardware": DEFAULT_HARDWARE,
-               **_group(settings, "machine")}  # `kvlab sim`'s defaults
-    return SimConfig(serving=config, **machine)
 
 
 def tiers_config(settings: Mapping[str, Any]) -> TiersConfig:

@@ -200,48 +200,20 @@ def add_kv_cache_dtype_argument(memory: argparse._ActionsContainer) -> None:
     add_setting_arguments(memory, ("kv_cache_dtype",))
 
 
-def tiers_config(args: argparse.Namespace) -> Any:
-    """The TiersConfig of the tier flags (no tiers when the command has none)."""
-    from kvlab.policies.tiers import TiersConfig, parse_tiers
-
-    if not getattr(args, "kv_tiers", ""):
-        return TiersConfig()
-    return TiersConfig(parse_tiers(args.kv_tiers), write_policy=args.kv_tier_write,
-                       store_threshold=args.kv_tier_store_threshold,
-                       overlap=args.kv_tier_overlap, block_size=args.kv_tier_block_size)
-
-
 def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
     """The ServingConfig the flags of `add_serving_arguments` describe (`policy` instead of
-    --policy: one of --compare's), resolved and checked once."""
-    from kvlab.policies.serving import ServingConfig, parse_memory_size
+    --policy: one of --compare's), resolved and checked once, as a sweep builds it from the
+    same settings (kvlab.sweep.runner.serving_config). A flag left unset (None) keeps
+    ServingConfig's default; the tier flags count only with --kv-tiers."""
+    from kvlab.sweep.runner import serving_config as from_settings
+    from kvlab.sweep.settings import SETTINGS
 
-    memory: dict[str, Any] = {}
-    if hasattr(args, "swap_space_bytes"):
-        memory["swap_space_bytes"] = parse_memory_size(args.swap_space_bytes, "swap_space_bytes",
-                                                       bare_unit="gib")
-    if getattr(args, "kv_cache_memory_bytes", None) is not None:
-        memory["kv_cache_memory_bytes"] = parse_memory_size(args.kv_cache_memory_bytes)
-    tiers = tiers_config(args)
-    return ServingConfig.create(
-        args.policy if policy is None else policy,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching or bool(tiers),
-        kv_tiers=tiers,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        scheduler_reserve_full_isl=bool(args.scheduler_reserve_full_isl),  # None: off
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
-        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
-        scheduling_policy=getattr(args, "scheduling_policy", None) or "fcfs",
-        prefix_cache_retention_interval=args.prefix_cache_retention_interval,
-        hybrid_kv_cache_manager=args.hybrid_kv_cache_manager,
-        seed=args.seed,
-        **memory,
-    )
+    groups = ("serving", "tiers") if getattr(args, "kv_tiers", "") else ("serving",)
+    settings = {name: setting.convert(getattr(args, name)) for name, setting in SETTINGS.items()
+                if setting.group in groups and getattr(args, name, None) is not None}
+    settings["policy"] = args.policy if policy is None else policy
+    settings["seed"] = args.seed
+    return from_settings(settings)
 
 
 def add_cluster_arguments(cluster: argparse._ArgumentGroup) -> None:
