@@ -73,7 +73,8 @@ def test_block_changes_match_the_replay_of_the_plugins_policy(runs, policy):
     assert document["server_eviction"] == policy  # read from the server's /metrics
     assert f"eviction={policy}," in document["policy"]  # parameters included
     assert report["server_counts"].get("removed", 0) > 500, "the budget must evict"
-    # 99.89-100% on 2026-12-06 (docs/vllm_plugin.md); the bar of issue 49 is 99%
+    # 99.50-100% in 17 of 18 runs on 2026-12-06, 94.71% in one beside other jobs (load 4.4
+    # on 2 cores; docs/vllm_plugin.md); the bar of issue 49 is 99%
     assert report["match_rate"] >= 0.99, report
 
 
