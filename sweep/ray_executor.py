@@ -5,11 +5,13 @@ cluster needs the same kvlab installed."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvlab.errors import KvlabError
-from kvlab.sweep.executors import Finished
 from kvlab.sweep.runner import error_row, run_point
+
+if TYPE_CHECKING:  # (executors imports this module when ray is chosen)
+    from kvlab.sweep.executors import Finished
 
 INSTALL_HINT = "pip install 'kvlab[sweep]' (or pip install ray)"
 

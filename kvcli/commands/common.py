@@ -216,6 +216,16 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
     return from_settings(settings)
 
 
+def server_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The serving settings the flags give for a server's simulator, over its preset's (a
+    vLLM run with --no-scheduler-reserve-full-isl, or one older than 0.32, has no gate; a
+    vLLM started with --scheduling-policy priority does not export it)."""
+    return {"scheduler_reserve_full_isl": args.scheduler_reserve_full_isl,
+            "scheduling_policy": getattr(args, "scheduling_policy", None),
+            "prefix_cache_retention_interval": getattr(
+                args, "prefix_cache_retention_interval", None)}
+
+
 def add_cluster_arguments(cluster: argparse._ArgumentGroup) -> None:
     """The simulated cluster's flags: how many instances of the machine, and the router that
     sends each request to one of them (checked when the run starts: `kvlab.sim.router`)."""

@@ -29,13 +29,11 @@ divergence and the cause of every mismatch (kvlab.fidelity.kv_lockstep).
 from __future__ import annotations
 
 import argparse
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvlab.commands.bench import check_client_flags
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from kvlab.commands.common import server_overrides
+from kvlab.commands.validate_report import report_path, save_document
 
 DEFAULT_NUM_PROMPTS = 8
 # --until-std-error's most rounds by default. On this project's 2-core machine six runs left
@@ -220,30 +218,6 @@ def _save(args: argparse.Namespace, result: Any) -> None:
     save_document(report_path(args, "validate"), result.to_json())
 
 
-def report_path(args: argparse.Namespace, default_stem: str) -> Path:
-    """Where a validate report goes: --result-dir / (--result-filename, else
-    `<default_stem>-<date>.json`)."""
-    from pathlib import Path
-
-    name = args.result_filename or f"{default_stem}-{datetime.now():%Y%m%d-%H%M%S}.json"
-    return Path(args.result_dir) / name
-
-
-def save_document(path: Path, document: dict[str, Any]) -> None:
-    """Write a report as JSON (parents created) and say so; a KvlabError naming the path."""
-    import json
-
-    from kvlab.errors import KvlabError
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(document, indent=2, allow_nan=False, default=str)
-        path.write_text(text + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    print(f"Saved {path}")
-
-
 def _windows(args: argparse.Namespace, separate: bool) -> list:
     """The trace's (validated, calibration) windows the flags ask for."""
     from kvlab.commands.common import load_trace_from_args
@@ -329,13 +303,3 @@ def _server_target(args: argparse.Namespace) -> Any:
     return ServerTarget(client=client, card=card,
                         vocab_size=vocab_size_of(card, None, args.vocab_size), model=model,
                         preset=args.preset, overrides=server_overrides(args), seed=args.seed)
-
-
-def server_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The serving settings the flags give for a server's simulator, over its preset's (a
-    vLLM run with --no-scheduler-reserve-full-isl, or one older than 0.32, has no gate; a
-    vLLM started with --scheduling-policy priority does not export it)."""
-    return {"scheduler_reserve_full_isl": args.scheduler_reserve_full_isl,
-            "scheduling_policy": getattr(args, "scheduling_policy", None),
-            "prefix_cache_retention_interval": getattr(
-                args, "prefix_cache_retention_interval", None)}

@@ -54,7 +54,8 @@ def run_saved_lockstep(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None) -> int:
     """Replay, print and save the report; 0 when every block change matched, else 1."""
     from kvlab.commands.bench import check_stream, describe_stream
-    from kvlab.commands.validate import save_document, server_overrides
+    from kvlab.commands.common import server_overrides
+    from kvlab.commands.validate_report import save_document
     from kvlab.fidelity import server_sim_config
     from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
 
@@ -78,7 +79,7 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
 
 
 def _report_path(args: argparse.Namespace) -> Path | None:
-    from kvlab.commands.validate import report_path
+    from kvlab.commands.validate_report import report_path
 
     return report_path(args, "validate-kv") if args.save_result else None
 
