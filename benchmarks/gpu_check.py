@@ -23,81 +23,16 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from paged_batch import attention, check_cache_ops, make_batch, relative_error
 
-from kvlab.kernels import AttentionMetadata, KernelBackend, get_backend
+from kvlab.kernels import KernelBackend, get_backend
 
 ACCURACY_SHAPES = {"llama3-8b": (32, 8, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, kv heads, dim
 TOLERANCE = 1e-2
 BANDWIDTH_TARGET = 0.8
-
-
-@dataclass(slots=True)
-class PagedBatch:
-    """Random paged caches, their metadata and one query row per new token."""
-
-    query: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    meta: AttentionMetadata
-    num_kv_heads: int
-
-
-def make_batch(
-    seq_lens: list[int],
-    query_lens: list[int],
-    *,
-    page_size: int,
-    shape: tuple[int, int, int],
-    dtype: torch.dtype,
-    device: torch.device | str,
-    seed: int = 0,
-) -> PagedBatch:
-    """Caches filled with random tokens, pages assigned to sequences in shuffled order."""
-    gen = torch.Generator().manual_seed(seed)
-    device_gen = torch.Generator(device=device).manual_seed(seed)
-    num_heads, num_kv_heads, head_dim = shape
-    pages_per_seq = [-(-n // page_size) for n in seq_lens]
-    num_pages = sum(pages_per_seq)
-    order = torch.randperm(num_pages, generator=gen).tolist()
-    tables, start = [], 0
-    for n in pages_per_seq:
-        tables.append(order[start : start + n])
-        start += n
-    cache_shape = (num_pages, page_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(cache_shape, generator=device_gen, device=device).to(dtype)
-    v_cache = torch.randn(cache_shape, generator=device_gen, device=device).to(dtype)
-    query_shape = (sum(query_lens), num_heads, head_dim)
-    query = torch.randn(query_shape, generator=device_gen, device=device).to(dtype)
-    meta = AttentionMetadata.build(
-        block_tables=tables,
-        seq_lens=seq_lens,
-        query_lens=query_lens,
-        page_size=page_size,
-        device=device,
-    )
-    return PagedBatch(query, k_cache, v_cache, meta, num_kv_heads)
-
-
-def attention(backend: KernelBackend, batch: PagedBatch) -> torch.Tensor:
-    """The backend's paged attention over the batch."""
-    return backend.paged_attention(
-        batch.query,
-        batch.k_cache,
-        batch.v_cache,
-        batch.meta,
-        scale=batch.query.shape[-1] ** -0.5,
-        num_kv_heads=batch.num_kv_heads,
-    )
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """Largest absolute difference over the largest absolute expected value (NaN stays NaN)."""
-    diff = (actual.float() - expected.float()).abs().max()
-    return float(diff / expected.float().abs().max().clamp_min(1e-30))
 
 
 def check_accuracy(
@@ -142,35 +77,9 @@ def check_accuracy(
                     f"  {'ok  ' if ok else 'FAIL'} {model:<11} page {page_size:<4} {name}: "
                     f"rel err {error:.1e}"
                 )
-    failures += _check_cache_ops(triton_backend, reference, device, dtype)
+    failures += check_cache_ops(triton_backend, reference, device=device, dtype=dtype,
+                                pairs=[[5, 1], [0, 4], [7, 6]])
     return failures
-
-
-def _check_cache_ops(
-    triton_backend: KernelBackend,
-    reference: KernelBackend,
-    device: torch.device | str,
-    dtype: torch.dtype,
-) -> int:
-    """write_kv and copy_pages must match the reference bit for bit; returns failures."""
-    meta = AttentionMetadata.build(
-        block_tables=[[5, 2, 7], [0, 3]],
-        seq_lens=[300, 200],
-        query_lens=[300, 1],
-        page_size=128,
-        device=device,
-    )
-    key = torch.randn(301, 8, 128, device=device).to(dtype)
-    value = torch.randn(301, 8, 128, device=device).to(dtype)
-    caches = [torch.zeros(8, 128, 8, 128, device=device, dtype=dtype) for _ in range(4)]
-    triton_backend.write_kv(key, value, caches[0], caches[1], meta.slot_mapping)
-    reference.write_kv(key, value, caches[2], caches[3], meta.slot_mapping)
-    pairs = torch.tensor([[5, 1], [0, 4], [7, 6]])
-    triton_backend.copy_pages(caches[0], caches[1], pairs)
-    reference.copy_pages(caches[2], caches[3], pairs)
-    ok = torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
-    print(f"  {'ok  ' if ok else 'FAIL'} write_kv + copy_pages exact")
-    return 0 if ok else 1
 
 
 def cuda_ms(

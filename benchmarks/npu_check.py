@@ -25,81 +25,23 @@ import os
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-# the twin's copy and swap timing, on the npu's timer (this folder is on sys.path when run)
+# the twin's copy and swap timing, on the npu's timer, and the paged batches both check (this
+# folder is on sys.path when run)
 from gpu_check import bench_copy_swap
+from paged_batch import attention, check_cache_ops, make_batch, relative_error
 
-from kvlab.kernels import AttentionMetadata, KernelBackend, get_backend
+from kvlab.kernels import KernelBackend, get_backend
 
 SHAPES = {"llama3-8b": (32, 8, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, kv heads, head_dim
 TOLERANCE = 1e-2
-
-
-@dataclass(slots=True)
-class PagedBatch:
-    """Random paged caches on the NPU, their metadata and one query row per new token."""
-
-    query: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    meta: AttentionMetadata
-    num_kv_heads: int
-
-
-def make_batch(
-    seq_lens: list[int],
-    query_lens: list[int],
-    *,
-    page_size: int,
-    shape: tuple[int, int, int],
-    run_pages: int = 1,
-    seed: int = 0,
-) -> PagedBatch:
-    """bf16 caches filled on the host and moved; pages dealt out in shuffled runs of run_pages."""
-    gen = torch.Generator().manual_seed(seed)
-    num_heads, num_kv_heads, head_dim = shape
-    pages_per_seq = [-(-n // page_size) for n in seq_lens]
-    num_runs = -(-sum(pages_per_seq) // run_pages)
-    runs = torch.randperm(num_runs, generator=gen)
-    order = (runs[:, None] * run_pages + torch.arange(run_pages)).flatten().tolist()
-    tables, start = [], 0
-    for n in pages_per_seq:
-        tables.append(order[start : start + n])
-        start += n
-    cache_shape = (num_runs * run_pages, page_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(cache_shape, generator=gen).to(torch.bfloat16).to("npu")
-    v_cache = torch.randn(cache_shape, generator=gen).to(torch.bfloat16).to("npu")
-    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen)
-    meta = AttentionMetadata.build(
-        block_tables=tables,
-        seq_lens=seq_lens,
-        query_lens=query_lens,
-        page_size=page_size,
-        device="npu",
-    )
-    return PagedBatch(query.to(torch.bfloat16).to("npu"), k_cache, v_cache, meta, num_kv_heads)
-
-
-def attention(backend: KernelBackend, batch: PagedBatch) -> torch.Tensor:
-    """The backend's paged attention over the batch."""
-    return backend.paged_attention(
-        batch.query,
-        batch.k_cache,
-        batch.v_cache,
-        batch.meta,
-        scale=batch.query.shape[-1] ** -0.5,
-        num_kv_heads=batch.num_kv_heads,
-    )
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """Largest absolute difference over the largest absolute expected value (NaN stays NaN)."""
-    diff = (actual.float() - expected.float()).abs().max()
-    return float(diff / expected.float().abs().max().clamp_min(1e-30))
+# bf16 caches filled on the host and moved (the npu generator is not torch's)
+ON_NPU: dict[str, Any] = {"dtype": torch.bfloat16, "device": "npu", "fill_on_host": True}
+# copy_pages' pairs: page 5 is read and written, so the copy is staged
+NPU_PAIRS = [[5, 1], [0, 4], [7, 6], [1, 5]]
 
 
 def npu_ms(fn: Callable[[], object], repeats: int = 30) -> float:
@@ -136,9 +78,8 @@ def check_accuracy(backends: dict[str, KernelBackend], page_sizes: list[int]) ->
         for page_size in page_sizes:
             for run_pages in (1, 4):
                 for name, (seq_lens, query_lens) in cases.items():
-                    batch = make_batch(
-                        seq_lens, query_lens, page_size=page_size, shape=shape, run_pages=run_pages
-                    )
+                    batch = make_batch(seq_lens, query_lens, page_size=page_size, shape=shape,
+                                       run_pages=run_pages, **ON_NPU)
                     expected = attention(reference, batch)
                     for label, backend in backends.items():
                         error = relative_error(attention(backend, batch), expected)
@@ -149,29 +90,9 @@ def check_accuracy(backends: dict[str, KernelBackend], page_sizes: list[int]) ->
                             f"{page_size:<4} runs {run_pages} {name}: rel err {error:.1e}"
                         )
     for label, backend in backends.items():
-        failures += _check_cache_ops(label, backend, reference)
+        failures += check_cache_ops(backend, reference, device="npu", dtype=torch.bfloat16,
+                                    pairs=NPU_PAIRS, label=label, fill_on_host=True)
     return failures
-
-
-def _check_cache_ops(label: str, backend: KernelBackend, reference: KernelBackend) -> int:
-    """write_kv and copy_pages must match the reference bit for bit; returns failures."""
-    meta = AttentionMetadata.build(
-        block_tables=[[5, 2, 7], [0, 3]],
-        seq_lens=[300, 200],
-        query_lens=[300, 1],
-        page_size=128,
-        device="npu",
-    )
-    key, value = (torch.randn(301, 8, 128).to(torch.bfloat16).to("npu") for _ in range(2))
-    caches = [torch.zeros(8, 128, 8, 128, dtype=torch.bfloat16, device="npu") for _ in range(4)]
-    backend.write_kv(key, value, caches[0], caches[1], meta.slot_mapping)
-    reference.write_kv(key, value, caches[2], caches[3], meta.slot_mapping)
-    pairs = torch.tensor([[5, 1], [0, 4], [7, 6], [1, 5]])  # 5 is read and written: staged
-    backend.copy_pages(caches[0], caches[1], pairs)
-    reference.copy_pages(caches[2], caches[3], pairs)
-    ok = torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
-    print(f"  {'ok  ' if ok else 'FAIL'} {label:<7} write_kv + copy_pages exact")
-    return 0 if ok else 1
 
 
 def copy_bandwidth(num_bytes: int = 1 << 30) -> float:
@@ -194,6 +115,7 @@ def bench_decode(
                 page_size=page_size,
                 shape=shape,
                 run_pages=run_pages,
+                **ON_NPU,
             )
             kv_bytes = 2 * args.batch * args.context * args.num_kv_heads * args.head_dim * 2
             for label, backend in backends.items():
