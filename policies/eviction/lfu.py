@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab.policies.eviction.heap import HeapEviction
+from kvlab.policies.eviction.scored import HeapEviction
 from kvlab.policies.registry import register
 
 
