@@ -24,16 +24,15 @@ from kvlab.policies.decode_path import DecodeAhead
 from kvlab.policies.groups.full import NO_OPS, FullAttentionManager
 from kvlab.policies.groups.hits import BELOW, HeldKeys, longest_hit
 from kvlab.policies.groups.joint import JointPlan, take_shares
+from kvlab.policies.groups.swapping import GroupSwapping
 from kvlab.policies.groups.table import Plan, SeqState
-from kvlab.policies.groups.windowed import WindowedManager
-from kvlab.policies.manager import KVCacheManager
+from kvlab.policies.groups.windowed import WindowedManager, keeps_every_token
 from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
-from kvlab.policies.preemption.modes import should_swap
 from kvlab.policies.request import Request
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
 
-class HybridKVCacheManager(KVCacheManager):
+class HybridKVCacheManager(GroupSwapping):
     """`KVCacheManager` over several KV-cache groups (see the module's notes)."""
 
     __slots__ = ("group_managers", "groups")
@@ -41,6 +40,9 @@ class HybridKVCacheManager(KVCacheManager):
     def __init__(self, *args: object, groups: Sequence[KVCacheGroup],
                  retention_interval: int | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if self.precision is not None:
+            raise KvlabError("precision: demotion works on models with one full-attention "
+                             "KV-cache group; this model has several (a hybrid model)")
         if self._tier_link is not None and self._tier_link.unit != 1:
             raise KvlabError("kv_tier_block_size: with KV-cache groups (a hybrid model) a tier "
                              "page holds one device page; leave it unset or set it to the block "
@@ -82,22 +84,21 @@ class HybridKVCacheManager(KVCacheManager):
     def num_pages_held(self, seq: Request) -> int:
         """Pages the request holds, all groups together."""
         rid = seq.request_id
-        return sum(len(m.seqs[rid].pages) - m.seqs[rid].num_null_pages
-                   for m in self.group_managers if rid in m.seqs)
+        return sum(m.num_held(m.seqs[rid]) for m in self.group_managers if rid in m.seqs)
 
     def pages_held_by_group(self) -> list[int]:
         """Pages held by each group's tables, all requests together."""
-        return [sum(len(state.pages) - state.num_null_pages for state in m.seqs.values())
-                for m in self.group_managers]
+        return [sum(map(m.num_held, m.seqs.values())) for m in self.group_managers]
 
     def pages_needed_alone(self, seq: Request) -> int:
         """Pages the request holds at its largest with memory to itself: a whole prompt chunk
-        is in memory at once, so sliding and chunked groups count every page, and so does a
-        state group with prefix caching (a page per boundary of the chunk); without, one; a
-        full-attention group what its allocation reserves (`tokens_needed_alone`)."""
+        is in memory at once, so sliding and chunked groups count every page; a state group
+        one (with prefix caching two: the state before an allocation and after it, vLLM's
+        align mode); a full-attention group what its allocation reserves
+        (`tokens_needed_alone`)."""
         whole = -(-seq.total_len // self.page_size)
-        return sum(-(-m.tokens_needed_alone(seq) // self.page_size) if _keeps_every_token(m)
-                   else 1 if g.kind == "state" and not self.caching else whole
+        return sum(-(-m.tokens_needed_alone(seq) // self.page_size) if keeps_every_token(m)
+                   else (2 if self.caching else 1) if g.kind == "state" else whole
                    for m, g in zip(self.group_managers, self.groups, strict=True))
 
     def usage(self) -> MemoryUsage:
@@ -227,17 +228,23 @@ class HybridKVCacheManager(KVCacheManager):
                     for m, state in zip(managers, held, strict=True)]
             freed = [page for m, state in zip(managers, held, strict=True)
                      if isinstance(m, WindowedManager) for page in m.freed_by_skip(state, computed)]
-            return JointPlan([], adds) if pool.fits(sum(adds), [], 0, freed) else None
+            if pool.fits(sum(adds), [], 0, freed):
+                return JointPlan([], adds)
+            # Alone in buddy memory, a window's next pages may find no free block of their
+            # size for fragments nobody else will free: any free pages will do (runs).
+            alone = pool.num_used_pages == self.num_pages_held(seq)
+            if alone and self._in_buddy_memory() and sum(adds) <= (
+                    pool.num_free_pages + pool.num_cached_free_pages + len(freed)):
+                return JointPlan([], adds, as_runs=True)
+            return None
         hits = self._new_hits(seq)
         real_hits = [page for table in hits for page in table if page >= 0]
         reserve = self.watermark_pages if pool.num_used_pages else 0
         adds = [m.pages_to_start(seq, total, len(table)) + table.count(BELOW)  # (a page each
                 for m, table in zip(managers, hits, strict=True)]  # to load a tier's into)
         fits = pool.fits(sum(adds), real_hits, reserve)
-        allocator = pool.allocator
-        alone_in_buddy = (not pool.num_used_pages and allocator.free_list is None
-                          and not allocator.reserves_region)
-        if alone_in_buddy and (seq.num_preemptions or not fits):
+        if not pool.num_used_pages and self._in_buddy_memory() and (
+                seq.num_preemptions or not fits):
             return self._plan_alone(seq, total, hits, real_hits)
         return JointPlan(hits, adds) if fits else None
 
@@ -247,7 +254,7 @@ class HybridKVCacheManager(KVCacheManager):
         length at once, every group's pages as power-of-two runs (a request that fits alone
         always runs to its end)."""
         whole = max(seq.total_len, total)
-        adds = [(m.pages_to_add(len(table), whole) if _keeps_every_token(m)
+        adds = [(m.pages_to_add(len(table), whole) if keeps_every_token(m)
                  else m.pages_to_start(seq, total, len(table))) + table.count(BELOW)
                 for m, table in zip(self.group_managers, hits, strict=True)]
         if not self.pool.fits_as_runs(sum(adds), real_hits):
@@ -322,87 +329,9 @@ class HybridKVCacheManager(KVCacheManager):
             del manager.seqs[rid]
         return held
 
-    # ----------------------------------------------------------------------------- swapping
-
-    def _kept_pages(self, manager: FullAttentionManager, num_tokens: int) -> range:
-        """The table indices of a group's pages that the KV of `num_tokens` computed tokens
-        still needs: all filled pages, but those behind a window; a state group's one."""
-        end = -(-num_tokens // self.page_size)
-        if isinstance(manager, WindowedManager):
-            if manager.group.kind == "state" and not self.caching:
-                return range(1 if num_tokens else 0)
-            return range(min(manager.num_skipped_pages(num_tokens), end), end)
-        return range(end)
-
-    def should_swap(self, seq: Request) -> bool:
-        """Whether the preemption mode swaps this victim (else it is recomputed)."""
-        num_tokens = seq.num_computed_tokens
-        if seq.request_id not in self._seqs or num_tokens == 0:
-            return False
-        num_pages = sum(len(self._kept_pages(m, num_tokens)) for m in self.group_managers)
-        return should_swap(self.policy.preemption, num_pages, 1, num_tokens, self.costs)
-
-    def can_swap_out(self, seq: Request) -> bool:
-        """Whether the host pool has room for the pages every group keeps (and the request
-        was not given memory in this step)."""
-        if seq.request_id not in self._seqs or seq.request_id in self._steps.new:
-            return False
-        num_tokens = seq.num_computed_tokens
-        return self.host.can_store(sum(len(self._kept_pages(m, num_tokens))
-                                       for m in self.group_managers))
-
-    def swap_out(self, seq: Request) -> MemOps:
-        """Copy every group's kept pages to host memory, group after group, and release all
-        device pages."""
-        assert seq.request_id not in self._steps.new, "call can_swap_out first"
-        num_tokens = seq.num_computed_tokens
-        held = self._take_states(seq)
-        pages = [state.pages[index] for manager, state in held
-                 for index in self._kept_pages(manager, num_tokens)]
-        assert self.host.can_store(len(pages)), "call can_swap_out first"
-        host_pages = self.host.store(seq.request_id, len(pages), num_tokens)
-        ops = MemOps(swap_outs=list(zip(self._steps.sources(pages), host_pages, strict=True)))
-        for manager, state in held:
-            manager.release(seq, state)
-        return ops
-
-    def can_swap_in(self, seq: Request) -> bool:
-        """Whether device memory has room for the request's swapped pages, keeping the
-        watermark free."""
-        stored = self.host.stored(seq.request_id)
-        if stored is None:
-            return False
-        reserve = self.watermark_pages if self.pool.num_used_pages else 0
-        return self.pool.fits(len(stored[0]), [], reserve)
-
-    def swap_in(self, seq: Request) -> MemOps | None:
-        """Bring every group's pages back from host memory (`NULL_PAGE` behind its window);
-        None when device memory is short."""
-        if not self.can_swap_in(seq):
-            return None
-        stored = self.host.stored(seq.request_id)
-        assert stored is not None
-        host_pages, num_tokens = stored
-        self.host.release(seq.request_id, hold=self._steps.active)
-        managers, pages = self.group_managers, []
-        kept = [self._kept_pages(manager, num_tokens) for manager in managers]
-        shares = take_shares(self.pool, JointPlan([], [len(k) for k in kept]),
-                             managers.index(self._main))
-        for manager, group_kept, share in zip(managers, kept, shares, strict=True):
-            state = manager.take_hits(seq, [NULL_PAGE] * group_kept.start)
-            manager.execute(seq, num_tokens, state, Plan([], len(share), False, block=share))
-            pages += state.pages[group_kept.start : group_kept.stop]
-        self._steps.given_memory(seq.request_id, loaded=True)
-        return MemOps(swap_ins=list(zip(host_pages, pages, strict=True)))
-
     def fork(self, parent: Request, child: Request) -> None:
         """Share the parent's pages in every group with `child` (copy-on-write)."""
         self._check_fork(parent, child)
         for manager in self.group_managers:
             manager.fork(manager.seqs[parent.request_id], child)
         self._steps.given_memory(child.request_id)
-
-
-def _keeps_every_token(manager: FullAttentionManager) -> bool:
-    """A full-attention group's manager (not a window's, a chunk's or a state's)."""
-    return not isinstance(manager, WindowedManager) or manager.group.kind == "full"

@@ -346,6 +346,10 @@ class FullAttentionManager(TableRelease):
             events.stored(hashes[index], seq.request_id, hashes[index - 1] if index else None,
                           None if ids is None else tuple(ids))
 
+    def num_held(self, state: SeqState) -> int:
+        """Pages the table holds (a windowed group's leave out its `NULL_PAGE`s)."""
+        return len(state.pages)
+
     def fill(self, index: int, num_tokens: int) -> int:
         """Tokens held in page `index` of a sequence of `num_tokens` tokens."""
         return max(0, min(self.page_size, num_tokens - index * self.page_size))

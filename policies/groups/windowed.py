@@ -9,8 +9,12 @@ prefix hits. Which full pages of a sliding-window or state group are registered 
 otherwise only those a hit can use: the pages a hit at the prompt's end needs (its last token
 is always computed, so the hit ends at the page boundary at or below prompt length - 1) and,
 with R > 0, the pages a hit at each multiple of R tokens needs. A state group caches its state
-at page boundaries (vLLM's mamba "align" mode): with prefix caching it takes a new page at
-each boundary and the last page holds the state; without, one page for the whole request.
+at page boundaries (vLLM's mamba "align" mode): with prefix caching each allocation takes one
+page, for the state at the end of what it computes, the boundaries a chunk passes inside
+being `NULL_PAGE` (vLLM 0.32's `MambaManager.allocate_new_blocks`: a chunk's interior states
+are never materialized, so a prefix hit ends where a chunk or a decode page did), and the
+state before it is given back at the next allocation; without prefix caching, one page for
+the whole request. (vLLM's extra prefill-checkpoint page is not modelled.)
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvlab.policies.groups.full import FullAttentionManager
-from kvlab.policies.groups.table import SeqState
+from kvlab.policies.groups.table import Plan, SeqState
+from kvlab.policies.outputs import MemOps
 from kvlab.policies.request import Request
 from kvlab.policies.spec import PolicySpec
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
@@ -36,7 +41,7 @@ class WindowedManager(FullAttentionManager):
     """The block tables of one sliding-window, chunked-local or state group. Keys in the
     prefix cache are `(group_id, page hash)`: each group caches its own pages."""
 
-    __slots__ = ("group", "group_id", "retention_interval")
+    __slots__ = ("aligned", "group", "group_id", "retention_interval")
 
     def __init__(self, policy: PolicySpec, pool: PagePool, *, max_model_len: int,
                  group: KVCacheGroup, group_id: int,
@@ -45,6 +50,8 @@ class WindowedManager(FullAttentionManager):
         self.group = group
         self.group_id = group_id
         self.retention_interval = retention_interval
+        # a state group with prefix caching (vLLM's align mode): one page an allocation
+        self.aligned = group.kind == "state" and self.caching
 
     def hashes_of(self, seq: Request) -> list:
         """The request's page keys in this group."""
@@ -83,8 +90,12 @@ class WindowedManager(FullAttentionManager):
             return
         pool, owners, cached = self.pool, self.pool.owners, self.pool.cached
         to_cache, keys, to_free = [], [], []
+        num_null = 0  # (an aligned state's interior boundaries: never live)
         for index in range(start, end):
             page = state.pages[index]
+            if page == NULL_PAGE:
+                num_null += 1
+                continue
             state.pages[index] = NULL_PAGE
             if page in owners:
                 pool.drop_owner(page)
@@ -97,12 +108,15 @@ class WindowedManager(FullAttentionManager):
             else:
                 to_free.append(page)
         pool.release(to_cache[::-1], keys[::-1], range(len(to_cache)), to_free)
-        self.num_live_slots -= (end - start) * self.page_size
+        self.num_live_slots -= (end - start - num_null) * self.page_size
         state.num_null_pages = end
 
     def register(self, seq: Request, state: SeqState, num_tokens: int) -> None:
-        """Full attention's registration, of the pages a hit can use only (see the module)."""
-        if self.retention_interval is None or self.group.kind not in ("sliding_window", "state"):
+        """Full attention's registration, of the pages a hit can use only (see the module)
+        and not an aligned state's `NULL_PAGE`s."""
+        retained = self.retention_interval is not None and self.group.kind in (
+            "sliding_window", "state")
+        if not retained and not self.aligned:
             super().register(seq, state, num_tokens)
             return
         if state.hash_outputs:
@@ -111,9 +125,11 @@ class WindowedManager(FullAttentionManager):
         num_full = min(len(hashes), num_tokens // self.page_size)
         if num_full <= start:
             return
-        cached, reachable = self.pool.cached, self._reachable_pages(seq)
+        cached, pages = self.pool.cached, state.pages
+        reachable = self._reachable_pages(seq) if retained else None
         new = [index for index in range(start, num_full)
-               if reachable(index) and hashes[index] not in cached]
+               if pages[index] != NULL_PAGE and (reachable is None or reachable(index))
+               and hashes[index] not in cached]
         for index in new:
             cached[hashes[index]] = state.pages[index]
         state.num_hashed = num_full
@@ -144,10 +160,29 @@ class WindowedManager(FullAttentionManager):
     # ----------------------------------------------------------------------------- sizing
 
     def pages_to_add(self, num_held: int, total: int) -> int:
-        """Full attention's, but a state group without prefix caching: one page in all."""
+        """Full attention's, but a state group without prefix caching: one page in all; with
+        it, one for the state at `total` tokens when that is past the table's end."""
         if self.group.kind == "state" and not self.caching:
             return 0 if num_held else 1
+        if self.aligned:
+            return int(-(-total // self.page_size) > num_held)
         return super().pages_to_add(num_held, total)
+
+    def execute(self, seq: Request, total: int, state: SeqState | None, plan: Plan) -> MemOps:
+        """Full attention's; an aligned state's new page (see the module) goes at the end of
+        `total` tokens, `NULL_PAGE` for the boundaries before it."""
+        if self.aligned and state is not None and plan.num_block_pages:
+            gap = -(-total // self.page_size) - len(state.pages) - (plan.num_block_pages - plan.cow)
+            if gap > 0:
+                state.pages.extend([NULL_PAGE] * gap)
+                self.num_live_slots -= gap * self.page_size  # (no state there: never live)
+        return super().execute(seq, total, state, plan)
+
+    def num_held(self, state: SeqState) -> int:
+        """Pages the table holds (not its `NULL_PAGE`s)."""
+        if self.aligned:
+            return len(state.pages) - state.pages.count(NULL_PAGE)
+        return len(state.pages) - state.num_null_pages
 
     def pages_to_start(self, seq: Request, total: int, num_hits: int) -> int:
         """A window's, chunk's or state's pages as it needs them, one at a time (a full group
@@ -167,7 +202,8 @@ class WindowedManager(FullAttentionManager):
         """Pages `remove_skipped` would return to the pool (not those others hold)."""
         end = min(self.num_skipped_pages(num_computed), len(state.pages))
         owners = self.pool.owners
-        return [page for page in state.pages[state.num_null_pages : end] if page not in owners]
+        return [page for page in state.pages[state.num_null_pages : end]
+                if page not in owners and page != NULL_PAGE]
 
     def fast_limit(self, state: SeqState) -> int:
         """Full attention's limit, short of the next token whose computing skips a page."""
@@ -203,7 +239,7 @@ class WindowedManager(FullAttentionManager):
         super().fork(src, child)
         state = self.seqs[child.request_id]
         state.num_null_pages = src.num_null_pages
-        self.num_live_slots -= src.num_null_pages * self.page_size  # (never live)
+        self.num_live_slots -= state.pages.count(NULL_PAGE) * self.page_size  # (never live)
         if self.group.kind == "state" and not self.caching:
             src.fast_limit = state.fast_limit = src.num_tokens  # the next write copies it
 
@@ -229,7 +265,7 @@ class WindowedManager(FullAttentionManager):
     def release(self, seq: Request, state: SeqState, num_written: int | None = None) -> None:
         """Full attention's release of the pages still held (no NULL_PAGE reaches the pool)."""
         super().release(seq, state, num_written)
-        self.num_live_slots += state.num_null_pages * self.page_size  # never counted live
+        self.num_live_slots += state.pages.count(NULL_PAGE) * self.page_size  # never live
 
     def longest_hit(self, keys: list, bound: int, cached: HeldKeys | dict) -> int:
         """The most pages, at most `bound`, of a prefix hit valid in this group: the pages
@@ -250,3 +286,8 @@ class WindowedManager(FullAttentionManager):
         need = self.num_needed_pages(num_pages * self.page_size)
         return [NULL_PAGE] * (num_pages - need) + [cached[key] for key in
                                                     keys[num_pages - need : num_pages]]
+
+
+def keeps_every_token(manager: FullAttentionManager) -> bool:
+    """A full-attention group's manager (not a window's, a chunk's or a state's)."""
+    return not isinstance(manager, WindowedManager) or manager.group.kind == "full"
