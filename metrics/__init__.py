@@ -19,20 +19,22 @@ from kvlab.metrics.results import (
 )
 from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult, merge_runs
 from kvlab.metrics.summary import (
-    GOODPUT_METRICS,
-    LATENCY_KEY,
     METADATA_KEYS,
-    PERCENTILE_METRICS,
     count_good_requests,
-    parse_goodput,
-    parse_metric_percentiles,
-    parse_percentile_metrics,
     per_request_table,
     per_step_table,
-    percentile_label,
     step_columns,
     step_table,
     summarize,
+)
+from kvlab.metrics.summary_options import (
+    GOODPUT_METRICS,
+    LATENCY_KEY,
+    PERCENTILE_METRICS,
+    parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
+    percentile_label,
 )
 
 __all__ = [

@@ -8,8 +8,7 @@ Both the simulator (`kvlab sim`) and the real engine (`kvlab run`) end with a `R
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,94 +17,21 @@ import numpy as np
 from kvlab.errors import KvlabError
 from kvlab.metrics.classes import count_priority_inversions, jain_index, request_classes
 from kvlab.metrics.exact import exact_sum
+from kvlab.metrics.failures import failed_reasons
 from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
 from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult
+from kvlab.metrics.summary_options import (
+    PERCENTILE_METRICS,
+    check_goodput,
+    check_percentile_metrics,
+    check_percentiles,
+    percentile_label,
+)
 
 if TYPE_CHECKING:  # pandas is imported by the table functions only: the step loop needs none
     import pandas as pd
 
-PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
-GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 METADATA_KEYS = ("policy", "model", "hardware", "dataset", "seed", "backend")
-LATENCY_KEY = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
-
-
-def percentile_label(p: float) -> str:
-    """A percentile as vLLM writes it in keys: 99 -> "99", 99.9 -> "99.9"."""
-    return str(int(p)) if int(p) == p else str(p)
-
-
-def parse_percentile_metrics(text: str) -> tuple[str, ...]:
-    """Parse vLLM's `--percentile-metrics ttft,tpot,itl` flag value."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    _check_percentile_metrics(names)
-    return names
-
-
-def parse_metric_percentiles(text: str) -> tuple[float, ...]:
-    """Parse vLLM's `--metric-percentiles 50,90,99` flag value."""
-    values = []
-    for item in text.split(","):
-        try:
-            values.append(float(item))
-        except ValueError:
-            raise KvlabError(
-                f"metric_percentiles: {item.strip()!r} is not a number; "
-                "expected comma-separated percentiles such as 50,90,99",
-                parameters=("metric_percentiles",),
-            ) from None
-    _check_percentiles(values)
-    return tuple(values)
-
-
-def parse_goodput(items: Iterable[str]) -> dict[str, float]:
-    """Parse vLLM's `--goodput ttft:MS tpot:MS e2el:MS` flag values into SLOs in milliseconds."""
-    slos: dict[str, float] = {}
-    for item in items:
-        name, _, value = item.partition(":")
-        try:
-            slos[name.strip()] = float(value)
-        except ValueError:
-            raise KvlabError(
-                f"goodput {item!r}: expected KEY:MILLISECONDS with KEY one of "
-                f"{', '.join(GOODPUT_METRICS)}, e.g. ttft:500",
-                parameters=("goodput",),
-            ) from None
-    _check_goodput(slos)
-    return slos
-
-
-def _check_percentile_metrics(names: Sequence[str]) -> None:
-    for name in names:
-        if name not in PERCENTILE_METRICS:
-            raise KvlabError(
-                f"percentile_metrics: unknown metric {name!r}; "
-                f"choose from {', '.join(PERCENTILE_METRICS)}",
-                parameters=("percentile_metrics",),
-            )
-
-
-def _check_percentiles(values: Sequence[float]) -> None:
-    for p in values:
-        if not 0.0 <= p <= 100.0:
-            raise KvlabError(
-                f"metric_percentiles: {p:g} is outside 0..100",
-                parameters=("metric_percentiles",),
-            )
-
-
-def _check_goodput(slos: dict[str, float]) -> None:
-    for name, value in slos.items():
-        if name not in GOODPUT_METRICS:
-            raise KvlabError(
-                f"goodput: unknown SLO {name!r}; choose from {', '.join(GOODPUT_METRICS)}",
-                parameters=("goodput",),
-            )
-        if not (math.isfinite(value) and value >= 0.0):
-            raise KvlabError(
-                f"goodput {name}:{value:g}: expected milliseconds >= 0",
-                parameters=("goodput",),
-            )
 
 
 @dataclass(slots=True)
@@ -203,7 +129,7 @@ def count_good_requests(result: RunResult, slos_ms: dict[str, float],
     ttft/tpot/e2el), as `request_goodput` counts them, and the requests counted; with
     `slo_class`, of that class only (a KvlabError naming the classes when the run has no
     such class). good / total is vLLM's goodput as a share."""
-    _check_goodput(slos_ms)
+    check_goodput(slos_ms)
     requests = result.requests
     if slo_class is not None:
         found = request_classes(requests)
@@ -277,36 +203,6 @@ def _metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# A failure message's request-specific parts, so that the same cause counts as one reason.
-_REQUEST_ID = re.compile(r"^request \S+ ")
-_NEEDS_TOKENS = re.compile(r"needs \d+ tokens \(\d+ prompt \+ \d+ output\), more than "
-                           r"(max_model_len \d+)")
-_NEEDS_PAGES = re.compile(r"needs \d+ KV pages but the cache has only (\d+) .*")
-
-
-def failure_reason(status: str, error: str | None) -> str:
-    """Why a request failed, in words that many requests share: `needs more than
-    max_model_len 4096`, `needs more KV pages than the cache's 1000`, the first sentence of a
-    server's message, or the status (aborted, unfinished) when there is no message."""
-    if not error:
-        return {"finished_aborted": "aborted"}.get(status, f"did not finish ({status})")
-    reason = _REQUEST_ID.sub("", error.strip().splitlines()[0])
-    reason = _NEEDS_TOKENS.sub(r"needs more tokens than \1", reason)
-    reason = _NEEDS_PAGES.sub(r"needs more KV pages than the cache's \1", reason)
-    # a server's message: its first sentence names the cause, the next ones this request
-    return reason.split(". ")[0].rstrip(".")
-
-
-def failed_reasons(requests: Sequence[Any]) -> dict[str, int]:
-    """{reason: failed requests} over the requests that did not complete, most common first."""
-    counts: dict[str, int] = {}
-    for request in requests:
-        if request.status.value not in COMPLETED_STATUSES:
-            reason = failure_reason(request.status.value, request.error)
-            counts[reason] = counts.get(reason, 0) + 1
-    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-
-
 def summarize(
     result: RunResult,
     *,
@@ -338,10 +234,10 @@ def summarize(
     swap-outs was followed by a swap-in, since a request finishes on the device),
     num_swap_out_pages / num_swap_in_pages (pages moved, from the steps).
     """
-    _check_percentile_metrics(percentile_metrics)
-    _check_percentiles(metric_percentiles)
+    check_percentile_metrics(percentile_metrics)
+    check_percentiles(metric_percentiles)
     if goodput_slos is not None:
-        _check_goodput(goodput_slos)
+        check_goodput(goodput_slos)
     arrays = _request_arrays(result.requests)
     done = arrays.completed
     duration = float(result.duration_s)

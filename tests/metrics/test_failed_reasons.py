@@ -4,7 +4,7 @@ whatever request and length it hit, for the simulator's, the engine's and a serv
 from __future__ import annotations
 
 from kvlab.metrics import summarize
-from kvlab.metrics.summary import failure_reason
+from kvlab.metrics.failures import failure_reason
 from kvlab.policies import RequestStatus
 from kvlab.report import format_report
 
