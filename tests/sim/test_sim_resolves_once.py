@@ -36,6 +36,8 @@ def counted(monkeypatch):
         return load_model(path)
 
     monkeypatch.setattr(serving, "parse_policy", counting_parse)
+    # the CLI builds its ServingConfig as a sweep does (kvlab.sweep.runner.serving_config)
+    monkeypatch.setattr("kvlab.sweep.runner.parse_policy", counting_parse)
     monkeypatch.setattr(loading, "_load_file", counting_load_file)
     monkeypatch.setattr("kvlab.sim.config.load_cost_model", counting_load_model)
     return counts
