@@ -9,6 +9,7 @@ from typing import Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import registry
+from kvlab.policies.params import split_spec
 from kvlab.policies.scheduling.base import SchedulingOrder
 
 DEFAULT_SCHEDULING_POLICY = "fcfs"
@@ -25,8 +26,10 @@ def make_order(spec: str) -> SchedulingOrder:
     text = spec.strip() if isinstance(spec, str) else spec
     if not isinstance(text, str):
         raise _error(f"scheduling_policy {spec!r}: expected a name such as fcfs or lpm")
-    name, _, rest = text.partition(":")
-    name = name.strip()
+    try:
+        name, items = split_spec(text, f"scheduling_policy {spec!r}")
+    except KvlabError as err:  # (named as the setting it is)
+        raise _error(str(err)) from None
     names = scheduling_names()
     if name not in names:
         raise _error(f"scheduling_policy {spec!r}: unknown policy {name!r}; valid: "
@@ -34,14 +37,12 @@ def make_order(spec: str) -> SchedulingOrder:
     factory = registry.get("scheduling", name).factory
     fields = {f.name: f for f in dataclasses.fields(factory)}
     options: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or key not in fields:
+    for key, value in items:
+        if key not in fields:
             valid = ", ".join(fields) or "none"
-            raise _error(f"scheduling_policy {spec!r}: {item!r} is not KEY=VALUE with a key "
-                         f"{name} takes (keys: {valid})")
-        options[key] = _convert(spec, key, value.strip(), fields[key].default)
+            raise _error(f"scheduling_policy {spec!r}: {key!r} is not a key {name} takes "
+                         f"(keys: {valid})")
+        options[key] = _convert(spec, key, value, fields[key].default)
     order: SchedulingOrder = factory(**options)
     return order
 

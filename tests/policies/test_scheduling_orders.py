@@ -148,7 +148,7 @@ def test_lpm_defers_a_request_sharing_an_uncached_prefix_with_one_ahead():
 
 @pytest.mark.parametrize("spec, words", [
     ("lifo", "unknown policy 'lifo'; valid: fcfs"),
-    ("lpm:max_queue", "'max_queue' is not KEY=VALUE"),
+    ("lpm:max_queue", "'max_queue' is not key=value"),
     ("lpm:depth=3", "keys: max_queue, in_batch, max_wait_s"),
     ("sjf:max_wait_s=soon", "is not a number of seconds or none"),
     ("lpm:max_queue=1.5", "is not a whole number"),
