@@ -8,6 +8,7 @@ import streamlit as st
 
 from kvlab.dashboard import figures
 from kvlab.dashboard.cluster_runs import MAX_INSTANCES, instance_table, router_table
+from kvlab.dashboard.setting_widgets import number_setting
 from kvlab.dashboard.widgets import cached_cluster, chart, current_setup, table, user_errors
 from kvlab.errors import KvlabError
 from kvlab.policies import parse_policy
@@ -26,10 +27,11 @@ def main() -> None:
     text = cols[0].text_input("Policy of every instance", DEFAULT_POLICY, key="routers_policy",
                               help="eviction none turns the prefix cache off, and with it "
                               "what prefix-aware routing looks at")
-    num_instances = int(cols[1].number_input("Instances", 1, MAX_INSTANCES, 4,
-                                             key="routers_num_instances"))
-    seed = int(cols[2].number_input("Router seed", 0, 2**31 - 1, 0, key="routers_seed",
-                                    help="the draws of power-of-two"))
+    num_instances = int(number_setting(cols[1], "num_instances", 1, MAX_INSTANCES,
+                                       key="routers_num_instances", label="Instances",
+                                       default=4))
+    seed = int(number_setting(cols[2], "router_seed", 0, 2**31 - 1, key="routers_seed",
+                              label="Router seed"))
     names = router_names()
     chosen = st.multiselect("Routers", names, names, key="routers_chosen")
     clicked = st.button("Run", key="routers_run", type="primary")
