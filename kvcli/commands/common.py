@@ -120,42 +120,27 @@ def show_progress(args: argparse.Namespace) -> bool:
 
 def summary_options(args: argparse.Namespace) -> dict[str, Any]:
     """`kvlab.metrics.summarize`'s keyword arguments from the report flags, parsed now so a bad
-    flag fails before the run."""
-    from kvlab.metrics import parse_goodput, parse_metric_percentiles, parse_percentile_metrics
+    flag fails before the run (as a sweep reads the same settings)."""
+    from kvlab.sweep.runner import summary_options as from_settings
 
-    return {
-        "percentile_metrics": parse_percentile_metrics(args.percentile_metrics),
-        "metric_percentiles": parse_metric_percentiles(args.metric_percentiles),
-        "goodput_slos": parse_goodput(args.goodput) if args.goodput else None,
-    }
+    return from_settings(_settings_of(args, "summary"))
 
 
 def load_trace_from_args(args: argparse.Namespace) -> Any:
-    """The trace the workload flags describe (kvlab.traces.load_trace)."""
-    from kvlab.traces import load_trace
+    """The trace the workload flags describe, loaded as a sweep loads the same settings
+    (kvlab.sweep.runner.load_settings_trace)."""
+    from kvlab.sweep.runner import load_settings_trace
 
-    options = {
-        name: getattr(args, name) for name in _SYNTHETIC_OPTIONS if getattr(args, name) is not None
-    }
-    return load_trace(
-        args.dataset_name,
-        args.dataset_path,
-        num_prompts=args.num_prompts,
-        seed=args.seed,
-        request_rate=args.request_rate,
-        burstiness=args.burstiness,
-        time_scale=args.time_scale,
-        ramp_up=_ramp_up(args),
-        length_scale=args.length_scale,
-        **options,
-    )
+    return load_settings_trace(_settings_of(args, "trace"))
 
 
-def _ramp_up(args: argparse.Namespace) -> Any:
-    """The RampUp of --ramp-up-*, None without --ramp-up-strategy."""
-    from kvlab.traces.arrivals import ramp_up_from
+def _settings_of(args: argparse.Namespace, *groups: str) -> dict[str, Any]:
+    """The settings of `groups` that the command's flags set (None: unset), each read by its
+    setting's reader (the table of kvlab.sweep.settings)."""
+    from kvlab.sweep.settings import SETTINGS
 
-    return ramp_up_from(args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps)
+    return {name: setting.convert(getattr(args, name)) for name, setting in SETTINGS.items()
+            if setting.group in groups and getattr(args, name, None) is not None}
 
 
 def add_serving_arguments(
@@ -206,11 +191,9 @@ def serving_config(args: argparse.Namespace, policy: str | None = None) -> Any:
     same settings (kvlab.sweep.runner.serving_config). A flag left unset (None) keeps
     ServingConfig's default; the tier flags count only with --kv-tiers."""
     from kvlab.sweep.runner import serving_config as from_settings
-    from kvlab.sweep.settings import SETTINGS
 
     groups = ("serving", "tiers") if getattr(args, "kv_tiers", "") else ("serving",)
-    settings = {name: setting.convert(getattr(args, name)) for name, setting in SETTINGS.items()
-                if setting.group in groups and getattr(args, name, None) is not None}
+    settings = _settings_of(args, *groups)
     settings["policy"] = args.policy if policy is None else policy
     settings["seed"] = args.seed
     return from_settings(settings)
