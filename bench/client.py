@@ -354,10 +354,13 @@ def reset_prefix_cache(base_url: str, *, api_key: str | None = None) -> None:
                          parameters=("reset_prefix_cache",)) from None
 
 
-def wait_ready(base_url: str, timeout_s: float, *, api_key: str | None = None) -> None:
+def wait_ready(base_url: str, timeout_s: float, *, api_key: str | None = None,
+               say: Callable[[str], None] | None = None) -> None:
     """Poll /v1/models until the server answers or `timeout_s` passes (0: ask once); the
-    last error, naming the URL, when it never does."""
+    last error, naming the URL, when it never does. `say` is told once, at the first failed
+    poll, what is awaited (a user must not wait in silence)."""
     deadline = time.monotonic() + timeout_s
+    told = False
     while True:
         try:
             get_json(base_url, "/v1/models", api_key=api_key, timeout_s=5.0)
@@ -366,4 +369,8 @@ def wait_ready(base_url: str, timeout_s: float, *, api_key: str | None = None) -
             if "HTTP 401" in str(exc) or time.monotonic() >= deadline:
                 waited = f" (waited {timeout_s:g} s)" if timeout_s > 0 else ""
                 raise KvlabError(f"{exc}{waited}", parameters=("base_url",)) from None
+            if say is not None and not told:
+                say(f"waiting up to {timeout_s:g} s for a server at {base_url}/v1/models "
+                    f"({exc})")
+                told = True
         time.sleep(0.5)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import uuid
 from typing import Any
 
@@ -101,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     base_url = base_url_of(args)
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     trace = load_trace_from_args(args)  # a bad workload fails before the server is asked
-    wait_ready(base_url, args.ready_check_timeout_sec, api_key=api_key)
+    wait_ready(base_url, args.ready_check_timeout_sec, api_key=api_key,
+               say=lambda line: print(line, file=sys.stderr, flush=True))
     card = resolve_model(base_url, args.model, api_key)
     vocab = vocab_size_of(card, args.tokenizer, args.vocab_size)
     client = ClientConfig(
@@ -134,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
         _save(args, result, summary)
     if result.kv_events is not None:
         check_stream(result.kv_events)
+    if result.requests and not any(r.completed for r in result.requests):
+        print(f"kvlab bench: error: every one of the {len(result.requests)} requests failed "
+              "(the first errors are above)", file=sys.stderr)
+        return 1
     return 0
 
 

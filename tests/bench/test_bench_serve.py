@@ -187,6 +187,22 @@ def test_bad_input_is_one_line_naming_the_flag(live, capsys, argv, message):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_wait_for_a_server_says_what_it_waits_for_and_all_failed_exits_non_zero(live,
+                                                                               capsys):
+    code = main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--ready-check-timeout-sec",
+                 "1", "--dataset-name", "random", "--num-prompts", "2"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert err[0].startswith("waiting up to 1 s for a server at http://127.0.0.1:9/v1/models")
+    assert err[-1].startswith("kvlab bench: error: cannot reach") and len(err) == 2
+    # every request longer than the model's 128 tokens: all fail, and the command says so
+    code = main(["bench", "serve", "--base-url", live.base_url, "--dataset-name", "random",
+                 "--num-prompts", "2", "--random-input-len", "200", "--random-output-len", "4",
+                 "--disable-tqdm"])
+    assert code == 1
+    assert "every one of the 2 requests failed" in capsys.readouterr().err
+
+
 def test_a_file_that_is_no_bench_result_is_refused(tmp_path):
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({"completed": 1}))
