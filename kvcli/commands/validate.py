@@ -48,7 +48,6 @@ CALIBRATION_PROMPTS_PER_PROMPT = 3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kvlab run`'s flags, plus calibration, lockstep and thread flags."""
     from kvlab.commands import run as run_command
-    from kvlab.commands.bench import add_client_arguments
 
     run_command.add_arguments(parser)
     # CPU step times: the engine's side of the comparison must not depend on who else is running
@@ -64,7 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     }
     for action in parser._actions:  # run's help states run's defaults
         action.help = helps.get(action.dest, action.help)
-    group = parser.add_argument_group("validation")
+    _add_validation_arguments(parser.add_argument_group("validation"))
+    _add_server_arguments(parser.add_argument_group(
+        "a server instead of kvlab's engine (vLLM, vLLM-Ascend, kvlab serve)"))
+
+
+def _add_validation_arguments(group: argparse._ArgumentGroup) -> None:
+    """The calibration, windows, lockstep and thread flags."""
     group.add_argument(
         "--cost-model",
         default=None,
@@ -115,8 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="torch CPU threads (default 1: steadier step times on a shared machine)",
     )
-    server = parser.add_argument_group(
-        "a server instead of kvlab's engine (vLLM, vLLM-Ascend, kvlab serve)")
+
+
+def _add_server_arguments(server: argparse._ArgumentGroup) -> None:
+    """The flags of validating a server (its URL, preset, rounds, client, KV events)."""
+    from kvlab.commands.bench import add_client_arguments
+
     server.add_argument(
         "--base-url", default=None,
         help="benchmark this OpenAI-compatible server (kvlab bench serve) instead of running "
