@@ -26,6 +26,7 @@ from kvlab.engine.kv_cache import (
     num_swap_pages,
     num_tier_pages,
     page_bytes_all_layers,
+    sizing_warnings,
     startup_lines,
 )
 from kvlab.engine.kv_scales import layer_kv_quants
@@ -167,7 +168,7 @@ class LLMEngine:
         self.startup_lines = startup_lines(
             num_pages, spec.block_size, self.max_model_len, platform=self.platform.name,
             groups=layout.groups, max_num_batched_tokens=serving.max_num_batched_tokens,
-            enable_prefix_caching=spec.prefix_caching)
+            enable_prefix_caching=spec.prefix_caching) + sizing_warnings(self.platform, serving)
         self.device_name = describe_device(self.platform)
         self._params: dict[int, SamplingParams] = {}
         self._stop_ids: dict[int, frozenset[int]] = {}

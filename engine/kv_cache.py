@@ -40,6 +40,18 @@ def page_bytes_all_layers(config: ModelConfig, page_size: int, dtype: torch.dtyp
     return page_size * 2 * num_layers * config.num_key_value_heads * row_bytes
 
 
+def sizing_warnings(platform: Platform, serving: ServingConfig) -> list[str]:
+    """Settings that size no KV cache on `platform`, said once at start-up rather than
+    ignored in silence: gpu_memory_utilization on cpu, where kv_cache_memory_bytes or
+    num_gpu_blocks_override sizes the cache, else DEFAULT_CPU_KV_CACHE_BYTES."""
+    utilization = serving.gpu_memory_utilization
+    if platform.name == "cpu" and utilization != ServingConfig().gpu_memory_utilization:
+        return [f"warning: gpu_memory_utilization {utilization:g} sizes no KV cache on cpu "
+                "(kv_cache_memory_bytes or num_gpu_blocks_override does, else "
+                f"{DEFAULT_CPU_KV_CACHE_BYTES // GiB} GiB)"]
+    return []
+
+
 def num_swap_pages(config: ModelConfig, serving: ServingConfig, dtype: torch.dtype,
                    num_cache_layers: int | None = None) -> int:
     """Host pages that fit in the serving config's `swap_space_bytes` (pages in its

@@ -86,6 +86,9 @@ def serve(config: ServeConfig) -> int:
     service, name = start_service(config)
     for line in service.engine.startup_lines:
         log.info(line)
+    if config.kv_events is not None and not service.engine.policy.prefix_caching:
+        log.warning("--kv-events-config: prefix caching is off, so no block is ever stored and "
+                    "no KV event published (add --enable-prefix-caching)")
     log.info("torch CPU threads: %d", torch.get_num_threads())  # (`--num-threads`)
     app = build_app(service, model_name=name, api_key=config.api_key)
 

@@ -39,3 +39,15 @@ def test_a_bad_swap_space_names_the_flag_and_the_unit(capsys):
     assert main(["run", "--swap-space", "lots", "--num-prompts", "1"]) == 2
     err = capsys.readouterr().err
     assert "--swap-space 'lots'" in err and "(in GiB)" in err and "Traceback" not in err
+
+
+def test_gpu_memory_utilization_on_cpu_is_said_to_size_nothing(capsys):
+    """On cpu the KV cache is sized by bytes or pages: a utilization is said to do nothing,
+    once, among the start-up lines (not ignored in silence)."""
+    from kvlab.engine import LLM
+
+    llm = LLM("tiny-llama", gpu_memory_utilization=0.5, num_gpu_blocks_override=16)
+    assert capsys.readouterr().err.count("gpu_memory_utilization 0.5 sizes no KV cache") == 1
+    assert len(llm.engine.startup_lines) == 2
+    assert len(LLM("tiny-llama", num_gpu_blocks_override=16, verbose=False)
+               .engine.startup_lines) == 1
