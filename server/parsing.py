@@ -69,6 +69,7 @@ class RequestReader:
             raise APIError(400, f"the body is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object")
+        _refuse_unsupported(data)
         try:
             body = model.model_validate(data)
         except ValidationError as exc:
@@ -126,6 +127,24 @@ class RequestReader:
         except KvlabError as exc:
             raise APIError(400, str(exc)) from None
         return Prepared(text, ids, params)
+
+
+# Fields that would change the answer and that kvlab serve does not implement: refused (400,
+# naming the field) rather than answered without them. (value that asks for it, what it is)
+UNSUPPORTED = {
+    "logprobs": (lambda v: v not in (None, False, 0), "log probabilities"),
+    "top_logprobs": (lambda v: v not in (None, 0), "log probabilities"),
+    "echo": (lambda v: v not in (None, False), "the prompt echoed in the answer"),
+    "best_of": (lambda v: v not in (None, 1), "a best of several samples"),
+}
+
+
+def _refuse_unsupported(data: dict[str, Any]) -> None:
+    """An APIError (400) for the first field of UNSUPPORTED that asks for what it names."""
+    for name, (asks, what) in UNSUPPORTED.items():
+        if name in data and asks(data[name]):
+            raise APIError(400, f"{name}: kvlab serve does not return {what}; leave {name} "
+                           "unset", name)
 
 
 def prompt_list(prompt: Any) -> list[str | list[int]]:
