@@ -8,12 +8,13 @@ does not import numpy, simpy or torch. Each command module has `add_arguments(pa
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import re
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from kvlab import __version__
 from kvlab.errors import KvlabError, KvlabWarning
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     module = importlib.import_module(f"kvlab.commands.{commands[name][0]}")
-    parser = argparse.ArgumentParser(prog=f"kvlab {name}", description=commands[name][1])
+    parser = CommandParser(prog=f"kvlab {name}", description=commands[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     import warnings
@@ -93,6 +94,46 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         warnings.showwarning = shown
+
+
+# vLLM's flags that kvlab does not take, with kvlab's way to the same thing (or why it does not
+# apply): said in the one line of the error, instead of a usage dump.
+VLLM_FLAGS = {
+    "--kv-offloading-size": "a host tier below the device: --kv-tiers host:SIZE (e.g. "
+                            "host:64GiB; --kv-offloading-size counts GiB)",
+    "--kv-offloading-backend": "memory tiers are kvlab's own: --kv-tiers host:SIZE",
+    "--pipeline-parallel-size": "kvlab models one pipeline stage; --tensor-parallel-size "
+                                "splits a model over devices (sim)",
+    "--trust-remote-code": "not needed: kvlab reads config.json and safetensors itself",
+    "--disable-log-requests": "kvlab does not log requests",
+    "--disable-log-stats": "kvlab does not log stats",
+    "--backend": "kvlab bench serve speaks the OpenAI API (vLLM's openai backend); "
+                 "--endpoint picks the route",
+    "--enforce-eager": "the engine has no CUDA graphs to turn off",
+    "--swap-space": "the simulator's host swap is the policy's: --policy paged:host_pages=N",
+    "--dtype": "the simulator takes the model preset's dtype; --kv-cache-dtype sets the cache's",
+}
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser whose errors are one line, as kvlab's own are (not argparse's
+    usage dump): a vLLM flag kvlab lacks names kvlab's way to the same thing, another
+    unknown flag the nearest known one."""
+
+    def error(self, message: str) -> NoReturn:
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            flags = [word.split("=")[0] for word in unknown.group(1).split()
+                     if word.startswith("--")]
+            message = "; ".join(self._explain(flag) for flag in flags) or message
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _explain(self, flag: str) -> str:
+        if flag in VLLM_FLAGS:
+            return f"{flag} is vLLM's, not kvlab's: {VLLM_FLAGS[flag]}"
+        known = [o for action in self._actions for o in action.option_strings]
+        near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        return f"unknown flag {flag}" + (f"; did you mean {near[0]}?" if near else "")
 
 
 def _one_line_warnings(command: str, default: Callable[..., None]) -> Callable[..., None]:
