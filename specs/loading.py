@@ -33,12 +33,32 @@ def list_hardware() -> dict[str, HardwareSpec]:
 
 
 def get_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name, a Hugging Face model folder (its config.json), or a ModelSpec
+    """A model preset by name (or by a Hugging Face id or served name of it,
+    `preset_of_served_name`), a Hugging Face model folder (its config.json), or a ModelSpec
     read from a YAML or JSON spec file."""
     path = Path(name_or_path)
     if name_or_path.lower() not in MODEL_PRESETS and is_hf_folder(path):
         return model_spec_from_hf(path)
+    preset = preset_of_served_name(name_or_path)
+    if preset is not None and not path.exists():
+        return MODEL_PRESETS[preset]
     return _get(name_or_path, MODEL_PRESETS, ModelSpec, "model")
+
+
+# What a Hugging Face id or a served name adds to a preset's name (tuned variants of it)
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-hf", "-it", "-base")
+
+
+def preset_of_served_name(name: str) -> str | None:
+    """The model preset a Hugging Face id or a served model name is a variant of
+    (`meta-llama/Llama-3.1-8B-Instruct` -> `llama-3.1-8b`, `google/gemma-3-27b-it` ->
+    `gemma-3-27b`), or None: the name after its last `/`, lower case, less a variant
+    suffix."""
+    base = name.rsplit("/", 1)[-1].lower()
+    for suffix in _VARIANT_SUFFIXES:
+        if base.endswith(suffix) and base[: -len(suffix)] in MODEL_PRESETS:
+            return base[: -len(suffix)]
+    return base if base in MODEL_PRESETS and base != name.lower() else None
 
 
 def get_hardware(name_or_path: str) -> HardwareSpec:
