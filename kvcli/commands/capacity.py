@@ -85,8 +85,9 @@ def capacity_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = get_model(args.model).with_kv_cache_dtype(args.kv_cache_dtype)
     dtype = kv_cache_dtype(model.kv_cache_dtype)
     length = args.max_model_len or model.max_model_len
-    if length < 1:
-        raise KvlabError(f"--max-model-len {length}: expected 1 or more")
+    if not 1 <= length <= model.max_model_len:  # (as sim and vLLM refuse it)
+        raise KvlabError(f"--max-model-len {length}: expected 1 to {model.max_model_len:,}, the "
+                         f"context length of model {model.name!r}")
     if args.max_num_batched_tokens < 1:
         raise KvlabError(f"--max-num-batched-tokens {args.max_num_batched_tokens}: expected 1 "
                          "or more")

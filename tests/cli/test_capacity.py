@@ -44,6 +44,9 @@ def test_sim_warns_of_the_same_rule(capsys):
 def test_bad_numbers_are_one_line(capsys):
     assert main([*ASK[:5], "--block-size", "0"]) == 2
     assert "--block-size 0: expected 1 or more" in capsys.readouterr().err
+    # a length past the model's is refused, as sim refuses it (not 0.00x requests)
+    assert main([*ASK[:5], "--max-model-len", "1000000000"]) == 2
+    assert "expected 1 to 131,072, the context length" in capsys.readouterr().err
 
 
 def test_a_fixed_kv_size_sizes_the_answer_as_sim_does(capsys):
