@@ -35,19 +35,26 @@ def _rate_text(rate: object) -> str:
         return str(rate)
 
 
+# Trace formats with timestamps of their own, replayed when no request rate resamples them.
+REPLAYED_DATASETS = ("azure", "mooncake", "burstgpt")
+
+
 def default_result_filename(summary: dict, *, now: datetime | None = None) -> str:
     """vLLM's result file name, sanitised:
     `<label>-<rate>qps[-concurrency<N>]-<model>-<YYYYMMDD-HHMMSS>.json`.
 
     The label is the summary's `label`, else its backend; the concurrency part is there when
     the summary has a `max_concurrency`; the model is its last path component (as vLLM's base
-    model id); an unknown request rate is written as "inf", vLLM's default.
+    model id); an unknown request rate is written as "inf", vLLM's default, but a trace file
+    whose own timestamps were replayed (no rate given) is `replay` instead of `<rate>qps`.
     """
     label = str(summary.get("label") or summary.get("backend") or "kvlab")
     rate = summary.get("request_rate")
     rate_text = "inf" if rate is None else _rate_text(rate)
+    replayed = rate_text == "inf" and summary.get("dataset_name") in REPLAYED_DATASETS
     concurrency = summary.get("max_concurrency")
-    rate_part = f"{rate_text}qps" + ("" if concurrency is None else f"-concurrency{concurrency}")
+    rate_part = ("replay" if replayed else f"{rate_text}qps") + (
+        "" if concurrency is None else f"-concurrency{concurrency}")
     model = str(summary.get("model") or "model").rstrip("/").split("/")[-1]
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     parts = (_sanitize(label), _sanitize(rate_part), _sanitize(model), stamp)

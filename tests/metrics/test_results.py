@@ -56,6 +56,13 @@ def test_default_file_name_is_sanitised():
     )
 
 
+def test_a_replayed_trace_is_named_replay_not_infqps():
+    summary = {"backend": "sim", "request_rate": "inf", "model": "m", "dataset_name": "mooncake"}
+    assert default_result_filename(summary, now=NOON) == "sim-replay-m-20250102-120005.json"
+    random = {**summary, "dataset_name": "random"}  # (all at 0: vLLM's inf)
+    assert default_result_filename(random, now=NOON) == "sim-infqps-m-20250102-120005.json"
+
+
 def test_default_file_name_without_metadata():
     assert default_result_filename({}, now=NOON) == "kvlab-infqps-model-20250102-120005.json"
 
