@@ -67,6 +67,7 @@ _HARDWARE_HEADER = (
     "TFLOPS",
     "host link GB/s",
     "peer link GB/s",
+    "host GiB/device",
     "devices",
 )
 
@@ -113,6 +114,7 @@ def _hardware_row(spec: HardwareSpec) -> list[str]:
         f"{spec.peak_flops / 1e12:g}",
         f"{spec.host_link_bandwidth / 1e9:g}",
         peer,
+        "-" if spec.host_memory_bytes is None else f"{spec.host_memory_bytes / 1024**3:g}",
         str(spec.num_devices),
     ]
 

@@ -50,3 +50,12 @@ def test_a_hybrid_presets_json_block_is_a_valid_spec_file(tmp_path, capsys):
     path = tmp_path / "gemma.json"
     path.write_text(json.dumps(block))
     assert get_model(str(path)) == get_model("gemma-3-27b")
+
+
+def test_presets_show_host_memory_per_device(capsys):
+    """Memory tiers are sized against a device's share of the host's DRAM: shown."""
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "host GiB/device" in out
+    row = next(line for line in out.splitlines() if line.startswith("h100-80g"))
+    assert row.split()[-2] == "256"
