@@ -18,10 +18,12 @@ from kvlab.commands.common import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab serve` (no heavy imports here)."""
-    parser.add_argument("model", metavar="MODEL",
+    parser.add_argument("model", metavar="MODEL", nargs="?", default=None,
                         help="tiny-llama, tiny-qwen2 (random weights), stdlib-llama (trained on "
                         "Python's standard library: text and chat work), or a local Hugging Face "
-                        "folder")
+                        "folder (or as vLLM's --model)")
+    parser.add_argument("--model", dest="model_flag", default=None, metavar="MODEL",
+                        help=argparse.SUPPRESS)
     http = parser.add_argument_group("server")
     http.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     http.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -64,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         raise KvlabError(f"--port {args.port}: expected 1 to 65535")
     if args.max_queue < 1:
         raise KvlabError(f"--max-queue {args.max_queue}: expected 1 or more")
+    if (args.model is None) == (args.model_flag is None):
+        raise KvlabError("give the model once: kvlab serve MODEL (or --model MODEL, as vLLM)")
+    args.model = args.model or args.model_flag
     if not args.shutdown_timeout >= 0:
         raise KvlabError(f"--shutdown-timeout {args.shutdown_timeout}: expected seconds >= 0")
     if args.num_threads is not None and args.num_threads < 1:

@@ -21,3 +21,11 @@ def test_a_flag_kvlab_lacks_is_one_line_naming_its_equivalent(capsys, argv, word
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert words in err and "usage:" not in err
+
+
+def test_serve_takes_the_model_as_vllm_does_and_once(capsys):
+    """`kvlab serve MODEL` or vLLM's `--model MODEL`: neither or both is one line."""
+    assert main(["serve"]) == 2
+    assert "give the model once" in capsys.readouterr().err
+    assert main(["serve", "tiny-llama", "--model", "tiny-llama"]) == 2
+    assert "give the model once" in capsys.readouterr().err
