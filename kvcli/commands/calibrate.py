@@ -26,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o",
         "--output",
-        required=True,
+        default="cost_model.json",
         metavar="COSTMODEL.json",
-        help="where to write the fitted cost model (for `kvlab sim --cost-model`)",
+        help="where to write the fitted cost model (for `kvlab sim --cost-model`; default "
+        "cost_model.json here)",
     )
     parser.add_argument(
         "--skip-first-steps",

@@ -44,7 +44,7 @@ def test_the_warnings_follow_the_fit():
     assert len(fit_warnings(poor)) == 2
 
 
-def test_calibrate_records_the_profiled_model_and_warns_on_noise(tmp_path, capsys):
+def test_calibrate_records_the_profiled_model_and_warns_on_noise(tmp_path, capsys, monkeypatch):
     import numpy as np
     import pandas as pd
 
@@ -65,3 +65,6 @@ def test_calibrate_records_the_profiled_model_and_warns_on_noise(tmp_path, capsy
     assert main(["calibrate", str(profile), "-o", str(out)]) == 0
     assert "warning: poor fit" in capsys.readouterr().err
     assert load_cost_model(out).fit["model"] == "tiny-llama"
+    monkeypatch.chdir(tmp_path)  # without -o: cost_model.json here
+    assert main(["calibrate", str(profile)]) == 0
+    assert load_cost_model(tmp_path / "cost_model.json").fit["model"] == "tiny-llama"
