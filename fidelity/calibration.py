@@ -362,7 +362,7 @@ def format_fit(model: CalibratedCostModel) -> str:
         lines.append(f"{'Steps (with swaps/copies):':<40}{fit['num_steps']} "
                      f"({fit['num_memory_steps']})")
         if fit.get("intake_s"):  # (a bench fit: the steps a request's way in may hold, out)
-            lines.append(f"{'  without those after a way in of (ms):':<40}"
+            lines.append(f"{'  left out: steps after an arrival (ms):':<40}"
                          f"{1e3 * fit['intake_s']:.4f}")
         for label, key in (
             ("R^2:", "r2"),

@@ -334,7 +334,7 @@ def test_a_latency_inside_the_server_beyond_its_steps_joins_the_api_latency(benc
         assert 0.035 < inside < 0.055
         assert abs(fit.errors["median_ttft_ms"]) < 0.05  # measured -1.3% to +1.4%
     assert fit.cost_model.fit["intake_s"] > 0.04  # measured: 0.050-0.055 s
-    assert "without those after a way in of (ms):" in format_fit(fit.cost_model)
+    assert "left out: steps after an arrival (ms):" in format_fit(fit.cost_model)
 
 
 def test_without_the_servers_histograms_the_latency_inside_is_the_median_ttft_left_over():
