@@ -46,10 +46,29 @@ def summarize_cluster(result: ClusterResult, **options: Any) -> dict[str, Any]:
 
 
 def instance_summaries(result: ClusterResult, **options: Any) -> list[dict[str, Any]]:
-    """One summary per instance, in index order, each starting with `instance` and `role`."""
-    return [{"instance": index, "role": role, **summarize(run, **options)}
-            for index, (run, role) in enumerate(zip(result.instances, result.roles,
-                                                    strict=True))]
+    """One summary per instance, in index order, each starting with `instance` and `role`.
+    Under prefill/decode disaggregation a request runs on two instances: a prefill instance's
+    output is each request's first token, a decode instance's the rest (so the instances'
+    tokens add up to the cluster's, not twice them)."""
+    summaries = []
+    for index, (run, role) in enumerate(zip(result.instances, result.roles, strict=True)):
+        summary = {"instance": index, "role": role, **summarize(run, **options)}
+        if role in ("prefill", "decode"):
+            _split_output(summary, first_tokens=role == "prefill")
+        summaries.append(summary)
+    return summaries
+
+
+def _split_output(summary: dict[str, Any], *, first_tokens: bool) -> None:
+    """A prefill (`first_tokens`) or decode instance's share of its requests' output tokens
+    and the throughputs made of them: one first token per completed request, or the rest."""
+    num_first = summary["completed"]
+    output = num_first if first_tokens else summary["total_output_tokens"] - num_first
+    inputs = summary["total_input_tokens"] if first_tokens else 0  # (decode gets the KV)
+    duration = summary["duration"]
+    summary["total_output_tokens"] = output
+    summary["output_throughput"] = output / duration if duration > 0 else 0.0
+    summary["total_token_throughput"] = (inputs + output) / duration if duration > 0 else 0.0
 
 
 def cluster_request_table(result: ClusterResult) -> pd.DataFrame:

@@ -121,6 +121,10 @@ def test_kvlab_sim_pd_reports_and_saves_the_stages(capsys, tmp_path):
     assert saved["pd_link_bandwidth"] == pytest.approx(25e9)
     assert [i["role"] for i in saved["instances"]] == ["prefill", "decode", "decode"]
     assert np.isfinite(saved["mean_tpot_ms"])
+    # a request's first token is its prefill instance's, the rest its decode instance's
+    instances = saved["instances"]
+    assert instances[0]["total_output_tokens"] == instances[0]["completed"]
+    assert sum(i["total_output_tokens"] for i in instances) == saved["total_output_tokens"]
 
 
 @pytest.mark.parametrize("flags, words", [
