@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvlab.errors import KvlabError
+from kvlab.traces.plain_csv import plain_columns
 from kvlab.traces.tabular import check_file
 
 _ANY_TRACE = "a trace file (.csv, .jsonl or .json) or a workload spec (.yaml)"
@@ -12,7 +13,7 @@ _ANY_TRACE = "a trace file (.csv, .jsonl or .json) or a workload spec (.yaml)"
 
 def guess_dataset_name(path: str | Path) -> str:
     """'mooncake' for .jsonl, 'sharegpt' for .json, 'workload' for a .yaml workload spec, else
-    'azure' or 'burstgpt' by CSV header."""
+    'azure', 'burstgpt' or a plain 'csv' of arrivals and lengths by CSV header."""
     path = Path(path)
     check_file(path, _ANY_TRACE)
     suffix = path.suffix.lower()
@@ -28,9 +29,12 @@ def guess_dataset_name(path: str | Path) -> str:
         return "azure"
     if "Request tokens" in header:
         return "burstgpt"
+    if plain_columns(path) is not None:
+        return "csv"
     raise KvlabError(
         f"{path} line 1: cannot tell the dataset from the header {','.join(header)!r}; expected "
         "an Azure (TIMESTAMP,ContextTokens,GeneratedTokens) or BurstGPT (Timestamp,Model,"
-        "Request tokens,Response tokens,...) header, or give dataset_name",
+        "Request tokens,Response tokens,...) header, or a time column with input and output "
+        "token counts (timestamp,input_tokens,output_tokens, ...), or give dataset_name",
         parameters=("dataset_name",),
     )

@@ -16,6 +16,7 @@ from kvlab.traces.burstgpt import load_burstgpt
 from kvlab.traces.detect import guess_dataset_name
 from kvlab.traces.lengths import scale_lengths
 from kvlab.traces.mooncake import load_mooncake
+from kvlab.traces.plain_csv import load_plain_csv
 from kvlab.traces.sharegpt import load_sharegpt
 from kvlab.traces.synthetic import RandomOptions, load_random
 from kvlab.traces.types import Trace
@@ -26,6 +27,7 @@ FILE_LOADERS: dict[str, Callable[..., Trace]] = {
     "mooncake": load_mooncake,
     "burstgpt": load_burstgpt,
     "sharegpt": load_sharegpt,
+    "csv": load_plain_csv,  # any time, input and output columns (traces/plain_csv.py)
 }
 DATASET_NAMES = (*FILE_LOADERS, "workload", "random")
 

@@ -40,14 +40,16 @@ class Table:
     header: list[str]
     frame: pd.DataFrame
     row_index: np.ndarray
+    sep: str = ","  # the field separator
 
 
-def read_table(path: Path, required: Sequence[str], what: str) -> Table:
-    """Read a CSV with a header holding every `required` column; blank lines are skipped."""
+def read_table(path: Path, required: Sequence[str], what: str, *, sep: str = ",") -> Table:
+    """Read a CSV (fields separated by `sep`) with a header holding every `required` column;
+    blank lines are skipped."""
     check_file(path, what)
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False,
-                            skipinitialspace=True)
+                            skipinitialspace=True, sep=sep)
     except pd.errors.EmptyDataError:
         raise KvlabError(f"{path}: the file is empty; expected {what}") from None
     except pd.errors.ParserError as err:
@@ -68,7 +70,7 @@ def read_table(path: Path, required: Sequence[str], what: str) -> Table:
     keep = ~blank
     if not keep.any():
         raise KvlabError(f"{path}: no requests, only a header; expected {what}")
-    return Table(path, header, frame[keep].reset_index(drop=True), np.flatnonzero(keep))
+    return Table(path, header, frame[keep].reset_index(drop=True), np.flatnonzero(keep), sep)
 
 
 @dataclass(slots=True)
@@ -156,7 +158,7 @@ def raise_first_bad(table: Table, columns: dict[str, Parsed]) -> None:
     if not bad_rows.any():
         return
     row = int(bad_rows.argmax())
-    line, fields = line_of_row(table.path, int(table.row_index[row]))
+    line, fields = line_of_row(table.path, int(table.row_index[row]), table.sep)
     if len(fields) != len(table.header):
         raise KvlabError(
             f"{table.path} line {line}: {len(fields)} fields, expected {len(table.header)} "
@@ -168,13 +170,14 @@ def raise_first_bad(table: Table, columns: dict[str, Parsed]) -> None:
     raise KvlabError(f"{table.path} line {line}, column {name}: {value!r} {problem}")
 
 
-def line_of_row(path: Path, row: int) -> tuple[int, list[str]]:
-    """The 1-based line where data row `row` (0-based, blank rows counted) starts, and its fields.
+def line_of_row(path: Path, row: int, sep: str = ",") -> tuple[int, list[str]]:
+    """The 1-based line where data row `row` (0-based, blank rows counted) starts, and its fields
+    (separated by `sep`).
 
     A row-by-row scan, used only to word an error message.
     """
     with path.open(newline="", encoding="utf-8") as file:
-        reader = csv.reader(file, skipinitialspace=True)
+        reader = csv.reader(file, skipinitialspace=True, delimiter=sep)
         next(reader)
         start = reader.line_num + 1
         for position, fields in enumerate(reader):

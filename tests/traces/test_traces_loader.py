@@ -101,3 +101,27 @@ def test_every_loader_reads_the_format_from_the_file_when_not_told(tmp_path, cap
                         "Log Type\n0,ChatGPT,40,5,45,Conversation log\n")
     assert main(["sim", "--dataset-path", str(burstgpt), "--disable-tqdm"]) == 0
     assert "Successful requests:                     1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("text", "arrivals"), [
+    ("timestamp;input_tokens;output_tokens\n1733400000.5;120;30\n1733400001.25;80;12\n",
+     [0.0, 0.75]),  # epoch seconds, semicolons
+    ("Time,Prompt_Tokens,Completion_Tokens\n2026-12-06 04:00:00,100,10\n"
+     "2026-12-06 04:00:02.5,50,5\n", [0.0, 2.5]),  # date-times, other names, any case
+    ("arrival_s\tinput_len\toutput_len\n3\t10\t2\n1\t20\t4\n", [0.0, 2.0]),  # tabs, unsorted
+])
+def test_a_plain_csv_of_arrivals_and_lengths_is_read_as_users_keep_it(tmp_path, text, arrivals):
+    path = tmp_path / "mine.csv"
+    path.write_text(text)
+    assert guess_dataset_name(path) == "csv"
+    trace = load_trace(None, path)
+    assert [r.arrival_s for r in trace.requests] == pytest.approx(arrivals)
+    assert all(r.input_len > 0 and r.output_len > 0 for r in trace.requests)
+
+
+def test_a_bad_value_in_a_plain_csv_names_its_line_and_column(tmp_path):
+    path = tmp_path / "mine.csv"
+    path.write_text("timestamp;input_tokens;output_tokens\n0;120;30\n1;eighty;12\n")
+    with pytest.raises(KvlabError, match=r"mine.csv line 3, column input_tokens: 'eighty' is "
+                                         "not a whole number"):
+        load_trace(None, path)
