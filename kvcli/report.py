@@ -169,6 +169,13 @@ def _group_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _precision_rows(summary: dict) -> list[tuple[str, str]]:
+    """(key, label) of a precision policy's mix: pages at each level, demotions (none without)."""
+    keys = [k for k in summary if k.startswith("precision_") and k != "precision_levels"]
+    return [(k, k.removeprefix("precision_").replace("_", " ", 2).capitalize() + ":")
+            for k in keys]
+
+
 # per SLO class (kvlab.metrics.classes): (key in the class's dict, label after its name)
 CLASS_ROWS = (
     ("completed", "completed:"),
@@ -221,6 +228,7 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
             lines.extend(_row(label, summary[key]) for key, label in rows)
     for section, section_rows in (("KV Cache", KV_CACHE_ROWS), ("KV Tiers", _tier_rows(summary)),
                                   ("KV Cache Groups", _group_rows(summary)),
+                                  ("KV Precision", _precision_rows(summary)),
                                   ("Server's Own Latency", SERVER_ROWS), ("Run", RUN_ROWS)):
         if section == "Run":
             lines.extend(_class_lines(summary))

@@ -26,6 +26,8 @@ from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction
 from kvlab.policies.manager_view import ManagerView
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.page_pool import PagePool
+from kvlab.policies.precision.driver import PrecisionDriver, check_precision
+from kvlab.policies.precision.ladder import PrecisionLadder
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.prefix_lookup import PrefixLookup
 from kvlab.policies.request import Request
@@ -84,22 +86,30 @@ class KVCacheManager(ManagerView):
         tier_config: TiersConfig | None = None,
         groups: Sequence[KVCacheGroup] | None = None,
         retention_interval: int | None = None,
+        precision_ladder: PrecisionLadder | None = None,
     ) -> None:
         """`groups`: the model's KV-cache groups (default: one full-attention group; others
         make a `HybridKVCacheManager`, whose `retention_interval` is vLLM's
         `prefix_cache_retention_interval` for sliding-window and state groups: None, every
         page cached; 0, only what a hit at a prompt's end needs (vLLM 0.32's default); R,
-        that and what a hit at each multiple of R tokens needs)."""
-        del groups, retention_interval  # (one full-attention group: nothing to keep)
+        that and what a hit at each multiple of R tokens needs). `precision_ladder`: the
+        levels a precision policy other than `none` demotes pages through (required then);
+        the pool then holds more page ids than `num_pages`, the ones demotion has not paid
+        for held back (policies/precision/ledger.py)."""
+        del retention_interval  # (one full-attention group: nothing to keep)
         self.policy = spec = parse_policy(policy)
         if num_pages < 1:
             raise KvlabError(f"KV cache has {num_pages} pages; it needs at least one")
         if spec.preemption == "auto" and costs is None:
             raise KvlabError("preemption=auto needs a cost model to compare swap and recompute")
         self.page_size = spec.block_size
-        self.num_total_pages = num_pages
         self.max_model_len = max_model_len
         self.costs = costs
+        precision = registry.get("precision", spec.precision).factory()
+        num_device_pages = num_pages
+        if precision.demotes:  # (page ids beyond the device's: policies/precision/ledger.py)
+            num_pages += check_precision(spec, precision, precision_ladder, groups, num_pages)
+        self.num_total_pages = num_device_pages
         self.allocator: Allocator = registry.get("allocation", spec.kind).factory(num_pages)
         self.evictor: Eviction = registry.get("eviction", spec.eviction).factory()
         self.caching: bool = self.evictor.caches
@@ -111,11 +121,15 @@ class KVCacheManager(ManagerView):
         self.block_sizing = self._main.block_sizing
         self._seqs: dict[int, SeqState] = self._main.seqs  # the hot path's, read directly
         self._grow = self._main.grow_by_one_page if self.pool.free_list is not None else None
-        host = num_pages if spec.host_pages is None else spec.host_pages
+        host = num_device_pages if spec.host_pages is None else spec.host_pages
         self.host = HostPool(host if num_host_pages is None else num_host_pages)
         self._init_tiers(tiers, tier_config)
         self._lookup = PrefixLookup(self.pool, self.page_size, self.caching, self._tier_link)
         self._steps = StepRecords()  # what later calls of a step must know (step_records.py)
+        self.precision: PrecisionDriver | None = None
+        if precision.demotes:
+            assert precision_ladder is not None
+            self.precision = PrecisionDriver(self, precision, precision_ladder, num_device_pages)
 
     def _init_tiers(self, tiers: list[PrefixTier] | None, config: TiersConfig | None) -> None:
         """The tiers below the device (policies/tiers.py); None: none, and no cost anywhere."""
@@ -201,7 +215,8 @@ class KVCacheManager(ManagerView):
         decode; otherwise the steps, with what `advance_decodes` and the caller's step
         records need (the requests' states, the sum and the largest of their computed tokens)
         so that no one walks the batch again for them."""
-        if self._tier_link is not None and self._tier_link.has_through:
+        if (self._tier_link is not None and self._tier_link.has_through) \
+                or self.precision is not None:  # (demotions are decided step by step)
             return None
         return decode_run_ahead(self._main, requests, max_steps)
 
@@ -276,6 +291,8 @@ class KVCacheManager(ManagerView):
         self._steps.active = True
         if self._tier_link is not None:
             self._tier_link.begin_step()
+        if self.precision is not None:
+            self.precision.begin_step()
 
     def end_step(self, ops: MemOps) -> None:
         """A step's decisions are made: append its tier writes to `ops` (in the order they
@@ -284,6 +301,8 @@ class KVCacheManager(ManagerView):
         # (every step of every run: the common step, no tiers and nothing new, is three tests)
         if self._tier_link is not None:
             self._tier_link.end_step(ops)
+        if self.precision is not None:
+            self.precision.end_step(ops)
         steps = self._steps
         if not (steps.new or steps.copies):  # (the common step: nothing to forget)
             steps.active = False

@@ -20,6 +20,7 @@ from kvlab.policies.tiers import PrefixTier, TierStats
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from kvlab.policies.precision.driver import PrecisionDriver
     from kvlab.policies.step_records import StepRecords
     from kvlab.policies.tier_link import TierLink
 
@@ -47,6 +48,7 @@ class ManagerView:
         "page_size",
         "policy",
         "pool",
+        "precision",
         "tiers",
     )
 
@@ -67,6 +69,7 @@ class ManagerView:
     page_size: int
     policy: PolicySpec
     pool: PagePool
+    precision: PrecisionDriver | None
     tiers: list[PrefixTier] | None
 
     # ----------------------------------------------------------------------------- queries
@@ -174,14 +177,18 @@ class ManagerView:
         """A snapshot of device and host memory (O(1) for paged allocation)."""
         # (num_used_pages's sum, with each count read once: this runs once per step)
         free, cached = self.allocator.num_free_pages, len(self.evictor)
-        used = self.num_total_pages - free - cached
+        total = self.num_total_pages
+        if self.precision is not None:  # and the page ids demotion's freed bytes pay for
+            ledger = self.precision.ledger
+            total += ledger.num_extra - ledger.num_ballast_pages
+        used = total - free - cached
         main = self._main
         live = main.num_live_slots - main.num_dup_slots
         lookup = self._lookup
         # Positional, in MemoryUsage's field order: keywords cost twice the whole call.
         return MemoryUsage(
             self.page_size,
-            self.num_total_pages,
+            total,
             used,  # num_used_pages
             cached,  # num_cached_free_pages
             free,  # num_free_pages

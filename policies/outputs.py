@@ -38,6 +38,11 @@ class MemOps:
     fresh device pages of the prefix hits below the device) run last, and with them
     `transfer_ins`: the device pages that receive a request's KV from another instance
     (prefill/decode disaggregation: `Request.kv_transfer_tokens`).
+
+    `requantize` (precision policies, policies/precision/) holds (device page, level before,
+    level after) triples: the page's content rewritten in place at a lower precision (levels
+    of the manager's `PrecisionLadder`; 0 is the cache's dtype). They run first of all, before
+    anything reads or writes those pages in the step.
     """
 
     copies: list[tuple[int, int]] = field(default_factory=list)
@@ -46,10 +51,11 @@ class MemOps:
     tier_writes: list[TierBatch] = field(default_factory=list)
     tier_loads: list[TierBatch] = field(default_factory=list)
     transfer_ins: list[int] = field(default_factory=list)
+    requantize: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.copies or self.swap_outs or self.swap_ins or self.tier_writes
-                    or self.tier_loads or self.transfer_ins)
+                    or self.tier_loads or self.transfer_ins or self.requantize)
 
     def extend(self, other: MemOps) -> None:
         """Append another decision's work after this one's."""
@@ -59,6 +65,7 @@ class MemOps:
         self.tier_writes.extend(other.tier_writes)
         self.tier_loads.extend(other.tier_loads)
         self.transfer_ins.extend(other.transfer_ins)
+        self.requantize.extend(other.requantize)
 
     @property
     def num_swap_out_transfers(self) -> int:

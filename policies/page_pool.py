@@ -9,9 +9,28 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from kvlab.policies.interfaces import Allocator, Eviction, add_cached, pop_victims
 from kvlab.policies.kv_events import KVEventLog
+
+
+class PoolLedger(Protocol):
+    """What the pool tells a precision ledger (policies/precision/ledger.py)."""
+
+    @property
+    def num_cached_deficit(self) -> int:
+        """Pages fewer than the cached-free ones that evicting them all gives."""
+
+    def cache(self, pages: list[int]) -> None:
+        """`pages` became cached-free."""
+
+    def hit(self, pages: list[int]) -> None:
+        """`pages` were taken as prefix hits (cached-free ones are held again)."""
+
+    def drop(self, pages: list[int], reuse: bool) -> list[int]:
+        """`pages` lost their content (`reuse`: handed on at once); those the caller may use."""
+        ...
 
 
 class PagePool:
@@ -30,6 +49,7 @@ class PagePool:
         "events",
         "evictor",
         "free_list",
+        "ledger",
         "num_total_pages",
         "on_evicted",
         "owners",
@@ -52,6 +72,9 @@ class PagePool:
         self.events: KVEventLog | None = None  # records every prefix-cache change when set
         # Told of each batch of evicted pages and their keys (memory tiers write them back).
         self.on_evicted: Callable[[list[int], list], None] | None = None
+        # The precision ledger (policies/precision/ledger.py) where pages are demoted: told of
+        # pages cached, hit and dropped, it keeps back the bytes demotion no longer frees.
+        self.ledger: PoolLedger | None = None
 
     @property
     def num_free_pages(self) -> int:
@@ -80,6 +103,8 @@ class PagePool:
         allocator, evictor = self.allocator, self.evictor
         take = allocator.pages_for(num_pages)
         available = allocator.num_free_pages + len(evictor) + (len(freed) if freed else 0)
+        if self.ledger is not None:  # evicting a demoted page frees less than a page
+            available -= self.ledger.num_cached_deficit
         if hits and take + reserve > available - len(hits):  # only then can the hits matter
             available -= sum(1 for page in hits if page in evictor)  # they stop being cached
         if take + reserve > available:
@@ -154,6 +179,8 @@ class PagePool:
             self.events.removed([key])
         if self.on_evicted is not None:
             self.on_evicted([page], [key])
+        if self.ledger is not None:
+            self.ledger.drop([page], True)
         return page
 
     def take_hits(self, hits: list[int]) -> int:
@@ -172,6 +199,8 @@ class PagePool:
                 owners[page] = 2
                 num_shared += 1
             evictor.on_hit(page)
+        if self.ledger is not None:
+            self.ledger.hit(hits)
         return num_shared
 
     # ----------------------------------------------------------------------------- giving back
@@ -189,15 +218,19 @@ class PagePool:
         """Pages no table holds any more: `to_cache` (registered, with their keys and depths
         in their tables) to the evictor, in that order, and `to_free` to the allocator."""
         add_cached(self.evictor, to_cache, keys, depths)
+        if self.ledger is not None:
+            self.ledger.cache(to_cache)
+            to_free = self.ledger.drop(to_free, False)
         self.allocator.release(to_free)
 
     def evict(self, num_pages: int) -> None:
         """Drop the content of `num_pages` cached pages, in eviction order, and free them."""
-        self.allocator.release(self.drop_victims(num_pages))
+        self.allocator.release(self.drop_victims(num_pages, reuse=False))
 
-    def drop_victims(self, num_pages: int) -> list[int]:
+    def drop_victims(self, num_pages: int, *, reuse: bool = True) -> list[int]:
         """Take `num_pages` cached pages from the eviction policy, in its order, and forget their
-        content; the caller frees or reuses them."""
+        content; the caller reuses them (`reuse`) or frees those returned (the precision
+        ledger may keep some back)."""
         pages, keys = pop_victims(self.evictor, num_pages)
         # A C loop: about 1.3M evictions in a trace-long run, 55 ns each less than `del` in a
         # Python loop here.
@@ -207,6 +240,8 @@ class PagePool:
             self.events.removed(keys)
         if self.on_evicted is not None:
             self.on_evicted(pages, keys)
+        if self.ledger is not None:
+            pages = self.ledger.drop(pages, reuse)
         return pages
 
     def uncache(self, keys: list, pages: list[int]) -> None:

@@ -17,7 +17,8 @@ class PrefixLookup:
     """Looks up a request's page hashes in the pool's prefix-cache index (and the tiers), keeps
     the last lookup for the allocation that follows it, and counts queries and hits."""
 
-    __slots__ = ("_last", "_pool", "_tiers", "caching", "num_hits", "num_queries", "page_size")
+    __slots__ = ("_last", "_pool", "_tiers", "caching", "num_hits", "num_queries", "page_size",
+                 "stop_at")
 
     def __init__(self, pool: PagePool, page_size: int, caching: bool,
                  tiers: TierLink | None) -> None:
@@ -30,6 +31,8 @@ class PrefixLookup:
         # The last lookup: (request, cache epoch, hit pages[, tier hits, tier epoch]). A lookup
         # from another epoch may name a page that holds other content now.
         self._last: tuple | None = None
+        # Pages a hit may not reach (precision recompute=1: the demoted ones); None: any.
+        self.stop_at: dict[int, int] | None = None
 
     def num_lookup_pages(self, seq: Request) -> int:
         """Pages a lookup may hit: full, hashed, and leaving the last token to compute."""
@@ -43,9 +46,10 @@ class PrefixLookup:
         limit = self.num_lookup_pages(seq)
         cached = self._pool.cached
         pages: list[int] = []
+        stop_at = self.stop_at
         for key in hashes[:limit]:
             page = cached.get(key)
-            if page is None:
+            if page is None or (stop_at is not None and page in stop_at):
                 break
             pages.append(page)
         epoch = self._pool.cache_epoch

@@ -11,6 +11,7 @@ from kvlab.policies.params import bind, split_spec
 
 FAMILIES = (
     "allocation", "reserve", "block_sizing", "eviction", "victim", "preemption", "scheduling",
+    "precision",
 )
 
 
@@ -74,6 +75,7 @@ def _load_builtin() -> None:
         allocation,
         block_sizing,
         eviction,
+        precision,
         preemption,
         scheduling,
     )

@@ -17,7 +17,9 @@ class PolicySpec:
     `block_size` is tokens per page. `reserve` applies to contiguous only (`max` = max_model_len,
     `pow2` = next power of two at or above the real total length, `oracle` = exactly it).
     `watermark` is the share of pages kept free when admitting new requests. `host_pages` bounds
-    the swap space (None: as many host pages as device pages).
+    the swap space (None: as many host pages as device pages). `precision` demotes cold pages
+    to lower precisions (policies/precision/; `age:recent=256,depth=2`, its keys after the
+    name, the spec's own keys after them).
     """
 
     kind: str = "paged"
@@ -29,6 +31,7 @@ class PolicySpec:
     victim: str = "last-arrived"
     watermark: float = 0.01
     host_pages: int | None = None
+    precision: str = "none"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -49,8 +52,12 @@ class PolicySpec:
         return self.kind + (":" + ",".join(keys) if keys else "")
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, as a JSON-ready dict."""
-        return asdict(self)
+        """Every field, as a JSON-ready dict (`precision` only where it is not `none`, so that
+        results written before it existed read the same)."""
+        data = asdict(self)
+        if data["precision"] == "none":
+            del data["precision"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PolicySpec:
@@ -83,9 +90,15 @@ def parse_policy(text: str | dict[str, Any] | PolicySpec) -> PolicySpec:
     if kind not in kinds:
         raise KvlabError(f"policy {text!r}: unknown kind {kind!r}; valid kinds: {', '.join(kinds)}")
     options: dict[str, Any] = {}
+    last = None
     for key, value in items:
+        if key not in _FIELD_NAMES and last is not None and ":" in str(options[last]):
+            # A parameter of the family value before (`precision=age:recent=64,depth=2`).
+            options[last] = f"{options[last]},{key}={value}"
+            continue
         _check_keys([key], with_kind=False, context=text)
         options[key] = _convert(key, value, text)
+        last = key
     return PolicySpec(kind=kind, **options)
 
 
@@ -131,6 +144,7 @@ def _validate(spec: PolicySpec) -> None:
         ("eviction", spec.eviction),
         ("preemption", spec.preemption),
         ("victim", spec.victim),
+        ("precision", spec.precision),
     ):
         valid = registry.names(family)
         if value not in valid and not _with_params(family, value, valid):

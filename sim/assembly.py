@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import simpy
 
+from kvlab.errors import KvlabError
 from kvlab.metrics import RunResult
-from kvlab.policies import KVCacheManager, Request, StepLoop
+from kvlab.policies import KVCacheManager, Request, StepLoop, registry
+from kvlab.policies.precision.ladder import PrecisionLadder, build_ladder
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.tiers import PrefixTier, build_tiers, tier_summary
 from kvlab.sim.config import SimConfig
@@ -63,8 +65,23 @@ def build_manager(config: SimConfig, cost_model: CostModel,
         costs=cost_model if preemption_costs is None else preemption_costs,
         tiers=tiers,
         tier_config=config.serving.kv_tiers,
+        precision_ladder=precision_ladder(config),
         **hybrid,
     )
+
+
+def precision_ladder(config: SimConfig) -> PrecisionLadder | None:
+    """The levels the config's precision policy demotes through (None for `none`): the cache's
+    dtype, then each next lower one (policies/precision/ladder.py)."""
+    spec = config.policy
+    if spec.precision == "none":
+        return None
+    policy = registry.get("precision", spec.precision).factory()
+    model = config.model_spec
+    if model.kv_lora_rank is not None:
+        raise KvlabError(f"policy {spec}: precision demotion is not modelled for MLA latents "
+                         f"({model.name})")
+    return build_ladder(model.kv_cache_dtype, policy.depth, model.head_dim, model.dtype_bytes)
 
 
 def build_tier_links(env: simpy.Environment, config: SimConfig,
@@ -103,6 +120,8 @@ def instance_result(config: SimConfig, requests: Sequence[Request], loop: StepLo
     capacity, manager = config.capacity, loop.scheduler.manager
     if group_memory is not None:
         metadata = {**metadata, **group_memory.summary()}
+    if manager.precision is not None:
+        metadata = {**metadata, **manager.precision.summary(duration_s(requests))}
     return RunResult(
         requests=requests,
         steps=loop.steps,

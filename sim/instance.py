@@ -39,6 +39,7 @@ from kvlab.sim.arrivals import delay_until
 from kvlab.sim.cost_model import CostModel, StepShape, decode_step_timer
 from kvlab.sim.group_memory import group_memory_of
 from kvlab.sim.link import HostLink, TierLinks, wait_until
+from kvlab.sim.precision_costs import precision_step_time_s
 
 MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
 
@@ -221,7 +222,11 @@ class SimInstance:
         """Charge the step's time, then commit it at its end."""
         env, cost_model = self.env, self.cost_model
         ops = output.mem_ops
-        device_s = cost_model.step_time_s(output)
+        precision = self.loop.scheduler.manager.precision
+        if precision is None:
+            device_s = cost_model.step_time_s(output)
+        else:
+            device_s = precision_step_time_s(cost_model, output, precision)
         if ops:
             device_s += cost_model.copy_time_s(len(ops.copies))
             link_s = self.link.swap_time_s(ops)

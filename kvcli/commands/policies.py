@@ -13,6 +13,7 @@ _TITLES = {
     "victim": "victim=",
     "preemption": "preemption=",
     "scheduling": "--scheduling-policy NAME[:key=value,...] (its own flag; default fcfs)",
+    "precision": "precision=NAME[:key=value,...] (simulator only; docs/kv_precision.md)",
 }
 
 

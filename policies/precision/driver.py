@@ -1,0 +1,166 @@
+"""Applies a precision policy to a `KVCacheManager` at each step's start: demotes pages by age
+(and cached-free prefix pages), settles the ledger's ballast, and hands the step's
+requantizations to its `MemOps`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvlab.errors import KvlabError
+from kvlab.policies.outputs import MemOps
+from kvlab.policies.precision.age import AgeDemotion
+from kvlab.policies.precision.ladder import PrecisionLadder
+from kvlab.policies.precision.ledger import PrecisionLedger, extra_pages
+from kvlab.specs.kv_groups import NULL_PAGE
+
+if TYPE_CHECKING:
+    from kvlab.policies.groups.table import SeqState
+    from kvlab.policies.manager import KVCacheManager
+
+# Cached-free pages looked at per step for demotion (from the eviction end): bounds the work.
+_CACHED_SCAN = 256
+
+
+class PrecisionDriver:
+    """One manager's demotions: the policy's rule over each sequence's block table, a step at a
+    time; `num_pages` is the device's pages at the cache's dtype (the pool holds more ids:
+    `ledger.py`)."""
+
+    __slots__ = ("_done", "_pending", "ledger", "manager", "num_pages", "num_steps",
+                 "page_tokens", "policy", "sum_pages_at_level")
+
+    def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
+                 num_pages: int) -> None:
+        self.manager = manager
+        self.policy = policy
+        self.num_pages = num_pages
+        self.ledger = PrecisionLedger(manager.pool, ladder, num_pages, manager.page_size)
+        self._done: dict[int, tuple[SeqState, list[int]]] = {}  # request -> pages walked/level
+        self._pending: list[tuple[int, int, int]] = []
+        self.num_steps = 0
+        # Held and cached pages at each level, summed over steps (level 0 first).
+        self.sum_pages_at_level = [0] * (ladder.depth + 1)
+        if policy.recompute:
+            manager._lookup.stop_at = self.ledger.levels
+
+    def begin_step(self) -> None:
+        """Before the step's decisions: settle the ballast for pages dropped since, then
+        demote where the policy says (the bytes freed are the step's to allocate)."""
+        ledger, pool = self.ledger, self.manager.pool
+        ledger.settle()
+        reclaimable = pool.allocator.num_free_pages + len(pool.evictor)
+        if self.policy.under_pressure(reclaimable, self.num_pages):
+            self._demote_by_age()
+            if self.policy.cached:
+                self._demote_cached()
+            ledger.settle()
+        self._sample()
+
+    def end_step(self, ops: MemOps) -> None:
+        """The step's requantizations run first of its MemOps."""
+        if self._pending:
+            ops.requantize[:0] = self._pending
+            self._pending = []
+
+    def _demote_by_age(self) -> None:
+        """Each sequence's pages past the recent tokens, one level per `recent` tokens."""
+        manager, policy, ledger = self.manager, self.policy, self.ledger
+        page_size, depth = manager.page_size, ledger.ladder.depth
+        done, seqs = self._done, manager._seqs
+        for request_id in [r for r in done if r not in seqs or done[r][0] is not seqs[r]]:
+            del done[request_id]
+        for request_id, state in seqs.items():
+            entry = done.get(request_id)
+            if entry is None:
+                entry = done[request_id] = (state, [0] * (depth + 1))
+            walked, pages = entry[1], state.pages
+            for level in range(1, min(depth, policy.depth) + 1):
+                upto = min(policy.num_pages_at_least(level, state.num_tokens, page_size),
+                           len(pages))
+                for index in range(walked[level], upto):
+                    self._demote(pages[index], level)
+                walked[level] = max(walked[level], upto)
+
+    def _demote_cached(self) -> None:
+        """Cached-free prefix pages, next victims first, to the lowest level."""
+        ledger = self.ledger
+        bottom = ledger.ladder.depth
+        demoted = []
+        for scanned, page in enumerate(self.manager.pool.evictor.pages()):
+            if scanned >= _CACHED_SCAN:
+                break
+            if ledger.level(page) < bottom:
+                demoted.append(page)
+        for page in demoted:  # (not while iterating the evictor)
+            self._demote(page, bottom)
+        ledger.cache(demoted)
+
+    def _demote(self, page: int, level: int) -> None:
+        ledger = self.ledger
+        if page == NULL_PAGE or ledger.level(page) >= level:
+            return
+        before = ledger.demote(page, level, self.manager.page_size)
+        self._pending.append((page, before, level))
+        if self.policy.recompute:
+            self.manager.pool.cache_epoch += 1  # a lookup from before may reach it
+
+    def _sample(self) -> None:
+        ledger, manager = self.ledger, self.manager
+        self.num_steps += 1
+        held = (manager.num_total_pages + ledger.num_extra - manager.allocator.num_free_pages
+                - ledger.num_ballast_pages)  # held and cached-free pages
+        demoted = ledger.num_at_level
+        self.sum_pages_at_level[0] += held - sum(demoted)
+        for level in range(1, len(demoted)):
+            self.sum_pages_at_level[level] += demoted[level]
+
+    def num_saved_context_tokens(self, requests: list[Any]) -> float:
+        """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention
+        from reading: each page walked to level k reads ratio(k) of its bytes."""
+        done, ladder, page_size = self._done, self.ledger.ladder, self.manager.page_size
+        saved = 0.0
+        for request in requests:
+            entry = done.get(request.request_id)
+            if entry is None:
+                continue
+            walked = entry[1]
+            for level in range(1, len(walked)):
+                saved += walked[level] * (ladder.ratio(level - 1) - ladder.ratio(level))
+        return saved * page_size
+
+    def summary(self, duration_s: float) -> dict[str, Any]:
+        """Flat keys for a run's summary: the levels' names, the mean share of held and cached
+        pages at each (over steps), pages demoted into each and per second of `duration_s`,
+        and any shortfall of ballast."""
+        ledger = self.ledger
+        total = sum(self.sum_pages_at_level) or 1
+        out: dict[str, Any] = {"precision_levels": "/".join(ledger.ladder.names)}
+        out["precision_demotions_per_s"] = sum(ledger.demotions) / duration_s \
+            if duration_s > 0 else 0.0
+        for level, name in enumerate(ledger.ladder.names):
+            out[f"precision_share_{level}_{name}"] = self.sum_pages_at_level[level] / total
+            if level:
+                out[f"precision_demotions_{level}_{name}"] = ledger.demotions[level]
+        out["precision_max_debt_pages"] = ledger.max_debt_pages
+        return out
+
+
+def check_precision(spec: Any, policy: AgeDemotion, ladder: PrecisionLadder | None,
+                    groups: Any, num_pages: int) -> int:
+    """The page ids the pool needs beyond the device's `num_pages` for `policy` over `ladder`;
+    KvlabError where the manager cannot demote: no ladder given (the engine does not
+    requantize), an allocation other than paged, or several KV-cache groups."""
+    where = f"policy {spec}"
+    if ladder is None:
+        raise KvlabError(f"{where}: precision={spec.precision} is simulated only (kvlab sim); "
+                         "the engine does not requantize pages yet")
+    if spec.kind != "paged" or spec.block_sizing != "fixed":
+        raise KvlabError(f"{where}: precision={spec.precision} needs kind=paged with "
+                         "block_sizing=fixed")
+    if groups is not None and [g.kind for g in groups] != ["full"]:
+        raise KvlabError(f"{where}: precision={spec.precision} works on models with one "
+                         "full-attention KV-cache group")
+    if ladder.depth < policy.depth:
+        raise KvlabError(f"{where}: precision depth={policy.depth}, but the ladder built has "
+                         f"{ladder.depth} levels below the cache's dtype")
+    return extra_pages(ladder, num_pages)

@@ -1,0 +1,41 @@
+"""What mixed-precision pages cost a simulated step: the requantizations a precision policy
+decided (each page read at its old level and written at its new one, at HBM bandwidth) and the
+cheaper reads of demoted pages (policies/precision/)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvlab.policies import SchedulerOutput
+    from kvlab.policies.precision.driver import PrecisionDriver
+    from kvlab.sim.cost_model import CostModel
+
+
+def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
+                          driver: PrecisionDriver) -> float:
+    """The step's time with its batch's demoted pages read at their levels, plus its
+    requantizations.
+
+    Reads: the context tokens attention reads, less those the demoted pages spare
+    (`PrecisionDriver.num_saved_context_tokens`, in tokens at the cache's dtype), so the
+    roofline's KV bytes shrink; its attention FLOPs shrink by the same tokens (an undercount
+    of compute where a step is compute-bound). Requantizing a page reads it at its old level
+    and writes it at its new one: a copy's time (`copy_time_s`, read + write of a full page)
+    scaled by the two levels' byte ratios.
+    """
+    shape = output
+    saved = driver.num_saved_context_tokens(output.requests)
+    if saved > 0 and output.num_context_tokens > 0:
+        keep = max(0.0, 1.0 - saved / output.num_context_tokens)
+        shape = replace(output, num_context_tokens=round(output.num_context_tokens * keep),
+                        num_padded_context_tokens=round(output.num_padded_context_tokens * keep))
+    time_s = cost_model.step_time_s(shape)
+    requantize = output.mem_ops.requantize
+    if requantize:
+        ladder = driver.ledger.ladder
+        pages = sum(ladder.ratio(before) + ladder.ratio(after)
+                    for _, before, after in requantize) / 2
+        time_s += cost_model.copy_time_s(1) * pages
+    return time_s
