@@ -290,7 +290,7 @@ class KVCache:
     pages below the device, policies/tiers.py), same layout.
 
     Each tensor is [num_pages, page_size, num_kv_heads, head_dim] of the model's `dtype`; with
-    a `kv_cache_dtype` other than auto, of what kernels/kv_quant.py's `page_format` says (fp8
+    a `kv_cache_dtype` other than auto, of what kvkernels/kv_quant.py's `page_format` says (fp8
     as uint8 bits, C8 as int8, per-token-head rows of values and their fp32 scale as uint8),
     and `kv_quants[i]` is model layer i's KVQuant (its static scales; default: fp8 scales
     1.0, C8 scales 1.0 until the engine calibrates them). Scales that live in pages move with

@@ -28,7 +28,7 @@ class LLM:
     TiersConfig; the engine runs host tiers only) and turns prefix caching on.
     `kv_cache_dtype` stores the pages in another precision (vLLM's names: auto, bfloat16,
     float16, fp8 / fp8_e4m3, fp8_e5m2, int8 (vLLM-Ascend's C8), int8_per_token_head,
-    fp8_per_token_head, int4_per_token_head; kernels/kv_quant.py). A model with sliding-window
+    fp8_per_token_head, int4_per_token_head; kvkernels/kv_quant.py). A model with sliding-window
     layers runs vLLM's hybrid KV cache manager: `prefix_cache_retention_interval` (vLLM's:
     None caches every page leaving a window, 0 only what a hit at a prompt's end needs, R also
     what a hit at each multiple of R tokens needs), `hybrid_kv_cache_manager` False keeps every

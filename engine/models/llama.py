@@ -243,7 +243,7 @@ class LlamaForCausalLM(nn.Module):
 
         `kv_caches[i]` is layer i's (k_cache, v_cache), each [num_pages, page_size,
         num_kv_heads, head_dim], or for quantized pages (k_cache, v_cache, kv_quant) (pages as
-        kernels/kv_quant.py stores them, `KVCache.layers`); `meta` is the step's kvlab.kernels
+        kvkernels/kv_quant.py stores them, `KVCache.layers`); `meta` is the step's kvlab.kernels
         AttentionMetadata, or a list or tuple of one per layer (each layer reads its KV-cache
         group's block tables).
         """

@@ -329,7 +329,7 @@ def fake_torch_npu() -> types.ModuleType:
     return module
 
 
-# kvlab's own AscendC ops (kernels/ascendc/torch_ops.cpp), emulated from their schema and the
+# kvlab's own AscendC ops (kvkernels/ascendc/torch_ops.cpp), emulated from their schema and the
 # rules their kernels rely on: what the torch op checks, plus the tiling contract the kernels
 # trust (UB fit, tiles dividing pages, at most 16 query heads per KV head).
 _UB_BYTES = 192 * 1024

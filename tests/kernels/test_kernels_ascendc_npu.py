@@ -1,5 +1,5 @@
 """On an Atlas machine: kvlab's AscendC kernels and the ascend backend's compiled Triton kernels
-against the torch reference, on the NPU (`pytest -m npu`; build kernels/ascendc first, see its
+against the torch reference, on the NPU (`pytest -m npu`; build kvkernels/ascendc first, see its
 CMakeLists.txt). Never run here: no NPU, no CANN. Unverified until someone runs them."""
 
 import importlib.util
@@ -36,7 +36,7 @@ def ascendc():
 
     ops = load_ascendc_ops()
     if ops is None:
-        pytest.skip("kvlab's AscendC kernels are not built (cmake -S kernels/ascendc ...)")
+        pytest.skip("kvlab's AscendC kernels are not built (cmake -S kvkernels/ascendc ...)")
     return ops
 
 

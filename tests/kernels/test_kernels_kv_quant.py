@@ -1,4 +1,4 @@
-"""Quantized KV pages (kernels/kv_quant.py): round-trip error per precision, vLLM's bytes, the
+"""Quantized KV pages (kvkernels/kv_quant.py): round-trip error per precision, vLLM's bytes, the
 page layout, and the Triton kernels against the torch reference on quantized caches."""
 
 from __future__ import annotations
