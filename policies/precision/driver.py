@@ -57,9 +57,15 @@ class PrecisionDriver:
         self._sample()
 
     def end_step(self, ops: MemOps) -> None:
-        """The step's requantizations run first of its MemOps."""
+        """The step's requantizations run first of its MemOps, one per page from its level
+        before the step to its level now (a page whose content left in the step needs none)."""
         if self._pending:
-            ops.requantize[:0] = self._pending
+            level = self.ledger.level
+            first: dict[int, int] = {}
+            for page, before, _ in self._pending:
+                first.setdefault(page, before)
+            ops.requantize[:0] = [(page, before, level(page)) for page, before in first.items()
+                                  if level(page)]
             self._pending = []
 
     def _demote_by_age(self) -> None:

@@ -4,7 +4,7 @@ workloads, pages and bytes conserved and no demoted page read at its old precisi
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
@@ -142,7 +142,6 @@ class _Told:
         return self.ledger.drop(pages, reuse)
 
 
-@settings(max_examples=60, deadline=None)
 @given(workload=workloads())
 def test_demotion_conserves_pages_and_bytes_and_levels(workload):
     spec, num_pages, config, requests = workload
