@@ -233,7 +233,7 @@ class HybridKVCacheManager(GroupSwapping):
             # Alone in buddy memory, a window's next pages may find no free block of their
             # size for fragments nobody else will free: any free pages will do (runs).
             alone = pool.num_used_pages == self.num_pages_held(seq)
-            if alone and self._in_buddy_memory() and sum(adds) <= (
+            if alone and pool.allocates_runs and sum(adds) <= (
                     pool.num_free_pages + pool.num_cached_free_pages + len(freed)):
                 return JointPlan([], adds, as_runs=True)
             return None
@@ -243,7 +243,7 @@ class HybridKVCacheManager(GroupSwapping):
         adds = [m.pages_to_start(seq, total, len(table)) + table.count(BELOW)  # (a page each
                 for m, table in zip(managers, hits, strict=True)]  # to load a tier's into)
         fits = pool.fits(sum(adds), real_hits, reserve)
-        if not pool.num_used_pages and self._in_buddy_memory() and (
+        if not pool.num_used_pages and pool.allocates_runs and (
                 seq.num_preemptions or not fits):
             return self._plan_alone(seq, total, hits, real_hits)
         return JointPlan(hits, adds) if fits else None

@@ -87,6 +87,13 @@ class PagePool:
         return len(self.evictor)
 
     @property
+    def allocates_runs(self) -> bool:
+        """Whether blocks are power-of-two runs (buddy allocation): neither pages from a free
+        list nor contiguous regions, so a block may not fit where its pages do."""
+        allocator = self.allocator
+        return allocator.free_list is None and not allocator.reserves_region
+
+    @property
     def num_used_pages(self) -> int:
         """Pages held by at least one block table."""
         return self.num_total_pages - self.allocator.num_free_pages - len(self.evictor)

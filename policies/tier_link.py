@@ -103,13 +103,11 @@ class TierLink:
                    below: list[tuple[int, list[int]]]) -> None:
         """A new sequence took `num_device` device hits and `below` tier hits: count them per
         level, and (store_threshold) each key's reuse."""
-        if self.store_threshold:
-            reuse = self._reuse
-            for key in hashes[: num_device + chain_length(below)]:
-                reuse[key] = reuse.get(key, 0) + 1
-        self.last_hit_levels = [num_device, *([0] * len(self.tiers))]
+        levels = [num_device, *([0] * len(self.tiers))]
         for level, slots in below:
-            self.last_hit_levels[level] += len(slots)
+            levels[level] += len(slots)
+        hit = hashes[: num_device + chain_length(below)] if self.store_threshold else []
+        self.count_group_hits(hit, levels)
 
     def locate(self, key: Hashable) -> tuple[int, int]:
         """The level (1: the first tier) and page of the highest tier holding `key`."""
@@ -120,9 +118,10 @@ class TierLink:
         raise KeyError(key)
 
     def count_group_hits(self, keys: list, levels: list[int]) -> None:
-        """A new sequence of a model with KV-cache groups took hits on `keys` (every group's,
-        on the device and below), `levels` pages of its first group's hit per level (device
-        first): count them as `count_hits` does."""
+        """A new sequence took hits on `keys` (every group's, on the device and below, where
+        the model has KV-cache groups), `levels` pages of its (first) group's hit per level,
+        device first: keep the levels for `count_first_hits`, and (store_threshold) count each
+        key's reuse."""
         if self.store_threshold:
             reuse = self._reuse
             for key in keys:

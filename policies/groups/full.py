@@ -117,7 +117,6 @@ class FullAttentionManager(TableRelease):
         """The plan for a new sequence of `total` tokens starting from the cached `hits`, or
         None when it does not fit (keeping the watermark free if asked)."""
         page_size, pool = self.page_size, self.pool
-        allocator = pool.allocator
         alone = pool.num_used_pages == 0
         needed = self.new_block_pages(seq, total, len(hits))
         fits = pool.fits(needed, hits, self.watermark_pages if watermark and not alone else 0)
@@ -125,8 +124,7 @@ class FullAttentionManager(TableRelease):
         # own block would not fit (a prompt block rounded up past the memory), or when it was
         # preempted before: its own smaller blocks could fragment memory so that it could
         # never grow alone (a livelock). So whatever fits alone runs to its end.
-        runs = allocator.free_list is None and not allocator.reserves_region
-        if alone and runs and (seq.num_preemptions or not fits):
+        if alone and pool.allocates_runs and (seq.num_preemptions or not fits):
             whole = -(-max(total, seq.total_len) // page_size) - len(hits)
             return Plan(hits, whole, False, as_runs=True) if pool.fits_as_runs(
                 whole, hits

@@ -29,12 +29,6 @@ class GroupSwapping(KVCacheManager):
     if TYPE_CHECKING:
         def _take_states(self, seq: Request) -> list[tuple[FullAttentionManager, SeqState]]: ...
 
-    def _in_buddy_memory(self) -> bool:
-        """Whether blocks are power-of-two runs (buddy allocation: not a free list of pages,
-        not contiguous regions)."""
-        allocator = self.pool.allocator
-        return allocator.free_list is None and not allocator.reserves_region
-
     def _kept_pages(self, manager: FullAttentionManager,
                     num_tokens: int) -> range:
         """The table indices of a group's pages that the KV of `num_tokens` computed tokens
@@ -94,7 +88,7 @@ class GroupSwapping(KVCacheManager):
         pool, num_tokens = self.pool, stored[1]
         managers = self.group_managers
         kept = [len(self._kept_pages(m, num_tokens)) for m in managers]
-        if not pool.num_used_pages and self._in_buddy_memory():
+        if not pool.num_used_pages and pool.allocates_runs:
             whole = -(-max(seq.total_len, num_tokens) // self.page_size)
             adds = [whole if keeps_every_token(m) else num_kept
                     for m, num_kept in zip(managers, kept, strict=True)]

@@ -8,15 +8,13 @@ each prompt's last window, as kvlab's 0). Marked `peer` (make test-peer)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from kvlab.cli import main
 from tests.peer.vllm_server import (
     missing_reason,
     save_sliding_window_model,
     start_vllm_with_kv_events,
+    validate_sliding_lockstep,
 )
 
 pytestmark = pytest.mark.peer
@@ -38,15 +36,8 @@ def test_sliding_window_block_changes_match_vllms(sliding_vllm, tmp_path, capsys
     # each request's prompt blocks leave the window at its first decode, cached; 256 blocks
     # evict them all the time
     server, endpoint, folder = sliding_vllm
-    code = main(["validate", "--base-url", server.base_url, "--kv-events", endpoint,
-                 "--lockstep", "--reset-prefix-cache", "--dataset-name", "random",
-                 "--num-prompts", "200", "--random-input-len", "192",
-                 "--random-output-len", "48", "--random-prefix-len", "512",
-                 "--num-prefix-groups", "6", "--request-rate", "30", "--vocab-size", "384",
-                 "--model", str(folder), "--save-result", "--result-dir", str(tmp_path),
-                 "--result-filename", "kv.json"])
+    code, report = validate_sliding_lockstep(server.base_url, endpoint, folder, tmp_path)
     out = capsys.readouterr().out
-    report = json.loads((tmp_path / "kv.json").read_text())["kv_lockstep"]
     assert code in (0, 1), out
     assert report["server_counts"].get("removed", 0) > 500, "the budget must evict"
     # measured 99.27% on 2026-12-05 (docs/validation.md, "Sliding window"): every change

@@ -5,15 +5,13 @@ so the check is the number of blocks each side stores and removes. Marked `peer`
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from kvlab.cli import main
 from tests.peer.vllm_server import (
     missing_reason,
     save_sliding_window_model,
     start_vllm_with_kv_events,
+    validate_sliding_lockstep,
 )
 
 pytestmark = pytest.mark.peer
@@ -28,17 +26,10 @@ def test_the_servers_retention_interval_caches_as_many_blocks_in_kvlab(tmp_path,
     server, endpoint = start_vllm_with_kv_events(
         256, model=folder, extra=("--prefix-cache-retention-interval", str(interval)))
     try:  # (the interval is not given to kvlab: it reads the server's)
-        code = main(["validate", "--base-url", server.base_url, "--kv-events", endpoint,
-                     "--lockstep", "--reset-prefix-cache", "--dataset-name", "random",
-                     "--num-prompts", "200", "--random-input-len", "192",
-                     "--random-output-len", "48", "--random-prefix-len", "512",
-                     "--num-prefix-groups", "6", "--request-rate", "30", "--vocab-size", "384",
-                     "--model", str(folder), "--save-result", "--result-dir", str(tmp_path),
-                     "--result-filename", "kv.json"])
+        code, report = validate_sliding_lockstep(server.base_url, endpoint, folder, tmp_path)
     finally:
         server.stop()
     out = capsys.readouterr().out
-    report = json.loads((tmp_path / "kv.json").read_text())["kv_lockstep"]
     assert code in (0, 1), out
     server_counts, kvlab_counts = report["server_counts"], report["kvlab_counts"]
     # measured 2026-12-06: stored 200 = 200 (interval 0), 212 = 212 (256); removed 95 vs 99

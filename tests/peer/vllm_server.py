@@ -149,3 +149,21 @@ def save_sliding_window_model(folder: Path, window: int = 32) -> Path:
                                                   max_position_embeddings=2048), seed=3)
         save_tokenizer(folder, vocab_size=384)
     return folder
+
+
+def validate_sliding_lockstep(base_url: str, endpoint: str, folder: Path,
+                              result_dir: Path) -> tuple[int, dict]:
+    """`kvlab validate --lockstep --kv-events` against the server at `base_url` (KV events at
+    `endpoint`) of a sliding-window model `folder`, on six shared 512-token prefixes with 192
+    tokens after each and 48 out, 200 requests at 30/s: the exit code and the saved KV
+    lockstep report."""
+    from kvlab.cli import main
+
+    code = main(["validate", "--base-url", base_url, "--kv-events", endpoint,
+                 "--lockstep", "--reset-prefix-cache", "--dataset-name", "random",
+                 "--num-prompts", "200", "--random-input-len", "192",
+                 "--random-output-len", "48", "--random-prefix-len", "512",
+                 "--num-prefix-groups", "6", "--request-rate", "30", "--vocab-size", "384",
+                 "--model", str(folder), "--save-result", "--result-dir", str(result_dir),
+                 "--result-filename", "kv.json"])
+    return code, json.loads((result_dir / "kv.json").read_text())["kv_lockstep"]

@@ -34,6 +34,25 @@ def family_request(request_id: int, family: int, suffix: int, num_output: int) -
     return Request(request_id, len(ids), num_output, prompt_token_ids=ids)
 
 
+class Admissions:
+    """A program's requests to admit: the waiting one first, unless the call asks for a new
+    one of a family (`family_request`); one the manager refuses waits."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Request] = []
+        self.next_id = 0
+
+    def admit(self, op: str, family: int, suffix: int, amount: int, admit) -> None:
+        """Admit the next request with `admit(request, num_new_tokens) -> bool`."""
+        if self.waiting and op != "admit":
+            seq = self.waiting.pop(0)
+        else:
+            seq = family_request(self.next_id, family, suffix, amount)
+            self.next_id += 1
+        if not admit(seq, amount * 4):
+            self.waiting.append(seq)
+
+
 class Model:
     """What each page holds (the key of the content last written to it), from the tables
     the manager hands out and the tokens computed into them."""
@@ -270,22 +289,15 @@ def run_program(manager: KVCacheManager, program: list) -> None:
     """Run `program` on the manager, checked by the model after every call; then free all."""
     assert isinstance(manager, HybridKVCacheManager)
     model = Model(manager)
-    waiting: list[Request] = []
+    admissions = Admissions()
     swapped: list[Request] = []
-    next_id = 0
     for op, family, suffix, amount in program:
         live = list(model.live.values())
         if swapped and op == "admit" and family:
             if model.swap_in(swapped[0]):
                 swapped.pop(0)
         elif op == "admit" or not live:
-            if waiting and op != "admit":
-                seq = waiting.pop(0)
-            else:
-                seq = family_request(next_id, family, suffix, amount)
-                next_id += 1
-            if not model.admit(seq, amount * 4):
-                waiting.append(seq)
+            admissions.admit(op, family, suffix, amount, model.admit)
         else:
             seq = live[family % len(live)]
             if op == "free":
@@ -294,13 +306,14 @@ def run_program(manager: KVCacheManager, program: list) -> None:
                 if model.swap_out(seq):
                     swapped.append(seq)
             elif op == "fork":
-                model.fork(seq, Request(next_id, seq.prompt_len, seq.max_output_tokens,
+                model.fork(seq, Request(admissions.next_id, seq.prompt_len,
+                                        seq.max_output_tokens,
                                         prompt_token_ids=seq.prompt_token_ids))
-                next_id += 1
+                admissions.next_id += 1
             elif op == "preempt":
                 model.free(seq)
                 seq.num_computed_tokens = seq.num_output_tokens = 0
-                waiting.append(seq)
+                admissions.waiting.append(seq)
             elif seq.num_computed_tokens < seq.prompt_len:
                 model.grow(seq, min(amount, seq.prompt_len - seq.num_computed_tokens))
             elif seq.num_computed_tokens < seq.total_len - 1:

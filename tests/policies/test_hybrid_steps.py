@@ -17,9 +17,9 @@ from tests.policies.test_hybrid_manager import (
     ALLOCATIONS,
     LAYOUTS,
     PAGE,
+    Admissions,
     Model,
     _spec,
-    family_request,
     unit_tier_configs,
 )
 
@@ -168,9 +168,8 @@ def test_any_order_of_calls_within_a_step_keeps_each_groups_content(
                              retention_interval=retention, tiers=tiers,
                              tier_config=tier_config if tiered else None)
     model = SteppedModel(manager)
-    waiting: list[Request] = []
+    admissions = Admissions()
     swapped: list[Request] = []
-    next_id = 0
     for calls_of_step in steps:
         model.begin()
         for op, family, suffix, amount in calls_of_step:
@@ -179,13 +178,8 @@ def test_any_order_of_calls_within_a_step_keeps_each_groups_content(
                 if model.swap_in_now(swapped[0]):
                     swapped.pop(0)
             elif op == "admit" or not live:
-                if waiting and op != "admit":
-                    seq = waiting.pop(0)
-                else:
-                    seq = family_request(next_id, family, suffix, amount)
-                    next_id += 1
-                if not model.allocate(seq, amount * 4, new=True):
-                    waiting.append(seq)
+                admissions.admit(op, family, suffix, amount,
+                                 lambda seq, n: model.allocate(seq, n, new=True))
             else:
                 seq = live[family % len(live)]
                 held = list(model.live.values())  # (grown in the step too: never computed)
@@ -197,14 +191,14 @@ def test_any_order_of_calls_within_a_step_keeps_each_groups_content(
                     if model.swap_out_now(seq):
                         swapped.append(seq)
                 elif op == "fork":
-                    child = Request(next_id, seq.prompt_len, seq.max_output_tokens,
+                    child = Request(admissions.next_id, seq.prompt_len, seq.max_output_tokens,
                                     prompt_token_ids=seq.prompt_token_ids)
-                    next_id += model.fork_now(seq, child)
+                    admissions.next_id += model.fork_now(seq, child)
                 elif op == "preempt":
                     model.free_now(seq)
                     if seq.request_id not in model.live:
                         seq.num_computed_tokens = seq.num_output_tokens = 0
-                        waiting.append(seq)
+                        admissions.waiting.append(seq)
                 elif seq.num_computed_tokens < seq.prompt_len:
                     model.allocate(seq, min(amount, seq.prompt_len - seq.num_computed_tokens),
                                    new=False)
