@@ -38,6 +38,7 @@ from kvlab.bench.observed import (
 )
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.scrape import parse_metrics
+from kvlab.bench.vllm_result import from_vllm_document, is_vllm_bench_result, missing_vllm_keys
 from kvlab.errors import KvlabError
 from kvlab.metrics import RunResult, StepRecorder, per_request_table, summarize
 from kvlab.policies import RequestStatus
@@ -351,8 +352,10 @@ def _host_cpu_table(ran: ClientRun) -> dict[str, list[float]]:
 
 
 def load_bench_result(path: str | Path) -> BenchResult:
-    """Read a result that `kvlab bench serve --save-result --save-detailed` wrote; a
-    KvlabError naming the file when it is not one, or lacks the per-request arrays."""
+    """Read a result that `kvlab bench serve --save-result --save-detailed` wrote, or one of
+    vLLM's own `vllm bench serve --save-result --save-detailed` (kvlab.bench.vllm_result: what
+    it lacks); a KvlabError naming the file when it is neither, or lacks the per-request
+    arrays."""
     path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -360,9 +363,11 @@ def load_bench_result(path: str | Path) -> BenchResult:
         raise KvlabError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise KvlabError(f"{path}: not a JSON result file ({exc})") from None
+    if is_vllm_bench_result(document):
+        return _vllm_result(path, document)
     if not isinstance(document, dict) or document.get("format") != RESULT_FORMAT:
-        raise KvlabError(f"{path}: not a `kvlab bench serve` result (no format "
-                         f"{RESULT_FORMAT!r})")
+        raise KvlabError(f"{path}: neither a `kvlab bench serve` result (no format "
+                         f"{RESULT_FORMAT!r}) nor a `vllm bench serve` one")
     missing = [key for key in (*DETAILED_KEYS, "kvlab_request_ids", "kvlab_statuses")
                if key not in document]
     if missing:
@@ -372,6 +377,20 @@ def load_bench_result(path: str | Path) -> BenchResult:
         return _from_document(document)
     except (KeyError, TypeError, ValueError) as exc:
         raise KvlabError(f"{path}: malformed result ({type(exc).__name__}: {exc})") from None
+
+
+def _vllm_result(path: Path, document: dict[str, Any]) -> BenchResult:
+    """A `vllm bench serve` result (kvlab.bench.vllm_result), with its file named on error."""
+    missing = missing_vllm_keys(document)
+    if missing:
+        raise KvlabError(f"{path}: a `vllm bench serve` result without the per-request arrays "
+                         f"({missing[0]}, ...): run vllm bench serve with --save-result "
+                         "--save-detailed")
+    try:
+        return from_vllm_document(document)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise KvlabError(f"{path}: malformed vllm bench result ({type(exc).__name__}: "
+                         f"{exc})") from None
 
 
 def _from_document(d: dict[str, Any]) -> BenchResult:

@@ -6,6 +6,9 @@ kvlab calibrate cal.steps.csv -o costmodel.json
 kvlab bench serve --base-url URL --save-result --save-detailed --result-filename b.json
 kvlab calibrate --from-bench b.json -o costmodel.json   # any server: vLLM, kvlab serve, ...
 
+vllm bench serve ... --save-result --save-detailed --result-filename v.json
+kvlab calibrate --from-bench v.json --block-size 16 --num-gpu-blocks-override N
+
 kvlab sim --cost-model costmodel.json ...
 """
 
@@ -43,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "from a benchmark of a server (instead of profiles)")
     bench.add_argument("--from-bench", nargs="+", default=None, metavar="RESULT.json",
                        help="`kvlab bench serve --save-result --save-detailed` results of one "
-                       "server (several: one fit over all, steadier on a shared machine)")
+                       "server (several: one fit over all, steadier on a shared machine), or "
+                       "vLLM's own `vllm bench serve --save-result --save-detailed` results "
+                       "(then give --block-size and --num-gpu-blocks-override)")
     bench.add_argument("--model", default=None,
                        help="the served model for the simulator: preset, spec file or Hugging "
                        "Face folder (default: the server's model name, when it is one)")
@@ -127,12 +132,24 @@ def _from_bench(args: argparse.Namespace) -> int:
     from kvlab.fidelity import fit_bench, format_bench_fit
 
     results = [load_bench_result(path) for path in args.from_bench]
+    _warn_vllm_results(args.from_bench, results)
     config = bench_sim_config(results[0], args)
     fit = fit_bench(results, config, refine=not args.no_refine,
                     source=", ".join(args.from_bench))
     print(format_bench_fit(fit))
     print(f"Saved {fit.cost_model.save(args.output)}")
     return 0
+
+
+def _warn_vllm_results(paths: list[str], results: list[Any]) -> None:
+    """On stderr, once per file: what a `vllm bench serve` result cannot tell the fit."""
+    import sys
+
+    from kvlab.bench.vllm_result import VLLM_BENCH_LIMITS
+
+    for path, result in zip(paths, results, strict=True):
+        if VLLM_BENCH_LIMITS in result.metrics_errors:
+            print(f"warning: {path}: {VLLM_BENCH_LIMITS}", file=sys.stderr)
 
 
 def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
