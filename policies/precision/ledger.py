@@ -48,11 +48,17 @@ class PrecisionLedger:
 
     @property
     def num_cached_deficit(self) -> int:
-        """Pages fewer than its cached-free pages that evicting all of them would give (a
-        demoted page frees only its level's bytes), rounded up, and one more for the rounding
-        of the ballast (`PagePool.fits` counts this much less as available)."""
-        units = self._cached_units
-        return -(-units // self.unit) + 1 if units else 0
+        """Pages fewer than its cached-free pages that evicting all of them would give
+        (`PagePool.fits` counts this much less as available): a demoted page frees only its
+        level's bytes, so evicting them all leaves the ballast `num_extra - floor((D - C) /
+        page)` (C: the bytes the cached demoted pages no longer need), and any ballast still
+        owed is short too. Exact, not rounded up: a request that needs every device page
+        must fit once everything cached is evicted (a margin here kept one from ever fitting
+        and the scheduler preempting it for ever)."""
+        owed = self.num_extra - len(self.ballast)
+        if not self._cached_units and owed * self.unit <= self.freed_units:
+            return 0
+        return max(0, owed - (self.freed_units - self._cached_units) // self.unit)
 
     def cache(self, pages: list[int]) -> None:
         """`pages` became cached-free (the pool calls this)."""

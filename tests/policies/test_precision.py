@@ -142,8 +142,30 @@ class _Told:
         return self.ledger.drop(pages, reuse)
 
 
+def test_a_request_needing_most_pages_fits_beside_cached_demoted_pages():
+    """The thorough profile's livelock: 2 cached int4 pages (0.53 pages of bytes) and a lone
+    request of 7 of the 8 device pages; counting the cached pages a page short more than
+    evicting them frees, the pool never fit its last chunk and preempted it for ever."""
+    spec = ("paged:block_size=16,eviction=lru,preemption=recompute,precision=age:recent=1,"
+            "depth=2,pressure=0.5,cached=0,recompute=0")
+    config = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=33,
+                             max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True)
+    requests = [Request(0, 97, 1, arrival_s=0.1),
+                Request(1, 40, 27, prompt_token_ids=[i % 5 for i in range(40)])]
+    requests += [Request(i, 1, 1) for i in range(2, 7)]
+    steps, manager = run_checked((spec, 8, config, requests))
+    assert steps < 60
+    assert sum(r.num_preemptions for r in requests) == 0
+    assert manager.precision is not None and manager.precision.ledger.max_debt_pages == 0
+
+
 @given(workload=workloads())
 def test_demotion_conserves_pages_and_bytes_and_levels(workload):
+    run_checked(workload)
+
+
+def run_checked(workload) -> tuple[int, KVCacheManager]:
+    """Runs `workload` to the end, checking memory and levels every step; (steps, manager)."""
     spec, num_pages, config, requests = workload
     manager = KVCacheManager(spec, num_pages, max_model_len=MAX_MODEL_LEN, costs=ShadowCost(),
                              precision_ladder=LADDER)
@@ -168,3 +190,4 @@ def test_demotion_conserves_pages_and_bytes_and_levels(workload):
         assert steps < 20_000, "livelock"
     assert manager.usage().num_used_pages == 0
     assert manager.precision.ledger.max_debt_pages <= 2
+    return steps, manager
