@@ -166,16 +166,24 @@ async def _limited(session: Any, url: str, headers: dict, body: dict, record: Be
         on_finish(record)
 
 
+def is_chat_endpoint(endpoint: str) -> bool:
+    """Whether a route takes chat bodies (`messages`), as vLLM's openai-chat backend sends."""
+    return endpoint.rstrip("/").endswith("chat/completions")
+
+
 def _payload(config: ClientConfig, item: PlannedRequest) -> dict[str, Any]:
-    """The /v1/completions body, as vLLM's client sends it (plus the vLLM extensions asked)."""
-    body: dict[str, Any] = {
-        "model": config.model,
-        "prompt": item.prompt,
-        "max_tokens": item.max_tokens,
-        "temperature": config.temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    """The /v1/completions body, or on a chat route the /v1/chat/completions one (the prompt
+    text as one user message, `max_completion_tokens`), as vLLM's client sends them (plus the
+    vLLM extensions asked)."""
+    body: dict[str, Any] = {"model": config.model}
+    if is_chat_endpoint(config.endpoint):
+        body["messages"] = [{"role": "user", "content": item.prompt}]
+        body["max_completion_tokens"] = item.max_tokens
+    else:
+        body["prompt"] = item.prompt
+        body["max_tokens"] = item.max_tokens
+    body.update(temperature=config.temperature, stream=True,
+                stream_options={"include_usage": True})
     if config.ignore_eos:
         body["ignore_eos"] = True
     if config.return_token_ids:
@@ -200,7 +208,7 @@ async def _stream(session: Any, url: str, headers: dict, body: dict, record: Ben
                 record.error = f"HTTP {response.status}: {_error_message(text)[:300]}"
             else:
                 finish_reason = await _read_events(response, record, start,
-                                                   isinstance(body["prompt"], str))
+                                                   isinstance(body.get("prompt", ""), str))
     except asyncio.TimeoutError:
         record.error = "timed out"
         record.status = RequestStatus.FINISHED_ABORTED
@@ -264,8 +272,9 @@ async def _read_events(response: Any, record: BenchRequest, start: float,
 
 def _chunk_tokens(choice: dict, text_parts: list[str], token_ids: list[int]) -> int:
     """Tokens in one streamed choice: its token ids when the server streams them, else 1 for
-    a chunk with text (vLLM's client counts chunks the same way)."""
-    text = choice.get("text") or ""
+    a chunk with text (a completion's `text`, a chat chunk's `delta.content`; vLLM's client
+    counts chunks the same way)."""
+    text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
     text_parts.append(text)
     ids = choice.get("token_ids")
     if ids:

@@ -24,6 +24,7 @@ from kvlab.bench.client import (
     ClientRun,
     PlannedRequest,
     get_json,
+    is_chat_endpoint,
     reset_prefix_cache,
     run_client,
 )
@@ -256,17 +257,33 @@ def _config_vocab(path: Path) -> int:
     return value
 
 
-def plan_requests(trace: Trace, vocab_size: int, seed: int) -> list[PlannedRequest]:
+def plan_requests(trace: Trace, vocab_size: int, seed: int,
+                  text_of: Callable[[list[int]], str] | None = None) -> list[PlannedRequest]:
     """The trace's requests, each to send at its arrival with its output length as
     max_tokens: its text where the trace has text (ShareGPT; the server tokenizes it), else
-    prompt ids (`synthesize_prompt_ids`)."""
+    prompt ids (`synthesize_prompt_ids`), turned into text by `text_of` when given (a
+    tokenizer's decode: what a chat route needs)."""
     with_ids = synthesize_prompt_ids(trace, vocab_size, seed)
-    return [
-        PlannedRequest(r.request_id, r.prompt_text if r.prompt_text is not None
-                       else list(r.prompt_token_ids or ()), r.input_len, r.output_len,
-                       r.arrival_s, r.priority)
-        for r in with_ids.requests
-    ]
+    planned = []
+    for r in with_ids.requests:
+        prompt: list[int] | str = (r.prompt_text if r.prompt_text is not None
+                                   else list(r.prompt_token_ids or ()))
+        if text_of is not None and not isinstance(prompt, str):
+            prompt = text_of(prompt)
+        planned.append(PlannedRequest(r.request_id, prompt, r.input_len, r.output_len,
+                                      r.arrival_s, r.priority))
+    return planned
+
+
+def check_chat_prompts(client: ClientConfig, planned: list[PlannedRequest]) -> None:
+    """A KvlabError before any request is sent when a chat route would get token ids."""
+    if is_chat_endpoint(client.endpoint) and any(not isinstance(p.prompt, str)
+                                                 for p in planned):
+        raise KvlabError(
+            f"--endpoint {client.endpoint} takes chat messages, which are text: give "
+            "--tokenizer FOLDER (the served model's tokenizer) to turn the trace's prompt ids "
+            "into text, or a dataset with text (--dataset-name sharegpt)",
+            parameters=("tokenizer",))
 
 
 def bench_serve(
@@ -281,13 +298,16 @@ def bench_serve(
     on_finish: Callable[[BenchRequest], object] | None = None,
     kv_events: str | None = None,
     reset_cache: bool = False,
+    text_of: Callable[[list[int]], str] | None = None,
 ) -> BenchResult:
     """Replay `trace` against the server and collect the result. `num_warmups` requests (the
     first planned request's shape) are sent first and left out of every metric. `kv_events`
     (a ZMQ endpoint) subscribes to the server's KV events for the run (warm-ups excluded) into
     `result.kv_events`. `reset_cache` empties the server's prefix cache first (after the
-    warm-ups), so that the run starts from the empty cache a replay starts from."""
-    planned = plan_requests(trace, vocab_size, seed)
+    warm-ups), so that the run starts from the empty cache a replay starts from. `text_of`
+    turns prompt ids into text (`plan_requests`); a chat route needs it for id prompts."""
+    planned = plan_requests(trace, vocab_size, seed, text_of)
+    check_chat_prompts(client, planned)
     if num_warmups > 0 and planned:
         warm = [PlannedRequest(-1 - i, planned[0].prompt, planned[0].prompt_len,
                                planned[0].max_tokens, 0.0) for i in range(num_warmups)]

@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "simulate a grid of settings (local pool or Ray) into a Parquet dataset"),
     "tune": ("tune", "the highest request rate each configuration serves within SLOs"),
     "traces": ("traces", "inspect request traces (kvlab traces info PATH)"),
+    "plot": ("plot", "figures of saved results (runs, comparisons, sweeps, validations) as "
+             "HTML, PNG and SVG"),
     "dashboard": ("dashboard", "start the Streamlit policy explorer on localhost"),
 }
 
@@ -107,10 +109,7 @@ VLLM_FLAGS = {
     "--trust-remote-code": "not needed: kvlab reads config.json and safetensors itself",
     "--disable-log-requests": "kvlab does not log requests",
     "--disable-log-stats": "kvlab does not log stats",
-    "--backend": "kvlab bench serve speaks the OpenAI API (vLLM's openai backend); "
-                 "--endpoint picks the route",
     "--enforce-eager": "the engine has no CUDA graphs to turn off",
-    "--swap-space": "the simulator's host swap is the policy's: --policy paged:host_pages=N",
     "--dtype": "the simulator takes the model preset's dtype; --kv-cache-dtype sets the cache's",
 }
 

@@ -216,8 +216,9 @@ class ServingConfig:
 
     def num_host_pages(self, num_pages: int, swap_space_pages: int | None = None) -> int:
         """Host swap pages: none for a policy that never swaps; else the policy's `host_pages`;
-        else as many as the device has pages, within `swap_space_pages` when the executor
-        knows what the swap space holds (the engine; the simulator does not bound it)."""
+        else as many as the device has pages, within `swap_space_pages`: the pages that
+        `swap_space_bytes` holds (vLLM V0's --swap-space, per device), where the caller
+        knows a page's bytes (the engine and the simulator pass them)."""
         policy = self.policy
         if policy.preemption == "recompute":
             return 0

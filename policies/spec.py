@@ -123,6 +123,8 @@ def _convert(key: str, value: str, context: str) -> Any:
             return None if value in ("none", "None", "") else int(value)
     except ValueError:
         expected = "a whole number" if key != "watermark" else "a number between 0 and 1"
+        if key == "host_pages":
+            expected += " of pages (host memory in bytes: --swap-space, e.g. 4GiB)"
         raise KvlabError(f"policy {context!r}: {key}={value!r} is not {expected}") from None
     return value
 

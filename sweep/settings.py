@@ -253,11 +253,11 @@ def _serving_memory() -> list[Setting]:
                  flag="--disable-hybrid-kv-cache-manager",
                  help="sliding and chunked attention layers keep every token, as full "
                  "attention (vLLM's flag: one KV-cache group, the plain manager)"),
-        # only the engine commands have the flag
         _flagged("swap_space_bytes", "serving", swap_space, flag="--swap-space", default="4",
                  metavar="GiB",
-                 help="host memory bounding the swap pages, in GiB as vLLM's --swap-space (4 = "
-                 "4 GiB), or a size such as 512MiB (default 4)"),
+                 help="host memory per device for swapped-out pages (preemption=swap: vLLM "
+                 "V0's --swap-space; V1 never swaps), in GiB (4 = 4 GiB) or a size such as "
+                 "512MiB; the policy's host_pages, a page count, wins (default 4)"),
     ]
 
 

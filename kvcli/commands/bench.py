@@ -30,6 +30,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_serve_arguments(serve)
 
 
+BACKENDS = ("openai", "vllm", "openai-chat")
+
+
+def endpoint_of(args: argparse.Namespace) -> str:
+    """The route to send to: --endpoint, else the --backend's (a KvlabError where the two
+    disagree, as vLLM's client refuses a chat backend on another route)."""
+    from kvlab.bench.client import is_chat_endpoint
+    from kvlab.errors import KvlabError
+
+    chat = args.backend == "openai-chat"
+    if args.endpoint is None:
+        return "/v1/chat/completions" if chat else "/v1/completions"
+    if chat and not is_chat_endpoint(args.endpoint):
+        raise KvlabError(f"--backend openai-chat sends chat completions; --endpoint "
+                         f"{args.endpoint} does not end in chat/completions",
+                         parameters=("endpoint",))
+    return str(args.endpoint)
+
+
+def _text_of(tokenizer: str | None, endpoint: str) -> Any:
+    """A chat route's decoder of prompt ids into text (--tokenizer's), else None."""
+    from kvlab.bench.client import is_chat_endpoint
+
+    if tokenizer is None or not is_chat_endpoint(endpoint):
+        return None
+    from transformers import AutoTokenizer
+
+    decode = AutoTokenizer.from_pretrained(tokenizer).decode
+    return lambda ids: decode(ids, skip_special_tokens=True)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab bench serve`."""
     server = parser.add_argument_group("server")
@@ -40,8 +71,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="server address without --base-url (default 127.0.0.1)")
     server.add_argument("--port", type=int, default=8000,
                         help="server port without --base-url (default 8000)")
-    server.add_argument("--endpoint", default="/v1/completions",
-                        help="completions route (default /v1/completions)")
+    server.add_argument("--backend", choices=BACKENDS, default="openai",
+                        help="the API to speak, as vllm bench serve's: openai and vllm send "
+                        "completions, openai-chat chat completions (each prompt one user "
+                        "message: text, so token-id prompts need --tokenizer; default openai)")
+    server.add_argument("--endpoint", default=None,
+                        help="the route (default /v1/completions; with --backend openai-chat "
+                        "/v1/chat/completions; a route ending in chat/completions sends chat "
+                        "bodies)")
     server.add_argument("--model", default=None,
                         help="model name to send (default: the server's first model)")
     add_client_arguments(server)
@@ -107,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     card = resolve_model(base_url, args.model, api_key)
     vocab = vocab_size_of(card, args.tokenizer, args.vocab_size)
     client = ClientConfig(
-        base_url=base_url, model=str(card["id"]), endpoint=args.endpoint, api_key=api_key,
+        base_url=base_url, model=str(card["id"]), endpoint=endpoint_of(args), api_key=api_key,
         max_concurrency=args.max_concurrency, ignore_eos=args.ignore_eos,
         temperature=args.temperature, request_timeout_s=args.request_timeout,
         scrape_interval_s=args.metrics_interval,
@@ -124,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         result = bench_serve(trace, client, card=card, vocab_size=vocab, seed=args.seed,
                              num_warmups=args.num_warmups, metadata=extra,
                              on_finish=lambda _: bar.update(1), kv_events=args.kv_events,
-                             reset_cache=args.reset_prefix_cache)
+                             reset_cache=args.reset_prefix_cache,
+                             text_of=_text_of(args.tokenizer, client.endpoint))
     summary = result.summary(**options)
     _print_failures(result)
     for error in result.metrics_errors[:3]:

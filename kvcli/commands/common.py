@@ -152,10 +152,10 @@ def add_serving_arguments(
 ) -> None:
     """The serving config's flags (vLLM's names), one group for every command that runs an
     instance: `--policy` (or, with `compare`, `--compare SPEC ...` instead), page size, prefix
-    caching, batch limits, model length and KV memory sizing; `engine` adds the flag that only
-    a real engine uses (`--swap-space`) and the engine's cpu default of `--kv-cache-memory`
-    to its help. Defaults are `ServingConfig`'s. The dests are ServingConfig's field names, so
-    that the CLI can name the flag of a setting a library error speaks of."""
+    caching, batch limits, model length, KV memory sizing and the host swap space; `engine`
+    adds the engine's cpu default of `--kv-cache-memory` to its help. Defaults are
+    `ServingConfig`'s. The dests are ServingConfig's field names, so that the CLI can name
+    the flag of a setting a library error speaks of."""
     from kvlab.sweep.settings import SETTINGS
 
     spec_help = ("memory policy, e.g. paged:block_size=16,eviction=lru,preemption=swap "
@@ -173,10 +173,8 @@ def add_serving_arguments(
     add_setting_arguments(policy, _SERVING_POLICY)
     engine_size = {"help": SETTINGS["kv_cache_memory_bytes"].help_text().replace(
         "default from", f"default on cpu: {DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from")}
-    add_setting_arguments(memory, (*_SERVING_MEMORY, *_TIERS, *_KV_GROUPS),
+    add_setting_arguments(memory, (*_SERVING_MEMORY, *_TIERS, *_KV_GROUPS, "swap_space_bytes"),
                           kv_cache_memory_bytes=engine_size if engine else {})
-    if engine:
-        add_setting_arguments(memory, ("swap_space_bytes",))
 
 
 def add_kv_cache_dtype_argument(memory: argparse._ActionsContainer) -> None:

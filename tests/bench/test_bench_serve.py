@@ -206,7 +206,7 @@ def test_a_wait_for_a_server_says_what_it_waits_for_and_all_failed_exits_non_zer
 def test_a_file_that_is_no_bench_result_is_refused(tmp_path):
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({"completed": 1}))
-    with pytest.raises(KvlabError, match="not a `kvlab bench serve` result"):
+    with pytest.raises(KvlabError, match="neither a `kvlab bench serve` result"):
         load_bench_result(plain)
     short = tmp_path / "short.json"
     short.write_text(json.dumps({"format": "kvlab-bench-serve", "completed": 1}))

@@ -10,7 +10,8 @@ from kvlab.cli import main
 @pytest.mark.parametrize(("argv", "words"), [
     (["sim", "--kv-offloading-size", "64"], "--kv-tiers host:SIZE"),
     (["sim", "--pipeline-parallel-size", "2"], "one pipeline stage"),
-    (["bench", "serve", "--backend", "vllm"], "speaks the OpenAI API"),
+    (["bench", "serve", "--pipeline-parallel-size", "2"], "one pipeline stage"),
+    (["sim", "--dtype", "half"], "--kv-cache-dtype"),
     (["sim", "--max-num-batched-token-count", "8"], "did you mean --max-num-batched-tokens?"),
     (["sim", "--block-size", "abc"], "argument --block-size: invalid int value"),
 ])

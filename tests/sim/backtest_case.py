@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from kvlab.metrics import summarize
-from kvlab.policies.serving import ServingConfig
+from kvlab.policies.serving import GiB, ServingConfig
 from kvlab.sim import SimConfig, simulate
 from kvlab.traces import load_trace
 
@@ -24,7 +24,9 @@ POLICIES = ("paged", "paged:preemption=swap", "contiguous:reserve=pow2")
 def run_case() -> dict[str, dict]:
     """Summaries of the back-test case, keyed by policy spec."""
     trace = load_trace("azure", num_prompts=400, time_scale=4.0)
-    serving = ServingConfig(num_gpu_blocks_override=1500, max_num_batched_tokens=4096)
+    # (a swap space of every device page: the case predates the simulator's --swap-space)
+    serving = ServingConfig(num_gpu_blocks_override=1500, max_num_batched_tokens=4096,
+                            swap_space_bytes=16 * GiB)
     config = SimConfig(serving=serving)
     summaries = {}
     for policy in POLICIES:
