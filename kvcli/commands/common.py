@@ -211,3 +211,30 @@ def add_cluster_arguments(cluster: argparse._ArgumentGroup) -> None:
     """The simulated cluster's flags: how many instances of the machine, and the router that
     sends each request to one of them (checked when the run starts: `kvlab.sim.router`)."""
     add_setting_arguments(cluster, _CLUSTER)
+
+
+def config_warnings(config: Any) -> list[str]:
+    """What a simulated machine's config should tell its user before a run (`sim`, each
+    distinct one of a `sweep`): a page size or KV dtype that the hardware's vLLM would not
+    run, a host tier larger than the host memory, a cost model fitted for another model or
+    fitted poorly."""
+    from kvlab.specs.block_rules import block_size_warnings, platform_of
+    from kvlab.specs.kv_dtype import kv_cache_dtype, platform_warnings
+
+    policy, layout = config.policy, config.capacity.layout
+    # the size asked for: a raised one (a linear-attention state) is vLLM's own choice
+    block_size = policy.block_size if layout is None else layout.requested_block_size
+    dtype = config.serving.kv_cache_dtype
+    warnings = block_size_warnings(
+        config.hardware_spec, block_size, enable_prefix_caching=policy.prefix_caching,
+        enable_chunked_prefill=config.serving.enable_chunked_prefill, kv_cache_dtype=dtype)
+    warnings += platform_warnings(kv_cache_dtype(dtype), platform_of(config.hardware_spec))
+    warnings += [f"--kv-tiers: {warning}" for warning in config.tier_warnings()]
+    if config.calibrated is None:
+        return warnings
+    from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
+
+    where = f"--cost-model {config.cost_model}"
+    mismatch = mismatch_warning(config.calibrated, config.model_spec.name, where)
+    warnings += [mismatch] if mismatch else []
+    return warnings + [f"{where}: {warning}" for warning in fit_warnings(config.calibrated)]

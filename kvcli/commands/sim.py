@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         save_help="write the summary JSON and per-request and per-step tables",
     )
     add_cluster_arguments(parser.add_argument_group("cluster"))
+    parser.add_argument("--plot", metavar="DIR", help="write the run's figures (compared "
+                        "runs side by side) to DIR as HTML, PNG and SVG, as kvlab plot does")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(summaries[0]))
     if args.save_result:
         _save(args, runs)
+    if args.plot:
+        from kvlab.commands.plot import plot_runs
+        plot_runs(args.plot, runs)
     return 0
 
 
@@ -133,38 +138,20 @@ def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
         print(format_instances(summaries[0]["instances"]))
     if args.save_result:
         _save_clusters(args, runs)
+    if args.plot:
+        from kvlab.commands.plot import plot_runs
+        plot_runs(args.plot, runs)
     return 0
 
 
 def _warn_config(config: SimConfig) -> None:
-    """On stderr: a page size the hardware's vLLM would not run, a cost model fitted for
-    another model, or fitted poorly."""
+    """On stderr, each of `config_warnings`."""
     import sys
 
-    from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
-    from kvlab.specs.block_rules import block_size_warnings, platform_of
-    from kvlab.specs.kv_dtype import kv_cache_dtype, platform_warnings
+    from kvlab.commands.common import config_warnings
 
-    policy, layout = config.policy, config.capacity.layout
-    # the size asked for: a raised one (a linear-attention state) is vLLM's own choice
-    block_size = policy.block_size if layout is None else layout.requested_block_size
-    dtype = config.serving.kv_cache_dtype
-    for warning in block_size_warnings(
-            config.hardware_spec, block_size, enable_prefix_caching=policy.prefix_caching,
-            enable_chunked_prefill=config.serving.enable_chunked_prefill,
-            kv_cache_dtype=dtype) + platform_warnings(kv_cache_dtype(dtype),
-                                                      platform_of(config.hardware_spec)):
+    for warning in config_warnings(config):
         print(f"warning: {warning}", file=sys.stderr)
-    for warning in config.tier_warnings():
-        print(f"warning: --kv-tiers: {warning}", file=sys.stderr)
-    if config.calibrated is None:
-        return
-    where = f"--cost-model {config.cost_model}"
-    mismatch = mismatch_warning(config.calibrated, config.model_spec.name, where)
-    for warning in [mismatch] if mismatch else []:
-        print(f"warning: {warning}", file=sys.stderr)
-    for warning in fit_warnings(config.calibrated):
-        print(f"warning: {where}: {warning}", file=sys.stderr)
 
 
 def _configs(args: argparse.Namespace) -> list[SimConfig]:

@@ -9,6 +9,7 @@ Every `kvlab sim` flag sets that setting for every run; `--grid KEY=V1,V2` (or a
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(points)} runs ({spec.grid_size} in the grid); {len(todo)} to simulate, "
               f"{len(points) - len(todo)} stored in {store.path}")
         return 0
+    _warn_points(points)
     executor = executor_from_args(args)
     try:
         report = run_sweep(points, store, executor, force=args.force,
@@ -167,6 +169,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"{report.num_run} runs simulated in {report.wall_s:.1f} s{failed}{stored}")
     print(f"rows: pandas.read_parquet({str(store.path)!r})")
     return 0
+
+
+def _warn_points(points: list[dict[str, Any]]) -> None:
+    """On stderr, each distinct warning of the sweep's machines (`config_warnings`, as `sim`
+    prints them) once, with how many runs it concerns; a point whose config fails is left to
+    its run, which records the error."""
+    from kvlab.commands.common import config_warnings
+    from kvlab.errors import KvlabError
+    from kvlab.sweep.runner import sim_config
+
+    counts: dict[str, int] = {}
+    for point in points:
+        try:
+            warnings = config_warnings(sim_config(point))
+        except KvlabError:
+            continue
+        for warning in warnings:
+            counts[warning] = counts.get(warning, 0) + 1
+    for warning, count in counts.items():
+        print(f"warning: {warning} ({count} of {len(points)} runs)", file=sys.stderr)
 
 
 def _print_runs(store: Any, points: list[dict[str, Any]], swept: list[str],
