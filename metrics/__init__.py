@@ -21,10 +21,7 @@ from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult, merg
 from kvlab.metrics.summary import (
     METADATA_KEYS,
     count_good_requests,
-    per_request_table,
-    per_step_table,
     step_columns,
-    step_table,
     summarize,
 )
 from kvlab.metrics.summary_options import (
@@ -36,6 +33,7 @@ from kvlab.metrics.summary_options import (
     parse_percentile_metrics,
     percentile_label,
 )
+from kvlab.metrics.tables import per_request_table, per_step_table, request_columns, step_table
 
 __all__ = [
     "COMPLETED_STATUSES",
@@ -60,6 +58,7 @@ __all__ = [
     "per_request_table",
     "per_step_table",
     "percentile_label",
+    "request_columns",
     "save_results",
     "save_step_profile",
     "step_columns",

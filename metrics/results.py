@@ -7,14 +7,15 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvlab.errors import KvlabError
-from kvlab.metrics.records import StepRecorder
+from kvlab.metrics.csv_table import write_csv
+from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
 from kvlab.metrics.run import RunResult
-from kvlab.metrics.summary import per_request_table, per_step_table, step_table
+from kvlab.metrics.tables import frame_of, request_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,11 +71,22 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
-def _write_table(table: pd.DataFrame, path: Path, table_format: str) -> None:
+def _write_table(table: pd.DataFrame | dict[str, Any], path: Path, table_format: str) -> None:
+    """A DataFrame, or columns by name (written as CSV without pandas)."""
+    if isinstance(table, dict):
+        if table_format == "csv":
+            write_csv(path, table)
+            return
+        table = frame_of(table)
     if table_format == "csv":
         table.to_csv(path, index=False)
     else:
         table.to_parquet(path, engine="pyarrow", index=False)
+
+
+def _step_columns(steps: StepRecorder) -> dict[str, Any]:
+    """The recorder's columns as they are (no copies), in STEP_COLUMNS order."""
+    return {name: steps.columns[name] for name in STEP_COLUMNS}
 
 
 def _check_table_format(table_format: str) -> None:
@@ -97,7 +109,7 @@ def save_step_profile(steps: StepRecorder, path: Path) -> Path:
     _check_table_format(table_format)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_table(step_table(steps), path, table_format)
+        _write_table(_step_columns(steps), path, table_format)
     except OSError as exc:
         raise KvlabError(f"cannot write the step profile {path}: {exc.strerror or exc}") from exc
     return path
@@ -120,8 +132,8 @@ def save_results(
     append: bool = False,
 ) -> list[Path]:
     """Write the summary JSON and, beside it, a `<stem>.<name>.<fmt>` file per table: by
-    default `requests` (per_request_table) and `steps` (per_step_table); `tables` replaces
-    them.
+    default `requests` (per_request_table's columns) and `steps` (per_step_table's), written
+    from the records' columns; `tables` (DataFrames) replaces them.
 
     The JSON is the summary plus a "date" (as vLLM's result files); `result_filename` defaults to
     `default_result_filename(summary)`. With `append` the JSON is added as one more line to an
@@ -134,9 +146,9 @@ def save_results(
     name = result_filename or default_result_filename(summary, now=now)
     json_path = Path(result_dir) / name
     stem = result_stem(json_path)
-    if tables is None:
-        tables = {"requests": per_request_table(result), "steps": per_step_table(result)}
-    table_paths = {key: json_path.with_name(f"{stem}.{key}.{table_format}") for key in tables}
+    written: dict[str, pd.DataFrame | dict[str, Any]] = dict(tables) if tables is not None else {
+        "requests": request_columns(result), "steps": _step_columns(result.steps)}
+    table_paths = {key: json_path.with_name(f"{stem}.{key}.{table_format}") for key in written}
     payload = {"date": now.strftime("%Y%m%d-%H%M%S"), **summary}
     # allow_nan=False: a NaN or infinity in a summary is a bug, not something to save.
     try:
@@ -148,7 +160,7 @@ def save_results(
                 out.write(text + "\n")
         else:
             json_path.write_text(text + "\n", encoding="utf-8")
-        for key, table in tables.items():
+        for key, table in written.items():
             _write_table(table, table_paths[key], table_format)
     except OSError as exc:
         raise KvlabError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,14 +28,11 @@ from kvlab.metrics.summary_options import (
     percentile_label,
 )
 
-if TYPE_CHECKING:  # pandas is imported by the table functions only: the step loop needs none
-    import pandas as pd
-
 METADATA_KEYS = ("policy", "model", "hardware", "dataset", "seed", "backend")
 
 
 @dataclass(slots=True)
-class _RequestArrays:
+class RequestArrays:
     """Per-request columns as numpy arrays (NaN where a timestamp is missing)."""
 
     request_id: np.ndarray
@@ -68,7 +65,7 @@ class _RequestArrays:
         return np.where(self.output_len > 1, tpot, np.nan)
 
 
-def _request_arrays(requests: Sequence[RequestRecord]) -> _RequestArrays:
+def request_arrays(requests: Sequence[RequestRecord]) -> RequestArrays:
     def floats(name: str) -> np.ndarray:
         # None -> NaN: numpy converts None when the dtype is float.
         return np.array([getattr(r, name) for r in requests], dtype=np.float64)
@@ -77,7 +74,7 @@ def _request_arrays(requests: Sequence[RequestRecord]) -> _RequestArrays:
         return np.array([getattr(r, name) for r in requests], dtype=np.int64)
 
     completed = np.array([r.status.value in COMPLETED_STATUSES for r in requests], dtype=bool)
-    arrays = _RequestArrays(
+    arrays = RequestArrays(
         request_id=ints("request_id"),
         arrival_s=floats("arrival_s"),
         first_scheduled_s=floats("first_scheduled_s"),
@@ -112,7 +109,7 @@ def _distribution(name: str, values: np.ndarray, percentiles: Sequence[float]) -
     return stats
 
 
-def _num_good(arrays: _RequestArrays, slos_ms: dict[str, float]) -> int:
+def _num_good(arrays: RequestArrays, slos_ms: dict[str, float]) -> int:
     """Completed requests meeting every SLO (value <= SLO, as vLLM's goodput)."""
     good = arrays.completed.copy()
     # A one-token request has TPOT 0 for goodput, as in vLLM.
@@ -139,7 +136,7 @@ def count_good_requests(result: RunResult, slos_ms: dict[str, float],
             raise KvlabError(f"slo_class {slo_class!r}: no request of the run is in it "
                              f"(classes: {', '.join(sorted(set(names))) or 'none'})",
                              parameters=("slo_class",))
-    return _num_good(_request_arrays(requests), slos_ms), len(requests)
+    return _num_good(request_arrays(requests), slos_ms), len(requests)
 
 
 def step_columns(steps: StepRecorder) -> dict[str, np.ndarray]:
@@ -182,7 +179,7 @@ def _kv_stats(result: RunResult) -> dict:
     }
 
 
-def _prefix_cache_hit_rate_perc(arrays: _RequestArrays) -> float:
+def _prefix_cache_hit_rate_perc(arrays: RequestArrays) -> float:
     """Prompt tokens served from the prefix cache over prompt tokens looked up, in percent."""
     looked_up = ~np.isnan(arrays.first_scheduled_s)
     prompt_tokens = int(arrays.input_len[looked_up].sum())
@@ -238,7 +235,7 @@ def summarize(
     check_percentiles(metric_percentiles)
     if goodput_slos is not None:
         check_goodput(goodput_slos)
-    arrays = _request_arrays(result.requests)
+    arrays = request_arrays(result.requests)
     done = arrays.completed
     duration = float(result.duration_s)
     num_completed = int(done.sum())
@@ -292,7 +289,7 @@ def summarize(
     return summary
 
 
-def _class_stats(result: RunResult, arrays: _RequestArrays, percentile_metrics: Sequence[str],
+def _class_stats(result: RunResult, arrays: RequestArrays, percentile_metrics: Sequence[str],
                  metric_percentiles: Sequence[float], goodput_slos: dict[str, float] | None,
                  per_second: Any) -> dict[str, Any]:
     """`classes` (per SLO class: counts, throughput, goodput and its share, latency
@@ -311,7 +308,7 @@ def _class_stats(result: RunResult, arrays: _RequestArrays, percentile_metrics: 
     shares = []
     for name in sorted(set(names)):
         mask = np.array([n == name for n in names], dtype=bool)
-        sub = _RequestArrays(*(getattr(arrays, f)[mask] for f in _RequestArrays.__slots__))
+        sub = RequestArrays(*(getattr(arrays, f)[mask] for f in RequestArrays.__slots__))
         ok = done[mask]
         stats: dict[str, Any] = {
             "completed": int(ok.sum()),
@@ -338,47 +335,3 @@ def _class_stats(result: RunResult, arrays: _RequestArrays, percentile_metrics: 
         "num_priority_inversions": count_priority_inversions(
             arrays.arrival_s, arrays.first_scheduled_s, priorities),
     }
-
-
-def per_request_table(result: RunResult) -> pd.DataFrame:
-    """One row per request: lengths, status, latencies in ms (NaN where undefined), counters;
-    and each request's priority and SLO class when the run has classes."""
-    import pandas as pd
-
-    arrays = _request_arrays(result.requests)
-    ms = 1000.0
-    table = pd.DataFrame(
-        {
-            "request_id": arrays.request_id,
-            "arrival_s": arrays.arrival_s,
-            "input_len": arrays.input_len,
-            "output_len": arrays.output_len,
-            "status": [r.status.value for r in result.requests],
-            "error": pd.Series([r.error for r in result.requests], dtype=object),
-            "ttft_ms": arrays.ttft_s * ms,
-            "tpot_ms": arrays.tpot_s * ms,
-            "e2el_ms": arrays.e2el_s * ms,
-            "num_cached_tokens": arrays.num_cached_tokens,
-            "num_preemptions": arrays.num_preemptions,
-            "num_swaps_out": arrays.num_swaps_out,
-            "first_scheduled_s": arrays.first_scheduled_s,
-            "finish_s": arrays.finish_s,
-        }
-    )
-    if request_classes(result.requests) is not None:
-        table["priority"] = [getattr(r, "priority", 0) for r in result.requests]
-        table["slo_class"] = pd.Series([getattr(r, "slo_class", None) for r in result.requests],
-                                       dtype=object)
-    return table
-
-
-def per_step_table(result: RunResult) -> pd.DataFrame:
-    """One row per engine step: the StepRecorder's columns."""
-    return step_table(result.steps)
-
-
-def step_table(steps: StepRecorder) -> pd.DataFrame:
-    """A recorder's steps as a table, in STEP_COLUMNS order."""
-    import pandas as pd
-
-    return pd.DataFrame(step_columns(steps))

@@ -8,7 +8,7 @@ import pytest
 
 from kvlab.metrics import summarize
 from kvlab.metrics.classes import count_priority_inversions, jain_index
-from kvlab.metrics.summary import per_request_table
+from kvlab.metrics.tables import per_request_table
 from kvlab.report import format_report
 from tests.metrics.conftest import build_request, build_result
 
