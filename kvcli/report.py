@@ -237,7 +237,23 @@ def format_report(summary: dict, *, title: str = "Serving Benchmark Result") -> 
             lines.append(_header(section, "-"))
             lines.extend(_row(label, summary[key]) for key, label in present)
     lines.append("=" * WIDTH)
-    return "\n".join(lines)
+    return "\n".join(_framed(lines))
+
+
+def _framed(lines: list[str]) -> list[str]:
+    """The lines with every header and rule (a WIDTH-wide line of `=` or `-` around its
+    text) widened to the longest row, so that a long value (a policy spec, a dataset path)
+    stays inside the frame."""
+    width = max(len(line) for line in lines)
+    if width <= LABEL_WIDTH + 1 + VALUE_WIDTH:  # vLLM's own rows, a column past its frame
+        return lines
+    framed = []
+    for line in lines:
+        fill = line[:1]
+        if len(line) == WIDTH and fill in "=-" and line.endswith(fill):
+            line = _header(line.strip(fill), fill, width)
+        framed.append(line)
+    return framed
 
 
 def _comparison_rows(summaries: Sequence[dict]) -> list[tuple[str, str]]:

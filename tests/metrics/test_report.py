@@ -14,7 +14,7 @@ def summary(make_request, make_result):
         make_request(1, arrival_s=0.5, first_token_s=0.7, finish_s=1.7, output_len=11),
     ]
     result = make_result(
-        requests, itls_s=[0.1] * 20, duration_s=2.0, metadata={"policy": "paged:block=16"}
+        requests, itls_s=[0.1] * 20, duration_s=2.0, metadata={"policy": "paged:lru"}
     )
     return summarize(
         result,
@@ -90,7 +90,7 @@ def test_configured_rate_row_only_when_finite(make_request, make_result):
 
 
 def test_run_section_shows_the_policy(summary):
-    assert _line(format_report(summary), "Policy:").split()[-1] == "paged:block=16"
+    assert _line(format_report(summary), "Policy:").split()[-1] == "paged:lru"
 
 
 def test_custom_title(summary):
@@ -128,3 +128,13 @@ def test_comparison_shows_a_dash_for_missing_metrics(summary):
 def test_comparison_needs_one_label_per_summary(summary):
     with pytest.raises(ValueError):
         format_comparison([summary], ["a", "b"])
+
+
+def test_a_long_value_widens_the_frame_around_it(summary):
+    spec = "paged:eviction=slru:protected_share=0.5,preemption=swap,victim=longest"
+    lines = format_report({**summary, "policy": spec}).splitlines()
+    width = max(len(line) for line in lines)
+    assert width > 50 and any(spec in line for line in lines)
+    frames = [line for line in lines if set(line) <= {"=", "-"} or line.strip("=-") != line]
+    assert frames and all(len(line) == width for line in frames)
+    assert lines[0].strip("=") == " Serving Benchmark Result " and lines[-1] == "=" * width
