@@ -16,6 +16,10 @@ from kvlab.errors import KvlabError
 # Word tokens of the generated vocabulary: `t<id>` for every id past the special ones, so that
 # every token id decodes to a distinct word and re-encodes to the same id.
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+# The exported tokenizer's chat template: the messages' contents after <s>, one after another
+# (roles are words the vocabulary lacks), so that /v1/chat/completions serves the folder.
+WORD_CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['content'] }} "
+                      "{% endfor %}")
 
 
 def export_preset(name: str, folder: str | Path, *, overwrite: bool = False) -> Path:
@@ -49,7 +53,8 @@ def save_model(model: LlamaForCausalLM, folder: Path) -> None:
 
 def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
     """A word-level tokenizer over the whole vocabulary: <unk>, <s>, </s> as 0, 1, 2, then a
-    word `t<id>` per id; text is split on whitespace. Every id decodes and re-encodes."""
+    word `t<id>` per id; text is split on whitespace. Every id decodes and re-encodes. Its
+    chat template is WORD_CHAT_TEMPLATE."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -64,4 +69,5 @@ def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
+    fast.chat_template = WORD_CHAT_TEMPLATE
     fast.save_pretrained(folder)
