@@ -20,7 +20,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py policies/_tierstore.c 
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e .
 	touch $@
 
-EXTRAS := engine,dashboard,serve,bench,sweep,dev
+EXTRAS := engine,dashboard,serve,bench,sweep,plot,dev
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py policies/_tierstore.c $(CONSTRAINTS)
 	$(BIN)/pip install --quiet "$(TORCH)"

@@ -20,6 +20,7 @@ FOLDERS = {
     "sweep": "kvlab.sweep",
     "dashboard": "kvlab.dashboard",
     "integrations": "kvlab.integrations",
+    "plots": "kvlab.plots",
 }
 
 
