@@ -35,7 +35,8 @@ run: $(VENV)/.installed
 # editable install's folder mapping (policies/ is kvlab.policies) hides them from them: they
 # check a plain install of the package in build/typecheck, mypy keeping its cache in .mypy_cache
 # (a first run takes a minute or two, later ones seconds); import-linter checks the layer
-# contracts of pyproject.toml.
+# contracts of pyproject.toml. Last, the documentation site (mkdocs.yml) builds into site/
+# (ignored by git) with --strict: a broken link, anchor or page fails it.
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/vulture
@@ -43,6 +44,7 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target build/typecheck .
 	cd build/typecheck && ../../$(BIN)/mypy --cache-dir ../../.mypy_cache -p kvlab
 	cd build/typecheck && ../../$(BIN)/lint-imports ../../pyproject.toml
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: lint
 	$(BIN)/python -m pytest -q
@@ -142,4 +144,4 @@ ascend-static-check: ascend-env
 	$(ASCEND_ENV) $(ASCEND)/bin/python benchmarks/ascend_static_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site
