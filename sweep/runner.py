@@ -28,8 +28,9 @@ from kvlab.sim import SimConfig, simulate, simulate_cluster, summarize_cluster
 from kvlab.sim.disaggregation import parse_pd
 from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from kvlab.sweep.settings import SETTINGS, run_key
+from kvlab.sweep.trace_cache import cached_trace
 from kvlab.traces import Trace, load_trace
-from kvlab.traces.arrivals import ramp_up_from
+from kvlab.traces.arrivals import apply_arrivals, check_arrival_options, ramp_up_from
 
 # Row columns that are not the summary's: first in every row.
 KEY_COLUMN, STATUS_COLUMN, ERROR_COLUMN = "run_key", "status", "error"
@@ -43,8 +44,8 @@ ATTAINMENT_COLUMN = "slo_attainment"  # the share of all requests meeting every 
 JSON_KEYS = ("failed_reasons",)
 _SERVING_KEYS = ("policy", "block_size", "enable_prefix_caching")
 _RAMP_UP_KEYS = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
-_TRACE_ARGUMENTS = ("num_prompts", "request_rate", "burstiness", "time_scale", "length_scale",
-                    "seed")
+_ARRIVAL_KEYS = ("request_rate", "burstiness", "time_scale")
+_TRACE_ARGUMENTS = ("num_prompts", "length_scale", "seed")
 
 
 def _group(settings: Mapping[str, Any], group: str) -> dict[str, Any]:
@@ -93,14 +94,27 @@ def tiers_config(settings: Mapping[str, Any]) -> TiersConfig:
 
 
 def load_settings_trace(settings: Mapping[str, Any]) -> Trace:
-    """The trace of checked settings, as `kvlab sim` loads it from the same flags."""
+    """The trace of checked settings, as `kvlab sim` loads it from the same flags. The file's
+    trace before its arrivals are set is kept for the process's next runs that read it again
+    (`kvlab.sweep.trace_cache`: a grid over rates or time scales, a `tune` bisection)."""
     trace = _group(settings, "trace")
     ramp_up = ramp_up_from(*(trace.pop(name, None) for name in _RAMP_UP_KEYS))
+    arrivals = {name: trace.pop(name) for name in _ARRIVAL_KEYS if name in trace}
+    check_arrival_options(arrivals.get("request_rate"), arrivals.get("burstiness", 1.0),
+                          arrivals.get("time_scale", 1.0))
+    # (load_trace with its arrival defaults returns the file's trace, which apply_arrivals
+    # then shapes as load_trace itself would)
+    loaded = cached_trace(trace, lambda: _load_trace(trace))
+    return apply_arrivals(loaded, seed=trace.get("seed", 0), ramp_up=ramp_up, **arrivals)
+
+
+def _load_trace(trace: dict[str, Any]) -> Trace:
+    trace = dict(trace)
     arguments = {name: trace.pop(name) for name in _TRACE_ARGUMENTS if name in trace}
     dataset_name = trace.pop("dataset_name", None)  # (None: read from the file)
     path = trace.pop("dataset_path", None)
     options = {name: value for name, value in trace.items() if value is not None}
-    return load_trace(dataset_name, path, ramp_up=ramp_up, **arguments, **options)
+    return load_trace(dataset_name, path, **arguments, **options)
 
 
 def summary_options(settings: Mapping[str, Any]) -> dict[str, Any]:
