@@ -16,7 +16,13 @@ worker) and the sweep's overhead as a share of it:
 
 Rows are compared without `run_cpu_s`. Target: CPU overhead per run < 5% of its own CPU.
 
+Then, in this process, a run's own CPU split into its parts over the first `--split-runs`
+points, each run's parts in turn (milliseconds per run): building its config, loading its
+trace (kept between runs since issue 52: `kvlab.sweep.trace_cache`), simulating, summarizing,
+and what `run_point` adds (its row); all that is not simulating is a run's overhead.
+
     .venv/bin/python benchmarks/sweep_bench.py [--workers 2] [--num-prompts 300] [--rounds 2]
+        [--executors local,ray] [--split-runs 40]
 """
 
 from __future__ import annotations
@@ -114,6 +120,32 @@ def comparable(frame: Any) -> list[dict[str, Any]]:
     return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
+def run_split(points: list[dict[str, Any]]) -> dict[str, float]:
+    """Milliseconds per run of each part of `run_point`'s work over `points` (after one
+    warm-up run): config, trace, simulate, summarize, and the rest of run_point (its row)."""
+    from kvlab.metrics import summarize
+    from kvlab.sim import simulate
+    from kvlab.sweep.runner import load_settings_trace, run_point, sim_config, summary_options
+
+    run_point(points[0])
+    parts = dict.fromkeys(("config", "trace", "simulate", "summarize", "row"), 0.0)
+    for point in points:
+        clock = [time.process_time()]
+        config = sim_config(point)
+        clock.append(time.process_time())
+        trace = load_settings_trace(point)
+        clock.append(time.process_time())
+        result = simulate(trace, config)
+        clock.append(time.process_time())
+        summarize(result, **summary_options(point))
+        clock.append(time.process_time())
+        whole = run_point(point)["run_cpu_s"]
+        for name, start, end in zip(parts, clock, clock[1:], strict=False):
+            parts[name] += end - start
+        parts["row"] += whole - (clock[-1] - clock[0])
+    return {name: 1000 * total / len(points) for name, total in parts.items()}
+
+
 def main() -> None:
     """Run the sweep on both executors, alternately, and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -121,7 +153,13 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=300, help="requests of each run")
     parser.add_argument("--rounds", type=int, default=2,
                         help="times each executor runs the sweep, alternately")
+    parser.add_argument("--executors", default="local,ray", help="comma-separated")
+    parser.add_argument("--split-runs", type=int, default=40,
+                        help="points whose run CPU is split into its parts (0: none)")
     args = parser.parse_args()
+    executors = [name for name in args.executors.split(",") if name]
+    if not executors or any(name not in ("local", "ray") for name in executors):
+        parser.error(f"--executors {args.executors}: expected local, ray or both")
 
     from kvlab.sweep import SweepSpec
 
@@ -130,7 +168,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="kvlab-sweep-bench-"))
     try:
         results = [measure(name, points, args.workers, folder / f"{name}-{round_}")
-                   for round_ in range(args.rounds) for name in ("local", "ray")]
+                   for round_ in range(args.rounds) for name in executors]
     finally:
         shutil.rmtree(folder)
     print(f"{len(points)} runs of {args.num_prompts} Azure conv requests, {args.workers} "
@@ -147,8 +185,15 @@ def main() -> None:
               f"{r['processes']:>9}")
     reference = comparable(results[0]["rows"])
     for r in results[1:]:
-        print(f"rows of {r['executor']} equal the first local pool's (without run_cpu_s): "
-              f"{comparable(r['rows']) == reference} ({len(r['rows'])} rows)")
+        print(f"rows of {r['executor']} equal the first {results[0]['executor']}'s (without "
+              f"run_cpu_s): {comparable(r['rows']) == reference} ({len(r['rows'])} rows)")
+    if args.split_runs > 0:
+        split = run_split(points[:args.split_runs])
+        whole = sum(split.values())
+        print(f"a run's own CPU, ms per run over {min(args.split_runs, len(points))} points: "
+              + ", ".join(f"{name} {ms:.2f}" for name, ms in split.items())
+              + f"; all but simulate: {whole - split['simulate']:.2f} of {whole:.2f} "
+              f"({(whole - split['simulate']) / whole:.1%})")
 
 
 if __name__ == "__main__":
