@@ -41,8 +41,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "traces": ("traces", "inspect request traces (kvlab traces info PATH)"),
     "plot": ("plot", "figures of saved results (runs, comparisons, sweeps, validations) as "
              "HTML, PNG and SVG"),
-    "plot": ("plot", "figures of saved results (runs, comparisons, sweeps, validations) as "
-             "HTML, PNG and SVG"),
     "dashboard": ("dashboard", "start the Streamlit policy explorer on localhost"),
 }
 

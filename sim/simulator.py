@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import simpy
 
@@ -37,6 +38,7 @@ def simulate(
     preemption_costs: PreemptionCosts | None = None,
     progress: bool = False,
     decode_runs: bool = True,
+    partial_on_interrupt: bool = False,
 ) -> RunResult:
     """Run every request of `trace` to completion (or failure) and collect the run's records.
 
@@ -48,7 +50,8 @@ def simulate(
     `decode_runs` False steps every step one by one instead of committing runs of plain decode
     steps at once (the same result; for tests and profiling). A cost model whose API latency
     grows with the requests in flight is run until the loads it sees repeat
-    (`kvlab.sim.api_latency`).
+    (`kvlab.sim.api_latency`). `partial_on_interrupt`: Ctrl-C (KeyboardInterrupt) ends the
+    run where it is and returns the requests finished by then (`Simulation.run`).
     """
     model = default_cost_model(config) if cost_model is None else cost_model
 
@@ -56,7 +59,8 @@ def simulate(
         simulation = Simulation(trace, config, cost_model=model,
                                 preemption_costs=preemption_costs, decode_runs=decode_runs,
                                 in_flight=in_flight)
-        return simulation.run(progress=progress, desc=desc)
+        return simulation.run(progress=progress, desc=desc,
+                              partial_on_interrupt=partial_on_interrupt)
 
     return run_with_api_load(run_once, lambda result: result.requests, model)
 
@@ -102,23 +106,39 @@ class Simulation:
         self.instance = SimInstance(self.env, self.loop, cost_model, self.link,
                                     decode_runs=decode_runs, tier_links=self.tier_links)
 
-    def run(self, *, progress: bool = False, desc: str = "simulating") -> RunResult:
-        """Simulate until every request has finished; check conservation; return the records."""
+    def run(self, *, progress: bool = False, desc: str = "simulating",
+            partial_on_interrupt: bool = False) -> RunResult:
+        """Simulate until every request has finished; check conservation; return the records.
+        With `partial_on_interrupt`, Ctrl-C (KeyboardInterrupt) stops the run where it is: the
+        result holds the requests finished by then, the steps run, and the simulated time
+        and requests left unfinished in its metadata (`interrupted_at_s`,
+        `num_unfinished_requests`); conservation is not checked (a step was cut short)."""
         env, instance = self.env, self.instance
         bar = progress_bar(len(self.requests), enabled=progress, desc=desc)
         if bar is not None:
             instance.on_finished = lambda ended: bar.update(len(ended))
         env.process(instance.run())  # alone, it sleeps to its own next arrival
+        interrupted: dict[str, Any] = {}
         try:
             with paused_gc():  # the run makes next to no cyclic garbage (kvlab.heap)
                 env.run()
+        except KeyboardInterrupt:
+            if not partial_on_interrupt:
+                raise
+            interrupted["interrupted_at_s"] = env.now
         finally:
             if bar is not None:
                 bar.close()
-        check_conservation(self.requests, self.manager)
+        requests = self.requests
+        if interrupted:
+            requests = [r for r in requests if r.status.is_finished]
+            interrupted["num_unfinished_requests"] = len(self.requests) - len(requests)
+        else:
+            check_conservation(self.requests, self.manager)
         restore_sends(self.requests, self._sends_s)
-        metadata = {**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim"}
-        return instance_result(self.config, self.requests, self.loop, self.tiers,
+        metadata = {**self.config.metadata(), **self.trace.result_metadata(), "backend": "sim",
+                    **interrupted}
+        return instance_result(self.config, requests, self.loop, self.tiers,
                                self.tier_links, metadata, self.instance.group_memory)
 
 

@@ -71,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
         prefix = f"[{index + 1}] " if args.compare else ""
         for line in config.startup_lines():
             print(prefix + line)
-        result = simulate(trace, config, progress=progress)
+        result = simulate(trace, config, progress=progress, partial_on_interrupt=True)
         summary = summarize(result, **options)
         runs.append((result, summary))
+        if _interrupted(result, len(trace)):
+            break
     summaries = [summary for _, summary in runs]
     if args.compare:
         print(format_comparison(summaries, [str(s["policy"]) for s in summaries]))
@@ -84,7 +86,22 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from kvlab.commands.plot import plot_runs
         plot_runs(args.plot, runs)
-    return 0
+    return 130 if _interrupted(runs[-1][0], len(trace), say=False) else 0
+
+
+def _interrupted(result: RunResult, num_requests: int, *, say: bool = True) -> bool:
+    """Whether Ctrl-C cut this run short (`simulate(partial_on_interrupt=True)`); says so on
+    stderr, with how much of the trace the report then covers."""
+    import sys
+
+    at_s = result.metadata.get("interrupted_at_s")
+    if at_s is None:
+        return False
+    if say:
+        finished = num_requests - int(result.metadata["num_unfinished_requests"])
+        print(f"kvlab sim: interrupted at {at_s:.1f} s of simulated time: the report covers "
+              f"the {finished} of {num_requests} requests finished by then", file=sys.stderr)
+    return True
 
 
 def _check_cluster(args: argparse.Namespace) -> None:
