@@ -157,7 +157,7 @@ def in_flags(err: KvlabError, parser: argparse.ArgumentParser) -> str:
     # the first long name: `-o/--output` is --output, `--kv-cache-memory` before vLLM's alias
     flags = {action.dest: next((o for o in action.option_strings if o.startswith("--")),
                                action.option_strings[-1])
-             for action in parser._actions if action.option_strings}
+             for action in _actions(parser) if action.option_strings}
     names = [name for name in err.parameters if name in flags]
     if not names:
         return str(err)
@@ -165,6 +165,17 @@ def in_flags(err: KvlabError, parser: argparse.ArgumentParser) -> str:
         r"('[^']*')|(?<![\w-])(" + "|".join(map(re.escape, names)) + r")(?![\w-])"
     )
     return pattern.sub(lambda m: m.group(1) or flags[m.group(2)], str(err))
+
+
+
+def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The parser's actions and those of its actions' subcommands (`kvlab traces info`'s)."""
+    found = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_actions(sub))
+    return found
 
 
 if __name__ == "__main__":

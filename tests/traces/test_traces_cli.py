@@ -1,5 +1,7 @@
 """`kvlab traces info` and `kvlab traces list` through kvlab.cli.main."""
 
+import pytest
+
 from kvlab.cli import main
 
 
@@ -42,3 +44,10 @@ def test_list_names_every_bundled_excerpt(capsys):
     assert main(["traces", "list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:3]]
     assert names == ["azure-conv", "azure-code", "mooncake"]
+
+
+@pytest.mark.parametrize("flag, value", [("--num-prompts", "0"), ("--time-scale", "0")])
+def test_a_bad_value_names_the_subcommands_flag(flag, value, capsys):
+    assert main(["traces", "info", "azure-conv", flag, value]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"kvlab traces: error: {flag} ") and "_" not in error.split(":")[2]
