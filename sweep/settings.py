@@ -296,9 +296,9 @@ def _tiers() -> list[Setting]:
         _flagged("kv_tier_block_size", "tiers", optional(as_int),
                  lambda v: TiersConfig(block_size=v), cli_type=int, metavar="TOKENS",
                  help="tokens per tier page, a multiple of --block-size (vLLM's offloaded "
-                 "block_size, LMCache's chunk_size, e.g. 256): a tier page is written whole as "
-                 "it is computed (needs --kv-tier-write write-through) and loaded whole; fewer, "
-                 "larger tier entries (default: one device page)"),
+                 "block_size, LMCache's chunk_size, e.g. 256): a tier page is written whole "
+                 "(through, as its last page is computed; back, as the device evicts that page) "
+                 "and loaded whole; fewer, larger tier entries (default: one device page)"),
         _flagged("kv_tier_overlap", "tiers", as_str, lambda v: TiersConfig(overlap=v),
                  default="none", choices=lambda: OVERLAP_MODES,
                  help="none: a step computes after its tier loads; layerwise: loads stream "
