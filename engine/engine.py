@@ -33,6 +33,8 @@ from kvlab.engine.kv_scales import layer_kv_quants
 from kvlab.engine.loader import load_model
 from kvlab.engine.model_runner import ModelRunner, group_block_tables
 from kvlab.engine.platform import Platform, get_platform
+from kvlab.engine.precision_pages import attach as attach_precision
+from kvlab.engine.precision_pages import engine_ladder, num_page_ids
 from kvlab.engine.sampler import SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.heap import frozen_heap
@@ -114,11 +116,13 @@ class LLMEngine:
             tokenizer=self.tokenizer)
         num_pages = determine_num_pages(self.model, self.platform, serving, self.max_model_len,
                                         num_cache_layers)
+        # mixed-precision paging: more page ids than device pages (engine/precision_pages.py)
+        ladder = engine_ladder(spec, serving.kv_cache_dtype, self.model_config, dtype)
         swap_pages = num_swap_pages(self.model_config, serving, dtype, num_cache_layers)
         tier_pages = num_tier_pages(self.model_config, serving, dtype, num_cache_layers)
         self.kv_cache = KVCache.for_model(
             self.model_config,
-            num_pages=num_pages,
+            num_pages=num_page_ids(ladder, num_pages),
             num_host_pages=serving.num_host_pages(num_pages, swap_pages),
             page_size=spec.block_size,
             dtype=dtype,
@@ -129,6 +133,8 @@ class LLMEngine:
             kv_cache_dtype=serving.kv_cache_dtype,
             kv_quants=kv_quants,
         )
+        if ladder is not None:
+            attach_precision(self.kv_cache, ladder, self.model)
         # the manager is built below (its costs are measured on this runner), and its block
         # tables set on the runner then
         self.runner = ModelRunner(
@@ -162,7 +168,10 @@ class LLMEngine:
             tier_config=serving.kv_tiers,
             groups=layout.groups,
             retention_interval=serving.prefix_cache_retention_interval,
+            precision_ladder=ladder,
         )
+        if self.manager.precision is not None:
+            self.kv_cache.precision.follow(self.manager.precision.ledger.levels)
         self.runner.block_tables = group_block_tables(self.manager)
         self.scheduler = Scheduler(serving.scheduler_config(self.max_model_len), self.manager)
         self.startup_lines = startup_lines(

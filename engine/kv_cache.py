@@ -316,6 +316,8 @@ class KVCache:
         kv_quants: Sequence[KVQuant] | None = None,
     ) -> None:
         self.layer_slots = layer_slots  # model layer -> its tensors (empty: layer i, tensor i)
+        # mixed-precision pages (engine/precision_pages.py `attach`), where pages are demoted
+        self.precision: Any = None
         self.num_pages = num_pages
         self.num_host_pages = num_host_pages
         self.num_tier_pages = num_tier_pages
@@ -386,6 +388,8 @@ class KVCache:
     def layers(self) -> list[LayerCache]:
         """(k_cache, v_cache) per model layer, as the model's forward takes them; with
         quantized pages (k_cache, v_cache, kv_quant)."""
+        if self.precision is not None:  # (k_cache, v_cache, MixedLayer)
+            return self.precision.layers()  # type: ignore[no-any-return]
         slots = self.layer_slots or range(len(self.k_caches))
         if self.kv_quants is None:
             return [(self.k_caches[slot], self.v_caches[slot]) for slot in slots]
@@ -399,7 +403,12 @@ class KVCache:
         Tier writes read device pages this step may overwrite, so they go first; a device page
         freed by a swap-out may be the destination of a copy, a swap-in or a tier load in the
         same step, so swap-outs go before those; copies run as if one by one in list order.
+        With mixed-precision pages, requantizations run first and the page levels are
+        brought up to date last (engine/precision_pages.py).
         """
+        precision = self.precision
+        if precision is not None:
+            precision.before_mem_ops(mem_ops)
         for write in mem_ops.tier_writes:  # batch after batch: a later one may reuse a page
             self._move(write, self.k_caches, self.v_caches, self.tier_k_caches,
                        self.tier_v_caches)
@@ -430,6 +439,8 @@ class KVCache:
         for load in mem_ops.tier_loads:
             self._move(load, self.tier_k_caches, self.tier_v_caches, self.k_caches,
                        self.v_caches)
+        if precision is not None:
+            precision.after_mem_ops()
 
     def _move(self, batch: TierBatch, src_k: list[torch.Tensor], src_v: list[torch.Tensor],
               dst_k: list[torch.Tensor], dst_v: list[torch.Tensor]) -> None:

@@ -156,7 +156,7 @@ class ModelRunner:
 
         `params` maps request id to its SamplingParams. Returns once the device is done.
         """
-        if output.mem_ops:
+        if output.mem_ops or self.kv_cache.precision is not None:  # (page levels each step)
             self.kv_cache.execute_mem_ops(output.mem_ops)
         sampled: list[int | None] = [None] * len(output.requests)
         if output.requests:

@@ -73,6 +73,8 @@ def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -
         prompt_tokens = sum(r.prompt_len for r in run.requests if r.first_scheduled_s is not None)
         metadata.update(tier_summary(manager.tiers, manager.tier_stats, manager.first_hit_pages,
                                      engine.page_size, prompt_tokens))
+    if manager.precision is not None:  # the precision mix, as the simulator's summary has it
+        metadata.update(manager.precision.summary(run.duration_s))
     return RunResult(
         requests=run.requests,
         steps=run.steps,

@@ -154,12 +154,12 @@ class PrecisionDriver:
 def check_precision(spec: Any, policy: AgeDemotion, ladder: PrecisionLadder | None,
                     groups: Any, num_pages: int) -> int:
     """The page ids the pool needs beyond the device's `num_pages` for `policy` over `ladder`;
-    KvlabError where the manager cannot demote: no ladder given (the engine does not
-    requantize), an allocation other than paged, or several KV-cache groups."""
+    KvlabError where the manager cannot demote: no ladder given, an allocation other than
+    paged, or several KV-cache groups."""
     where = f"policy {spec}"
     if ladder is None:
-        raise KvlabError(f"{where}: precision={spec.precision} is simulated only (kvlab sim); "
-                         "the engine does not requantize pages yet")
+        raise KvlabError(f"{where}: precision={spec.precision} needs the precision ladder "
+                         "of the cache's dtype (the simulator and the engine build it)")
     if spec.kind != "paged" or spec.block_sizing != "fixed":
         raise KvlabError(f"{where}: precision={spec.precision} needs kind=paged with "
                          "block_sizing=fixed")

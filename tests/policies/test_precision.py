@@ -52,8 +52,8 @@ def test_a_ladder_deeper_than_its_dtypes_names_the_flag():
     assert error.value.parameters == ("kv_cache_dtype",)
 
 
-def test_the_engine_side_refuses_demotion():
-    with pytest.raises(KvlabError, match="simulated only"):
+def test_a_manager_without_a_ladder_refuses_demotion():
+    with pytest.raises(KvlabError, match="precision ladder"):
         KVCacheManager("paged:precision=age", 8, max_model_len=MAX_MODEL_LEN)
 
 

@@ -1,0 +1,130 @@
+"""Attention over mixed-precision block tables (kvkernels/mixed_attention.py): per-level
+segments combined by log-sum-exp equal attention over the pages' dequantized values."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlab.kernels import AttentionMetadata, get_backend
+from kvlab.kernels.kv_quant import KVQuant
+from kvlab.kernels.mixed_attention import (
+    LevelPages,
+    MixedBackend,
+    MixedLayer,
+    MixedState,
+    combine_segments,
+    mixed_paged_attention,
+)
+from kvlab.specs.kv_dtype import kv_cache_dtype
+
+HEAD_DIM, KV_HEADS, HEADS, PAGE, NUM_PAGES = 16, 2, 4, 4, 24
+LEVEL_DTYPES = ("auto", "fp8_e4m3", "int4_per_token_head")
+
+
+def _levels(seed: int) -> list[LevelPages]:
+    """Three levels of random content (float32, fp8, int4), every page id at each."""
+    generator = torch.Generator().manual_seed(seed)
+    levels = []
+    for name in LEVEL_DTYPES:
+        k = torch.randn(NUM_PAGES, PAGE, KV_HEADS, HEAD_DIM, generator=generator)
+        v = torch.randn(NUM_PAGES, PAGE, KV_HEADS, HEAD_DIM, generator=generator)
+        if name == "auto":
+            levels.append(LevelPages(k, v, None))
+            continue
+        quant = KVQuant(kv_cache_dtype(name), HEAD_DIM)
+        levels.append(LevelPages(quant.quantize(k.flatten(0, 1), "k").view(NUM_PAGES, PAGE,
+                                                                            KV_HEADS, -1),
+                                 quant.quantize(v.flatten(0, 1), "v").view(NUM_PAGES, PAGE,
+                                                                           KV_HEADS, -1),
+                                 quant))
+    return levels
+
+
+def _dense(levels: list[LevelPages], page_levels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every page's dequantized K and V at its level, as one float32 cache (the reference)."""
+    k = torch.empty(NUM_PAGES, PAGE, KV_HEADS, HEAD_DIM)
+    v = torch.empty_like(k)
+    for page in range(NUM_PAGES):
+        pk, pv = levels[int(page_levels[page])].dequantize(torch.tensor([page]))
+        k[page], v[page] = pk, pv
+    return k, v
+
+
+@st.composite
+def batches(draw):
+    seqs = []
+    for _ in range(draw(st.integers(1, 4))):
+        seq_len = draw(st.integers(1, 5 * PAGE))
+        query_len = draw(st.sampled_from([1, seq_len, max(1, seq_len // 2)]))
+        seqs.append((seq_len, query_len))
+    pages = draw(st.permutations(range(NUM_PAGES)))
+    tables, used = [], 0
+    for seq_len, _ in seqs:
+        n = -(-seq_len // PAGE)
+        tables.append(list(pages[used : used + n]))
+        used += n
+    page_levels = draw(st.lists(st.integers(0, 2), min_size=NUM_PAGES, max_size=NUM_PAGES))
+    return seqs, tables, page_levels, draw(st.integers(0, 3))
+
+
+@given(batch=batches())
+def test_segments_by_level_equal_attention_over_the_dequantized_pages(batch):
+    seqs, tables, page_levels, seed = batch
+    levels = _levels(seed)
+    page_levels = torch.tensor(page_levels, dtype=torch.int8)
+    meta = AttentionMetadata.build(block_tables=tables, seq_lens=[s for s, _ in seqs],
+                                   query_lens=[q for _, q in seqs], page_size=PAGE)
+    query = torch.randn(meta.num_tokens, HEADS, HEAD_DIM,
+                        generator=torch.Generator().manual_seed(seed + 7))
+    got = mixed_paged_attention(query, levels, page_levels, meta, scale=HEAD_DIM**-0.5,
+                                num_kv_heads=KV_HEADS)
+    k, v = _dense(levels, page_levels)
+    want = get_backend("torch").paged_attention(query, k, v, meta, scale=HEAD_DIM**-0.5,
+                                                num_kv_heads=KV_HEADS)
+    error = (got - want).abs().max() / want.abs().max()
+    assert error < 1e-5
+
+
+def test_a_page_read_at_another_level_changes_the_output():
+    levels = _levels(0)
+    meta = AttentionMetadata.build(block_tables=[[0, 1, 2]], seq_lens=[12], query_lens=[1],
+                                   page_size=PAGE)
+    query = torch.randn(1, HEADS, HEAD_DIM)
+    demoted = torch.tensor([0, 2, 1] + [0] * (NUM_PAGES - 3), dtype=torch.int8)
+    k, v = _dense(levels, demoted)
+    want = get_backend("torch").paged_attention(query, k, v, meta, scale=1.0,
+                                                num_kv_heads=KV_HEADS)
+    wrong = demoted.clone()
+    wrong[1] = 0  # page 1 read at its old precision
+    got = mixed_paged_attention(query, levels, wrong, meta, scale=1.0, num_kv_heads=KV_HEADS)
+    assert (got - want).abs().max() > 1e-3
+
+
+def test_combining_one_segment_is_that_segment():
+    out = torch.randn(3, 2, 4)
+    lse = torch.randn(3, 2)
+    assert torch.equal(combine_segments([(out, lse)]), out)
+    # a segment no row sees weighs nothing
+    empty = (torch.full_like(out, 5.0), torch.full_like(lse, float("-inf")))
+    assert torch.allclose(combine_segments([(out, lse), empty]), out)
+
+
+def test_the_mixed_backend_takes_the_base_kernel_until_a_page_is_demoted():
+    levels = _levels(1)
+    state = MixedState(torch.zeros(NUM_PAGES, dtype=torch.int8))
+    layer = MixedLayer(levels, state)
+    backend = MixedBackend(get_backend("torch"))
+    meta = AttentionMetadata.build(block_tables=[[3, 4]], seq_lens=[6], query_lens=[6],
+                                   page_size=PAGE)
+    query = torch.randn(6, HEADS, HEAD_DIM)
+    base = get_backend("torch").paged_attention(query, levels[0].k_cache, levels[0].v_cache,
+                                                meta, scale=0.5, num_kv_heads=KV_HEADS)
+    plain = backend.paged_attention(query, levels[0].k_cache, levels[0].v_cache, meta,
+                                    scale=0.5, num_kv_heads=KV_HEADS, kv_quant=layer)
+    assert torch.equal(plain, base)
+    state.any_demoted = True  # the same levels (all 0) through the segments
+    mixed = backend.paged_attention(query, levels[0].k_cache, levels[0].v_cache, meta,
+                                    scale=0.5, num_kv_heads=KV_HEADS, kv_quant=layer)
+    assert (mixed - base).abs().max() / base.abs().max() < 1e-5
