@@ -63,3 +63,26 @@ def test_an_unknown_model_names_the_presets(capsys):
     code = main(["run", *SMALL, "--model", "no-such-model"])
     assert code == 2
     assert "tiny-llama" in capsys.readouterr().err
+
+
+def test_run_with_demotion_reports_the_precision_mix_the_simulator_reports(tmp_path, capsys):
+    """`kvlab run --policy paged:...,precision=age:...` requantizes in the engine and prints
+    and saves the precision mix; all requests arrive at once, so the schedule, hence the
+    demotions and the shares at each level, are the simulator's on the same trace."""
+    args = ["--model", "tiny-llama", "--dataset-name", "random", "--num-prompts", "8",
+            "--random-input-len", "64", "--random-output-len", "32",
+            "--policy", "paged:block_size=16,precision=age:recent=16,depth=2",
+            "--num-gpu-blocks-override", "24", "--save-result", "--result-dir", str(tmp_path)]
+    saved = {}
+    for command in ("run", "sim"):
+        code = main([command, *args, "--result-filename", f"{command}.json", "--disable-tqdm"])
+        assert code == 0
+        assert "KV Precision" in capsys.readouterr().out
+        saved[command] = json.loads((tmp_path / f"{command}.json").read_text())
+    mix = {key: value for key, value in saved["run"].items()
+           if key.startswith(("precision_share", "precision_demotions_"))
+           and key != "precision_demotions_per_s"}  # (per second: wall time against simulated)
+    assert mix["precision_demotions_1_fp8_e4m3"] > 0
+    assert mix["precision_demotions_2_int4_per_token_head"] > 0
+    assert sum(v for k, v in mix.items() if "share" in k) == pytest.approx(1.0)
+    assert mix == {key: saved["sim"][key] for key in mix}
