@@ -188,6 +188,12 @@ class SimConfig:
     def _check_manager(self, groups: list[KVCacheGroup]) -> None:
         """Raise the KvlabError the hybrid manager gives for this config, on a one-page
         manager (its checks run on construction), with one-page tiers of the same settings."""
+        if self.policy.precision != "none":  # before the manager's word on the ladder
+            raise KvlabError(
+                f"--policy precision={self.policy.precision}: demotion needs one KV-cache "
+                f"group; model {self.model_spec.name!r} has {len(groups)} (hybrid); pass "
+                "--disable-hybrid-kv-cache-manager to run every layer as full attention",
+                parameters=("policy",))
         tier_config = self.serving.kv_tiers
         tiers = [PrefixTier(spec, 1, tier_config.block_pages(self.serving.page_size))
                  for spec in tier_config.tiers]

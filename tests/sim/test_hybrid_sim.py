@@ -140,3 +140,15 @@ def test_the_cli_accepts_disable_hybrid_kv_cache_manager(capsys):
                  "random", "--num-prompts", "20", "--disable-tqdm", "--kv-cache-memory", "1GiB",
                  "--disable-hybrid-kv-cache-manager"]) == 0
     assert "KV Cache Groups" not in capsys.readouterr().out
+
+
+def test_demotion_on_a_hybrid_model_is_one_line_naming_the_groups_and_the_way_out(capsys):
+    args = ["sim", "--model", "gemma-3-27b", "--dataset-name", "random", "--num-prompts", "4",
+            "--disable-tqdm", "--policy", "paged:eviction=lru,precision=age:recent=64"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "demotion needs one KV-cache group" in err and "gemma-3-27b' has 7" in err
+    assert "--disable-hybrid-kv-cache-manager" in err
+    assert main([*args, "--disable-hybrid-kv-cache-manager"]) == 0  # (one group: it demotes)
+    assert "KV Precision" in capsys.readouterr().out
