@@ -119,7 +119,27 @@ class PrecisionPages:
         demoted, levels = self.demoted, self.levels
         for page in [p for p in levels if not demoted.get(p)]:
             del levels[page]
-        state = self.state
+        self._publish()
+
+    def demote_to(self, targets: dict[int, int]) -> None:
+        """Outside the manager (`kvlab accuracy`'s windows): each of `targets`' pages brought
+        down to its level there (none raised), as the step's requantizations would; an empty
+        dict puts every page back at level 0 (its values then are what is written anew)."""
+        if not targets:
+            self.levels.clear()
+        by_move: dict[tuple[int, int], list[int]] = {}
+        for page, level in targets.items():
+            before = self.levels.get(page, 0)
+            if level > before:
+                by_move.setdefault((before, level), []).append(page)
+        for (before, after), pages in sorted(by_move.items()):
+            self.requantize(pages, before, after)
+            self.levels.update(dict.fromkeys(pages, after))
+        self._publish()
+
+    def _publish(self) -> None:
+        """Each page's level where attention reads it."""
+        levels, state = self.levels, self.state
         state.page_levels.zero_()
         if levels:
             ids = torch.tensor(list(levels), dtype=torch.long, device=state.page_levels.device)

@@ -14,6 +14,14 @@ Per configuration:
 - greedy agreement: prompts whose `output_len` greedy tokens equal the reference's, and the mean
   share of tokens before the first difference.
 
+A precision policy (`precisions`: the policy grammar's `precision=` family, e.g.
+`age:recent=64,depth=2`) is measured at the model's own dtype with that policy's demotions
+(issue 48): the windows are prefilled a page at a time, and before each page the pages of the
+tokens computed so far are requantized to the levels the policy's rule gives them
+(`AgeDemotion`: as the manager demotes at a step's start, whatever the pool's pressure), so
+each position reads its context as a decode step at that position would (within a page);
+the greedy prompts run through the engine's manager with the policy as given.
+
 Engines run one at a time (one model in memory); the reference's log-probabilities are kept
 on the host in float32 between them: `num_tokens x vocab x 4` bytes (8,192 tokens of a 128k
 vocabulary: 4 GiB; lower `num_tokens` for large vocabularies).
@@ -32,6 +40,7 @@ from kvlab.engine import EngineConfig, LLMEngine, SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.kernels import AttentionMetadata
 from kvlab.policies.serving import ServingConfig
+from kvlab.policies.spec import PolicySpec, parse_policy
 from kvlab.specs.kv_dtype import kv_cache_dtype
 
 REFERENCE = "auto"
@@ -45,10 +54,12 @@ class AccuracyConfig:
     `num_tokens` bounds the scored positions (whole windows of `window` tokens, each
     prefilled `chunk` tokens at a time); `num_prompts` prompts of `prompt_len` corpus tokens
     generate `output_len` greedy tokens each. `device`, `attention_backend`, `dtype` and
-    `block_size` are the engine's."""
+    `block_size` are the engine's. `precisions`: precision policies (`age:recent=R,...`)
+    measured at `auto` beside the dtypes."""
 
     model: str
     kv_cache_dtypes: tuple[str, ...]
+    precisions: tuple[str, ...] = ()
     window: int = 512
     chunk: int = 128
     num_tokens: int = 8192
@@ -67,11 +78,32 @@ class AccuracyConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KvlabError(f"{name} is {value!r}; expected a whole number >= 1",
                                  parameters=(name,))
-        if not self.kv_cache_dtypes:
-            raise KvlabError("no kv_cache_dtype to test; name one or more",
+        if not self.kv_cache_dtypes and not self.precisions:
+            raise KvlabError("no kv_cache_dtype or precision to test; name one or more",
                              parameters=("kv_cache_dtype",))
         for name in self.kv_cache_dtypes:
             kv_cache_dtype(name)  # a KvlabError naming the choices
+        for precision in self.precisions:
+            precision_policy(precision, self.block_size)
+
+    def configurations(self) -> list[tuple[str, str]]:
+        """(kv_cache_dtype, precision) of each measured configuration, in order."""
+        return ([(name, "none") for name in self.kv_cache_dtypes]
+                + [(REFERENCE, precision) for precision in self.precisions])
+
+
+def precision_policy(precision: str, block_size: int) -> PolicySpec:
+    """The paged policy demoting by `precision` (the policy grammar's `precision=` value);
+    a KvlabError naming --precision where it is not a demoting family's spec."""
+    try:
+        spec = parse_policy(f"paged:block_size={block_size},precision={precision}")
+    except KvlabError as exc:
+        raise KvlabError(f"--precision {precision!r}: {exc}", parameters=("precision",)
+                         ) from None
+    if spec.precision == "none":
+        raise KvlabError(f"--precision {precision!r}: expected a policy that demotes, "
+                         "e.g. age:recent=64,depth=2 (kvlab policies)", parameters=("precision",))
+    return spec
 
 
 @dataclass(slots=True)
@@ -88,6 +120,7 @@ class DTypeAccuracy:
     greedy_identical: int
     num_prompts: int
     greedy_prefix_share: float
+    precision: str = "none"
 
     @property
     def perplexity_change(self) -> float:
@@ -97,7 +130,8 @@ class DTypeAccuracy:
     def to_json(self) -> dict[str, Any]:
         """The figures as a JSON-ready dict, the perplexity change included."""
         return {
-            "kv_cache_dtype": self.kv_cache_dtype, "num_tokens": self.num_tokens,
+            "kv_cache_dtype": self.kv_cache_dtype, "precision": self.precision,
+            "num_tokens": self.num_tokens,
             "kl_mean": self.kl_mean, "kl_p99": self.kl_p99,
             "top1_agreement": self.top1_agreement, "perplexity": self.perplexity,
             "reference_perplexity": self.reference_perplexity,
@@ -141,13 +175,14 @@ def greedy_prompts(token_ids: Sequence[int], config: AccuracyConfig) -> list[lis
     return [list(token_ids[s:s + config.prompt_len]) for s in starts]
 
 
-def build_engine(config: AccuracyConfig, name: str) -> LLMEngine:
-    """An engine of the model with its KV cache in precision `name`, its pages enough for one
-    window or one batch of greedy prompts, whichever is more."""
+def build_engine(config: AccuracyConfig, name: str, precision: str = "none") -> LLMEngine:
+    """An engine of the model with its KV cache in precision `name` (demoting by `precision`),
+    its pages enough for one window or one batch of greedy prompts, whichever is more."""
     longest = max(config.window, config.prompt_len + config.output_len)
     pages = config.num_prompts * -(-(config.prompt_len + config.output_len) // config.block_size)
     pages = max(pages, -(-config.window // config.block_size)) + 1
-    serving = ServingConfig.create("paged", block_size=config.block_size,
+    policy = "paged" if precision == "none" else precision_policy(precision, config.block_size)
+    serving = ServingConfig.create(policy, block_size=config.block_size,
                                    num_gpu_blocks_override=pages, kv_cache_dtype=name,
                                    max_num_batched_tokens=max(config.chunk, 2048),
                                    max_model_len=None)
@@ -173,12 +208,17 @@ def window_logprobs(engine: LLMEngine, window: Sequence[int], chunk: int) -> tor
     runner = engine.runner
     page_size = runner.page_size
     table = list(range(-(-len(window) // page_size)))
+    demotion = _Demotion.of(engine)
+    if demotion is not None:  # a page at a time: each position reads what a decode would
+        chunk = min(chunk, page_size)
     device = runner.device
     ids = torch.tensor(window, dtype=torch.long, device=device)
     rows = []
     with torch.inference_mode():
         for start in range(0, len(window), chunk):
             end = min(start + chunk, len(window))
+            if demotion is not None:
+                demotion.before_chunk(table, start)
             meta = AttentionMetadata.build(block_tables=[table], seq_lens=[end],
                                            query_lens=[end - start], page_size=page_size,
                                            device=device)
@@ -188,6 +228,34 @@ def window_logprobs(engine: LLMEngine, window: Sequence[int], chunk: int) -> tor
             rows.append(torch.log_softmax(logits, dim=-1).cpu())
     runner.platform.synchronize()
     return torch.cat(rows)
+
+
+@dataclass(slots=True)
+class _Demotion:
+    """An engine's precision policy applied to a window's pages outside its manager."""
+
+    pages: Any  # engine/precision_pages.py's PrecisionPages
+    policy: Any  # policies/precision/age.py's AgeDemotion
+    depth: int
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> _Demotion | None:
+        """The engine's demotion, its pages all back at level 0; None without one."""
+        pages, manager = engine.kv_cache.precision, engine.manager.precision
+        if pages is None or manager is None:
+            return None
+        pages.demote_to({})
+        return cls(pages, manager.policy, min(manager.policy.depth, pages.ladder.depth))
+
+    def before_chunk(self, table: list[int], num_computed: int) -> None:
+        """The pages of `num_computed` tokens at the levels the rule gives them."""
+        page_size = self.pages.page_size
+        targets: dict[int, int] = {}
+        for level in range(1, self.depth + 1):
+            count = self.policy.num_pages_at_least(level, num_computed, page_size)
+            targets.update(dict.fromkeys(table[:count], level))
+        if targets:
+            self.pages.demote_to(targets)
 
 
 def greedy_outputs(engine: LLMEngine, prompts: list[list[int]], output_len: int
@@ -216,9 +284,10 @@ def measure_accuracy(config: AccuracyConfig, token_ids: Sequence[int],
     del engine
     reference_nll = _mean_nll(reference.logprobs, reference.targets)
     results = []
-    for name in config.kv_cache_dtypes:
-        _note(progress, f"{name}: the same windows and prompts")
-        engine = build_engine(config, name)
+    for name, precision in config.configurations():
+        label = name if precision == "none" else f"{name}, precision={precision}"
+        _note(progress, f"{label}: the same windows and prompts")
+        engine = build_engine(config, name, precision)
         kls, agree, nll_sum = [], 0, 0.0
         for window, ref, targets in zip(windows, reference.logprobs, reference.targets,
                                         strict=True):
@@ -238,7 +307,8 @@ def measure_accuracy(config: AccuracyConfig, token_ids: Sequence[int],
             kl_mean=float(kl.mean()), kl_p99=float(torch.quantile(kl, 0.99)),
             top1_agreement=agree / num_tokens, perplexity=math.exp(nll_sum / num_tokens),
             reference_perplexity=math.exp(reference_nll), greedy_identical=identical,
-            num_prompts=len(prompts), greedy_prefix_share=sum(prefix) / len(prefix)))
+            num_prompts=len(prompts), greedy_prefix_share=sum(prefix) / len(prefix),
+            precision=precision))
     return results
 
 

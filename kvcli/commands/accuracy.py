@@ -3,6 +3,7 @@ model against its full-precision cache, on a text corpus (`kvlab.fidelity.accura
 (mean, p99), top-1 agreement, perplexity and its change, greedy-output agreement.
 
     kvlab accuracy stdlib-llama --kv-cache-dtype fp8_e4m3 fp8_e5m2 int8 int8_per_token_head
+    kvlab accuracy stdlib-llama --kv-cache-dtype fp8_e4m3 --precision age:recent=64,depth=2
     kvlab accuracy /models/Llama-3.1-8B --device cuda --kv-cache-dtype fp8 --corpus wiki.txt
 """
 
@@ -21,10 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = AccuracyConfig(model="", kv_cache_dtypes=("fp8",))
     parser.add_argument("model", metavar="MODEL",
                         help="a preset with a tokenizer (stdlib-llama) or a Hugging Face folder")
-    parser.add_argument("--kv-cache-dtype", nargs="+", default=["fp8_e4m3"], metavar="DTYPE",
+    parser.add_argument("--kv-cache-dtype", nargs="+", default=None, metavar="DTYPE",
                         choices=kv_cache_dtype_names(),
                         help="the precisions to measure against auto, vLLM's names "
-                        f"({', '.join(kv_cache_dtype_names())}; default fp8_e4m3)")
+                        f"({', '.join(kv_cache_dtype_names())}; default fp8_e4m3, none "
+                        "with --precision)")
+    parser.add_argument("--precision", nargs="+", default=[], metavar="SPEC",
+                        help="precision policies to measure at auto, as a policy's "
+                        "precision= value (age:recent=64,depth=2; kvlab policies): pages "
+                        "demoted as the policy says, read back at their levels")
     parser.add_argument("--corpus", default=None, metavar="TEXT_FILE",
                         help="UTF-8 text to score (default: the held-out Python standard "
                         "library modules stdlib-llama never saw)")
@@ -55,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from kvlab.fidelity.accuracy import AccuracyConfig, measure_accuracy
 
     config = AccuracyConfig(
-        model=args.model, kv_cache_dtypes=tuple(args.kv_cache_dtype), window=args.window,
+        model=args.model, precisions=tuple(args.precision),
+        kv_cache_dtypes=tuple(args.kv_cache_dtype if args.kv_cache_dtype is not None
+                              else [] if args.precision else ["fp8_e4m3"]), window=args.window,
         chunk=args.chunk, num_tokens=args.num_tokens, num_prompts=args.num_prompts,
         prompt_len=args.prompt_len, output_len=args.output_len, device=args.device,
         attention_backend=args.attention_backend, dtype=args.dtype, block_size=args.block_size)
@@ -100,14 +108,14 @@ def corpus_tokens(model: str, corpus: str | None) -> tuple[list[int], str]:
 
 
 def format_accuracy(model: str, source: str, results: list[Any]) -> str:
-    """One row per precision: KL, top-1 agreement, perplexity and its change, greedy
-    agreement."""
+    """One row per precision (a dtype, or auto with a precision policy): KL, top-1
+    agreement, perplexity and its change, greedy agreement."""
     from kvlab.commands.presets import format_table
 
     first = results[0]
-    header = ("kv_cache_dtype", "KL mean", "KL p99", "top-1 agree %", "perplexity",
+    header = ("kv_cache_dtype", "precision", "KL mean", "KL p99", "top-1 agree %", "perplexity",
               "change", "greedy same", "greedy prefix %")
-    rows = [[r.kv_cache_dtype, f"{r.kl_mean:.2e}", f"{r.kl_p99:.2e}",
+    rows = [[r.kv_cache_dtype, r.precision, f"{r.kl_mean:.2e}", f"{r.kl_p99:.2e}",
              f"{100 * r.top1_agreement:.2f}", f"{r.perplexity:.4f}",
              f"{r.perplexity_change:+.4f}", f"{r.greedy_identical}/{r.num_prompts}",
              f"{100 * r.greedy_prefix_share:.1f}"] for r in results]

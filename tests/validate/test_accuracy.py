@@ -97,3 +97,32 @@ def test_on_the_trained_model_fewer_bits_cost_more_and_per_head_scales_pay(capsy
     assert per_head["kl_mean"] < fp8["kl_mean"] < int4["kl_mean"]
     assert per_head["top1_agreement"] > 0.97 and abs(per_head["perplexity_change"]) < 0.1
     assert per_head["reference_perplexity"] < 100  # against 2,048 for a uniform guess
+
+
+def test_demotion_with_recent_past_every_window_and_prompt_costs_nothing(token_ids):
+    config = AccuracyConfig(model="tiny-llama", kv_cache_dtypes=(),
+                            precisions=("age:recent=64,depth=2", "age:recent=8,depth=2"), **TINY)
+    untouched, demoted = measure_accuracy(config, token_ids)
+    assert (untouched.kv_cache_dtype, untouched.precision) == ("auto", "age:recent=64,depth=2")
+    assert untouched.kl_mean == 0.0 and untouched.greedy_identical == 3
+    assert demoted.kl_mean > 0 and demoted.kl_p99 > 0
+
+
+def test_a_bad_precision_is_one_line_naming_the_flag(capsys):
+    for bad, words in (("age:recent=0", "recent=0"), ("none", "a policy that demotes"),
+                       ("fifo", "valid: age, none")):
+        assert main(["accuracy", "stdlib-llama", "--precision", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--precision" in err and words in err
+
+
+def test_on_the_trained_model_demotion_costs_more_the_fewer_tokens_it_keeps(capsys):
+    """stdlib-llama (trained on real text): pages demoted by age cost less than a cache all
+    at fp8, and more the smaller R; the JSON names each row's precision policy."""
+    assert main(["accuracy", "stdlib-llama", "--kv-cache-dtype", "fp8_e4m3", "--precision",
+                 "age:recent=16,depth=2", "age:recent=128,depth=2", "--num-tokens", "512",
+                 "--window", "256", "--num-prompts", "2", "--output-len", "4", "--json"]) == 0
+    fp8, short, long = json.loads(capsys.readouterr().out)["results"]
+    assert [r["precision"] for r in (fp8, short, long)] == [
+        "none", "age:recent=16,depth=2", "age:recent=128,depth=2"]
+    assert fp8["kl_mean"] > short["kl_mean"] > long["kl_mean"] > 0
