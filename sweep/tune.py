@@ -126,6 +126,8 @@ class _Candidate:
     search: RateSearch
     rows: dict[float, dict[str, Any]] = field(default_factory=dict)
     error: str | None = None
+    notes: dict[str, Any] = field(default_factory=dict)  # columns shown beside its settings
+    excluded: str | None = None  # why it is not searched (over a quality budget)
 
 
 def check_candidates(candidates: Sequence[Mapping[str, Any]]) -> None:
@@ -148,7 +150,9 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
          options: SearchOptions | None = None, force: bool = False,
          progress: bool = False,
          on_probe: Callable[[dict[str, Any]], object] | None = None,
-         slo_class: str | None = None) -> pd.DataFrame:
+         slo_class: str | None = None,
+         notes: Sequence[Mapping[str, Any]] | None = None,
+         excluded: Sequence[str | None] | None = None) -> pd.DataFrame:
     """The ranked table: for each candidate (checked settings), the highest request rate
     whose goodput attainment is at least `min_attainment` under `slos` (ms keyed ttft, tpot,
     e2el), with its probe's metrics; best first. With `slo_class`, the attainment is over
@@ -157,6 +161,9 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
     Candidates search in parallel on `executor`, one probe each in flight. Probes are
     appended to `store` when given, and a re-run takes the stored ones instead of simulating
     them again (`force`: simulates and replaces them). `on_probe(row)` sees each new probe.
+    `notes[i]`: columns shown beside candidate i's settings (its quality figures);
+    `excluded[i]`, when not None, says why candidate i is not searched (over a quality
+    budget: `kvlab.sweep.quality`): it is ranked last with that status.
     """
     goodput = parse_goodput(f"{name}:{ms}" for name, ms in slos.items())
     if not goodput:
@@ -168,8 +175,10 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
     options = options or SearchOptions()
     cached = _stored_probes(store) if store is not None and not force else {}
     measured = {"goodput": goodput, **({"slo_class": slo_class} if slo_class else {})}
-    states = [_Candidate({**candidate, **measured}, options.search())
-              for candidate in candidates]
+    states = [_Candidate({**candidate, **measured}, options.search(),
+                         notes=dict(notes[i]) if notes else {},
+                         excluded=excluded[i] if excluded else None)
+              for i, candidate in enumerate(candidates)]
     bar = _bar(len(states), progress)
     in_flight: dict[int, float] = {}
     new_rows: list[dict[str, Any]] = []
@@ -177,7 +186,7 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
     def advance(index: int) -> None:
         """Take stored probes until one must be simulated, then submit it."""
         state = states[index]
-        while state.error is None:
+        while state.error is None and state.excluded is None:
             rate = state.search.next_rate()
             if rate is None:
                 break
@@ -231,7 +240,7 @@ def _stored_probes(store: SweepStore) -> dict[str, dict[str, Any]]:
 
 def ranked_table(states: Sequence[_Candidate], min_attainment: float) -> pd.DataFrame:
     """One row per candidate, best (highest met rate) first; candidates that met no rate or
-    failed to run last, in their order."""
+    failed to run next, in their order, then those over a quality budget."""
     import pandas as pd
 
     varying = _varying(state.settings for state in states)
@@ -241,6 +250,7 @@ def ranked_table(states: Sequence[_Candidate], min_attainment: float) -> pd.Data
         best = state.rows.get(search.passing) if search.passing is not None else None
         record: dict[str, Any] = {PARAM_PREFIX + name: state.settings.get(name)
                                   for name in varying}
+        record.update(state.notes)
         record["max_request_rate"] = search.passing if state.error is None else None
         record["capped"] = search.capped
         record["lowest_failed_rate"] = search.failing
@@ -248,9 +258,10 @@ def ranked_table(states: Sequence[_Candidate], min_attainment: float) -> pd.Data
             record[key] = None if best is None else best.get(key)
         record["num_probes"] = len(search.probes)
         record["min_attainment"] = min_attainment
-        record["status"] = "error" if state.error else ("ok" if best else "no rate met")
+        record["status"] = ("error" if state.error else f"over budget: {state.excluded}"
+                            if state.excluded else "ok" if best else "no rate met")
         record["error"] = state.error
-        record["_order"] = order
+        record["_order"] = order + (len(states) if state.excluded else 0)  # (those last)
         records.append(record)
     table = pd.DataFrame(records)
     table["_rate"] = table["max_request_rate"].astype(float).fillna(-1.0)

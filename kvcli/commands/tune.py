@@ -40,6 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slo.add_argument("--rate-tolerance", type=float, default=defaults.rate_tolerance,
                      help="stop when the lowest failed rate is within this share of the "
                      f"highest met one (default {defaults.rate_tolerance:g})")
+    quality = parser.add_argument_group(
+        "quality budget (a KV precision's cost, measured by kvlab accuracy)")
+    quality.add_argument("--quality", default=None, metavar="ACCURACY.json",
+                         help="what each candidate's kv_cache_dtype and precision= policy "
+                         "cost the model: the output of kvlab accuracy MODEL --json "
+                         "(--kv-cache-dtype ... --precision ...); shown beside each candidate")
+    quality.add_argument("--max-kl", type=float, default=None, metavar="NATS",
+                         help="rank only candidates whose mean logit KL is at most this; the "
+                         "others are listed last, not simulated (needs --quality)")
+    quality.add_argument("--max-perplexity-increase", type=float, default=None, metavar="X",
+                         help="... whose perplexity rises at most this (needs --quality)")
+    quality.add_argument("--min-top1", type=float, default=None, metavar="PERCENT",
+                         help="... whose top-1 agreement is at least this (needs --quality)")
     add_spec_arguments(parser, what="candidate")
     parser.add_argument("-o", "--output", default=None, metavar="DIR",
                         help="folder of the ranked table (tune.parquet, tune.csv, tune.json) "
@@ -67,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if "goodput" in spec.base:
         raise KvlabError("--goodput: tune's SLOs are --slo (they set the goodput)")
     candidates = spec.points()
+    quality = quality_of(args, candidates)
     folder = output_folder(args, ".tune", default="tune")
     store = SweepStore(folder / "probes")
     executor = executor_from_args(args)
@@ -74,18 +88,27 @@ def run(args: argparse.Namespace) -> int:
         table = tune(candidates, slos, executor, store=store,
                      min_attainment=args.min_attainment / 100, options=options,
                      force=args.force, progress=show_progress(args),
-                     slo_class=args.slo_class)
+                     slo_class=args.slo_class, **quality)
     finally:
         executor.close()
     slo_text = ", ".join(f"{name} <= {ms:g} ms" for name, ms in slos.items())
     whose = f"{args.slo_class} requests" if args.slo_class else "requests"
     print(f"Highest request rate with >= {args.min_attainment:g}% of {whose} meeting "
           f"{slo_text}:")
+    if args.quality:
+        print(f"Quality of each KV precision: {args.quality} (kvlab accuracy on its model, "
+              "not necessarily the candidates')")
     params = [column for column in table.columns if column.startswith("param.")]
     rows: list[dict[str, Any]] = [
         {**row, **{column[len("param."):]: row[column] for column in params}}
         for row in table.astype(object).where(table.notna(), None).to_dict("records")]
-    columns = ["rank", *(column[len("param."):] for column in params), *SHOWN]
+    from kvlab.sweep.quality import QUALITY_COLUMNS
+
+    shown_quality = list(QUALITY_COLUMNS) if args.quality else []
+    columns = ["rank", *(column[len("param."):] for column in params), *shown_quality, *SHOWN]
+    for row in rows if args.quality else []:  # KL in nats is small: scientific
+        if row.get("kl_mean") is not None:
+            row["kl_mean"] = f"{row['kl_mean']:.2e}"
     print(format_table(rows, columns))
     errors = [row for row in rows if row.get("error")]
     for row in errors[:3]:
@@ -93,3 +116,21 @@ def run(args: argparse.Namespace) -> int:
     paths = save_table(table, folder)
     print("Saved " + ", ".join(str(path) for path in paths) + f"; probes in {store.path}")
     return 0
+
+
+def quality_of(args: argparse.Namespace, candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    """tune's `notes` and `excluded` from --quality and the budget flags (empty without
+    --quality); a one-line KvlabError for a budget without a file or a candidate it lacks."""
+    from kvlab.errors import KvlabError
+    from kvlab.sweep.quality import QualityBudget, QualityTable, judge
+
+    min_top1 = None if args.min_top1 is None else args.min_top1 / 100
+    budget = QualityBudget(args.max_kl, args.max_perplexity_increase, min_top1)
+    if not args.quality:
+        if budget.is_set:
+            raise KvlabError("--max-kl, --max-perplexity-increase and --min-top1 need "
+                             "--quality ACCURACY.json (kvlab accuracy MODEL --json)",
+                             parameters=("quality",))
+        return {}
+    notes, excluded = judge(candidates, QualityTable.load(args.quality), budget)
+    return {"notes": notes, "excluded": excluded}
