@@ -16,13 +16,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py policies/_tierstore.c $(CONSTRAINTS)
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py $(CONSTRAINTS)
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e .
 	touch $@
 
 EXTRAS := engine,dashboard,serve,bench,sweep,plot,dev
 
-$(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py policies/_tierstore.c $(CONSTRAINTS)
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml setup.py $(CONSTRAINTS)
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	touch $@ $(VENV)/.installed

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import setup
 
 ROOT = Path(__file__).parent
 FOLDERS = {
@@ -37,7 +37,4 @@ def _packages() -> tuple[list[str], dict[str, str]]:
 
 
 PACKAGES, PACKAGE_DIR = _packages()
-# The LRU tier store in C (policies/_tierstore.c). Optional: without a C compiler the install
-# goes on and the tiers use the same store in Python (policies/tiers.py, DictStore), slower.
-TIER_STORE = Extension("kvlab.policies._tierstore", ["policies/_tierstore.c"], optional=True)
-setup(packages=PACKAGES, package_dir=PACKAGE_DIR, ext_modules=[TIER_STORE])
+setup(packages=PACKAGES, package_dir=PACKAGE_DIR)

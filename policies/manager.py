@@ -132,7 +132,7 @@ class KVCacheManager(ManagerView):
             self.precision = PrecisionDriver(self, precision, precision_ladder, num_device_pages)
 
     def _init_tiers(self, tiers: list[PrefixTier] | None, config: TiersConfig | None) -> None:
-        """The tiers below the device (policies/tiers.py); None: none, and no cost anywhere."""
+        """The tiers below the device (policies/tiers/); None: none, and no cost anywhere."""
         if tiers and not self.caching:
             raise KvlabError("memory tiers hold prefix-cache pages: enable prefix caching "
                              "(an eviction policy other than none)", parameters=("kv_tiers",))

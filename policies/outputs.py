@@ -32,7 +32,7 @@ class MemOps:
     page moves here: a block table addresses blocks wherever they lie. A transfer is one run of
     consecutive pages on both sides, which is what a link's per-transfer latency is charged on.
 
-    Memory tiers (policies/tiers.py) add two lists of `TierBatch`es: `tier_writes` (device
+    Memory tiers (policies/tiers/) add two lists of `TierBatch`es: `tier_writes` (device
     pages stored to the first tier, tier pages moved down) run first of all, batch after batch
     in list order, while every source still holds its content; `tier_loads` (tier pages into
     fresh device pages of the prefix hits below the device) run last, and with them

@@ -1,5 +1,5 @@
 """The manager's side of the memory tiers: what it stores below the device, looks up there and
-pins for a step (the tiers themselves are `policies/tiers.py`)."""
+pins for a step (the tiers themselves are `policies/tiers/`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, cast
 
 from kvlab.policies.outputs import MemOps, TierBatch
 from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats, chain_length, tier_chain
+from kvlab.policies.tiers.units import DeviceUnits, each_page, unit_slots, whole
 
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool
@@ -21,15 +22,23 @@ class TierLink:
 
     A tier page holds `unit` device pages (`kv_tier_block_size`): tier page p is slots
     p * unit onwards of the tier's memory (executors copy device pages); a unit of several
-    pages is written through whole, never back (its pages leave the device one by one).
+    pages is written whole: through, as its last page is computed (and never back: its pages
+    leave the device one by one), or back, as its last page leaves the device
+    (`policies/tiers/units.py`).
+
+    `write_through` tells the block tables to report the pages they register
+    (`queue_through`): true under write-through, and for units of several pages under
+    write-back too (to know each unit's pages when it is written back).
     """
 
     __slots__ = (
         "_pool",
         "_reuse",
+        "_through",
         "_through_keys",
         "_through_pages",
         "_tier_writes",
+        "_units",
         "_write_backs",
         "first_hit_pages",
         "last_hit_levels",
@@ -46,12 +55,16 @@ class TierLink:
         self.tiers = tiers
         self._pool = pool
         self.page_size = page_size
-        self.write_through = config.write_policy == "write-through"
+        self._through = config.write_policy == "write-through"
         self.store_threshold = config.store_threshold
         self.unit = config.block_pages(page_size)
         assert all(tier.block_pages == self.unit for tier in tiers), \
             "tiers built for another kv_tier_block_size"
-        if self.unit == 1:  # (units: written through)
+        self.write_through = self._through or self.unit > 1
+        # units of several pages written back: each unit's pages, from its registration
+        self._units = DeviceUnits(self.unit) \
+            if self.unit > 1 and not self._through else None
+        if self.unit == 1 or not self._through:  # (units written through: never back)
             pool.on_evicted = self.write_back
         self._tier_writes: list[TierBatch] = []  # this step's, in order
         # Device pages evicted since the last write-back, with their keys: stored in batches
@@ -94,7 +107,7 @@ class TierLink:
             return tier_chain(stores, hashes[start:limit])
         first = start // unit * unit
         units = tier_chain(stores, hashes[first + unit - 1 : limit // unit * unit : unit])
-        runs = [(level, _slots(pages, unit)) for level, pages in units]
+        runs = [(level, unit_slots(pages, unit)) for level, pages in units]
         if runs and start > first:  # the device holds the first unit's first pages
             runs[0] = (runs[0][0], runs[0][1][start - first :])
         return runs
@@ -170,7 +183,7 @@ class TierLink:
         unit = self.unit
         found = list(map(self._pool.cached.get, keys))
         if found != pages:  # some content left the device (the common case: none did)
-            live = _whole([page == held for page, held in zip(pages, found, strict=True)], unit)
+            live = whole([page == held for page, held in zip(pages, found, strict=True)], unit)
             pages, keys = list(compress(pages, live)), list(compress(keys, live))
         unit_keys = keys[unit - 1 :: unit]
         if len(set(unit_keys)) < len(unit_keys):
@@ -178,7 +191,7 @@ class TierLink:
             for index, key in enumerate(unit_keys):
                 first.setdefault(key, index)
             keep = [first[key] == index for index, key in enumerate(unit_keys)]
-            pages = list(compress(pages, _each_page(keep, unit)))
+            pages = list(compress(pages, each_page(keep, unit)))
             unit_keys = list(compress(unit_keys, keep))
         if unit_keys:
             self._store(0, pages, unit_keys, 1)
@@ -198,6 +211,8 @@ class TierLink:
         for tier in self.tiers:
             tier.clear()
         self._through_pages, self._through_keys = [], []
+        if self._units is not None:
+            self._units.clear()
 
     def check(self, *, distinct: bool = True) -> None:
         """Conservation in every tier (AssertionError otherwise); nothing pinned between steps.
@@ -211,12 +226,21 @@ class TierLink:
     def write_back(self, pages: list[int], keys: list) -> None:
         """Device pages whose content is being dropped: store what the first tier lacks (in a
         batch, soon: the pages keep their content until the step's work runs)."""
+        if self._units is not None:  # (units: each taken whole, or not, as it is evicted)
+            self._units.evicted(pages, keys, self._pool.cached)
+            return
         pending_pages, pending_keys = self._write_backs
         pending_pages.extend(pages)
         pending_keys.extend(keys)
 
     def flush_write_backs(self) -> None:
-        """Store the pending write-backs now."""
+        """Store the pending write-backs now (units of several pages: those whose last page
+        was evicted, whole: `DeviceUnits`)."""
+        if self._units is not None:
+            pages, keys = self._units.take_pending()
+            if keys:
+                self._store(0, pages, keys, 1)
+            return
         pages, keys = self._write_backs
         if pages:
             self._write_backs = ([], [])
@@ -234,8 +258,12 @@ class TierLink:
         pages, each unit whose last page is among them (so a unit is queued once, by the table
         registering its key), from the device pages holding its content (a unit whose pages
         are not all on the device is not written). `regular`: the table's pages hold its
-        registered content (none cached elsewhere)."""
+        registered content (none cached elsewhere). Units written back: remember each unit
+        whose last page is among them (`DeviceUnits.note`)."""
         unit = self.unit
+        if self._units is not None:
+            self._units.note(pages, hashes, new, regular, self._pool.cached)
+            return
         if unit == 1:
             self._through_pages += [pages[index] for index in new]
             self._through_keys += [hashes[index] for index in new]
@@ -253,8 +281,8 @@ class TierLink:
             keys = list(chain.from_iterable(hashes[index : index + unit] for index in starts))
             held = list(map(cached.get, keys))
         if None in held:
-            whole = _whole([page is not None for page in held], unit)
-            keys, held = list(compress(keys, whole)), list(compress(held, whole))
+            complete = whole([page is not None for page in held], unit)
+            keys, held = list(compress(keys, complete)), list(compress(held, complete))
         self._through_pages += cast("list[int]", held)
         self._through_keys += keys
 
@@ -274,11 +302,11 @@ class TierLink:
             keep = [not held and reuse.get(key, 0) >= threshold
                     for key, held in zip(keys, tier.store.holds_each(keys), strict=True)]
             keys = list(compress(keys, keep))
-            src_pages = list(compress(src_pages, _each_page(keep, unit)))
+            src_pages = list(compress(src_pages, each_page(keep, unit)))
         elif len(keys) <= tier.num_free_pages:  # room for all: found and stored in one pass
             stored_keys, pages = tier.put_into_free(keys)
             if stored_keys is not None:
-                src_pages = list(compress(src_pages, _each_page(stored_keys, unit)))
+                src_pages = list(compress(src_pages, each_page(stored_keys, unit)))
             own.num_stores += len(pages) * unit
             if pages:  # (a row of free pages: one range of slots)
                 slots = pages if unit == 1 else range(pages[0] * unit, (pages[-1] + 1) * unit)
@@ -287,44 +315,21 @@ class TierLink:
         elif tier.store.holds_any(keys):
             keep = [not held for held in tier.store.holds_each(keys)]
             keys = list(compress(keys, keep))
-            src_pages = list(compress(src_pages, _each_page(keep, unit)))
+            src_pages = list(compress(src_pages, each_page(keep, unit)))
         if not keys:
             return
         stored, pages, victim_pages, victim_keys = tier.put_many(keys)
         own.num_stores += len(stored) * unit
         own.num_evictions += len(victim_keys) * unit
-        victim_slots = _slots(victim_pages, unit)
+        victim_slots = unit_slots(victim_pages, unit)
         if victim_keys and level < len(tiers):
             tier.stats.num_demotions += len(victim_keys) * unit
             own.num_demotions += len(victim_keys) * unit
             self._store(level, victim_slots, victim_keys, level + 1)
         sources = src_pages[len(src_pages) - len(stored) * unit :]  # put_many keeps the last
         # a full tier's victims' pages take the keys: their slots listed once (batches are read)
-        slots = victim_slots if unit > 1 and pages == victim_pages else _slots(pages, unit)
+        slots = victim_slots if unit > 1 and pages == victim_pages else unit_slots(pages, unit)
         self._tier_writes.append(TierBatch(src_level, sources, level, slots))
-
-
-def _each_page(flags: list[bool], unit: int) -> list[bool]:
-    """A flag per unit as a flag per page, `unit` pages a unit."""
-    if unit == 1:
-        return flags
-    return [flag for flag in flags for _ in range(unit)]
-
-
-def _whole(flags: list[bool], unit: int) -> list[bool]:
-    """A flag per page, `unit` pages a unit: true where all of its unit's are."""
-    if unit == 1:
-        return flags
-    return _each_page([all(flags[start : start + unit])
-                       for start in range(0, len(flags), unit)], unit)
-
-
-def _slots(tier_pages: list[int], unit: int) -> list[int]:
-    """The device-page slots of tier pages of `unit` device pages each, in order."""
-    if unit == 1:
-        return tier_pages
-    starts = [page * unit for page in tier_pages]  # then a range each, in C
-    return list(chain.from_iterable(map(range, starts, map(unit.__add__, starts))))
 
 
 def _by_level(hits: list[tuple[int, list[int]]], values: list) -> dict[int, tuple[list[int], list]]:

@@ -18,7 +18,7 @@ class HardwareSpec:
     the peers talk over the host link. `step_overhead_s` is the eager per-step cost that does not
     overlap the device's work (kernel launches, input preparation, sampling).
 
-    Memory tiers below the device (policies/tiers.py) use: `host_memory_bytes`, the box's host
+    Memory tiers below the device (policies/tiers/) use: `host_memory_bytes`, the box's host
     DRAM per device (a bound on the host tier; None: unknown), the host link for the host
     tier, `ssd_*` for a local NVMe tier (one device's share of the box's drives) and
     `remote_*` for a pool on other nodes over RDMA (one device's share of the box's NICs).

@@ -105,9 +105,7 @@ def test_a_swap_out_after_a_copy_on_write_in_its_step_keeps_the_sequences_tokens
 
 # ------------------------------------------------------------------ 3: write-through, one key once
 
-@pytest.mark.parametrize("store", ["c", "python"])
-def test_write_through_stores_a_key_registered_twice_in_a_step_once(store, monkeypatch):
-    monkeypatch.setenv("KVLAB_TIER_STORE", store)
+def test_write_through_stores_a_key_registered_twice_in_a_step_once():
     config = TiersConfig((TierSpec("host", size_pages=4),), write_policy="write-through")
     tiers = build_tiers(config, page_size=2, page_bytes=1)
     manager = KVCacheManager("paged:block_size=2,eviction=lru", 6, max_model_len=64,

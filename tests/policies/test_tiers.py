@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
 from kvlab.policies.tiers import (
-    DictStore,
     PrefixTier,
     TiersConfig,
     TierSpec,
+    TierStore,
     build_tiers,
     chain_head,
     chain_length,
@@ -21,11 +21,6 @@ from kvlab.policies.tiers import (
     parse_tiers,
     tier_chain,
 )
-
-try:
-    from kvlab.policies._tierstore import TierStore as CTierStore
-except ImportError:
-    CTierStore = None
 
 
 def test_the_grammar_reads_sizes_pages_and_options():
@@ -101,7 +96,6 @@ def test_bad_write_settings_name_their_setting(settings, parameter):
     ({"block_size": 0}, 4, "kv_tier_block_size 0: expected a number of tokens >= 1"),
     ({"block_size": 6, "write_policy": "write-through"}, 4,
      "kv_tier_block_size 6: expected a multiple of the page size (4 tokens)"),
-    ({"block_size": 8}, 4, "set kv_tier_write write-through"),
 ])
 def test_bad_tier_page_sizes_say_what_was_expected(settings, page_size, words):
     with pytest.raises(KvlabError, match=re.escape(words)) as error:
@@ -109,8 +103,9 @@ def test_bad_tier_page_sizes_say_what_was_expected(settings, page_size, words):
     assert "kv_tier_block_size" in error.value.parameters
 
 
-def test_tier_pages_of_several_device_pages_divide_the_capacity():
-    config = TiersConfig(parse_tiers("host:10p"), write_policy="write-through", block_size=12)
+@pytest.mark.parametrize("write_policy", ["write-back", "write-through"])
+def test_tier_pages_of_several_device_pages_divide_the_capacity(write_policy):
+    config = TiersConfig(parse_tiers("host:10p"), write_policy=write_policy, block_size=12)
     assert config.block_pages(4) == 3 and TiersConfig().block_pages(4) == 1
     (host,) = build_tiers(config, page_size=4, page_bytes=1)
     assert (host.num_total_pages, host.block_pages) == (3, 3)  # 9 of the 10 pages' room
@@ -176,12 +171,10 @@ def test_a_shared_kind_is_the_same_object_for_every_instance():
     assert second[1] is first[1] and second[0] is not first[0]
 
 
-# Each tier store: the Python one, and the C one where it is built.
+# Tier stores of each eviction policy a tier may take.
 STORES = pytest.mark.parametrize("new", [
-    pytest.param(lambda num_pages: DictStore("lru", num_pages), id="python"),
-    pytest.param(CTierStore, id="c", marks=pytest.mark.skipif(
-        CTierStore is None, reason="kvlab.policies._tierstore is not built (no C compiler at "
-        "install)")),
+    pytest.param(lambda num_pages, eviction=eviction: TierStore(eviction, num_pages), id=eviction)
+    for eviction in ("lru", "arc")
 ])
 
 
@@ -238,15 +231,3 @@ def test_a_chain_of_long_runs_takes_each_key_from_the_highest_tier_holding_it(ne
     stores = _stores(new, holders, num_tiers)
     keys = list(range(len(holders)))
     assert _pairs(tier_chain(stores, keys)) == _chain_key_by_key(stores, keys)
-
-
-def test_lru_tiers_without_the_c_store_use_the_python_one_and_say_so(monkeypatch):
-    from kvlab.policies import tiers
-
-    monkeypatch.delenv("KVLAB_TIER_STORE", raising=False)
-    monkeypatch.setattr(tiers, "_CTierStore", None)
-    tiers._warn_no_c_store.cache_clear()
-    with pytest.warns(RuntimeWarning, match="Python store"):
-        store = tiers.new_store("lru", 8)
-    assert isinstance(store, DictStore)
-    tiers._warn_no_c_store.cache_clear()
