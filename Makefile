@@ -40,6 +40,7 @@ run: $(VENV)/.installed
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/vulture
+	$(BIN)/python lint/sizes.py
 	rm -rf build/lib build/typecheck
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --target build/typecheck .
 	cd build/typecheck && ../../$(BIN)/mypy --cache-dir ../../.mypy_cache -p kvlab
