@@ -12,6 +12,7 @@ import xxhash
 # index) maps to id * _ID_SPREAD + index one to one, and blocks with neighbouring ids land far
 # apart in a dict's table (a plain shift, id << 20, left every key with one offset in one slot).
 _ID_SPREAD = 0x9E3779B1
+_xxh3_64 = xxhash.xxh3_64_intdigest
 
 
 def hash_page(parent: int, token_ids: list[int] | tuple[int, ...]) -> int:
@@ -164,9 +165,16 @@ class Request:
 
     def _hash_pages(self, page_size: int, hashes: list, num_pages: int) -> None:
         """Append the token-id hashes of pages `len(hashes)` to `num_pages - 1`."""
-        parent = hashes[-1] if hashes else 0
-        for page in range(len(hashes), num_pages):
-            parent = hash_page(parent, self.token_slice(page * page_size, (page + 1) * page_size))
+        first = len(hashes)
+        if first >= num_pages:
+            return
+        # The pages' ids as int64 bytes once, each page's hash over its slice of them: the
+        # bytes `hash_page` hashes, without a list and an array per page.
+        data = memoryview(array("q", self.token_slice(first * page_size,
+                                                      num_pages * page_size)).tobytes())
+        parent, width, digest = hashes[-1] if hashes else 0, 8 * page_size, _xxh3_64
+        for offset in range(0, len(data), width):
+            parent = digest(data[offset : offset + width], seed=parent)
             hashes.append(parent)
 
     def _prompt_page_hashes(self, page_size: int) -> list:
