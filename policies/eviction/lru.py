@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 from kvlab.policies.registry import register
 
@@ -192,12 +192,20 @@ class LRUEviction:
 
     def pages(self) -> list[int]:
         """Cached-free pages, least recently used first."""
-        stale = dict(self._stale)
-        pages = []
-        for page in self._queue[self._head :]:
+        return list(self.iter_pages())
+
+    def iter_pages(self) -> Iterator[int]:
+        """`pages` one at a time (a caller that stops early pays for what it read; no page
+        may be added or taken meanwhile)."""
+        stale = self._stale  # a page's first `stale[page]` entries in the queue are dead
+        skipped: dict[int, int] = {}
+        queue = self._queue
+        for index in range(self._head, len(queue)):
+            page = queue[index]
             count = stale.get(page)
             if count:
-                stale[page] = count - 1
-            else:
-                pages.append(page)
-        return pages
+                done = skipped.get(page, 0)
+                if done < count:
+                    skipped[page] = done + 1
+                    continue
+            yield page

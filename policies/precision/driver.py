@@ -4,6 +4,7 @@ requantizations to its `MemOps`."""
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from kvlab.errors import KvlabError
@@ -90,13 +91,11 @@ class PrecisionDriver:
     def _demote_cached(self) -> None:
         """Cached-free prefix pages, next victims first, to the lowest level."""
         ledger = self.ledger
-        bottom = ledger.ladder.depth
-        demoted = []
-        for scanned, page in enumerate(self.manager.pool.evictor.pages()):
-            if scanned >= _CACHED_SCAN:
-                break
-            if ledger.level(page) < bottom:
-                demoted.append(page)
+        bottom, levels = ledger.ladder.depth, ledger.levels
+        evictor = self.manager.pool.evictor
+        scan = getattr(evictor, "iter_pages", evictor.pages)  # (LRU's: lazily)
+        demoted = [page for page in islice(scan(), _CACHED_SCAN)
+                   if levels.get(page, 0) < bottom]
         for page in demoted:  # (not while iterating the evictor)
             self._demote(page, bottom)
         ledger.cache(demoted)

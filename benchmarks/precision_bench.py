@@ -1,0 +1,85 @@
+"""What demotion costs the simulator (issue 48's target: a run with demotion on costs at most
+1.3x the CPU time of the same run without).
+
+For each workload, the same `simulate` call with the precision policy `none` and with each
+demoting policy, in turn, `--repeats` times (trace loaded once, outside the timing); prints
+each policy's CPU seconds (min-max over repeats), engine steps, and the ratio to `none` of the
+same repeat (min-max). CPU time of this process only (`time.process_time`): other processes on
+the machine slow it less than wall time, not at all in principle.
+
+    .venv/bin/python benchmarks/precision_bench.py [--repeats 3] [--workloads mooncake,azure]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+AZURE = "/work/shared/traces/azure2023_conv.csv"
+DEMOTING = ("age:recent=512,depth=2", "age:recent=128,depth=1")
+TARGET_RATIO = 1.3
+# (trace arguments, SimConfig settings): the docs' runs (docs/kv_precision.md and
+# docs/experiments/mixed_precision.md)
+WORKLOADS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "mooncake": ({"name": "mooncake"},
+                 {"model": "llama-3.1-8b", "hardware": "a100-80g",
+                  "kv_cache_memory_bytes": 4 << 30}),
+    "azure": ({"name": "azure", "path": AZURE, "num_prompts": 2000, "request_rate": 20.0},
+              {"model": "llama-3.1-8b", "hardware": "h200-141g"}),
+}
+
+
+def run_once(trace: Any, settings: dict[str, Any], precision: str) -> tuple[float, int]:
+    """CPU seconds of one `simulate` of `trace` with `precision`, and its engine steps."""
+    from kvlab.policies.serving import ServingConfig
+    from kvlab.sim import SimConfig, simulate
+
+    policy = "paged:eviction=lru" + ("" if precision == "none" else f",precision={precision}")
+    memory = {k: v for k, v in settings.items() if k == "kv_cache_memory_bytes"}
+    serving = ServingConfig.create(policy, enable_prefix_caching=True, **memory)
+    config = SimConfig(model=settings["model"], hardware=settings["hardware"], serving=serving)
+    started = time.process_time()
+    result = simulate(trace, config)
+    return time.process_time() - started, len(result.steps)
+
+
+def bench(name: str, repeats: int) -> None:
+    """One workload's table."""
+    import copy
+
+    from kvlab.traces import load_trace
+
+    trace_args, settings = WORKLOADS[name]
+    args = dict(trace_args)
+    trace = load_trace(args.pop("name"), args.pop("path", None), **args)
+    policies = ("none", *DEMOTING)
+    cpu: dict[str, list[float]] = {p: [] for p in policies}
+    steps: dict[str, int] = {}
+    for _ in range(repeats):
+        for precision in policies:  # in turn: drift on a shared machine hits all alike
+            seconds, steps[precision] = run_once(copy.deepcopy(trace), settings, precision)
+            cpu[precision].append(seconds)
+    print(f"{name}: {len(trace)} requests, {settings}, {repeats} repeats")
+    print(f"  {'precision':<26} {'CPU s (min-max)':>16} {'steps':>8} {'ratio to none':>16}")
+    for precision in policies:
+        ratios = [a / b for a, b in zip(cpu[precision], cpu["none"], strict=True)]
+        print(f"  {precision:<26} {min(cpu[precision]):>7.2f}-{max(cpu[precision]):<8.2f} "
+              f"{steps[precision]:>8,} {min(ratios):>7.2f}-{max(ratios):<8.2f}"
+              + ("" if precision == "none" or max(ratios) <= TARGET_RATIO
+                 else f"  above the {TARGET_RATIO}x target"))
+
+
+def main() -> None:
+    """Parse the flags and print each workload's table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    args = parser.parse_args()
+    for name in args.workloads.split(","):
+        bench(name, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
