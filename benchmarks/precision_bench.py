@@ -25,6 +25,8 @@ WORKLOADS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "mooncake": ({"name": "mooncake"},
                  {"model": "llama-3.1-8b", "hardware": "a100-80g",
                   "kv_cache_memory_bytes": 4 << 30}),
+    "mooncake-h200": ({"name": "mooncake", "request_rate": 2.0},
+                      {"model": "llama-3.1-8b", "hardware": "h200-141g"}),
     "azure": ({"name": "azure", "path": AZURE, "num_prompts": 2000, "request_rate": 20.0},
               {"model": "llama-3.1-8b", "hardware": "h200-141g"}),
 }

@@ -4,6 +4,7 @@ requantizations to its `MemOps`."""
 
 from __future__ import annotations
 
+import math
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ class PrecisionDriver:
     time; `num_pages` is the device's pages at the cache's dtype (the pool holds more ids:
     `ledger.py`)."""
 
-    __slots__ = ("_done", "_pending", "ledger", "manager", "num_pages", "num_steps",
+    __slots__ = ("_done", "_pending", "_saving", "ledger", "manager", "num_pages", "num_steps",
                  "page_tokens", "policy", "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
@@ -36,7 +37,11 @@ class PrecisionDriver:
         self.policy = policy
         self.num_pages = num_pages
         self.ledger = PrecisionLedger(manager.pool, ladder, num_pages, manager.page_size)
-        self._done: dict[int, tuple[SeqState, list[int]]] = {}  # request -> pages walked/level
+        # request -> (its state, pages walked per level, [tokens at which a page next demotes,
+        # the attention reads its walked pages spare, in pages at the cache's dtype])
+        self._done: dict[int, tuple[SeqState, list[int], list[float]]] = {}
+        self._saving = [0.0] + [ladder.ratio(level - 1) - ladder.ratio(level)
+                                for level in range(1, ladder.depth + 1)]
         self._pending: list[tuple[int, int, int]] = []
         self.num_steps = 0
         # Held and cached pages at each level, summed over steps (level 0 first).
@@ -76,17 +81,28 @@ class PrecisionDriver:
         done, seqs = self._done, manager._seqs
         for request_id in [r for r in done if r not in seqs or done[r][0] is not seqs[r]]:
             del done[request_id]
+        top = min(depth, policy.depth)
         for request_id, state in seqs.items():
             entry = done.get(request_id)
             if entry is None:
-                entry = done[request_id] = (state, [0] * (depth + 1))
-            walked, pages = entry[1], state.pages
-            for level in range(1, min(depth, policy.depth) + 1):
-                upto = min(policy.num_pages_at_least(level, state.num_tokens, page_size),
-                           len(pages))
+                entry = done[request_id] = (state, [0] * (depth + 1), [0, 0.0])
+            num_tokens, info = state.num_tokens, entry[2]
+            if num_tokens < info[0]:  # no page of it demotes yet
+                continue
+            walked, pages, saving = entry[1], state.pages, self._saving
+            next_at = math.inf
+            for level in range(1, top + 1):
+                upto = min(policy.num_pages_at_least(level, num_tokens, page_size), len(pages))
                 for index in range(walked[level], upto):
                     self._demote(pages[index], level)
-                walked[level] = max(walked[level], upto)
+                if upto > walked[level]:
+                    info[1] += (upto - walked[level]) * saving[level]
+                    walked[level] = upto
+                # page `walked[level]` reaches this level at this many tokens
+                next_at = min(next_at, (walked[level] + 1) * page_size + level * policy.recent)
+                if upto < policy.num_pages_at_least(level, num_tokens, page_size):
+                    next_at = 0  # (pages not yet allocated: look again next step)
+            info[0] = next_at
 
     def _demote_cached(self) -> None:
         """Cached-free prefix pages, next victims first, to the lowest level."""
@@ -122,16 +138,13 @@ class PrecisionDriver:
     def num_saved_context_tokens(self, requests: list[Any]) -> float:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention
         from reading: each page walked to level k reads ratio(k) of its bytes."""
-        done, ladder, page_size = self._done, self.ledger.ladder, self.manager.page_size
+        done = self._done
         saved = 0.0
         for request in requests:
             entry = done.get(request.request_id)
-            if entry is None:
-                continue
-            walked = entry[1]
-            for level in range(1, len(walked)):
-                saved += walked[level] * (ladder.ratio(level - 1) - ladder.ratio(level))
-        return saved * page_size
+            if entry is not None:
+                saved += entry[2][1]
+        return saved * self.manager.page_size
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         """Flat keys for a run's summary: the levels' names, the mean share of held and cached
