@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 # moves them to the newest releases.
 CONSTRAINTS := constraints.txt
 
-.PHONY: run test lint bench constraints clean vllm-peer vllm-plugin test-peer ascend-env test-ascend \
+.PHONY: run test lint bench constraints clean vllm-peer vllm-manager-peer vllm-plugin test-peer ascend-env test-ascend \
 	ascend-static-check text-model
 
 $(BIN)/python:
@@ -98,6 +98,25 @@ $(PEER_MODEL)/config.json: $(VENV)/.installed-dev
 	$(BIN)/kvlab export-model tiny-llama $(PEER_MODEL) --overwrite
 
 vllm-peer: $(PEER)/.installed $(PEER_MODEL)/config.json
+
+# vLLM 0.34.0's KV-cache manager for benchmarks/manager_vs_vllm.py, in a venv of its own (never
+# .venv): the wheel without its dependencies, the CPU torch and the light packages that importing
+# vllm.v1.core.kv_cache_manager and vllm.v1.request pulls in (found by importing them until
+# nothing was missing). pip warns about vLLM's unmet pins (torch 2.14, ...), which this never runs.
+VLLM_MANAGER := .peer/vllm034
+VLLM_MANAGER_PACKAGES := "$(TORCH)" packaging psutil pyzmq urllib3 regex numpy msgspec pydantic \
+	"transformers>=5.16.1,<5.23.0" aiohttp requests pillow pybase64 cachetools cbor2 cloudpickle \
+	uvloop py-cpuinfo prometheus_client llguidance xgrammar
+
+$(VLLM_MANAGER)/.installed:
+	$(PYTHON) -m venv $(VLLM_MANAGER)
+	$(VLLM_MANAGER)/bin/pip install --quiet --upgrade pip
+	$(VLLM_MANAGER)/bin/pip install --quiet $(VLLM_MANAGER_PACKAGES)
+	$(VLLM_MANAGER)/bin/pip install --quiet --no-deps "vllm==0.34.0"
+	$(VLLM_MANAGER)/bin/python -c "import vllm.v1.core.kv_cache_manager, vllm.v1.request"
+	touch $@
+
+vllm-manager-peer: $(VLLM_MANAGER)/.installed
 
 # kvlab's vLLM plugin (kvlab.integrations.vllm) in the peer, installed from this checkout (a
 # plain install, so a vLLM started anywhere imports kvlab from the peer's site-packages, never
