@@ -3,7 +3,7 @@
 Torch-free and simpy-free: the simulator and the real engine both drive these same objects.
 """
 
-from kvlab.policies.arrivals import ArrivalQueue
+from kvlab.policies.arrival_queue import ArrivalQueue
 from kvlab.policies.manager import KVCacheManager, StepOrderError
 from kvlab.policies.outputs import MemOps, MemoryUsage, ScheduledRequest, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus

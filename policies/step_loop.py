@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from kvlab.metrics import INT_COLUMNS, StepCounts, StepRecorder
-from kvlab.policies.arrivals import ArrivalQueue
+from kvlab.policies.arrival_queue import ArrivalQueue
 from kvlab.policies.manager import DecodeAhead
 from kvlab.policies.outputs import MemoryUsage, SchedulerOutput
 from kvlab.policies.request import Request

@@ -39,7 +39,7 @@ from kvlab.sim.api_latency import (
     restore_sends,
     run_with_api_load,
 )
-from kvlab.sim.arrivals import arrival_process
+from kvlab.sim.arrival_process import arrival_process
 from kvlab.sim.assembly import (
     build_manager,
     build_tier_links,

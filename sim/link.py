@@ -20,7 +20,7 @@ import simpy
 
 from kvlab.policies import MemOps
 from kvlab.policies.outputs import TierBatch
-from kvlab.sim.arrivals import delay_until
+from kvlab.sim.arrival_process import delay_until
 from kvlab.sim.cost_model import CostModel
 
 

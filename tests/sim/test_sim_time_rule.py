@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sim_workloads import make_trace, small_config
 
 from kvlab.sim import simulate
-from kvlab.sim.arrivals import delay_until
+from kvlab.sim.arrival_process import delay_until
 
 
 def _steps(result):
