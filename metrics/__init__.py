@@ -17,7 +17,7 @@ from kvlab.metrics.results import (
     save_results,
     save_step_profile,
 )
-from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult, merge_runs
+from kvlab.metrics.run_result import COMPLETED_STATUSES, RequestRecord, RunResult, merge_runs
 from kvlab.metrics.summary import (
     METADATA_KEYS,
     count_good_requests,

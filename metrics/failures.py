@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from kvlab.metrics.run import COMPLETED_STATUSES
+from kvlab.metrics.run_result import COMPLETED_STATUSES
 
 # A failure message's request-specific parts, so that the same cause counts as one reason.
 _REQUEST_ID = re.compile(r"^request \S+ ")

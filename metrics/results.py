@@ -14,7 +14,7 @@ import numpy as np
 from kvlab.errors import KvlabError
 from kvlab.metrics.csv_table import write_csv
 from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
-from kvlab.metrics.run import RunResult
+from kvlab.metrics.run_result import RunResult
 from kvlab.metrics.tables import frame_of, request_columns
 
 if TYPE_CHECKING:

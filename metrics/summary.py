@@ -19,7 +19,7 @@ from kvlab.metrics.classes import count_priority_inversions, jain_index, request
 from kvlab.metrics.exact import exact_sum
 from kvlab.metrics.failures import failed_reasons
 from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
-from kvlab.metrics.run import COMPLETED_STATUSES, RequestRecord, RunResult
+from kvlab.metrics.run_result import COMPLETED_STATUSES, RequestRecord, RunResult
 from kvlab.metrics.summary_options import (
     PERCENTILE_METRICS,
     check_goodput,

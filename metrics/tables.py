@@ -9,7 +9,7 @@ import numpy as np
 
 from kvlab.metrics.classes import request_classes
 from kvlab.metrics.records import StepRecorder
-from kvlab.metrics.run import RunResult
+from kvlab.metrics.run_result import RunResult
 from kvlab.metrics.summary import request_arrays, step_columns
 
 if TYPE_CHECKING:  # pandas is imported by the DataFrame functions only
