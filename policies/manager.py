@@ -215,9 +215,12 @@ class KVCacheManager(ManagerView):
         decode; otherwise the steps, with what `advance_decodes` and the caller's step
         records need (the requests' states, the sum and the largest of their computed tokens)
         so that no one walks the batch again for them."""
-        if (self._tier_link is not None and self._tier_link.has_through) \
-                or self.precision is not None:  # (demotions are decided step by step)
+        if self._tier_link is not None and self._tier_link.has_through:
             return None
+        if self.precision is not None:  # (up to the next step that demotes)
+            max_steps = self.precision.steps_without_demotion(requests, max_steps)
+            if max_steps < 2:
+                return None
         return decode_run_ahead(self._main, requests, max_steps)
 
     def advance_decodes(self, ahead: DecodeAhead, num_steps: int) -> list[int]:
@@ -226,7 +229,12 @@ class KVCacheManager(ManagerView):
         `allocate_decodes` over the batch would, one step after another (the same pages in the
         same order). Returns the pages taken by the end of each step, cumulated. The caller
         commits the tokens."""
-        return advance_decodes(self._main, ahead, num_steps)
+        if self.precision is None:
+            return advance_decodes(self._main, ahead, num_steps)
+        num_free = self.allocator.num_free_pages
+        taken = advance_decodes(self._main, ahead, num_steps)
+        self.precision.sample_decode_run(num_free, taken)
+        return taken
 
     def free(self, seq: Request) -> None:
         """Release everything the sequence holds, on device and host."""

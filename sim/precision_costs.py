@@ -4,6 +4,7 @@ cheaper reads of demoted pages (policies/precision/)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -38,4 +39,21 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
         pages = sum(ladder.ratio(before) + ladder.ratio(after)
                     for _, before, after in requantize) / 2
         time_s += cost_model.copy_time_s(1) * pages
+    return time_s
+
+
+def demoted_timer(timer: Callable[[int, int], float], saved: float
+                  ) -> Callable[[int, int], float]:
+    """A decode run's step timer (context, padded context -> seconds) with the batch's
+    demoted pages sparing `saved` context tokens of each step, as `precision_step_time_s`
+    charges a step (no page is requantized during a run)."""
+    if saved <= 0:
+        return timer
+
+    def time_s(num_context: int, num_padded: int) -> float:
+        if num_context <= 0:
+            return timer(num_context, num_padded)
+        keep = max(0.0, 1.0 - saved / num_context)
+        return timer(round(num_context * keep), round(num_padded * keep))
+
     return time_s

@@ -74,6 +74,48 @@ class PrecisionDriver:
                                   if level(page)]
             self._pending = []
 
+    def steps_without_demotion(self, requests: list[Any], max_steps: int) -> int:
+        """How many (at most `max_steps`) of the next steps, each one decode token for every
+        one of `requests` and nothing else, start without a demotion, so that the simulator's
+        decode fast path may take them: 0 where a step may demote (a policy acting on
+        pressure, a sequence not walked yet, a cached-free page to step down)."""
+        policy, ledger = self.policy, self.ledger
+        if policy.pressure or len(ledger.ballast) != ledger.num_extra - ledger.freed_units \
+                // ledger.unit:  # (a ledger in debt settles at every step's start)
+            return 0
+        seqs, done, steps = self.manager._seqs, self._done, max_steps
+        for request in requests:
+            state, entry = seqs.get(request.request_id), done.get(request.request_id)
+            if state is None or entry is None or entry[0] is not state:
+                return 0
+            gap = entry[2][0] - state.num_tokens  # step j starts with num_tokens + j
+            if gap < steps:
+                if gap < 1:
+                    return 0
+                steps = int(gap)
+        if policy.cached:
+            levels, bottom = self.ledger.levels, self.ledger.ladder.depth
+            evictor = self.manager.pool.evictor
+            scan = getattr(evictor, "iter_pages", evictor.pages)
+            if any(levels.get(page, 0) < bottom for page in islice(scan(), _CACHED_SCAN)):
+                return 0
+        return steps
+
+    def sample_decode_run(self, num_free_before: int, pages_taken: list[int]) -> None:
+        """`begin_step`'s sample for each step of a decode run that took `pages_taken` pages
+        by the end of each step (cumulated), `num_free_before` pages free before it."""
+        ledger, manager = self.ledger, self.manager
+        held = (manager.num_total_pages + ledger.num_extra - num_free_before
+                - ledger.num_ballast_pages)
+        demoted = ledger.num_at_level
+        below = sum(demoted)
+        sums = self.sum_pages_at_level
+        for taken in (0, *pages_taken[:-1]):
+            sums[0] += held + taken - below
+        for level in range(1, len(demoted)):
+            sums[level] += demoted[level] * len(pages_taken)
+        self.num_steps += len(pages_taken)
+
     def _demote_by_age(self) -> None:
         """Each sequence's pages past the recent tokens, one level per `recent` tokens."""
         manager, policy, ledger = self.manager, self.policy, self.ledger

@@ -91,3 +91,38 @@ def test_random_small_runs_match_stepping(policy, block_size, num_pages, max_num
                      enable_prefix_caching="eviction" in policy,
                      scheduler_reserve_full_isl=reserve_full_isl)
     assert_same_run(trace, config)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    precision=st.sampled_from(["age:recent=8", "age:recent=16,depth=2", "age:recent=4,cached=0",
+                               "age:recent=32,depth=2,pressure=0.5"]),
+    eviction=st.sampled_from(["none", "lru"]),
+    num_pages=st.integers(40, 400),
+    rate=st.sampled_from([2.0, 20.0, 200.0]),
+    seed=st.integers(0, 1000),
+)
+def test_runs_with_demotion_match_stepping(precision, eviction, num_pages, rate, seed):
+    """Decode runs stop short of the next step that demotes; the precision mix is the same."""
+    from kvlab.metrics import summarize
+
+    trace = load_trace("random", num_prompts=24, seed=seed, random_input_len=24,
+                       random_output_len=40, random_range_ratio=0.9, request_rate=rate,
+                       random_prefix_len=16, num_prefix_groups=3)
+    config = _config(f"paged:block_size=4,eviction={eviction},precision={precision}",
+                     num_gpu_blocks_override=num_pages, max_num_seqs=8, max_model_len=256,
+                     enable_prefix_caching=eviction != "none")
+    fast = assert_same_run(trace, config)
+    stepped = simulate(trace, config, decode_runs=False)
+    mix = {k: v for k, v in summarize(stepped).items() if k.startswith("precision")}
+    assert {k: summarize(fast)[k] for k in mix} == mix
+
+
+def test_the_fast_path_is_taken_with_demotion(monkeypatch):
+    calls = []
+    commit = StepLoop.commit_decode_run
+    monkeypatch.setattr(StepLoop, "commit_decode_run",
+                        lambda loop, s, *rest: calls.append(len(s)) or commit(loop, s, *rest))
+    config = _config("paged:eviction=lru,precision=age:recent=128", enable_prefix_caching=True)
+    assert_same_run(load_trace("azure", num_prompts=300), config)
+    assert sum(calls) > 1000
