@@ -1,18 +1,16 @@
 """The printed benchmark report (vLLM's `bench serve` layout) and the side-by-side comparison.
 
-Formatting only: these functions return strings and never print.
+Formatting only: these functions return strings and never print. The validation table is
+`validation_report.py`'s (`format_validation`, importable from here too).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from kvlab.metrics import LATENCY_KEY, PERCENTILE_METRICS
-
-if TYPE_CHECKING:
-    from kvlab.fidelity import ValidationResult
+from kvlab.validation_report import format_validation as format_validation
 
 WIDTH = 50  # vLLM's report width
 LABEL_WIDTH = 40
@@ -335,69 +333,6 @@ def format_instances(summaries: Sequence[dict], *, title: str = "Per Instance") 
     body = format_table(rows, [header for _, header in INSTANCE_TABLE], max_rows=len(rows))
     width = max(WIDTH, *(len(line) for line in body.splitlines()))
     return "\n".join([_header(f" {title} ", "=", width), body, "=" * width])
-
-
-def format_validation(result: ValidationResult) -> str:
-    """The metric table (simulator, engine, relative error) and the lockstep verdict."""
-    from kvlab.fidelity.validation import METRICS, WINDOW_METRICS
-    width = 28 + 3 * 13
-    reference = result.reference
-    lines = [
-        f" Simulator vs {reference} ".center(width, "="),
-        f"{'Policy:':<28}{result.policy}",
-        f"{'Calibration:':<28}{result.calibration}",
-        f"{'Metric':<28}{'sim':>13}{reference:>13}{'rel. error':>13}",
-        "-" * width,
-    ]
-    for label, key in METRICS:
-        row = result.metrics[key]
-        lines.append(f"{label:<28}{_number(row['sim']):>13}{_number(row[reference]):>13}"
-                     f"{_percent(row['rel_error']):>13}")
-    if result.windows:
-        lines.append("-" * width)
-        lines.append("Each window's error (output throughput, mean TTFT, mean TPOT):")
-        for number, window in enumerate(result.windows, start=1):
-            errors = ", ".join(
-                _percent(window["metrics"][key]["rel_error"]) for key in WINDOW_METRICS
-            )
-            runs = window.get("num_repeats", 1)
-            size = f"{window['num_prompts']} requests" + (f" x {runs} runs" if runs > 1 else "")
-            lines.append(f"  window {number} ({size}): {errors}")
-            if "server_repeats" in window:
-                repeats = window["server_repeats"]
-                spread = ", ".join(_spread(repeats[key]["max_rel_deviation"])
-                                   for key in WINDOW_METRICS)
-                lines.append(f"    {reference}'s own runs off their pool by up to: {spread}")
-                error = ", ".join(_spread(repeats[key].get("rel_std_error"))
-                                  for key in WINDOW_METRICS)
-                lines.append(f"    its pool's standard error: {error}")
-            if window.get("speed_sensitivity"):
-                moves = ", ".join(_percent(None if move is None else move / 100.0)
-                                  for move in (window["speed_sensitivity"].get(key)
-                                               for key in WINDOW_METRICS))
-                lines.append(f"    1% slower steps move these by: {moves}")
-    if result.lockstep is not None:
-        lines.append("-" * width)
-        lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")
-    lines.extend(f"warning: {text}" for text in result.warnings)
-    lines.append("=" * width)
-    return "\n".join(lines)
-
-
-def _spread(deviation: float | None) -> str:
-    return "n/a" if deviation is None else f"{100.0 * deviation:.1f}%"
-
-
-def _percent(error: float | None) -> str:
-    return "n/a" if error is None else f"{100.0 * error:+.1f}%"
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if math.isfinite(value) and value == int(value) and abs(value) < 1e9:
-        return str(int(value))
-    return f"{value:.2f}"
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[str], *, max_rows: int = 40) -> str:
