@@ -33,7 +33,7 @@ def choice_setting(container: Any, name: str, options: Sequence[str], *, key: st
                                help=setting_help(name))
 
 
-def switch_setting(container: Any, name: str, *, key: str) -> Any:
-    """A checkbox for setting `name` (unset: off)."""
-    return container.checkbox(name, bool(SETTINGS[name].default), key=key,
-                              help=setting_help(name))
+def switch_setting(container: Any, name: str, *, key: str, default: bool | None = None) -> Any:
+    """A checkbox for setting `name` (unset: `default`, else the setting's, else off)."""
+    value = SETTINGS[name].default if default is None else default
+    return container.checkbox(name, bool(value), key=key, help=setting_help(name))

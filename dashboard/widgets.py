@@ -102,7 +102,8 @@ def _serving_widgets() -> ServingConfig:
                              label="max_model_len (0: the model's)", default=0)
     order = choice_setting(st, "scheduling_policy", registry.names("scheduling"),
                            key="scheduling_policy", default=ServingConfig().scheduling_policy)
-    full_isl = switch_setting(st, "scheduler_reserve_full_isl", key="reserve_full_isl")
+    full_isl = switch_setting(st, "scheduler_reserve_full_isl", key="reserve_full_isl",
+                              default=ServingConfig().scheduler_reserve_full_isl)
     return ServingConfig(max_num_seqs=int(max_seqs), max_num_batched_tokens=int(max_tokens),
                          gpu_memory_utilization=float(util),
                          kv_cache_memory_bytes=int(kv_mib) * 2**20 or None,
@@ -150,7 +151,7 @@ def policy_editor(prefix: str) -> PolicySpec:
     if kind == "contiguous":
         options["reserve"] = cols[2].selectbox("Reserve", registry.names("reserve"),
                                                key=f"{prefix}_reserve")
-    watermark = cols[3].number_input("Watermark", 0.0, 0.99, 0.01, step=0.01,
+    watermark = cols[3].number_input("Watermark", 0.0, 0.99, DEFAULT_POLICY.watermark, step=0.01,
                                      key=f"{prefix}_watermark")
     cols = st.columns(4)
     for col, (family, label) in zip(cols, FAMILIES, strict=True):

@@ -32,7 +32,8 @@ class LLM:
     layers runs vLLM's hybrid KV cache manager: `prefix_cache_retention_interval` (vLLM's:
     None caches every page leaving a window, 0 only what a hit at a prompt's end needs, R also
     what a hit at each multiple of R tokens needs), `hybrid_kv_cache_manager` False keeps every
-    token in every layer (one full group). The two startup
+    token in every layer (one full group). `scheduler_reserve_full_isl` (vLLM V1's default)
+    admits a waiting request only when its whole prompt fits. The two startup
     lines (KV cache size, maximum concurrency) are printed to stderr once unless `verbose` is
     False.
     """
@@ -56,6 +57,7 @@ class LLM:
         dtype: str | None = None,
         kv_cache_dtype: str = "auto",
         enable_chunked_prefill: bool = True,
+        scheduler_reserve_full_isl: bool = True,
         enable_prefix_caching: bool = False,
         kv_tiers: Any = None,
         prefix_cache_retention_interval: int | None = None,
@@ -80,6 +82,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_chunked_prefill=enable_chunked_prefill,
+            scheduler_reserve_full_isl=scheduler_reserve_full_isl,
             seed=seed,
             kv_cache_dtype=kv_cache_dtype,
             prefix_cache_retention_interval=prefix_cache_retention_interval,

@@ -62,7 +62,8 @@ class ServingConfig:
     `policy` is the policy as run (see `create` for the page-size and prefix-caching
     switches). `max_model_len` None means the model's own limit (`resolve_max_model_len`).
     `scheduler_reserve_full_isl`: admit a waiting request only when its whole prompt would fit,
-    not just its first chunk (vLLM 0.32's default; off by default here). KV memory:
+    not just its first chunk (vLLM V1's default, as the other defaults are: the `vllm`
+    preset, `kvlab.policies.serving_presets`; `vllm-v0` turns it off). KV memory:
     `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
     `gpu_memory_utilization` of the device minus weights and activations. `swap_space_bytes`
     bounds the host swap pages unless the policy's `host_pages` does. `kv_tiers` are the memory
@@ -86,7 +87,7 @@ class ServingConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
-    scheduler_reserve_full_isl: bool = False
+    scheduler_reserve_full_isl: bool = True
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -231,7 +232,8 @@ class ServingConfig:
         simulator and the engine add their own keys): the KV cache's size and dtype (when not
         auto), the scheduling policy (when not fcfs), the admission gate, the tiers, the
         retention interval and the hybrid manager's switch only when set (the stored results of
-        runs without them keep their keys)."""
+        runs without them keep their keys; the admission gate is always said since it became
+        the default)."""
         policy = self.policy
         return {
             "policy": policy.to_string(),
@@ -248,7 +250,7 @@ class ServingConfig:
                if self.scheduling_policy != DEFAULT_SCHEDULING_POLICY else {}),
             **({"kv_cache_memory_bytes": self.kv_cache_memory_bytes}
                if self.kv_cache_memory_bytes is not None else {}),
-            **({"scheduler_reserve_full_isl": True} if self.scheduler_reserve_full_isl else {}),
+            "scheduler_reserve_full_isl": self.scheduler_reserve_full_isl,
             **({"kv_tiers": self.kv_tiers.to_json()} if self.kv_tiers else {}),
             **({"prefix_cache_retention_interval": self.prefix_cache_retention_interval}
                if self.prefix_cache_retention_interval is not None else {}),

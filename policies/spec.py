@@ -28,8 +28,8 @@ class PolicySpec:
     block_sizing: str = "fixed"
     eviction: str = "none"
     preemption: str = "recompute"
-    victim: str = "last-arrived"
-    watermark: float = 0.01
+    victim: str = "last-admitted"  # vLLM V1's (the `vllm-v0` preset: last-arrived, 0.01)
+    watermark: float = 0.0
     host_pages: int | None = None
     precision: str = "none"
 
@@ -103,6 +103,19 @@ def parse_policy(text: str | dict[str, Any] | PolicySpec) -> PolicySpec:
 
 
 _FIELD_NAMES = [f.name for f in fields(PolicySpec)]
+
+
+def named_policy_keys(policy: str | dict[str, Any] | PolicySpec) -> set[str]:
+    """The keys a policy names itself (`paged:victim=last-arrived` names victim; a JSON dict its
+    keys; a PolicySpec the keys it holds at other than their defaults), which a serving preset
+    leaves as they are."""
+    if isinstance(policy, PolicySpec):
+        default = PolicySpec(kind=policy.kind)
+        return {f.name for f in fields(policy)
+                if getattr(policy, f.name) != getattr(default, f.name)}
+    if isinstance(policy, dict):
+        return set(policy)
+    return {key for key, _ in split_spec(policy, f"policy {policy!r}")[1] if key in _FIELD_NAMES}
 
 
 def _check_keys(keys: Any, *, with_kind: bool, context: str = "") -> None:

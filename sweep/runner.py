@@ -23,6 +23,7 @@ from kvlab.metrics import (
 )
 from kvlab.policies import parse_policy
 from kvlab.policies.serving import ServingConfig
+from kvlab.policies.serving_presets import serving_preset
 from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim import SimConfig, simulate, simulate_cluster, summarize_cluster
 from kvlab.sim.disaggregation import parse_pd
@@ -42,7 +43,7 @@ ATTAINMENT_COLUMN = "slo_attainment"  # the share of all requests meeting every 
 # Summary values that are bags of varying keys: kept as JSON text, so that every run of a sweep
 # has the same columns (`failed_reasons` names each run's own failure causes).
 JSON_KEYS = ("failed_reasons",)
-_SERVING_KEYS = ("policy", "block_size", "enable_prefix_caching")
+_SERVING_KEYS = ("policy", "block_size", "enable_prefix_caching", "preset")
 _RAMP_UP_KEYS = ("ramp_up_strategy", "ramp_up_start_rps", "ramp_up_end_rps")
 _ARRIVAL_KEYS = ("request_rate", "burstiness", "time_scale")
 _TRACE_ARGUMENTS = ("num_prompts", "length_scale", "seed")
@@ -63,12 +64,16 @@ def sim_config(settings: Mapping[str, Any]) -> SimConfig:
 def serving_config(settings: Mapping[str, Any]) -> ServingConfig:
     """The ServingConfig of read settings (the CLI's flags build theirs here too): the policy's
     own keys (eviction, ...) are applied over `policy`, then `block_size` and
-    `enable_prefix_caching` as the flags do; unset settings keep ServingConfig's defaults."""
-    policy = parse_policy(settings.get("policy", "paged"))
+    `enable_prefix_caching` as the flags do; the settings and policy keys left unset take the
+    `preset`'s values (kvlab.policies.serving_presets; the default, vllm, is the library's
+    defaults)."""
+    text = settings.get("policy", "paged")
     keys = _group(settings, "policy")
+    serving = {k: v for k, v in _group(settings, "serving").items() if k not in _SERVING_KEYS}
+    policy = serving_preset(settings.get("preset")).apply(text, parse_policy(text), serving,
+                                                         named=set(keys))
     if keys:
         policy = policy.with_options(**keys)
-    serving = {k: v for k, v in _group(settings, "serving").items() if k not in _SERVING_KEYS}
     if "seed" in settings:
         serving["seed"] = settings["seed"]
     tiers = tiers_config(settings)

@@ -210,9 +210,24 @@ def _serving() -> list[Setting]:
                  metavar="SPEC", help=_scheduling_help),
         _flagged("scheduler_reserve_full_isl", "serving", as_bool, action="toggle",
                  help="admit a waiting request only when its whole prompt fits in KV memory, "
-                 "not just its first chunk (vLLM 0.32's default; default here: off, and "
-                 "against a server (validate --base-url) the preset's: on for vllm)"),
+                 "not just its first chunk (vLLM V1's default: on; off with --preset vllm-v0)"),
+        _flagged("preset", "serving", optional(as_str), choice("preset", _preset_names()),
+                 choices=_preset_names, metavar="PRESET", help=_preset_help),
     ]
+
+
+def _preset_names() -> list[str]:
+    from kvlab.policies.serving_presets import SERVING_PRESETS
+
+    return list(SERVING_PRESETS)
+
+
+def _preset_help() -> str:
+    from kvlab.policies.serving_presets import DEFAULT_SERVING_PRESET, SERVING_PRESETS
+
+    described = "; ".join(f"{p.name}: {p.description}" for p in SERVING_PRESETS.values())
+    return (f"the serving engine whose defaults fill the settings and policy keys left unset "
+            f"({described}; default {DEFAULT_SERVING_PRESET})")
 
 
 def _serving_memory() -> list[Setting]:

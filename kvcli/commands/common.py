@@ -149,13 +149,15 @@ def add_serving_arguments(
     *,
     compare: bool = False,
     engine: bool = False,
+    preset: bool = True,
 ) -> None:
     """The serving config's flags (vLLM's names), one group for every command that runs an
     instance: `--policy` (or, with `compare`, `--compare SPEC ...` instead), page size, prefix
     caching, batch limits, model length, KV memory sizing and the host swap space; `engine`
-    adds the engine's cpu default of `--kv-cache-memory` to its help. Defaults are
-    `ServingConfig`'s. The dests are ServingConfig's field names, so that the CLI can name
-    the flag of a setting a library error speaks of."""
+    adds the engine's cpu default of `--kv-cache-memory` to its help; `preset` adds `--preset`
+    (the serving engine's defaults for what is left unset; not where a command's own --preset
+    names a server's). Defaults are `ServingConfig`'s. The dests are ServingConfig's field
+    names, so that the CLI can name the flag of a setting a library error speaks of."""
     from kvlab.sweep.settings import SETTINGS
 
     spec_help = ("memory policy, e.g. paged:block_size=16,eviction=lru,preemption=swap "
@@ -170,7 +172,7 @@ def add_serving_arguments(
         )
     else:
         policy.add_argument("--policy", default=default, metavar="SPEC", help=spec_help)
-    add_setting_arguments(policy, _SERVING_POLICY)
+    add_setting_arguments(policy, (*_SERVING_POLICY, "preset") if preset else _SERVING_POLICY)
     engine_size = {"help": SETTINGS["kv_cache_memory_bytes"].help_text().replace(
         "default from", f"default on cpu: {DEFAULT_CPU_KV_CACHE_MEMORY}; on gpu/npu: from")}
     add_setting_arguments(memory, (*_SERVING_MEMORY, *_TIERS, *_KV_GROUPS, "swap_space_bytes"),
@@ -230,6 +232,9 @@ def config_warnings(config: Any) -> list[str]:
         enable_chunked_prefill=config.serving.enable_chunked_prefill, kv_cache_dtype=dtype)
     warnings += platform_warnings(kv_cache_dtype(dtype), platform_of(config.hardware_spec))
     warnings += [f"--kv-tiers: {warning}" for warning in config.tier_warnings()]
+    if policy.preemption == "swap":
+        warnings.append("preemption=swap: vLLM V1 never swaps, it recomputes; swapping is "
+                        "vLLM V0's (--preset vllm-v0 gives its other defaults)")
     if config.calibrated is None:
         return warnings
     from kvlab.fidelity.calibration import fit_warnings, mismatch_warning

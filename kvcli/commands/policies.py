@@ -57,9 +57,12 @@ def format_policies(entries: list) -> str:
     defaults = PolicySpec().to_json()
     lines += [
         "",
-        "other keys: block_size (tokens per page, default 16), watermark (share of pages kept "
-        "free at admission, default 0.01), host_pages (swap space in pages; default: as many "
-        "as device pages)",
+        "other keys: block_size (tokens per page, default "
+        f"{defaults['block_size']}), watermark (share of pages kept free at admission, default "
+        f"{defaults['watermark']}), host_pages (swap space in pages; default: as many as device "
+        "pages)",
+        "defaults are vLLM V1's; --preset vllm-v0 fills the keys a spec leaves unset with V0's "
+        "(victim=last-arrived, watermark=0.01)",
         "defaults: " + ",".join(f"{key}={value}" for key, value in defaults.items()),
         "scheduling order: not a key of the policy spec but vLLM's own flag, e.g. "
         "--scheduling-policy priority or --scheduling-policy lpm:max_queue=256",

@@ -33,8 +33,9 @@ if TYPE_CHECKING:  # the engine imports torch: only when a command runs it
 DEFAULT_NUM_PROMPTS = 32
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `kvlab run` (no heavy imports here)."""
+def add_arguments(parser: argparse.ArgumentParser, *, preset: bool = True) -> None:
+    """Flags of `kvlab run` (no heavy imports here); `preset` False leaves out `--preset`
+    (validate's names the server's conventions)."""
     data = parser.add_argument_group("workload")
     add_workload_arguments(
         data,
@@ -45,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _replay_arguments(data)
     machine = parser.add_argument_group("model, device and memory")
     _engine_arguments(machine)
-    add_serving_arguments(parser.add_argument_group("policy and scheduler"), machine, engine=True)
+    add_serving_arguments(parser.add_argument_group("policy and scheduler"), machine, engine=True,
+                          preset=preset)
     add_report_arguments(
         parser.add_argument_group("report and results"),
         save_help="write the summary JSON, the per-request table and the per-step profile "

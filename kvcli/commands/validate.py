@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kvlab run`'s flags, plus calibration, lockstep and thread flags."""
     from kvlab.commands import run as run_command
 
-    run_command.add_arguments(parser)
+    run_command.add_arguments(parser, preset=False)
     # CPU step times: the engine's side of the comparison must not depend on who else is running
     parser.set_defaults(num_prompts=DEFAULT_NUM_PROMPTS, step_timer="cpu")
     helps = {
@@ -132,7 +132,7 @@ def _add_server_arguments(server: argparse._ArgumentGroup) -> None:
         "the engine; the simulator then runs the server's configuration (its /metrics), on "
         "its model when the name it serves is a preset or folder here, else on --model",
     )
-    server.add_argument("--preset", choices=("vllm", "kvlab"), default=None,
+    server.add_argument("--preset", dest="server_preset", choices=("vllm", "kvlab"), default=None,
                         help="the server's scheduling conventions (default: kvlab for kvlab "
                         "serve, vllm otherwise)")
     server.add_argument("--num-repeats", type=int, default=None, metavar="R",
@@ -311,4 +311,4 @@ def _server_target(args: argparse.Namespace) -> Any:
                           scrape_interval_s=args.metrics_interval)
     return ServerTarget(client=client, card=card,
                         vocab_size=vocab_size_of(card, None, args.vocab_size), model=model,
-                        preset=args.preset, overrides=server_overrides(args), seed=args.seed)
+                        preset=args.server_preset, overrides=server_overrides(args), seed=args.seed)

@@ -62,7 +62,7 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
     stream = result.kv_events
     print(describe_stream(stream))
     check_stream(stream)
-    config = server_sim_config(result.server, model, preset=args.preset,
+    config = server_sim_config(result.server, model, preset=args.server_preset,
                                overrides=server_overrides(args))
     report = kv_lockstep(result, config)
     policy = config.serving.policy.to_string()
@@ -71,7 +71,7 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
     print(format_kv_lockstep(report))
     if path is not None:
         document = {"reference": "server", "base_url": result.run.metadata.get("base_url"),
-                    "kv_events": stream.endpoint, "preset": args.preset or "auto",
+                    "kv_events": stream.endpoint, "preset": args.server_preset or "auto",
                     "policy": policy, "server_eviction": result.server.eviction,
                     "num_requests": len(result.requests), "kv_lockstep": report.to_json()}
         save_document(path, document)

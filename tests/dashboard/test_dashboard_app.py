@@ -186,9 +186,10 @@ def test_the_kv_cache_size_reaches_the_setup(app):
 
 
 def test_the_full_prompt_admission_gate_reaches_the_setup(app):
-    assert app.session_state[SETUP_STATE].serving.scheduler_reserve_full_isl is False
-    checked(app.checkbox(key="reserve_full_isl").check().run())
+    # on by default, as vLLM V1 and the library have it
     assert app.session_state[SETUP_STATE].serving.scheduler_reserve_full_isl is True
+    checked(app.checkbox(key="reserve_full_isl").uncheck().run())
+    assert app.session_state[SETUP_STATE].serving.scheduler_reserve_full_isl is False
 
 
 def test_validate_says_how_to_make_its_json(app):

@@ -138,7 +138,8 @@ def test_recompute_preemption_keeps_transformers_tokens(models, layout):
     # chunks of 8, so several grow at once
     num_pages = 11 * len(MANAGER_GROUPS[layout])
     llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE}",
-                            num_gpu_blocks_override=num_pages, max_num_batched_tokens=8)
+                            num_gpu_blocks_override=num_pages, max_num_batched_tokens=8,
+                            scheduler_reserve_full_isl=False)
     assert tokens == expected
     assert llm.engine.scheduler.num_preemptions > 0
 
@@ -191,7 +192,7 @@ def _engine_tokens(folder, layer_groups, *, backend="torch", num_pages=64, promp
                    max_tokens=None) -> tuple[LLMEngine, list[list[int]]]:
     serving = ServingConfig.create(
         f"paged:block_size={PAGE}", num_gpu_blocks_override=num_pages,
-        max_num_batched_tokens=8,
+        max_num_batched_tokens=8, scheduler_reserve_full_isl=False,
     )
     engine = LLMEngine(EngineConfig(
         model=str(folder), serving=serving, attention_backend=backend,
@@ -264,7 +265,7 @@ def test_triton_backend_with_the_hybrid_manager_under_preemption(models):
     expected = transformers_greedy(folder, TRITON_PROMPTS, TRITON_MAX_TOKENS)
     llm = LLM(str(folder), verbose=False, policy=f"paged:block_size={PAGE}",
               attention_backend="triton", num_gpu_blocks_override=20,
-              max_num_batched_tokens=8)
+              max_num_batched_tokens=8, scheduler_reserve_full_isl=False)
     outputs = llm.generate(TRITON_PROMPTS, _params(TRITON_MAX_TOKENS), use_tqdm=False)
     assert [out.outputs[0].token_ids for out in outputs] == expected
     assert llm.engine.scheduler.num_preemptions > 0
@@ -275,7 +276,8 @@ def test_swap_preemption_on_the_hybrid_manager_keeps_transformers_tokens(models,
     folder, expected = models[layout]
     num_pages = 11 * len(MANAGER_GROUPS[layout])
     llm, tokens = _generate(folder, policy=f"paged:block_size={PAGE},preemption=swap",
-                            num_gpu_blocks_override=num_pages, max_num_batched_tokens=8)
+                            num_gpu_blocks_override=num_pages, max_num_batched_tokens=8,
+                            scheduler_reserve_full_isl=False)
     assert tokens == expected
     assert llm.engine.scheduler.num_swaps_out > 0
 

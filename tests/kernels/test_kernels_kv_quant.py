@@ -83,7 +83,9 @@ def test_int8_channel_scales_keep_calibrated_values_within_half_a_step(seed):
     stored = quant.quantize(x, "k")
     assert stored.dtype == torch.int8 and int(stored.abs().max()) == 127  # absmax maps to 127
     error = (quant.dequantize(stored, "k") - x).abs()
-    assert bool((error <= 0.5 * quant.k_channel_scale * (1 + 1e-5)).all())
+    # (plus float32's own rounding of x / scale * scale, an ulp of x: seed 38891 needs it)
+    ulp = torch.finfo(torch.float32).eps * x.abs()
+    assert bool((error <= 0.5 * quant.k_channel_scale * (1 + 1e-5) + ulp).all())
 
 
 def test_int8_channel_scales_clamp_values_beyond_calibration():

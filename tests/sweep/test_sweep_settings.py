@@ -14,7 +14,7 @@ from kvlab.sweep import SETTINGS, check_settings, run_key, setting_value
 
 # `kvlab sim` flags that are about its own output, not about the run
 NOT_RUN_SETTINGS = {"compare", "save_result", "result_dir", "result_filename", "table_format",
-                    "disable_tqdm", "help"}
+                    "disable_tqdm", "help", "plot"}
 
 
 def test_every_sim_flag_is_a_sweep_setting():
@@ -24,13 +24,13 @@ def test_every_sim_flag_is_a_sweep_setting():
     assert dests - set(SETTINGS) == set()
 
 
-def test_the_other_settings_are_the_policy_keys_and_the_swap_space():
+def test_the_other_settings_are_the_policy_keys_and_the_slo_class():
     parser = argparse.ArgumentParser()
     sim.add_arguments(parser)
     extra = set(SETTINGS) - {action.dest for action in parser._actions}
     # (slo_class: the class whose goodput `kvlab tune --slo-class` ranks by)
     assert extra == {"reserve", "block_sizing", "eviction", "preemption", "victim",
-                     "watermark", "host_pages", "swap_space_bytes", "slo_class"}
+                     "watermark", "host_pages", "slo_class"}
 
 
 @pytest.mark.parametrize(("name", "text", "value"), [

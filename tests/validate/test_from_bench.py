@@ -157,7 +157,7 @@ def test_the_servers_configuration_reaches_the_simulator(bench_run):
     serving = server_serving(info)
     assert (serving.policy.block_size, serving.num_gpu_blocks_override) == (4, 400)
     assert serving.max_num_batched_tokens == BUDGET
-    assert serving.scheduler_reserve_full_isl is False  # as the kvlab serve exports it
+    assert serving.scheduler_reserve_full_isl is True  # as kvlab serve exports it (its default)
     vllm_view = server_serving(info, preset="vllm", overrides={"max_num_seqs": 7})
     assert vllm_view.num_gpu_blocks_override == 399  # vLLM's null block is not usable
     assert vllm_view.max_num_seqs == 7

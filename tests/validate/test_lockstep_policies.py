@@ -31,7 +31,9 @@ def small_trace() -> Trace:
 
 
 def engine_config(policy: str, num_pages: int = 24, **serving_settings) -> EngineConfig:
-    """tiny-llama with a cache small enough to preempt."""
+    """tiny-llama with a cache small enough to preempt (admission by first chunk, vLLM V0's,
+    unless told: the bursts then preempt and swap under every family)."""
+    serving_settings.setdefault("scheduler_reserve_full_isl", False)
     serving = ServingConfig.create(
         policy, num_gpu_blocks_override=num_pages, max_model_len=64, max_num_batched_tokens=32,
         **serving_settings,
