@@ -40,12 +40,22 @@ def _heat(axes: Any, panel: Panel) -> None:
     z = np.array([[np.nan if v is None else v for v in row] for row in heat.z], dtype=float)
     image = axes.imshow(z, origin="lower", aspect="auto", cmap="viridis")
     axes.set_xticks(np.arange(len(heat.x)), heat.x, fontsize=8)
+    _rotate_long_labels(axes, heat.x)
     axes.set_yticks(np.arange(len(heat.y)), heat.y, fontsize=8)
     for (i, j), value in np.ndenumerate(z):
         if np.isfinite(value):
             axes.text(j, i, f"{value:.4g}", ha="center", va="center", fontsize=7,
                       color="white" if value < np.nanmean(z) else "black")
     axes.figure.colorbar(image, ax=axes)
+
+
+def _rotate_long_labels(axes: Any, x: list) -> None:
+    """Category names that would run into each other are slanted."""
+    labels = [value for value in x if isinstance(value, str)]
+    if labels and sum(len(label) for label in labels) > 40:
+        axes.tick_params(axis="x", labelrotation=30, labelsize=8)
+        for label in axes.get_xticklabels():
+            label.set_horizontalalignment("right")
 
 
 def _draw(axes: Any, panel: Panel) -> None:
@@ -61,6 +71,7 @@ def _draw(axes: Any, panel: Panel) -> None:
                 axes.plot(series.x, series.y, label=series.name,
                           marker="o" if len(series.x) <= 30 else None, markersize=3)
         axes.grid(alpha=0.3)
+        _rotate_long_labels(axes, panel.series[0].x if panel.series else [])
     axes.set_title(panel.title, fontsize=10)
     axes.set_xlabel(panel.x_label)
     axes.set_ylabel(panel.y_label)

@@ -20,18 +20,29 @@ def swept_keys(rows: pd.DataFrame) -> list[str]:
     """The settings a sweep varied: its `param.*` columns with more than one value, in
     column order (names without `param.`)."""
     return [str(column)[len("param."):] for column in rows.columns
-            if str(column).startswith("param.") and rows[column].astype(str).nunique() > 1]
+            if str(column).startswith("param.") and rows[column].map(_text).nunique() > 1]
 
 
-def _ordered(values: pd.Series) -> list:
-    """A setting's distinct values in order: numerically when all are numbers, else as text."""
+def _text(value: object) -> str:
+    """A setting's value as a label: a missing one (None, NaN: the setting's default, as
+    `pd=none`) is "none", a whole float its integer (16.0 -> "16")."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _ordered(values: pd.Series) -> list[str]:
+    """A setting's distinct values as labels, in order: numerically when all are numbers, else
+    in the order the rows first have them (a sweep's grid order: `none,host:64GiB,host:1TiB`)."""
     import pandas as pd
 
-    distinct = list(dict.fromkeys(values.tolist()))
-    numbers = pd.to_numeric(pd.Series(distinct, dtype=object), errors="coerce")
+    labels = list(dict.fromkeys(_text(value) for value in values.tolist()))
+    numbers = pd.to_numeric(pd.Series(labels, dtype=object), errors="coerce")
     if numbers.notna().all():
-        return [value for _, value in sorted(zip(numbers.tolist(), distinct, strict=True))]
-    return sorted(distinct, key=str)
+        return [label for _, label in sorted(zip(numbers.tolist(), labels, strict=True))]
+    return labels
 
 
 def _check(rows: pd.DataFrame, label: str, metrics: list[str], keys: list[str]) -> None:
@@ -48,28 +59,28 @@ def _mean_by(rows: pd.DataFrame, metric: str, by: list[str]) -> pd.Series:
     import pandas as pd
 
     values = pd.to_numeric(rows[metric], errors="coerce")
-    columns = [rows[f"param.{key}"].astype(str) for key in by]
+    columns = [rows[f"param.{key}"].map(_text) for key in by]
     return values.groupby(columns).mean()
 
 
 def _line_panel(rows: pd.DataFrame, metric: str, key: str, group: str | None) -> Panel:
     """The metric (mean over the other settings) against `key`, a line per `group` value."""
     x = _ordered(rows[f"param.{key}"])
-    groups = _ordered(rows[f"param.{group}"]) if group else [None]
+    groups: list[str | None] = [*_ordered(rows[f"param.{group}"])] if group else [None]
     means = _mean_by(rows, metric, [key] + ([group] if group else []))
     series = []
     for value in groups:
         name = metric if value is None else f"{group}={value}"
-        y = [float(means.get((str(v),) if group is None else (str(v), str(value)),
-                             float("nan"))) for v in x]
-        series.append(Series(name, [str(v) for v in x], y))
+        # one key: a plain index of values; two: (value, group value) pairs
+        y = [float(means.get(v if group is None else (v, value), float("nan"))) for v in x]
+        series.append(Series(name, x, y))
     return Panel(f"{metric} vs {key}", key, metric, "line", tuple(series))
 
 
 def _heat_panel(rows: pd.DataFrame, metric: str, x_key: str, y_key: str) -> Panel:
     """The metric's mean over the runs of each (x_key, y_key) pair."""
-    x = [str(v) for v in _ordered(rows[f"param.{x_key}"])]
-    y = [str(v) for v in _ordered(rows[f"param.{y_key}"])]
+    x = _ordered(rows[f"param.{x_key}"])
+    y = _ordered(rows[f"param.{y_key}"])
     means = _mean_by(rows, metric, [x_key, y_key])
     z = [[_cell(means.get((xv, yv))) for xv in x] for yv in y]
     return Panel(metric, x_key, y_key, "heatmap", heat=Heat(x, y, z))

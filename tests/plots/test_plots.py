@@ -105,6 +105,15 @@ def test_a_sweep_draws_each_metric_against_its_settings():
     assert heat.z == [[112.5, 192.5, 352.5], [144.5, 224.5, 384.5]]
 
 
+def test_a_sweep_of_one_setting_keeps_its_grid_order():
+    rows = pd.DataFrame({"status": "ok", "param.kv_tiers": ["none", "host:64GiB", "host:1TiB"],
+                         "request_goodput": [0.46, 0.48, 0.78]})
+    [(_, figure)] = figures_of([SweepData("tiers", rows)], metrics=["request_goodput"])
+    [series] = figure.panels[0].series
+    assert series.x == ["none", "host:64GiB", "host:1TiB"]
+    assert series.y == pytest.approx([0.46, 0.48, 0.78])
+
+
 def test_a_sweep_written_by_kvlab_sweep_is_plotted(tmp_path):
     rows = tmp_path / "rows.parquet"
     assert main(["sweep", "--grid", "block_size=8,32", "--grid", "max_num_seqs=16,64",
