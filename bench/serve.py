@@ -407,7 +407,7 @@ def _vllm_result(path: Path, document: dict[str, Any]) -> BenchResult:
                          f"({missing[0]}, ...): run vllm bench serve with --save-result "
                          "--save-detailed")
     try:
-        return from_vllm_document(document)
+        return BenchResult(**from_vllm_document(document))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise KvlabError(f"{path}: malformed vllm bench result ({type(exc).__name__}: "
                          f"{exc})") from None

@@ -13,7 +13,7 @@ known). `VLLM_BENCH_LIMITS` says so, for the commands to print.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,6 @@ from kvlab.bench.observed import ServerInfo
 from kvlab.bench.records import BenchRequest
 from kvlab.metrics import RunResult, StepRecorder
 from kvlab.policies import RequestStatus
-
-if TYPE_CHECKING:
-    from kvlab.bench.serve import BenchResult
 
 # The arrays a vLLM result must hold to be read (vLLM keeps them only with --save-detailed).
 VLLM_DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
@@ -49,13 +46,12 @@ def missing_vllm_keys(document: dict[str, Any]) -> list[str]:
     return [key for key in VLLM_DETAILED_KEYS if key not in document]
 
 
-def from_vllm_document(d: dict[str, Any]) -> BenchResult:
-    """The BenchResult of a `vllm bench serve --save-detailed` document: request i is the
+def from_vllm_document(d: dict[str, Any]) -> dict[str, Any]:
+    """The BenchResult fields (keyword arguments: kvlab.bench.serve builds it, this module
+    sits below it) of a `vllm bench serve --save-detailed` document: request i is the
     i-th of its arrays, sent at `start_times[i]` less the first send; one token per streamed
     chunk (vLLM's client counts a chunk's tokens only in `output_lens`: the last chunk takes
     what is left over)."""
-    from kvlab.bench.serve import BenchResult  # (it reads this module)
-
     starts = [float(t) for t in d["start_times"]]
     origin = min(starts) if starts else 0.0
     requests = [_request(d, i, start - origin) for i, start in enumerate(starts)]
@@ -72,8 +68,9 @@ def from_vllm_document(d: dict[str, Any]) -> BenchResult:
     run = RunResult(requests=requests, steps=StepRecorder(),
                     itls_s=np.array(itls, dtype=np.float64), duration_s=float(d["duration"]),
                     page_size=0, num_total_pages=0, kv_cache_size_tokens=0, metadata=metadata)
-    return BenchResult(run, info, {}, origin, [VLLM_BENCH_LIMITS],
-                       [None] * len(requests), 16)
+    return {"run": run, "server": info, "series": {}, "started_at": origin,
+            "metrics_errors": [VLLM_BENCH_LIMITS], "hash_ids": [None] * len(requests),
+            "hash_block_size": 16}
 
 
 def _request(d: dict[str, Any], i: int, arrival_s: float) -> BenchRequest:

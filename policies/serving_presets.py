@@ -9,6 +9,7 @@ of pages are kept free at admission, a request is admitted when its first chunk 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ class ServingPreset:
     serving: dict[str, Any] = field(default_factory=dict)
 
     def apply(self, policy: str | dict[str, Any] | PolicySpec, spec: PolicySpec,
-              settings: dict[str, Any], named: set[str] = frozenset()) -> PolicySpec:
+              settings: dict[str, Any], named: Collection[str] = ()) -> PolicySpec:
         """`spec` (parsed from `policy`) with this preset's keys where neither `policy` nor
         `named` (policy keys set otherwise, a sweep's grid) names them; `settings` (the
         ServingConfig keywords given) gains this preset's settings it lacks (changed in

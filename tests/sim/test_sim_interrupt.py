@@ -34,7 +34,8 @@ def ctrl_c_after_some_requests(monkeypatch):
     monkeypatch.setattr(SimInstance, "__init__", init)
 
 
-def test_sim_prints_the_partial_report_and_exits_130(ctrl_c_after_some_requests, capsys):
+@pytest.mark.usefixtures("ctrl_c_after_some_requests")
+def test_sim_prints_the_partial_report_and_exits_130(capsys):
     code = main(["sim", "--num-prompts", "300", "--disable-tqdm"])
     captured = capsys.readouterr()
     assert code == 130
@@ -47,8 +48,8 @@ def test_sim_prints_the_partial_report_and_exits_130(ctrl_c_after_some_requests,
     assert STOP_AFTER <= int(finished.group(1)) < 300
     assert 0 < int(successful.split()[-1]) <= int(finished.group(1))
 
-def test_simulate_keeps_the_finished_requests_and_says_where_it_stopped(
-        ctrl_c_after_some_requests):
+@pytest.mark.usefixtures("ctrl_c_after_some_requests")
+def test_simulate_keeps_the_finished_requests_and_says_where_it_stopped():
     from kvlab.sim import SimConfig, simulate
     from kvlab.traces import load_trace
 
