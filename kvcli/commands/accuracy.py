@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", nargs="+", default=[], metavar="SPEC",
                         help="precision policies to measure at auto, as a policy's "
                         "precision= value (age:recent=64,depth=2; kvlab policies): pages "
-                        "demoted as the policy says, read back at their levels")
+                        "demoted as the policy says, read back at their levels (default: "
+                        "none, the dtypes only)")
     parser.add_argument("--corpus", default=None, metavar="TEXT_FILE",
                         help="UTF-8 text to score (default: the held-out Python standard "
                         "library modules stdlib-llama never saw)")
