@@ -49,5 +49,5 @@ _.free_blocks
 _.get_new_blocks
 # tests/policies/step_walk.py: the count of refused calls, kept for a failing walk's debugger
 _.num_refused
-# benchmarks/manager_vs_vllm.py: a package module made by hand, whose __path__ the import system reads
+# benchmarks/manager_vs_vllm.py: a package module made by hand (the import system reads it)
 _.__path__
