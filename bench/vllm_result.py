@@ -59,7 +59,7 @@ def from_vllm_document(d: dict[str, Any]) -> dict[str, Any]:
     itls = [gap for r in completed for gap in r.itls_s()]
     info = ServerInfo(model=str(d.get("model_id") or d.get("model") or "unknown"),
                       owned_by="vllm")
-    metadata = {"backend": d.get("backend", "vllm"),
+    metadata: dict[str, Any] = {"backend": d.get("backend", "vllm"),
                 "endpoint_type": d.get("endpoint_type", "openai"), "model": info.model,
                 "hardware": "server (vllm)", "dataset": "vllm-bench",
                 "dataset_name": "vllm-bench",
