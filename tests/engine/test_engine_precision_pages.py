@@ -20,10 +20,10 @@ from kvlab.engine.precision_pages import PrecisionPages
 from kvlab.kernels import AttentionMetadata, get_backend
 from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.mixed_attention import mixed_paged_attention
-from kvlab.policies import ArrivalQueue, KVCacheManager, Request, Scheduler, SchedulerConfig
+from kvlab.policies import KVCacheManager, Request, Scheduler, SchedulerConfig
 from kvlab.policies.precision.ladder import build_ladder
 from kvlab.specs.kv_dtype import kv_cache_dtype
-from tests.policies.harness import ShadowCost
+from tests.policies.harness import ShadowCost, serve_steps
 
 MAX_MODEL_LEN = 64
 KV_HEADS, HEAD_DIM, HOST_PAGES = 2, 8, 64
@@ -149,25 +149,19 @@ def run_shadowed(workload) -> tuple[int, int]:
     shadow = Shadow(page_size)
     manager.pool.ledger = _Told(manager.precision.ledger, shadow)
     scheduler = Scheduler(config, manager)
-    arrivals = ArrivalQueue(requests)
-    now, steps, requantized = 0.0, 0, 0
-    while len(arrivals) or scheduler.has_unfinished():
-        arrivals.admit_until(now, scheduler)
-        if not scheduler.has_unfinished():
-            now = arrivals.next_arrival_s()
-            continue
-        output = scheduler.schedule(now)
+    requantized = 0
+
+    def execute(output):
+        nonlocal requantized
         shadow.apply(output.mem_ops)
         cache.execute_mem_ops(output.mem_ops)
         requantized += len(output.mem_ops.requantize)
         _write_and_check(output, manager, cache, pages, shadow)
-        samples = [_token(r.token_slice(0, done + new)) if done + new == r.num_tokens else None
-                   for r, new, done in zip(output.requests, output.num_new_tokens,
-                                           output.num_computed_tokens, strict=True)]
-        now += 0.01
-        scheduler.update(output, samples, now)
-        steps += 1
-        assert steps < 5_000, "livelock"
+        return [_token(r.token_slice(0, done + new)) if done + new == r.num_tokens else None
+                for r, new, done in zip(output.requests, output.num_new_tokens,
+                                        output.num_computed_tokens, strict=True)]
+
+    serve_steps(scheduler, requests, execute, max_steps=5_000)
     return requantized, shadow.num_demoted_moved
 
 

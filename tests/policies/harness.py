@@ -4,7 +4,10 @@ and against the manager's own bookkeeping (owner counts, the prefix cache, the c
 
 from __future__ import annotations
 
-from kvlab.policies import KVCacheManager, MemOps, Request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvlab.policies import ArrivalQueue, KVCacheManager, MemOps, Request, Scheduler
 from tests.policies.shadow import PrefixContent, ShadowMemory
 
 
@@ -30,6 +33,31 @@ def computed(seq: Request, start: int, num_new: int) -> None:
                                                                   num_outputs)]
         seq.num_output_tokens = num_outputs
     seq.num_computed_tokens = start + num_new
+
+
+def serve_steps(scheduler: Scheduler, requests: Sequence[Request],
+                on_step: Callable[[Any], list[int | None] | None],
+                max_steps: int = 20_000) -> int:
+    """Admit `requests` at their arrivals and step `scheduler` until every one has finished,
+    10 ms a step: `on_step(output)` checks each step's output and returns the samples the
+    step's update takes (None: no tokens). Returns the steps run; a livelock fails."""
+    arrivals = ArrivalQueue(requests)
+    now, steps = 0.0, 0
+    while len(arrivals) or scheduler.has_unfinished():
+        arrivals.admit_until(now, scheduler)
+        if not scheduler.has_unfinished():
+            now = arrivals.next_arrival_s()
+            continue
+        output = scheduler.schedule(now)
+        samples = on_step(output)
+        now += 0.01
+        scheduler.update(output, samples, now)
+        steps += 1
+        assert steps < max_steps, (
+            f"livelock: {len(scheduler.waiting)} waiting, "
+            f"{len(scheduler.running)} running, {len(scheduler.swapped)} swapped"
+        )
+    return steps
 
 
 class ShadowCost:

@@ -8,12 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.errors import KvlabError
-from kvlab.policies import ArrivalQueue, KVCacheManager, Request, Scheduler, SchedulerConfig
+from kvlab.policies import KVCacheManager, Request, Scheduler, SchedulerConfig
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.precision.ladder import build_ladder
 from kvlab.policies.precision.ledger import PrecisionLedger
 from kvlab.policies.spec import parse_policy
-from tests.policies.harness import ShadowCost
+from tests.policies.harness import ShadowCost, serve_steps
 
 MAX_MODEL_LEN = 128
 LADDER = build_ladder("auto", 2, head_dim=128, model_dtype_bytes=2)
@@ -170,24 +170,16 @@ def run_checked(workload) -> tuple[int, KVCacheManager]:
     manager = KVCacheManager(spec, num_pages, max_model_len=MAX_MODEL_LEN, costs=ShadowCost(),
                              precision_ladder=LADDER)
     scheduler = Scheduler(config, manager)
-    arrivals = ArrivalQueue(requests)
     shadow: dict[int, int] = {}  # what the executor's requantizations left in each page
     manager.pool.ledger = _Told(manager.precision.ledger, shadow)
-    now, steps = 0.0, 0
-    while len(arrivals) or scheduler.has_unfinished():
-        arrivals.admit_until(now, scheduler)
-        if not scheduler.has_unfinished():
-            now = arrivals.next_arrival_s()
-            continue
-        output = scheduler.schedule(now)
+
+    def check(output):
         for page, before, after in output.mem_ops.requantize:
             assert shadow.get(page, 0) == before, "requantized from a level it is not at"
             shadow[page] = after
         check_memory(manager, shadow)
-        now += 0.01
-        scheduler.update(output, None, now)
-        steps += 1
-        assert steps < 20_000, "livelock"
+
+    steps = serve_steps(scheduler, requests, check)
     assert manager.usage().num_used_pages == 0
     assert manager.precision.ledger.max_debt_pages <= 2
     return steps, manager

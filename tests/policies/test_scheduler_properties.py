@@ -6,14 +6,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.policies import (
-    ArrivalQueue,
     KVCacheManager,
     Request,
     RequestStatus,
     Scheduler,
     SchedulerConfig,
 )
-from tests.policies.harness import ShadowCost
+from tests.policies.harness import ShadowCost, serve_steps
 from tests.policies.test_manager_properties import COMBOS
 
 MAX_MODEL_LEN = 128
@@ -59,14 +58,8 @@ def run_workload(spec, num_pages, config, requests, max_steps=20_000, check_step
         groups=groups, retention_interval=retention_interval,
     )
     scheduler = Scheduler(config, manager)
-    arrivals = ArrivalQueue(requests)
-    now, steps = 0.0, 0
-    while len(arrivals) or scheduler.has_unfinished():
-        arrivals.admit_until(now, scheduler)
-        if not scheduler.has_unfinished():
-            now = arrivals.next_arrival_s()
-            continue
-        output = scheduler.schedule(now)
+
+    def check_limits(output):
         if check_step is not None:
             check_step(output)
         assert output.num_batched_tokens <= config.max_num_batched_tokens
@@ -82,13 +75,8 @@ def run_workload(spec, num_pages, config, requests, max_steps=20_000, check_step
                     assert len(table) * manager.page_size >= (
                         item.num_computed_tokens + item.num_new_tokens
                     )
-        now += 0.01
-        scheduler.update(output, None, now)
-        steps += 1
-        assert steps < max_steps, (
-            f"livelock: {len(scheduler.waiting)} waiting, "
-            f"{len(scheduler.running)} running, {len(scheduler.swapped)} swapped"
-        )
+
+    serve_steps(scheduler, requests, check_limits, max_steps)
     return manager, scheduler
 
 
