@@ -167,7 +167,6 @@ def in_flags(err: KvlabError, parser: argparse.ArgumentParser) -> str:
     return pattern.sub(lambda m: m.group(1) or flags[m.group(2)], str(err))
 
 
-
 def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The parser's actions and those of its actions' subcommands (`kvlab traces info`'s)."""
     found = list(parser._actions)

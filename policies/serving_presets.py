@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.policies.spec import PolicySpec, named_policy_keys
+from kvlab.policies.spec import PolicySpec, named_policy_keys, parse_policy
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,12 +27,13 @@ class ServingPreset:
     policy: dict[str, Any] = field(default_factory=dict)
     serving: dict[str, Any] = field(default_factory=dict)
 
-    def apply(self, policy: str | dict[str, Any] | PolicySpec, spec: PolicySpec,
-              settings: dict[str, Any], named: Collection[str] = ()) -> PolicySpec:
-        """`spec` (parsed from `policy`) with this preset's keys where neither `policy` nor
-        `named` (policy keys set otherwise, a sweep's grid) names them; `settings` (the
+    def apply(self, policy: str | dict[str, Any] | PolicySpec, settings: dict[str, Any],
+              named: Collection[str] = ()) -> PolicySpec:
+        """`policy` parsed, with this preset's keys where neither `policy` nor `named`
+        (policy keys set otherwise, a sweep's grid) names them; `settings` (the
         ServingConfig keywords given) gains this preset's settings it lacks (changed in
         place)."""
+        spec = parse_policy(policy)
         given = named_policy_keys(policy) | set(named)
         keys = {key: value for key, value in self.policy.items() if key not in given}
         for name, value in self.serving.items():

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace_from_args(args)
     progress = show_progress(args)
     runs: list[tuple[RunResult, dict[str, Any]]] = []
+    interrupted = False
     for index, config in enumerate(configs):
         prefix = f"[{index + 1}] " if args.compare else ""
         for line in config.startup_lines():
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(trace, config, progress=progress, partial_on_interrupt=True)
         summary = summarize(result, **options)
         runs.append((result, summary))
-        if _interrupted(result, len(trace)):
+        interrupted = _interrupted(result, len(trace))
+        if interrupted:
             break
     summaries = [summary for _, summary in runs]
     if args.compare:
@@ -86,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from kvlab.commands.plot import plot_runs
         plot_runs(args.plot, runs)
-    return 130 if _interrupted(runs[-1][0], len(trace), say=False) else 0
+    return 130 if interrupted else 0
 
 
-def _interrupted(result: RunResult, num_requests: int, *, say: bool = True) -> bool:
+def _interrupted(result: RunResult, num_requests: int) -> bool:
     """Whether Ctrl-C cut this run short (`simulate(partial_on_interrupt=True)`); says so on
     stderr, with how much of the trace the report then covers."""
     import sys
@@ -97,10 +99,9 @@ def _interrupted(result: RunResult, num_requests: int, *, say: bool = True) -> b
     at_s = result.metadata.get("interrupted_at_s")
     if at_s is None:
         return False
-    if say:
-        finished = num_requests - int(result.metadata["num_unfinished_requests"])
-        print(f"kvlab sim: interrupted at {at_s:.1f} s of simulated time: the report covers "
-              f"the {finished} of {num_requests} requests finished by then", file=sys.stderr)
+    finished = num_requests - int(result.metadata["num_unfinished_requests"])
+    print(f"kvlab sim: interrupted at {at_s:.1f} s of simulated time: the report covers "
+          f"the {finished} of {num_requests} requests finished by then", file=sys.stderr)
     return True
 
 
