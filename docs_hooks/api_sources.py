@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import shutil
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = ROOT / "build" / "apisrc"
@@ -37,6 +36,8 @@ def lay_out(tree: Path = TREE) -> None:
             link.symlink_to(entry, target_is_directory=entry.is_dir())
 
 
-def on_pre_build(config: Any) -> None:
-    """Lay out build/apisrc before mkdocstrings reads it."""
+def on_startup(command: str, dirty: bool) -> None:
+    """Lay out build/apisrc before mkdocstrings reads it: at start-up, before any plugin's
+    config, since its Python handler keeps only the `paths` that exist when the config loads
+    (on_pre_build was too late: a fresh clone's first build found no module)."""
     lay_out()
