@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.policies.spec import PolicySpec, named_policy_keys, parse_policy
+from kvlab.policies.spec import PolicySpec, named_policy_keys
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,13 +27,12 @@ class ServingPreset:
     policy: dict[str, Any] = field(default_factory=dict)
     serving: dict[str, Any] = field(default_factory=dict)
 
-    def apply(self, policy: str | dict[str, Any] | PolicySpec, settings: dict[str, Any],
-              named: Collection[str] = ()) -> PolicySpec:
-        """`policy` parsed, with this preset's keys where neither `policy` nor `named`
-        (policy keys set otherwise, a sweep's grid) names them; `settings` (the
-        ServingConfig keywords given) gains this preset's settings it lacks (changed in
-        place)."""
-        spec = parse_policy(policy)
+    def apply(self, policy: str | dict[str, Any] | PolicySpec, spec: PolicySpec,
+              settings: dict[str, Any], named: Collection[str] = ()) -> PolicySpec:
+        """`spec` (parsed from `policy` by the caller, which parses each policy once) with
+        this preset's keys where neither `policy` nor `named` (policy keys set otherwise, a
+        sweep's grid) names them; `settings` (the ServingConfig keywords given) gains this
+        preset's settings it lacks (changed in place)."""
         given = named_policy_keys(policy) | set(named)
         keys = {key: value for key, value in self.policy.items() if key not in given}
         for name, value in self.serving.items():

@@ -21,6 +21,7 @@ from kvlab.metrics import (
     parse_percentile_metrics,
     summarize,
 )
+from kvlab.policies import parse_policy
 from kvlab.policies.serving import ServingConfig
 from kvlab.policies.serving_presets import serving_preset
 from kvlab.policies.tiers import TiersConfig, parse_tiers
@@ -69,7 +70,8 @@ def serving_config(settings: Mapping[str, Any]) -> ServingConfig:
     text = settings.get("policy", "paged")
     keys = _group(settings, "policy")
     serving = {k: v for k, v in _group(settings, "serving").items() if k not in _SERVING_KEYS}
-    policy = serving_preset(settings.get("preset")).apply(text, serving, named=keys)
+    policy = serving_preset(settings.get("preset")).apply(text, parse_policy(text), serving,
+                                                         named=keys)
     if keys:
         policy = policy.with_options(**keys)
     if "seed" in settings:
