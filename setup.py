@@ -6,7 +6,8 @@ from setuptools import setup
 
 ROOT = Path(__file__).parent
 FOLDERS = {
-    "kvcli": "kvlab",
+    "kvcore": "kvlab",
+    "kvcli": "kvlab.cli",
     "policies": "kvlab.policies",
     "sim": "kvlab.sim",
     "engine": "kvlab.engine",
@@ -16,7 +17,7 @@ FOLDERS = {
     "specs": "kvlab.specs",
     "fidelity": "kvlab.fidelity",
     "server": "kvlab.server",
-    "bench": "kvlab.bench",
+    "kvbench": "kvlab.bench",
     "sweep": "kvlab.sweep",
     "dashboard": "kvlab.dashboard",
     "integrations": "kvlab.integrations",

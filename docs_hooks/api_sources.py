@@ -1,5 +1,5 @@
 """MkDocs hook: mkdocstrings reads kvlab's source as the package `kvlab`, but the checkout's
-folders are named apart from their import (policies/ is kvlab.policies, kvcli/ is kvlab:
+folders are named apart from their import (policies/ is kvlab.policies, kvcore/ is kvlab:
 setup.py's FOLDERS). Before the build, build/apisrc/kvlab is laid out as the package, of
 symbolic links to the checkout's files, and mkdocs.yml points mkdocstrings at build/apisrc."""
 

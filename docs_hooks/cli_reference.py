@@ -28,7 +28,7 @@ def _section(name: str, parser: argparse.ArgumentParser, level: int) -> list[str
 
 def cli_reference() -> str:
     """The page: `kvlab --help`, then each command's `--help` (and its subcommands')."""
-    from kvlab.cli import COMMANDS, CommandParser, _available_commands, _top_parser
+    from kvlab.cli.dispatch import COMMANDS, CommandParser, _available_commands, _top_parser
 
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = HELP_WIDTH
@@ -38,7 +38,7 @@ def cli_reference() -> str:
                  "(`docs_hooks/cli_reference.py`): the same text as `kvlab COMMAND --help`.", "",
                  "```text", _top_parser(_available_commands()).format_help().rstrip(), "```", ""]
         for name, (module_name, help_text) in COMMANDS.items():
-            module = importlib.import_module(f"kvlab.commands.{module_name}")
+            module = importlib.import_module(f"kvlab.cli.commands.{module_name}")
             parser = CommandParser(prog=f"kvlab {name}", description=help_text)
             module.add_arguments(parser)
             lines += _section(name, parser, 2)

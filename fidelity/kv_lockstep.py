@@ -43,7 +43,7 @@ from kvlab.traces import Trace, TraceRequest
 
 if TYPE_CHECKING:
     from kvlab.bench import BenchRequest, BenchResult
-    from kvlab.bench.kv_events import KVEventStream
+    from kvlab.bench.kv_event_stream import KVEventStream
     from kvlab.sim import SimConfig
 
 # Thresholds (times the median inter-chunk gap) tried for grouping chunks into steps: wider

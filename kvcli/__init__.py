@@ -1,9 +1,9 @@
-"""kvlab: a laboratory for KV-cache memory management in LLM inference."""
+"""kvlab.cli: the `kvlab` command, a thin shell over the library (the top layer).
 
-import os
+`kvlab.cli.dispatch` parses the command line and runs the chosen subcommand; each subcommand is a
+module of `kvlab.cli.commands`; `report` and `validation_report` print their results.
+"""
 
-# `import torch` imports every installed device backend; torch_npu on a machine without CANN
-# then breaks torch itself. kvlab imports torch_npu explicitly where an npu is chosen.
-os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+from kvlab.cli.dispatch import main
 
-__version__ = "0.1.0"
+__all__ = ["main"]

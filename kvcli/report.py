@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from kvlab.cli.validation_report import format_validation as format_validation
 from kvlab.metrics import LATENCY_KEY, PERCENTILE_METRICS
-from kvlab.validation_report import format_validation as format_validation
 
 WIDTH = 50  # vLLM's report width
 LABEL_WIDTH = 40

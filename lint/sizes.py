@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 # the project's source folders (setup.py's FOLDERS), its tests, benchmarks and this folder
-FOLDERS = ("kvcli", "policies", "sim", "engine", "kvkernels", "traces", "metrics", "specs",
-           "fidelity", "server", "bench", "sweep", "dashboard", "integrations", "plots",
+FOLDERS = ("kvcore", "kvcli", "policies", "sim", "engine", "kvkernels", "traces", "metrics",
+           "specs", "fidelity", "server", "kvbench", "sweep", "dashboard", "integrations", "plots",
            "benchmarks", "docs_hooks", "lint")
 # generated or kernel code: not held to the limits (Triton and AscendC kernels are long by
 # their nature, one program per function)

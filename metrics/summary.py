@@ -1,7 +1,7 @@
 """Benchmark metrics of a finished run: vLLM's bench keys plus KV-cache memory metrics.
 
 Both the simulator (`kvlab sim`) and the real engine (`kvlab run`) end with a `RunResult`;
-`summarize` turns it into the flat, JSON-ready dict that `kvlab.report` prints and
+`summarize` turns it into the flat, JSON-ready dict that `kvlab.cli.report` prints and
 `kvlab.metrics.results` saves. Torch-free: numpy and pandas only.
 """
 

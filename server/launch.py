@@ -13,7 +13,7 @@ import torch
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
 from kvlab.server.api import build_app
-from kvlab.server.kv_events import KVEventPublisher, KVEventsConfig
+from kvlab.server.kv_event_publisher import KVEventPublisher, KVEventsConfig
 from kvlab.server.metrics import ServerMetrics
 from kvlab.server.service import EngineService
 

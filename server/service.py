@@ -25,7 +25,7 @@ from kvlab.heap import frozen_heap
 from kvlab.metrics import StepRecorder
 from kvlab.policies import Request, StepLoop
 from kvlab.policies.kv_events import KVEventLog
-from kvlab.server.kv_events import KVEventPublisher
+from kvlab.server.kv_event_publisher import KVEventPublisher
 from kvlab.server.metrics import ServerMetrics
 
 log = logging.getLogger("kvlab.server")

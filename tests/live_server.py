@@ -12,7 +12,7 @@ import uvicorn
 
 from kvlab.engine.config import EngineConfig
 from kvlab.server import EngineService, ServeConfig, build_app, start_service
-from kvlab.server.kv_events import KVEventsConfig
+from kvlab.server.kv_event_publisher import KVEventsConfig
 
 
 @dataclass

@@ -4,7 +4,7 @@ The working directory comes first on sys.path (`python -c`, `python -m`, a REPL,
 a top-level folder with an __init__.py named like an installed package would shadow it
 (transformers imports Hugging Face's `kernels`; a vLLM with kvlab's plugin imports `kvlab`).
 setup.py therefore maps folders of names no installed package uses (kvkernels/ is kvlab.kernels,
-kvcli/ is kvlab itself).
+kvcore/ is kvlab itself).
 """
 
 from __future__ import annotations
@@ -59,4 +59,4 @@ def test_the_peer_vllm_and_its_kvlab_plugin_import_in_the_checkout() -> None:
     result = subprocess.run([str(PEER_PYTHON), "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert not Path(result.stdout.strip()).is_relative_to(ROOT / "kvcli"), result.stdout
+    assert not Path(result.stdout.strip()).is_relative_to(ROOT / "kvcore"), result.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.cli import COMMANDS, CommandParser
+from kvlab.cli.dispatch import COMMANDS, CommandParser
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guides").glob("*.md")),
@@ -66,7 +66,7 @@ def kvlab_commands(text: str) -> list[str]:
 def _parse(command: str) -> None:
     words = shlex.split(command)
     name, rest = words[0], words[1:]
-    module = importlib.import_module(f"kvlab.commands.{COMMANDS[name][0]}")
+    module = importlib.import_module(f"kvlab.cli.commands.{COMMANDS[name][0]}")
     parser = CommandParser(prog=f"kvlab {name}")
     module.add_arguments(parser)
     parser.parse_args(rest)
@@ -105,7 +105,7 @@ def test_the_cli_reference_has_every_command_and_flag():
     for name, (module_name, _) in COMMANDS.items():
         assert f"## `kvlab {name}`" in page
         parser = CommandParser(prog=f"kvlab {name}")
-        importlib.import_module(f"kvlab.commands.{module_name}").add_arguments(parser)
+        importlib.import_module(f"kvlab.cli.commands.{module_name}").add_arguments(parser)
         for action in parser._actions:
             for option in action.option_strings:
                 assert option in page, (name, option)

@@ -15,7 +15,7 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab accuracy`."""
-    from kvlab.commands.common import add_device_arguments
+    from kvlab.cli.commands.common import add_device_arguments
     from kvlab.fidelity.accuracy import AccuracyConfig
     from kvlab.specs.kv_dtype import kv_cache_dtype_names
 
@@ -111,7 +111,7 @@ def corpus_tokens(model: str, corpus: str | None) -> tuple[list[int], str]:
 def format_accuracy(model: str, source: str, results: list[Any]) -> str:
     """One row per precision (a dtype, or auto with a precision policy): KL, top-1
     agreement, perplexity and its change, greedy agreement."""
-    from kvlab.commands.presets import format_table
+    from kvlab.cli.commands.presets import format_table
 
     first = results[0]
     header = ("kv_cache_dtype", "precision", "KL mean", "KL p99", "top-1 agree %", "perplexity",

@@ -17,7 +17,7 @@ import sys
 import uuid
 from typing import Any
 
-from kvlab.commands.common import add_report_arguments, add_workload_arguments
+from kvlab.cli.commands.common import add_report_arguments, add_workload_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,8 +130,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the report, save what was asked."""
     from kvlab.bench import ClientConfig, bench_serve, resolve_model, vocab_size_of, wait_ready
-    from kvlab.commands.common import load_trace_from_args, show_progress, summary_options
-    from kvlab.report import format_report
+    from kvlab.cli.commands.common import load_trace_from_args, show_progress, summary_options
+    from kvlab.cli.report import format_report
 
     _check_flags(args)
     options = summary_options(args)
@@ -227,7 +227,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     if not 0 <= args.temperature < float("inf"):
         raise KvlabError(f"--temperature {args.temperature:g}: expected a number >= 0")
     if args.kv_events is not None:
-        from kvlab.bench.kv_events import normalize_endpoint
+        from kvlab.bench.kv_event_stream import normalize_endpoint
 
         normalize_endpoint(args.kv_events)
 

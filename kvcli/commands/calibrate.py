@@ -155,7 +155,7 @@ def _warn_vllm_results(paths: list[str], results: list[Any]) -> None:
 def bench_sim_config(result: Any, args: argparse.Namespace) -> Any:
     """The SimConfig of the benchmarked server: its model (--model, else the name it serves)
     and its serving config (`server_serving`, flags overriding)."""
-    from kvlab.commands.common import server_overrides
+    from kvlab.cli.commands.common import server_overrides
     from kvlab.errors import KvlabError
     from kvlab.fidelity.from_bench import server_sim_config
     from kvlab.specs import get_model

@@ -20,7 +20,7 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `kvlab capacity`."""
-    from kvlab.commands.common import add_kv_cache_dtype_argument
+    from kvlab.cli.commands.common import add_kv_cache_dtype_argument
     from kvlab.policies.serving import ServingConfig
     from kvlab.specs.presets import DEFAULT_HARDWARE, DEFAULT_MODEL
 
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 def group_table(row: dict[str, Any]) -> str:
     """Where one request's pages and bytes go, group by group, for one answer of
     `capacity_rows` (the pages vLLM sets aside per request, its concurrency's divisor)."""
-    from kvlab.commands.presets import format_table
+    from kvlab.cli.commands.presets import format_table
 
     groups = row["groups"]
     total_pages = sum(g["pages_per_request"] for g in groups)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvlab.commands.common import (
+from kvlab.cli.commands.common import (
     DEFAULT_CPU_KV_CACHE_MEMORY,
     add_device_arguments,
     add_report_arguments,
@@ -93,10 +93,10 @@ def _engine_arguments(machine: argparse._ArgumentGroup) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the engine, replay the trace, print the report; save results when asked."""
+    from kvlab.cli.report import format_report
     from kvlab.engine.engine import LLMEngine
     from kvlab.engine.replay import run_trace
     from kvlab.metrics import summarize
-    from kvlab.report import format_report
     from kvlab.traces import synthesize_prompt_ids
 
     options = summary_options(args)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.commands.common import (
+from kvlab.cli.commands.common import (
     DEFAULT_CPU_KV_CACHE_MEMORY,
     add_device_arguments,
     add_serving_arguments,
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the engine and serve until a signal."""
     import logging
 
-    from kvlab.commands.common import serving_config
+    from kvlab.cli.commands.common import serving_config
     from kvlab.engine.config import EngineConfig
     from kvlab.errors import KvlabError
     from kvlab.server import ServeConfig, serve
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         args.kv_cache_memory_bytes = DEFAULT_CPU_KV_CACHE_MEMORY
     kv_events = None
     if args.kv_events_config is not None:
-        from kvlab.server.kv_events import parse_kv_events_config
+        from kvlab.server.kv_event_publisher import parse_kv_events_config
 
         kv_events = parse_kv_events_config(args.kv_events_config)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

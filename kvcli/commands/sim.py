@@ -11,7 +11,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING, Any
 
-from kvlab.commands.common import (
+from kvlab.cli.commands.common import (
     add_cluster_arguments,
     add_machine_arguments,
     add_report_arguments,
@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the start-up lines and the report; save results when asked."""
+    from kvlab.cli.report import format_comparison, format_report
     from kvlab.metrics import summarize
-    from kvlab.report import format_comparison, format_report
     from kvlab.sim import simulate
 
     options = summary_options(args)
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_result:
         _save(args, runs)
     if args.plot:
-        from kvlab.commands.plot import plot_runs
+        from kvlab.cli.commands.plot import plot_runs
         plot_runs(args.plot, runs)
     return 130 if interrupted else 0
 
@@ -127,7 +127,7 @@ def _check_cluster(args: argparse.Namespace) -> None:
 def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """`--num-instances N` > 1: each policy on N instances behind --router; the report of the
     whole cluster, then a table of its instances."""
-    from kvlab.report import format_comparison, format_instances, format_report
+    from kvlab.cli.report import format_comparison, format_instances, format_report
     from kvlab.sim import simulate_cluster, summarize_cluster
     from kvlab.sim.disaggregation import parse_pd
 
@@ -157,7 +157,7 @@ def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
     if args.save_result:
         _save_clusters(args, runs)
     if args.plot:
-        from kvlab.commands.plot import plot_runs
+        from kvlab.cli.commands.plot import plot_runs
         plot_runs(args.plot, runs)
     return 0
 
@@ -166,7 +166,7 @@ def _warn_config(config: SimConfig) -> None:
     """On stderr, each of `config_warnings`."""
     import sys
 
-    from kvlab.commands.common import config_warnings
+    from kvlab.cli.commands.common import config_warnings
 
     for warning in config_warnings(config):
         print(f"warning: {warning}", file=sys.stderr)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvlab.commands.common import (
+from kvlab.cli.commands.common import (
     add_cluster_arguments,
     add_machine_arguments,
     add_report_arguments,
@@ -175,7 +175,7 @@ def _warn_points(points: list[dict[str, Any]]) -> None:
     """On stderr, each distinct warning of the sweep's machines (`config_warnings`, as `sim`
     prints them) once, with how many runs it concerns; a point whose config fails is left to
     its run, which records the error."""
-    from kvlab.commands.common import config_warnings
+    from kvlab.cli.commands.common import config_warnings
     from kvlab.errors import KvlabError
     from kvlab.sweep.runner import sim_config
 
@@ -195,7 +195,7 @@ def _print_runs(store: Any, points: list[dict[str, Any]], swept: list[str],
                 keys: list[str]) -> None:
     """This sweep's stored rows in grid order: the swept settings and headline metrics, or
     the error."""
-    from kvlab.report import format_table
+    from kvlab.cli.report import format_table
     from kvlab.sweep import PARAM_PREFIX, run_key
 
     frame = store.read()

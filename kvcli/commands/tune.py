@@ -7,8 +7,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvlab.commands.common import show_progress
-from kvlab.commands.sweep import add_spec_arguments, executor_from_args, output_folder, sweep_spec
+from kvlab.cli.commands.common import show_progress
+from kvlab.cli.commands.sweep import (
+    add_spec_arguments,
+    executor_from_args,
+    output_folder,
+    sweep_spec,
+)
 
 SHOWN = ("max_request_rate", "capped", "slo_attainment", "request_goodput",
          "output_throughput", "p99_ttft_ms", "p99_tpot_ms", "num_probes", "status")
@@ -62,9 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Tune, print the ranked table and save it."""
+    from kvlab.cli.report import format_table
     from kvlab.errors import KvlabError
     from kvlab.metrics import parse_goodput
-    from kvlab.report import format_table
     from kvlab.sweep import SearchOptions, SweepStore, save_table, tune
 
     slos: dict[str, float] = {}

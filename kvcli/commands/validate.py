@@ -31,9 +31,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvlab.commands.bench import check_client_flags
-from kvlab.commands.common import server_overrides
-from kvlab.commands.validate_report import report_path, save_document
+from kvlab.cli.commands.bench import check_client_flags
+from kvlab.cli.commands.common import server_overrides
+from kvlab.cli.commands.validate_report import report_path, save_document
 
 DEFAULT_NUM_PROMPTS = 8
 # --until-std-error's most rounds by default. On this project's 2-core machine six runs left
@@ -47,7 +47,7 @@ CALIBRATION_PROMPTS_PER_PROMPT = 3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kvlab run`'s flags, plus calibration, lockstep and thread flags."""
-    from kvlab.commands import run as run_command
+    from kvlab.cli.commands import run as run_command
 
     run_command.add_arguments(parser, preset=False)
     # CPU step times: the engine's side of the comparison must not depend on who else is running
@@ -124,7 +124,7 @@ def _add_validation_arguments(group: argparse._ArgumentGroup) -> None:
 
 def _add_server_arguments(server: argparse._ArgumentGroup) -> None:
     """The flags of validating a server (its URL, preset, rounds, client, KV events)."""
-    from kvlab.commands.bench import add_client_arguments
+    from kvlab.cli.commands.bench import add_client_arguments
 
     server.add_argument(
         "--base-url", default=None,
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     if args.num_repeats is None:
         args.num_repeats = 1 if args.until_std_error is None else DEFAULT_MAX_ROUNDS
     if args.from_bench is not None:
-        from kvlab.commands.validate_kv import run_saved_lockstep
+        from kvlab.cli.commands.validate_kv import run_saved_lockstep
 
         return run_saved_lockstep(args)
     if args.base_url is not None:
@@ -189,11 +189,11 @@ def run(args: argparse.Namespace) -> int:
 
     import torch  # the engine's side only
 
-    from kvlab.commands.common import show_progress
-    from kvlab.commands.run import engine_config
+    from kvlab.cli.commands.common import show_progress
+    from kvlab.cli.commands.run import engine_config
+    from kvlab.cli.report import format_validation
     from kvlab.errors import KvlabError
     from kvlab.fidelity import validate
-    from kvlab.report import format_validation
     from kvlab.sim.calibrated import load_cost_model
 
     if args.num_threads < 1:
@@ -229,7 +229,7 @@ def _save(args: argparse.Namespace, result: Any) -> None:
 
 def _windows(args: argparse.Namespace, separate: bool) -> list:
     """The trace's (validated, calibration) windows the flags ask for."""
-    from kvlab.commands.common import load_trace_from_args
+    from kvlab.cli.commands.common import load_trace_from_args
     from kvlab.errors import KvlabError
     from kvlab.traces import split_windows
 
@@ -249,17 +249,17 @@ def _windows(args: argparse.Namespace, separate: bool) -> list:
 
 def _run_server(args: argparse.Namespace) -> int:
     """validate --base-url: the same table, simulator against a server's benchmark."""
-    from kvlab.commands.common import show_progress
+    from kvlab.cli.commands.common import show_progress
+    from kvlab.cli.report import format_validation
     from kvlab.errors import KvlabError
     from kvlab.fidelity.server_validation import validate_server
-    from kvlab.report import format_validation
     from kvlab.sim.calibrated import load_cost_model
 
     if args.lockstep:
         if args.kv_events is None:
             raise KvlabError("--lockstep with --base-url compares the server's KV events: give "
                              "--kv-events ENDPOINT")
-        from kvlab.commands.validate_kv import run_server_lockstep
+        from kvlab.cli.commands.validate_kv import run_server_lockstep
 
         return run_server_lockstep(args, _server_target(args))
     if args.kv_events is not None or args.reset_prefix_cache:

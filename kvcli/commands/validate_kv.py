@@ -16,8 +16,8 @@ def run_server_lockstep(args: argparse.Namespace, target: Any) -> int:
     from tqdm import tqdm
 
     from kvlab.bench import bench_serve
-    from kvlab.bench.kv_events import normalize_endpoint
-    from kvlab.commands.common import load_trace_from_args, show_progress
+    from kvlab.bench.kv_event_stream import normalize_endpoint
+    from kvlab.cli.commands.common import load_trace_from_args, show_progress
 
     endpoint = normalize_endpoint(args.kv_events)
     trace = load_trace_from_args(args)
@@ -36,7 +36,7 @@ def run_server_lockstep(args: argparse.Namespace, target: Any) -> int:
 def run_saved_lockstep(args: argparse.Namespace) -> int:
     """validate --lockstep --from-bench RESULT: the report of a saved run."""
     from kvlab.bench import load_bench_result
-    from kvlab.bench.kv_events import load_stream, stream_path
+    from kvlab.bench.kv_event_stream import load_stream, stream_path
     from kvlab.errors import KvlabError
     from kvlab.specs import get_model
 
@@ -53,9 +53,9 @@ def run_saved_lockstep(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None) -> int:
     """Replay, print and save the report; 0 when every block change matched, else 1."""
-    from kvlab.commands.bench import check_stream, describe_stream
-    from kvlab.commands.common import server_overrides
-    from kvlab.commands.validate_report import save_document
+    from kvlab.cli.commands.bench import check_stream, describe_stream
+    from kvlab.cli.commands.common import server_overrides
+    from kvlab.cli.commands.validate_report import save_document
     from kvlab.fidelity import server_sim_config
     from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
 
@@ -79,7 +79,7 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
 
 
 def _report_path(args: argparse.Namespace) -> Path | None:
-    from kvlab.commands.validate_report import report_path
+    from kvlab.cli.commands.validate_report import report_path
 
     return report_path(args, "validate-kv") if args.save_result else None
 

@@ -21,12 +21,12 @@ from kvlab.bench.observed import server_latency_summary
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.serve import peaks
 from kvlab.cli import main
+from kvlab.cli.report import format_report
 from kvlab.engine import LLM, SamplingParams
 from kvlab.engine.config import EngineConfig
 from kvlab.errors import KvlabError
 from kvlab.policies import RequestStatus
 from kvlab.policies.serving import ServingConfig
-from kvlab.report import format_report
 from kvlab.traces import load_trace, synthesize_prompt_ids
 from tests.live_server import start_live_server
 

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from kvlab.bench.client import reset_prefix_cache
-from kvlab.bench.kv_events import (
+from kvlab.bench.kv_event_stream import (
     KVEventSubscriber,
     decode_message,
     load_stream,
@@ -21,7 +21,7 @@ from kvlab.bench.kv_events import (
 )
 from kvlab.errors import KvlabError
 from kvlab.policies.kv_events import BlockEvent
-from kvlab.server.kv_events import (
+from kvlab.server.kv_event_publisher import (
     KVEventPublisher,
     KVEventsConfig,
     parse_kv_events_config,

@@ -8,12 +8,12 @@ import importlib
 
 import pytest
 
-from kvlab.cli import COMMANDS, main
+from kvlab.cli.dispatch import COMMANDS, main
 
 
 def _parsers():
     for name, (module_name, _) in COMMANDS.items():
-        module = importlib.import_module(f"kvlab.commands.{module_name}")
+        module = importlib.import_module(f"kvlab.cli.commands.{module_name}")
         parser = argparse.ArgumentParser(prog=f"kvlab {name}")
         module.add_arguments(parser)
         stack = [(name, parser)]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.cli import main
-from kvlab.commands import dashboard
+from kvlab.cli.commands import dashboard
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -31,7 +31,7 @@ def test_a_bad_port_is_a_one_line_user_error(capsys):
     assert "--port 70000: expected 1 to 65535" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["kvlab.cli", "kvlab.commands.dashboard"])
+@pytest.mark.parametrize("module", ["kvlab.cli", "kvlab.cli.commands.dashboard"])
 def test_the_command_does_not_import_the_dashboard(module):
     import subprocess
     import sys

@@ -79,7 +79,7 @@ def test_the_start_up_warm_up_changes_no_token_and_no_step_record():
 def test_no_warmup_flag_turns_the_warm_up_off():
     import argparse
 
-    from kvlab.commands import run as run_command
+    from kvlab.cli.commands import run as run_command
 
     parser = argparse.ArgumentParser()
     run_command.add_arguments(parser)

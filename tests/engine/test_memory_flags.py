@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from kvlab.cli import main
-from kvlab.commands.common import add_serving_arguments, serving_config
+from kvlab.cli.commands.common import add_serving_arguments, serving_config
 
 GiB = 2**30
 

@@ -3,10 +3,10 @@ whatever request and length it hit, for the simulator's, the engine's and a serv
 
 from __future__ import annotations
 
+from kvlab.cli.report import format_report
 from kvlab.metrics import summarize
 from kvlab.metrics.failures import failure_reason
 from kvlab.policies import RequestStatus
-from kvlab.report import format_report
 
 
 def test_the_schedulers_messages_count_as_one_reason_each(make_request, make_failed,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvlab.cli.report import format_report
 from kvlab.metrics import summarize
 from kvlab.metrics.classes import count_priority_inversions, jain_index
 from kvlab.metrics.tables import per_request_table
-from kvlab.report import format_report
 from tests.metrics.conftest import build_request, build_result
 
 
@@ -88,7 +88,7 @@ def test_the_report_prints_each_class_and_the_fairness():
 
 
 def test_the_comparison_shows_each_class_side_by_side():
-    from kvlab.report import format_comparison
+    from kvlab.cli.report import format_comparison
 
     fast = summarize(build_result([_classed(0, "chat", first_token_s=0.1)]),
                      goodput_slos={"ttft": 500.0})

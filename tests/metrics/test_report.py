@@ -2,8 +2,8 @@
 
 import pytest
 
+from kvlab.cli.report import format_comparison, format_report
 from kvlab.metrics import summarize
-from kvlab.report import format_comparison, format_report
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from kvlab.bench import load_bench_result
-from kvlab.bench.kv_events import load_stream, stream_path
+from kvlab.bench.kv_event_stream import load_stream, stream_path
 from kvlab.cli import main
 from kvlab.fidelity import server_sim_config
 from kvlab.fidelity.kv_lockstep import kv_lockstep

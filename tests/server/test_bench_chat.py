@@ -12,7 +12,7 @@ from server_cases import API_KEY
 from transformers import AutoTokenizer
 
 from kvlab.bench import ClientConfig, bench_serve
-from kvlab.commands.bench import endpoint_of
+from kvlab.cli.commands.bench import endpoint_of
 from kvlab.errors import KvlabError
 from kvlab.traces import Trace, TraceRequest
 

@@ -5,13 +5,13 @@ shows pages per group, and what the hybrid manager refuses fails before any work
 import pytest
 
 from kvlab.cli import main
+from kvlab.cli.report import format_report
 from kvlab.errors import KvlabError
 from kvlab.metrics import summarize
 from kvlab.policies.hybrid_manager import HybridKVCacheManager
 from kvlab.policies.manager import KVCacheManager
 from kvlab.policies.serving import ServingConfig
 from kvlab.policies.tiers import TiersConfig, parse_tiers
-from kvlab.report import format_report
 from kvlab.sim import SimConfig, Simulation
 from kvlab.traces import load_trace
 

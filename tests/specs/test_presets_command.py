@@ -3,7 +3,7 @@
 import json
 
 from kvlab.cli import main
-from kvlab.commands.presets import format_table
+from kvlab.cli.commands.presets import format_table
 from kvlab.specs import list_hardware, list_models
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlab.commands import sim
+from kvlab.cli.commands import sim
 from kvlab.errors import KvlabError
 from kvlab.sweep import SETTINGS, check_settings, run_key, setting_value
 
@@ -105,7 +105,7 @@ def _parser(command) -> argparse.ArgumentParser:
 
 def test_every_flag_of_the_table_is_a_command_flag_with_the_table_default():
     """The one table makes the flags: a declared flag is some command's, with its default."""
-    from kvlab.commands import run
+    from kvlab.cli.commands import run
 
     actions = {}
     for command in (run, sim):  # (sim last: kvlab run has a --model of its own)

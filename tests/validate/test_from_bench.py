@@ -17,7 +17,7 @@ import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, load_bench_result, resolve_model
 from kvlab.cli import main
-from kvlab.commands.calibrate import bench_sim_config
+from kvlab.cli.commands.calibrate import bench_sim_config
 from kvlab.engine.config import EngineConfig
 from kvlab.errors import KvlabError
 from kvlab.fidelity import fit_bench, server_serving, server_sim_config

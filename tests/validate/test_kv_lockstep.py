@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvlab.bench import BenchRequest, ClientConfig, bench_serve, resolve_model
-from kvlab.bench.kv_events import EventBatch, KVEventStream
+from kvlab.bench.kv_event_stream import EventBatch, KVEventStream
 from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
 from kvlab.fidelity import server_sim_config
@@ -25,7 +25,7 @@ from kvlab.fidelity.kv_lockstep import (
 )
 from kvlab.policies.request import hash_page
 from kvlab.policies.serving import ServingConfig
-from kvlab.server.kv_events import KVEventsConfig
+from kvlab.server.kv_event_publisher import KVEventsConfig
 from kvlab.traces import load_trace
 from tests.live_server import free_port, start_live_server
 
@@ -239,7 +239,7 @@ def test_validate_flag_errors(live_with_events, capsys, flags, problem):
 def test_bytes_hashes_key_as_ints_do(tmp_path):
     """vLLM publishes bytes hashes unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is on; saved and
     loaded again they are hex strings: the content keys stay the same either way."""
-    from kvlab.bench.kv_events import load_stream, save_stream
+    from kvlab.bench.kv_event_stream import load_stream, save_stream
 
     as_ints = _stream([_stored([1, 2], None, [1, 2, 3, 4])],
                       [{"type": "BlockRemoved", "block_hashes": [2]}])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvlab.bench.kv_events import save_stream, stream_path
+from kvlab.bench.kv_event_stream import save_stream, stream_path
 from kvlab.metrics import save_results
 
 if TYPE_CHECKING:

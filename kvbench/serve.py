@@ -29,7 +29,7 @@ from kvlab.bench.client import (
     run_client,
 )
 from kvlab.bench.host_cpu import ticks_between
-from kvlab.bench.kv_events import KVEventStream, KVEventSubscriber
+from kvlab.bench.kv_event_stream import KVEventStream, KVEventSubscriber
 from kvlab.bench.observed import (
     ServerInfo,
     kv_summary,

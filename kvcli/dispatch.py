@@ -1,6 +1,6 @@
 """The `kvlab` command: a thin shell over library functions.
 
-Subcommands live in `kvlab.commands.<name>` and are imported only when chosen, so `kvlab --help`
+Subcommands live in `kvlab.cli.commands.<name>` and are imported only when chosen, so `kvlab --help`
 does not import numpy, simpy or torch. Each command module has `add_arguments(parser)` and
 `run(args) -> int`.
 """
@@ -19,7 +19,7 @@ from typing import NoReturn, TextIO
 from kvlab import __version__
 from kvlab.errors import KvlabError, KvlabWarning
 
-# name -> (module under kvlab.commands, one-line help)
+# name -> (module under kvlab.cli.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("sim", "simulate a trace through a memory policy on a model and hardware preset"),
     "run": ("run", "run a trace through the real paged engine (cpu, cuda or npu)"),
@@ -61,7 +61,7 @@ def _available_commands() -> dict[str, tuple[str, str]]:
     """The commands whose module is installed (a command lands with its library)."""
     found = {}
     for name, entry in COMMANDS.items():
-        if importlib.util.find_spec(f"kvlab.commands.{entry[0]}") is not None:
+        if importlib.util.find_spec(f"kvlab.cli.commands.{entry[0]}") is not None:
             found[name] = entry
     return found
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    module = importlib.import_module(f"kvlab.commands.{commands[name][0]}")
+    module = importlib.import_module(f"kvlab.cli.commands.{commands[name][0]}")
     parser = CommandParser(prog=f"kvlab {name}", description=commands[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
@@ -176,6 +176,3 @@ def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
                 found.extend(_actions(sub))
     return found
 
-
-if __name__ == "__main__":
-    sys.exit(main())
