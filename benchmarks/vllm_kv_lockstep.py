@@ -45,7 +45,8 @@ from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
 from kvlab.bench.result_files import save_bench_result  # noqa: E402
 from kvlab.bench.serve import BenchResult, vocab_size_of  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
-from kvlab.fidelity.kv_lockstep import SEND_ORDER_SLACK_S, kv_lockstep  # noqa: E402
+from kvlab.fidelity.kv_lockstep import kv_lockstep  # noqa: E402
+from kvlab.fidelity.kv_replay import SEND_ORDER_SLACK_S  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
 from tests.peer.schedule_log import (  # noqa: E402
     ScheduleLog,

@@ -14,15 +14,10 @@ from kvlab.bench.kv_event_stream import EventBatch, KVEventStream
 from kvlab.cli import main
 from kvlab.engine.config import EngineConfig
 from kvlab.fidelity import server_sim_config
-from kvlab.fidelity.kv_lockstep import (
-    SEND_ORDER_SLACK_S,
-    Change,
-    compare_changes,
-    format_kv_lockstep,
-    kv_lockstep,
-    replay_trace,
-    server_changes,
-)
+from kvlab.fidelity.kv_alignment import compare_changes
+from kvlab.fidelity.kv_changes import Change, server_changes
+from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
+from kvlab.fidelity.kv_replay import SEND_ORDER_SLACK_S, replay_trace
 from kvlab.policies.request import hash_page
 from kvlab.policies.serving import ServingConfig
 from kvlab.server.kv_event_publisher import KVEventsConfig
