@@ -54,9 +54,9 @@ from kvlab.bench import (  # noqa: E402
 )
 from kvlab.fidelity import fit_bench, server_sim_config  # noqa: E402
 from kvlab.fidelity.from_bench import SUMMARY_OPTIONS  # noqa: E402
-from kvlab.fidelity.server_validation import (  # noqa: E402
+from kvlab.fidelity.server_warnings import preemption_warnings  # noqa: E402
+from kvlab.fidelity.server_window import (  # noqa: E402
     ServerWindow,
-    preemption_warnings,
     simulate_window,
     speed_sensitivity,
     window_json,

@@ -10,7 +10,7 @@ import pytest
 
 from kvlab.bench.host_cpu import host_cpu_times, steal_perc, ticks_between
 from kvlab.fidelity.from_bench import steal_warnings
-from kvlab.fidelity.server_validation import pooled_steal_perc
+from kvlab.fidelity.server_pooling import pooled_steal_perc
 
 STAT = "cpu  100 5 40 800 10 1 2 42 0 0\ncpu0 50 2 20 400 5 0 1 21 0 0\nintr 1\n"
 

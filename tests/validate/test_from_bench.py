@@ -30,14 +30,9 @@ from kvlab.fidelity.from_bench import (
     reconstruct_profile,
 )
 from kvlab.fidelity.optimize import nelder_mead
-from kvlab.fidelity.server_validation import (
-    noise_warnings,
-    preemption_warnings,
-    queue_warnings,
-    relative_std_error,
-    simulate_window,
-    speed_sensitivity,
-)
+from kvlab.fidelity.server_pooling import relative_std_error
+from kvlab.fidelity.server_warnings import noise_warnings, preemption_warnings, queue_warnings
+from kvlab.fidelity.server_window import simulate_window, speed_sensitivity
 from kvlab.fidelity.validation import WINDOW_METRICS
 from kvlab.policies.serving import ServingConfig
 from kvlab.sim import simulate
