@@ -22,7 +22,9 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
     torch   reference: plain PyTorch on any device, attention in fp32 (kvkernels/torch_backend.py)
     triton  Triton kernels: flash-decoding with a partition reduce, prefill chunks over block
             tables; CUDA in fp16/bf16/fp32, or CPU tensors with TRITON_INTERPRET=1 set before
-            import (kvkernels/triton_backend.py)
+            import (kvkernels/triton_backend.py); over mixed-precision pages (issue 48) one
+            kernel that reads each page at its level (kvkernels/triton_mixed.py, behind
+            mixed_attention.MixedBackend; unverified on a GPU)
     npu     torch_npu's npu_scatter_pa_kv_cache, _npu_paged_attention (decode-only batches) and
             npu_fused_infer_attention_score (TND, sparse_mode=3); fp16/bf16 caches, page size a
             multiple of 16 up to 512, 128 recommended (kvkernels/npu_backend.py); not yet run on

@@ -12,12 +12,14 @@ attention over one dense tensor of the pages' dequantized values up to float32 r
 
 `MixedBackend` puts it behind the kernel backend protocol the model calls: a layer's cache
 item is a `MixedLayer`, writes go to level 0 (new tokens are stored at the cache's dtype), and
-attention takes the backend's own kernel while no page is demoted.
+attention takes the backend's own kernel while no page is demoted. Once one is, the Triton
+backend attends by its own kernel (kvkernels/triton_mixed.py: one pass over all levels, no
+segments); every other backend by the torch segments here, the reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +81,7 @@ class MixedLayer:
 @dataclass(frozen=True, slots=True, eq=False)
 class MixedBackend:
     """A kernel backend's `write_kv` and `paged_attention` for layers given as `MixedLayer`s:
-    writes at level 0, attention by `mixed_paged_attention` once a page is demoted."""
+    writes at level 0, attention over the levels once a page is demoted (`mixed_kernel`)."""
 
     base: Any
 
@@ -104,8 +106,20 @@ class MixedBackend:
             return self.base.paged_attention(query, level.k_cache, level.v_cache, meta,
                                              scale=scale, num_kv_heads=num_kv_heads, out=out,
                                              **extra)
-        return mixed_paged_attention(query, kv_quant.levels, kv_quant.state.page_levels, meta,
-                                     scale=scale, num_kv_heads=num_kv_heads, out=out)
+        attend = mixed_kernel(self.base)
+        return attend(query, kv_quant.levels, kv_quant.state.page_levels, meta, scale=scale,
+                      num_kv_heads=num_kv_heads, out=out)
+
+
+def mixed_kernel(base: Any) -> Callable[..., Tensor]:
+    """Attention over mixed-precision pages for the kernel backend `base`: the Triton kernel
+    (kvkernels/triton_mixed.py) under the Triton backend, else `mixed_paged_attention`."""
+    if getattr(base, "name", None) == "triton":
+        # (imported here: the torch backend's runs never import triton)
+        from kvlab.kernels.triton_mixed import triton_mixed_attention
+
+        return triton_mixed_attention
+    return mixed_paged_attention
 
 
 def mixed_paged_attention(query: Tensor, levels: Sequence[LevelPages], page_levels: Tensor,

@@ -287,9 +287,16 @@ def test_greedy_outputs_with_recent_longer_than_any_request_equal_the_plain_cach
     assert generate("paged:block_size=4,precision=age:recent=1000") == plain
 
 
-def test_the_triton_backend_demotes_as_the_torch_backend():
-    """Triton's kernels (the interpreter on cpu) for pages at the cache's dtype and the mixed
-    segments once pages are demoted: the same greedy outputs and the same mix as torch's."""
+def test_the_triton_backend_demotes_as_the_torch_backend(monkeypatch):
+    """Triton's kernels (the interpreter on cpu) for pages at the cache's dtype and its mixed
+    kernel once pages are demoted (kvkernels/triton_mixed.py): the same greedy outputs and the
+    same mix as torch's segments."""
+    from kvlab.kernels import triton_mixed
+
+    calls = []
+    kernel = triton_mixed.triton_mixed_attention
+    monkeypatch.setattr(triton_mixed, "triton_mixed_attention",
+                        lambda *a, **k: calls.append(1) or kernel(*a, **k))
     prompts = [[(5 * i + 3 * j) % 200 + 1 for j in range(10 + 6 * i)] for i in range(3)]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -303,5 +310,6 @@ def test_the_triton_backend_demotes_as_the_torch_backend():
         return [list(o.outputs[0].token_ids) for o in outputs], precision.summary(1.0)
 
     torch_outputs, torch_mix = generate("torch")
-    assert torch_mix["precision_demotions_per_s"] > 0
+    assert torch_mix["precision_demotions_per_s"] > 0 and not calls
     assert generate("triton") == (torch_outputs, torch_mix)
+    assert calls, "the triton backend attended over demoted pages without its mixed kernel"

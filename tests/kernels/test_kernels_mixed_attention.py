@@ -6,50 +6,25 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from mixed_cases import dense, make_levels
 
 from kvlab.kernels import AttentionMetadata, get_backend
-from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.mixed_attention import (
     LevelPages,
     MixedBackend,
     MixedLayer,
     MixedState,
     combine_segments,
+    mixed_kernel,
     mixed_paged_attention,
 )
-from kvlab.specs.kv_dtype import kv_cache_dtype
 
 HEAD_DIM, KV_HEADS, HEADS, PAGE, NUM_PAGES = 16, 2, 4, 4, 24
-LEVEL_DTYPES = ("auto", "fp8_e4m3", "int4_per_token_head")
 
 
 def _levels(seed: int) -> list[LevelPages]:
     """Three levels of random content (float32, fp8, int4), every page id at each."""
-    generator = torch.Generator().manual_seed(seed)
-    levels = []
-    for name in LEVEL_DTYPES:
-        k = torch.randn(NUM_PAGES, PAGE, KV_HEADS, HEAD_DIM, generator=generator)
-        v = torch.randn(NUM_PAGES, PAGE, KV_HEADS, HEAD_DIM, generator=generator)
-        if name == "auto":
-            levels.append(LevelPages(k, v, None))
-            continue
-        quant = KVQuant(kv_cache_dtype(name), HEAD_DIM)
-        levels.append(LevelPages(quant.quantize(k.flatten(0, 1), "k").view(NUM_PAGES, PAGE,
-                                                                            KV_HEADS, -1),
-                                 quant.quantize(v.flatten(0, 1), "v").view(NUM_PAGES, PAGE,
-                                                                           KV_HEADS, -1),
-                                 quant))
-    return levels
-
-
-def _dense(levels: list[LevelPages], page_levels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Every page's dequantized K and V at its level, as one float32 cache (the reference)."""
-    k = torch.empty(NUM_PAGES, PAGE, KV_HEADS, HEAD_DIM)
-    v = torch.empty_like(k)
-    for page in range(NUM_PAGES):
-        pk, pv = levels[int(page_levels[page])].dequantize(torch.tensor([page]))
-        k[page], v[page] = pk, pv
-    return k, v
+    return make_levels(seed, NUM_PAGES, PAGE, KV_HEADS, HEAD_DIM)
 
 
 @st.composite
@@ -80,7 +55,7 @@ def test_segments_by_level_equal_attention_over_the_dequantized_pages(batch):
                         generator=torch.Generator().manual_seed(seed + 7))
     got = mixed_paged_attention(query, levels, page_levels, meta, scale=HEAD_DIM**-0.5,
                                 num_kv_heads=KV_HEADS)
-    k, v = _dense(levels, page_levels)
+    k, v = dense(levels, page_levels)
     want = get_backend("torch").paged_attention(query, k, v, meta, scale=HEAD_DIM**-0.5,
                                                 num_kv_heads=KV_HEADS)
     error = (got - want).abs().max() / want.abs().max()
@@ -93,7 +68,7 @@ def test_a_page_read_at_another_level_changes_the_output():
                                    page_size=PAGE)
     query = torch.randn(1, HEADS, HEAD_DIM)
     demoted = torch.tensor([0, 2, 1] + [0] * (NUM_PAGES - 3), dtype=torch.int8)
-    k, v = _dense(levels, demoted)
+    k, v = dense(levels, demoted)
     want = get_backend("torch").paged_attention(query, k, v, meta, scale=1.0,
                                                 num_kv_heads=KV_HEADS)
     wrong = demoted.clone()
@@ -128,3 +103,7 @@ def test_the_mixed_backend_takes_the_base_kernel_until_a_page_is_demoted():
     mixed = backend.paged_attention(query, levels[0].k_cache, levels[0].v_cache, meta,
                                     scale=0.5, num_kv_heads=KV_HEADS, kv_quant=layer)
     assert (mixed - base).abs().max() / base.abs().max() < 1e-5
+
+
+def test_the_torch_backend_attends_by_the_segments():
+    assert mixed_kernel(get_backend("torch")) is mixed_paged_attention

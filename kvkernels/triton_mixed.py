@@ -1,0 +1,173 @@
+"""A Triton kernel for attention over mixed-precision block tables (issue 48; CUDA, or CPU under
+TRITON_INTERPRET=1): the Triton backend's path once a page is demoted (`MixedBackend`).
+
+One pass, one online softmax over all of a row's pages, whatever their levels: for each tile of
+context positions the kernel looks each position's page up in the block table, reads the page's
+level (`page_levels[page]`), and loads K and V from every level's pages with a mask that keeps
+only the positions at that level (`_load_levels`); a masked load reads no memory and yields 0,
+so the sum over levels is each position's value at its own level, dequantized to float32 in
+registers by the Triton backend's `_load_kv` (float, fp8, int8 C8, per-token-head int8/fp8 and
+int4 pages with their scales: kvkernels/kv_quant.py). No per-level segments, no combine.
+
+Compute is float32 (queries cast up, exact fp32 products), so the result equals attention over
+one dense tensor of the pages' dequantized values up to float32 rounding, as the torch path
+(kvkernels/mixed_attention.py) computes it. One program covers one sequence, one KV head and a
+block of query tokens times the head's query group (grouped-query rows packed, so a decode's
+group of heads shares each K/V load); decodes and prefill chunks are the same kernel launched
+with smaller or larger query blocks. Contexts are not split into partitions (a long decode is
+one program's loop). Up to MAX_LEVELS levels (the precision ladder has at most three).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kvlab.kernels.metadata import AttentionMetadata
+from kvlab.kernels.triton_backend import _kv_args, _KVArgs, _load_kv, _seq_ids_tensor
+
+if TYPE_CHECKING:
+    from kvlab.kernels.mixed_attention import LevelPages
+
+MAX_LEVELS = 3  # level tensors the kernel takes: the cache's dtype and two steps down
+_BLOCK_N = 64  # context positions per tile
+_DECODE_ROWS = 16  # query rows (one token x its group's heads) per decode program, at least
+_PREFILL_ROWS = 32  # query rows per prefill-chunk program, at least
+
+
+@triton.jit
+def _load_levels(
+    level, slot, kv_head, d, valid,
+    c0, s0, t0, c1, s1, t1, c2, s2, t2,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ROW0: tl.constexpr, MODE0: tl.constexpr, ROW1: tl.constexpr, MODE1: tl.constexpr,
+    ROW2: tl.constexpr, MODE2: tl.constexpr, NUM_LEVELS: tl.constexpr,
+):
+    """float32 K or V `[len(slot), len(d)]` of `kv_head` at `slot`s, each read from the level
+    `level` gives it (cN, sN, tN: level N's pages, scales and per-tensor scale, as `_load_kv`
+    takes them); lanes masked at every other level load nothing and add 0."""
+    x = _load_kv(c0, s0, t0, slot, kv_head, d, valid & (level == 0),
+                 NUM_KV_HEADS, HEAD_DIM, ROW0, MODE0).to(tl.float32)
+    if NUM_LEVELS > 1:
+        x += _load_kv(c1, s1, t1, slot, kv_head, d, valid & (level == 1),
+                      NUM_KV_HEADS, HEAD_DIM, ROW1, MODE1).to(tl.float32)
+    if NUM_LEVELS > 2:
+        x += _load_kv(c2, s2, t2, slot, kv_head, d, valid & (level == 2),
+                      NUM_KV_HEADS, HEAD_DIM, ROW2, MODE2).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _mixed_attention_kernel(
+    q_ptr, out_ptr, levels_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, seq_ids_ptr,
+    k0, v0, ks0, vs0, k_scale0, v_scale0,
+    k1, v1, ks1, vs1, k_scale1, v_scale1,
+    k2, v2, ks2, vs2, k_scale2, v_scale2,
+    scale, stride_q_tok, stride_q_head, stride_out_tok, stride_out_head, stride_table,
+    GROUP: tl.constexpr, TOKENS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROW0: tl.constexpr, MODE0: tl.constexpr, ROW1: tl.constexpr, MODE1: tl.constexpr,
+    ROW2: tl.constexpr, MODE2: tl.constexpr, NUM_LEVELS: tl.constexpr,
+):
+    i, q_block, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq = tl.load(seq_ids_ptr + i).to(tl.int64)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    if q_block * TOKENS >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # row r: query token r // GROUP of this block, head r % GROUP of the KV head's group
+    r = tl.arange(0, BLOCK_M)
+    token = q_block * TOKENS + r // GROUP
+    heads = kv_head * GROUP + r % GROUP
+    row_valid = (r < TOKENS * GROUP) & (token < q_len)
+    pos_m = seq_len - q_len + token  # each row's position in its context
+    rows = (q_start + token).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    mask = row_valid[:, None] & (d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + rows[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # causal: no row of this block sees past its last token's position (every row sees 0)
+    hi = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * TOKENS)
+    for tile in range(0, hi, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        valid = pos < hi
+        page = tl.load(block_tables_ptr + seq * stride_table + pos // PAGE_SIZE, mask=valid,
+                       other=0)
+        level = tl.load(levels_ptr + page, mask=valid, other=0)
+        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
+        k = _load_levels(level, slot, kv_head, d, valid, k0, ks0, k_scale0, k1, ks1, k_scale1,
+                         k2, ks2, k_scale2, NUM_KV_HEADS, HEAD_DIM, ROW0, MODE0, ROW1, MODE1,
+                         ROW2, MODE2, NUM_LEVELS)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        s = tl.where((pos[None, :] <= pos_m[:, None]) & valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_levels(level, slot, kv_head, d, valid, v0, vs0, v_scale0, v1, vs1, v_scale1,
+                         v2, vs2, v_scale2, NUM_KV_HEADS, HEAD_DIM, ROW0, MODE0, ROW1, MODE1,
+                         ROW2, MODE2, NUM_LEVELS)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
+    o = acc / l_i[:, None]
+    o_off = rows[:, None] * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_mixed_attention(query: Tensor, levels: Sequence[LevelPages], page_levels: Tensor,
+                           meta: AttentionMetadata, *, scale: float, num_kv_heads: int,
+                           out: Tensor | None = None) -> Tensor:
+    """Causal attention of query `[num_tokens, num_heads, head_dim]` over each sequence's
+    pages, page p read from `levels[page_levels[p]]` (int8 `[num_page_ids]` on the query's
+    device): one kernel pass, float32 compute, cast to `out`'s dtype (the query's)."""
+    assert 1 <= len(levels) <= MAX_LEVELS, f"the kernel reads at most {MAX_LEVELS} levels"
+    assert query.shape[0] == meta.num_tokens, "one query row per new token"
+    assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    assert query.stride(-1) == 1, "head_dim must be contiguous"
+    out = torch.empty_like(query) if out is None else out
+    kv = [_kv_args(lp.k_cache, lp.v_cache, lp.kv_quant) for lp in levels]
+    for args in kv:
+        assert args.k.is_contiguous() and args.v.is_contiguous(), "caches must be contiguous"
+        assert args.num_kv_heads == num_kv_heads, "cache layout is [pages, page_size, kv_heads, _]"
+    kv += [kv[0]] * (MAX_LEVELS - len(kv))  # unused (NUM_LEVELS): level 0 stands in
+    decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
+    prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
+    for seq_ids, min_rows in ((decode_ids, _DECODE_ROWS), (prefill_ids, _PREFILL_ROWS)):
+        if seq_ids:
+            _launch(query, out, kv, len(levels), page_levels, meta, seq_ids, min_rows, scale)
+    return out
+
+
+def _launch(query: Tensor, out: Tensor, kv: list[_KVArgs], num_levels: int,
+            page_levels: Tensor, meta: AttentionMetadata, seq_ids: list[int], min_rows: int,
+            scale: float) -> None:
+    """One kernel launch over `seq_ids`, query blocks of at least `min_rows` rows."""
+    num_heads, head_dim = query.shape[1:]
+    num_kv_heads = kv[0].num_kv_heads
+    group = num_heads // num_kv_heads
+    block_m = max(min_rows, triton.next_power_of_2(group))
+    tokens = block_m // group  # query tokens per program
+    max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
+    grid = (len(seq_ids), triton.cdiv(max_query_len, tokens), num_kv_heads)
+    _mixed_attention_kernel[grid](
+        query, out, page_levels, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
+        *kv[0].pointers, *kv[1].pointers, *kv[2].pointers,
+        scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        meta.block_tables.stride(0),
+        GROUP=group, TOKENS=tokens, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        PAGE_SIZE=meta.page_size, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        ROW0=kv[0].row, MODE0=kv[0].mode, ROW1=kv[1].row, MODE1=kv[1].mode,
+        ROW2=kv[2].row, MODE2=kv[2].mode, NUM_LEVELS=num_levels,
+    )
