@@ -101,13 +101,14 @@ def _policy_kinds() -> set[str]:
 
 
 def split_values(name: str, text: str) -> list[str]:
-    """The comma-separated values of `name` in `text`; for `policy`, a comma followed by a
-    policy's key=value continues the spec before it: `paged:block_size=32,eviction=lru,buddy`
-    is two policies."""
+    """The comma-separated values of `name` in `text`; for `policy` and `precision`, whose
+    values take `key=value` options after a colon, a comma followed by an option continues the
+    value before it: `paged:block_size=32,eviction=lru,buddy` is two policies,
+    `age:recent=32,depth=2,age:recent=128` two precision policies."""
     pieces = [piece.strip() for piece in text.split(",")]
-    if name != "policy":
+    if name not in ("policy", "precision"):
         return [piece for piece in pieces if piece]
-    kinds = _policy_kinds()
+    kinds = _policy_kinds() if name == "policy" else set()
     specs: list[str] = []
     for piece in filter(None, pieces):
         head = piece.split(":", 1)[0].strip()
@@ -137,10 +138,10 @@ def check_name(name: str) -> None:
         return
     close = difflib.get_close_matches(name, SETTINGS, n=3)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
+    keys = ", ".join(setting.name for setting in SETTINGS.values() if setting.group == "policy")
     raise KvlabError(f"unknown setting {name!r}; {hint}a sweep varies the flags of `kvlab sim` "
-                     "(their names without the dashes, e.g. max_num_seqs) and the policy keys "
-                     "(eviction, preemption, victim, reserve, block_sizing, watermark, "
-                     "host_pages)")
+                     f"(their names without the dashes, e.g. max_num_seqs) and the policy keys "
+                     f"({keys})")
 
 
 def load_sweep_file(path: str | Path) -> SweepSpec:

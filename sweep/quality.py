@@ -113,7 +113,8 @@ class QualityTable:
 def candidate_precision(candidate: Mapping[str, Any]) -> tuple[str, str]:
     """(kv_cache_dtype's canonical name, the policy's precision) of a tune candidate."""
     dtype = kv_cache_dtype(str(candidate.get("kv_cache_dtype") or "auto")).name
-    return dtype, parse_policy(candidate.get("policy") or "paged").precision
+    precision = candidate.get("precision")  # the policy key, where the sweep varies it
+    return dtype, str(precision or parse_policy(candidate.get("policy") or "paged").precision)
 
 
 def _policy_key(precision: str) -> Any:

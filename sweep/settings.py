@@ -287,6 +287,7 @@ def _policy_keys() -> list[Setting]:
         Setting("victim", "policy", as_str, policy_key("victim")),
         Setting("watermark", "policy", as_float, policy_key("watermark")),
         Setting("host_pages", "policy", optional(as_int), policy_key("host_pages")),
+        Setting("precision", "policy", as_str, policy_key("precision")),
     ]
 
 

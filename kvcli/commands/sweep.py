@@ -3,7 +3,7 @@ per run to a Parquet dataset, on a local process pool or a Ray cluster.
 
 Every `kvlab sim` flag sets that setting for every run; `--grid KEY=V1,V2` (or a YAML file's
 `grid:`) varies any of them, by the flag's name without the dashes, and the policy's own keys
-(eviction, preemption, ...). `kvlab tune` shares these flags.
+(eviction, preemption, ..., precision). `kvlab tune` shares these flags.
 """
 
 from __future__ import annotations

@@ -59,6 +59,13 @@ def test_policies_in_a_grid_text_keep_their_commas():
     assert split_values("max_num_seqs", "8, 16,") == ["8", "16"]
 
 
+def test_precision_policies_in_a_grid_text_keep_their_commas():
+    assert parse_grid_item("precision=none,age:recent=32,depth=2,age:recent=128") == (
+        "precision", ["none", "age:recent=32,depth=2", "age:recent=128"])
+    with pytest.raises(KvlabError, match=r"precision='fifo:recent=3'; valid: age"):
+        parse_grid_item("precision=fifo:recent=3")
+
+
 def test_a_grid_text_is_read_and_checked():
     assert parse_grid_item("max-num-seqs=8,16") == ("max_num_seqs", [8, 16])
     assert parse_grid_item("eviction=lru,fifo") == ("eviction", ["lru", "fifo"])

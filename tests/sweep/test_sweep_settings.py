@@ -30,7 +30,7 @@ def test_the_other_settings_are_the_policy_keys_and_the_slo_class():
     extra = set(SETTINGS) - {action.dest for action in parser._actions}
     # (slo_class: the class whose goodput `kvlab tune --slo-class` ranks by)
     assert extra == {"reserve", "block_sizing", "eviction", "preemption", "victim",
-                     "watermark", "host_pages", "slo_class"}
+                     "watermark", "host_pages", "precision", "slo_class"}
 
 
 @pytest.mark.parametrize(("name", "text", "value"), [

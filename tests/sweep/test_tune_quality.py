@@ -50,6 +50,13 @@ def test_a_candidate_the_file_lacks_names_what_to_measure(accuracy_file):
         QualityTable.load(accuracy_file).of({"policy": "paged:precision=age:recent=64"})
 
 
+def test_a_candidate_s_precision_key_wins_over_its_policy_s(accuracy_file):
+    """A sweep that varies the policy key `precision` gives it beside the policy text."""
+    row = QualityTable.load(accuracy_file).of({"policy": "paged:eviction=lru",
+                                              "precision": "age:recent=128"})
+    assert row["kl_mean"] == 1e-4
+
+
 def test_kvlab_tune_ranks_within_the_budget_and_lists_the_rest_unsimulated(
         tmp_path, accuracy_file, capsys):
     sweep = tmp_path / "sweep.yaml"
