@@ -121,7 +121,7 @@ class Handoffs:
     def attach(self, prefill: Sequence[StageInstance], decode: Sequence[StageInstance],
                next_trace_arrival: Any) -> None:
         """The cluster's prefill and decode instances, and where its trace's next arrival is
-        read (`_ClusterArrivals.next_arrival_s`)."""
+        read (`ClusterArrivals.next_arrival_s`)."""
         self.prefill, self.decode = list(prefill), list(decode)
         self._in_flight = [[] for _ in self.decode]
         self._next_trace_arrival = next_trace_arrival
