@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
+from kvlab.bench.request_plan import vocab_size_of  # noqa: E402
+from kvlab.bench.result import BenchResult  # noqa: E402
 from kvlab.bench.result_files import save_bench_result  # noqa: E402
-from kvlab.bench.serve import BenchResult, vocab_size_of  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
 from kvlab.fidelity.kv_lockstep import kv_lockstep  # noqa: E402
 from kvlab.fidelity.kv_replay import SEND_ORDER_SLACK_S  # noqa: E402

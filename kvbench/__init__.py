@@ -11,15 +11,11 @@ from kvlab.bench.observed import (
     server_info,
 )
 from kvlab.bench.records import BenchRequest
+from kvlab.bench.request_plan import plan_requests, resolve_model, vocab_size_of
+from kvlab.bench.result import BenchResult
+from kvlab.bench.result_files import load_bench_result
 from kvlab.bench.scrape import MetricsSample, parse_metrics, scrape_metrics
-from kvlab.bench.serve import (
-    BenchResult,
-    bench_serve,
-    load_bench_result,
-    plan_requests,
-    resolve_model,
-    vocab_size_of,
-)
+from kvlab.bench.serve import bench_serve
 
 __all__ = [
     "BenchRequest",

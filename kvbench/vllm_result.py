@@ -47,7 +47,7 @@ def missing_vllm_keys(document: dict[str, Any]) -> list[str]:
 
 
 def from_vllm_document(d: dict[str, Any]) -> dict[str, Any]:
-    """The BenchResult fields (keyword arguments: kvlab.bench.serve builds it, this module
+    """The BenchResult fields (keyword arguments: kvlab.bench.result holds it, this module
     sits below it) of a `vllm bench serve --save-detailed` document: request i is the
     i-th of its arrays, sent at `start_times[i]` less the first send; one token per streamed
     chunk (vLLM's client counts a chunk's tokens only in `output_lens`: the last chunk takes

@@ -19,7 +19,7 @@ from kvlab.bench import (
 )
 from kvlab.bench.observed import server_latency_summary
 from kvlab.bench.records import BenchRequest
-from kvlab.bench.serve import peaks
+from kvlab.bench.result import peaks
 from kvlab.cli import main
 from kvlab.cli.report import format_report
 from kvlab.engine import LLM, SamplingParams
