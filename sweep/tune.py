@@ -165,12 +165,7 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
     `excluded[i]`, when not None, says why candidate i is not searched (over a quality
     budget: `kvlab.sweep.quality`): it is ranked last with that status.
     """
-    goodput = parse_goodput(f"{name}:{ms}" for name, ms in slos.items())
-    if not goodput:
-        raise KvlabError("tune needs at least one SLO, e.g. ttft:2000", parameters=("slo",))
-    if not 0.0 < min_attainment <= 1.0:
-        raise KvlabError(f"min_attainment {min_attainment!r}: expected a share in (0, 1]",
-                         parameters=("min_attainment",))
+    goodput = _checked_goodput(slos, min_attainment)
     check_candidates(candidates)
     options = options or SearchOptions()
     cached = _stored_probes(store) if store is not None and not force else {}
@@ -179,46 +174,76 @@ def tune(candidates: Sequence[Mapping[str, Any]], slos: Mapping[str, float],
                          notes=dict(notes[i]) if notes else {},
                          excluded=excluded[i] if excluded else None)
               for i, candidate in enumerate(candidates)]
-    bar = _bar(len(states), progress)
-    in_flight: dict[int, float] = {}
-    new_rows: list[dict[str, Any]] = []
+    probing = _Probing(states, executor, cached, min_attainment, on_probe,
+                       _bar(len(states), progress))
+    try:
+        probing.run()
+    finally:
+        if store is not None:
+            if force:
+                store.drop(row[KEY_COLUMN] for row in probing.new_rows)
+            store.append(probing.new_rows)
+        if probing.bar is not None:
+            probing.bar.close()
+    return ranked_table(states, min_attainment)
 
-    def advance(index: int) -> None:
+
+def _checked_goodput(slos: Mapping[str, float], min_attainment: float) -> dict[str, float]:
+    """The SLOs in milliseconds (`parse_goodput`); a KvlabError for none or an attainment
+    outside (0, 1]."""
+    goodput = parse_goodput(f"{name}:{ms}" for name, ms in slos.items())
+    if not goodput:
+        raise KvlabError("tune needs at least one SLO, e.g. ttft:2000", parameters=("slo",))
+    if not 0.0 < min_attainment <= 1.0:
+        raise KvlabError(f"min_attainment {min_attainment!r}: expected a share in (0, 1]",
+                         parameters=("min_attainment",))
+    return goodput
+
+
+@dataclass(slots=True)
+class _Probing:
+    """Every candidate's search at once on `executor`, one probe each in flight: stored
+    probes (`cached`) are taken as they come, the others simulated; `new_rows` holds the
+    simulated ones, in the order they finished."""
+
+    states: Sequence[_Candidate]
+    executor: Executor
+    cached: dict[str, dict[str, Any]]
+    min_attainment: float
+    on_probe: Callable[[dict[str, Any]], object] | None
+    bar: Any
+    in_flight: dict[int, float] = field(default_factory=dict)
+    new_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self) -> None:
+        """Search every candidate until each is done."""
+        for index in range(len(self.states)):
+            self.advance(index)
+        while self.in_flight:
+            for index, row in self.executor.wait():
+                rate = self.in_flight.pop(index)
+                self.new_rows.append(row)
+                if self.on_probe is not None:
+                    self.on_probe(row)
+                _take(self.states[index], rate, row, self.min_attainment)
+                self.advance(index)
+
+    def advance(self, index: int) -> None:
         """Take stored probes until one must be simulated, then submit it."""
-        state = states[index]
+        state = self.states[index]
         while state.error is None and state.excluded is None:
             rate = state.search.next_rate()
             if rate is None:
                 break
             probe = {**state.settings, SEARCHED: rate}
-            row = cached.get(run_key(probe))
+            row = self.cached.get(run_key(probe))
             if row is None:
-                executor.submit(index, probe)
-                in_flight[index] = rate
+                self.executor.submit(index, probe)
+                self.in_flight[index] = rate
                 return
-            _take(state, rate, row, min_attainment)
-        if bar is not None:
-            bar.update()
-
-    try:
-        for index in range(len(states)):
-            advance(index)
-        while in_flight:
-            for index, row in executor.wait():
-                rate = in_flight.pop(index)
-                new_rows.append(row)
-                if on_probe is not None:
-                    on_probe(row)
-                _take(states[index], rate, row, min_attainment)
-                advance(index)
-    finally:
-        if store is not None:
-            if force:
-                store.drop(row[KEY_COLUMN] for row in new_rows)
-            store.append(new_rows)
-        if bar is not None:
-            bar.close()
-    return ranked_table(states, min_attainment)
+            _take(state, rate, row, self.min_attainment)
+        if self.bar is not None:
+            self.bar.update()
 
 
 def _take(state: _Candidate, rate: float, row: Mapping[str, Any],
