@@ -19,8 +19,9 @@ from kvlab.engine.cache_layout import cache_layout
 from kvlab.engine.clock import VirtualClock, WallClock, make_clock
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.costs import measure_preemption_costs
-from kvlab.engine.kv_cache import (
-    KVCache,
+from kvlab.engine.kv_cache import KVCache
+from kvlab.engine.kv_scales import layer_kv_quants
+from kvlab.engine.kv_sizing import (
     determine_num_pages,
     model_dtype,
     num_swap_pages,
@@ -29,7 +30,6 @@ from kvlab.engine.kv_cache import (
     sizing_warnings,
     startup_lines,
 )
-from kvlab.engine.kv_scales import layer_kv_quants
 from kvlab.engine.loader import load_model
 from kvlab.engine.model_runner import ModelRunner, group_block_tables
 from kvlab.engine.platform import Platform, get_platform

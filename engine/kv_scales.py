@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from kvlab.engine.kv_cache import KVCache, model_dtype
+from kvlab.engine.kv_cache import KVCache
+from kvlab.engine.kv_sizing import model_dtype
 from kvlab.engine.loader import load_kv_scale_tensors
 from kvlab.engine.models.config import ModelConfig
 from kvlab.engine.platform import Platform

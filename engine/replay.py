@@ -7,7 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from kvlab.engine.engine import EngineRun, LLMEngine
-from kvlab.engine.kv_cache import model_dtype
+from kvlab.engine.kv_sizing import model_dtype
 from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import RunResult
 from kvlab.policies import Request

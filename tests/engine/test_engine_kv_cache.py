@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.engine.kv_cache import (
+from kvlab.engine.kv_cache import KVCache
+from kvlab.engine.kv_mem_ops import copy_batches
+from kvlab.engine.kv_sizing import (
     DEFAULT_CPU_KV_CACHE_BYTES,
-    KVCache,
-    copy_batches,
     determine_num_pages,
     dummy_batch_lens,
     num_swap_pages,

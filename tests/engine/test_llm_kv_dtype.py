@@ -12,8 +12,9 @@ from engine_hf_models import save_hf_model, tiny_llama_config, tiny_qwen2_config
 from safetensors.torch import save_file
 
 from kvlab.engine import LLM, SamplingParams
-from kvlab.engine.kv_cache import KVCache, page_bytes_all_layers
+from kvlab.engine.kv_cache import KVCache
 from kvlab.engine.kv_scales import calibration_token_ids
+from kvlab.engine.kv_sizing import page_bytes_all_layers
 from kvlab.engine.models.presets import build_preset
 from kvlab.engine.platform import get_platform
 from kvlab.errors import KvlabError
