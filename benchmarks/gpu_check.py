@@ -13,73 +13,27 @@
 
     python benchmarks/gpu_check.py [--batch 64] [--context 4096] [--page-sizes 16 128]
 
-Exits 0 with a message when there is no CUDA device, 1 when an accuracy check fails.
+What it shares with npu_check.py (flags, the accuracy run, timers, copy and swap) is in
+device_check.py. Exits 0 with a message when there is no CUDA device, 1 when an accuracy check
+fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 from collections.abc import Callable
 
+# device_check: what gpu_check and npu_check share; paged_batch: their batches (this
+# folder is on sys.path when run)
+import device_check as shared
 import torch
 import torch.nn.functional as F
-from paged_batch import attention, check_cache_ops, make_batch, relative_error
+from paged_batch import attention, make_batch
 
 from kvlab.kernels import KernelBackend, get_backend
 
-ACCURACY_SHAPES = {"llama3-8b": (32, 8, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, kv heads, dim
-TOLERANCE = 1e-2
 BANDWIDTH_TARGET = 0.8
-
-
-def check_accuracy(
-    triton_backend: KernelBackend,
-    device: torch.device | str,
-    dtype: torch.dtype,
-    page_sizes: list[int],
-    scale: int = 1,
-) -> int:
-    """Print one line per accuracy case; return the number that failed.
-
-    `scale` divides every length (tiny shapes let the interpreter dry-run this on a CPU).
-    """
-    reference = get_backend("torch")
-    gen = torch.Generator().manual_seed(1)
-    ragged = [int(n) for n in torch.randint(1, 5000 // scale + 2, (16,), generator=gen)]
-    batches = {
-        "decode, ragged 1..5k": (ragged, [1] * len(ragged)),
-        "mixed: prefill + chunk after prefix + decodes": (
-            [x // scale or 1 for x in (1000, 3512, 4097, 77, 1)],
-            [x // scale or 1 for x in (1000, 512, 1, 1, 1)],
-        ),
-    }
-    failures = 0
-    for model, shape in ACCURACY_SHAPES.items():
-        for page_size in page_sizes:
-            for name, (seq_lens, query_lens) in batches.items():
-                batch = make_batch(
-                    seq_lens,
-                    query_lens,
-                    page_size=page_size,
-                    shape=shape,
-                    dtype=dtype,
-                    device=device,
-                )
-                error = relative_error(
-                    attention(triton_backend, batch), attention(reference, batch)
-                )
-                ok = error < TOLERANCE
-                failures += not ok
-                print(
-                    f"  {'ok  ' if ok else 'FAIL'} {model:<11} page {page_size:<4} {name}: "
-                    f"rel err {error:.1e}"
-                )
-    failures += check_cache_ops(triton_backend, reference, device=device, dtype=dtype,
-                                pairs=[[5, 1], [0, 4], [7, 6]])
-    return failures
 
 
 def cuda_ms(
@@ -100,15 +54,7 @@ def cuda_ms(
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     run, how = _captured(fn) if graph else (fn, "eager")
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), how
+    return shared.median_event_ms(run, torch.cuda, repeats), how
 
 
 def _captured(fn: Callable[[], object]) -> tuple[Callable[[], object], str]:
@@ -121,14 +67,6 @@ def _captured(fn: Callable[[], object]) -> tuple[Callable[[], object], str]:
     except RuntimeError as err:
         torch.cuda.synchronize()
         return fn, f"eager (graph capture failed: {str(err).splitlines()[0][:60]})"
-
-
-def copy_bandwidth(num_bytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms, _ = cuda_ms(lambda: dst.copy_(src), repeats=20, graph=False)
-    return 2 * num_bytes / (ms * 1e-3)
 
 
 def bench_decode(
@@ -169,65 +107,20 @@ def bench_decode(
     )
 
 
-def bench_copy_swap(backends: dict[str, KernelBackend], num_pages: int, page_size: int,
-                    device: str, time_ms: Callable[[Callable[[], object]], float]) -> None:
-    """GB/s of copy_pages on the device and of swap_pages out to pinned host memory and back
-    (K and V bytes moved per call; `time_ms`: the device's timer, milliseconds of one call),
-    each backend and page layout, then one contiguous host-to-device copy of as many bytes."""
-    shape = (2 * num_pages, page_size, 8, 128)
-    dev_k = torch.randn(shape).to(torch.bfloat16).to(device)
-    dev_v = torch.randn(shape).to(torch.bfloat16).to(device)
-    pin = device != "cpu"
-    host_k = torch.empty((num_pages, *shape[1:]), dtype=torch.bfloat16, pin_memory=pin)
-    host_v = torch.empty_like(host_k, pin_memory=pin)
-    moved = 2 * num_pages * dev_k[0].numel() * 2  # K and V bytes per call
-    scattered = torch.randperm(num_pages)
-    layouts = {
-        "scattered": torch.stack([scattered, scattered + num_pages], 1),
-        "runs": torch.stack([torch.arange(num_pages), torch.arange(num_pages) + num_pages], 1),
-    }
-    for label, backend in backends.items():
-        for layout, pairs in layouts.items():
-            copy_ms = time_ms(lambda b=backend, p=pairs: b.copy_pages(dev_k, dev_v, p))
-            out_pairs = torch.stack([pairs[:, 0], torch.arange(num_pages)], 1)
-            in_pairs = out_pairs.flip(1)
-            out_ms = time_ms(lambda b=backend, p=out_pairs: b.swap_pages(dev_k, dev_v, host_k,
-                                                                          host_v, p))
-            in_ms = time_ms(lambda b=backend, p=in_pairs: b.swap_pages(host_k, host_v, dev_k,
-                                                                        dev_v, p))
-            print(
-                f"  {label:<7} {layout:<9} {num_pages} pages of {page_size}: copy "
-                f"{moved / copy_ms / 1e6:.1f} GB/s, swap out {moved / out_ms / 1e6:.1f} GB/s, "
-                f"swap in {moved / in_ms / 1e6:.1f} GB/s"
-            )
-    source = torch.cat([host_k, host_v]).pin_memory() if pin else torch.cat([host_k, host_v])
-    target = torch.empty_like(source, device=device)
-    link_ms = time_ms(lambda: target.copy_(source, non_blocking=True))
-    print(f"  one contiguous host-to-device copy of the same bytes: "
-          f"{moved / link_ms / 1e6:.1f} GB/s")
-
-
 def main() -> int:
     """Run the accuracy checks, then the timings; the exit code says whether accuracy held."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--context", type=int, default=4096)
-    parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 128])
-    parser.add_argument("--num-heads", type=int, default=32)
-    parser.add_argument("--num-kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--swap-pages", type=int, default=256)
-    args = parser.parse_args()
+    args = shared.parse_args(__doc__.splitlines()[0], page_sizes=[16, 128])
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device found; nothing to check here (run it on a CUDA GPU)")
         return 0
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        print("gpu_check: TRITON_INTERPRET=1 would time the interpreter; unset it and rerun")
+    if shared.interpreted("gpu_check"):
         return 1
     triton_backend = get_backend("triton")
-    print(f"device: {torch.cuda.get_device_name()}; accuracy in bf16 (max rel err < {TOLERANCE})")
-    failures = check_accuracy(triton_backend, "cuda", torch.bfloat16, args.page_sizes)
-    copy_bw = copy_bandwidth()
+    print(f"device: {torch.cuda.get_device_name()}; accuracy in bf16 (max rel err < "
+          f"{shared.TOLERANCE})")
+    failures = shared.check_accuracy({"triton": triton_backend}, args.page_sizes, device="cuda",
+                                     dtype=torch.bfloat16, pairs=[[5, 1], [0, 4], [7, 6]])
+    copy_bw = shared.copy_bandwidth("cuda", lambda fn: cuda_ms(fn, repeats=20, graph=False)[0])
     print(
         f"decode step, batch {args.batch} x context {args.context}, heads "
         f"{args.num_heads}/{args.num_kv_heads}, head_dim {args.head_dim}, bf16; "
@@ -236,11 +129,10 @@ def main() -> int:
     for page_size in args.page_sizes:
         bench_decode(triton_backend, args, page_size, copy_bw)
     print("page copy and swap (K and V bytes moved per second)")
-    bench_copy_swap({"triton": triton_backend, "torch": get_backend("torch")}, args.swap_pages,
-                    args.page_sizes[0], "cuda",
-                    lambda fn: cuda_ms(fn, repeats=10, graph=False)[0])
-    print(f"accuracy: {'all passed' if not failures else f'{failures} FAILED'}")
-    return 1 if failures else 0
+    shared.bench_copy_swap({"triton": triton_backend, "torch": get_backend("torch")},
+                           args.swap_pages, args.page_sizes[0], "cuda",
+                           lambda fn: cuda_ms(fn, repeats=10, graph=False)[0])
+    return shared.accuracy_exit_code(failures)
 
 
 if __name__ == "__main__":
