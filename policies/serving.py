@@ -67,7 +67,7 @@ class ServingConfig:
     `num_gpu_blocks_override` pages; else `kv_cache_memory_bytes`; else
     `gpu_memory_utilization` of the device minus weights and activations. `swap_space_bytes`
     bounds the host swap pages unless the policy's `host_pages` does. `kv_tiers` are the memory
-    tiers below the device that the prefix cache spills to (policies/tiers.py; none by
+    tiers below the device that the prefix cache spills to (policies/tiers/; none by
     default). `kv_cache_dtype` is the KV cache's precision (vLLM's `--kv-cache-dtype` names,
     `kvlab.specs.kv_dtype`; an alias is stored as its full name). `scheduling_policy` is the
     order waiting requests are admitted in (vLLM's `--scheduling-policy`: fcfs, priority; and
