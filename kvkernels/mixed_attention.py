@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,7 +119,7 @@ def mixed_kernel(base: Any) -> Callable[..., Tensor]:
         # (imported here: the torch backend's runs never import triton)
         from kvlab.kernels.triton_mixed import triton_mixed_attention
 
-        return triton_mixed_attention
+        return partial(triton_mixed_attention, partition_size=base.partition_size)
     return mixed_paged_attention
 
 

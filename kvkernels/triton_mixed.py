@@ -14,13 +14,16 @@ one dense tensor of the pages' dequantized values up to float32 rounding, as the
 (kvkernels/mixed_attention.py) computes it. One program covers one sequence, one KV head and a
 block of query tokens times the head's query group (grouped-query rows packed, so a decode's
 group of heads shares each K/V load); decodes and prefill chunks are the same kernel launched
-with smaller or larger query blocks. Contexts are not split into partitions (a long decode is
-one program's loop). Up to MAX_LEVELS levels (the precision ladder has at most three).
+with smaller or larger query blocks. A decode's context longer than a partition is split over
+programs, one a partition, merged by the Triton backend's reduce kernel (flash-decoding, as its
+decode kernel); a prefill chunk's is one program's loop. Up to MAX_LEVELS levels (the
+precision ladder has at most three).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,7 +32,13 @@ import triton.language as tl
 from torch import Tensor
 
 from kvlab.kernels.metadata import AttentionMetadata
-from kvlab.kernels.triton_backend import _kv_args, _KVArgs, _load_kv, _seq_ids_tensor
+from kvlab.kernels.triton_backend import (
+    _decode_reduce_kernel,
+    _kv_args,
+    _KVArgs,
+    _load_kv,
+    _seq_ids_tensor,
+)
 
 if TYPE_CHECKING:
     from kvlab.kernels.mixed_attention import LevelPages
@@ -63,46 +72,26 @@ def _load_levels(
 
 
 @triton.jit
-def _mixed_attention_kernel(
-    q_ptr, out_ptr, levels_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, seq_ids_ptr,
-    k0, v0, ks0, vs0, k_scale0, v_scale0,
-    k1, v1, ks1, vs1, k_scale1, v_scale1,
-    k2, v2, ks2, vs2, k_scale2, v_scale2,
-    scale, stride_q_tok, stride_q_head, stride_out_tok, stride_out_head, stride_table,
-    GROUP: tl.constexpr, TOKENS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def _attend_range(
+    q, pos_m, lo, hi, table_ptr, levels_ptr, kv_head, scale,
+    k0, ks0, k_scale0, k1, ks1, k_scale1, k2, ks2, k_scale2,
+    v0, vs0, v_scale0, v1, vs1, v_scale1, v2, vs2, v_scale2,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     ROW0: tl.constexpr, MODE0: tl.constexpr, ROW1: tl.constexpr, MODE1: tl.constexpr,
     ROW2: tl.constexpr, MODE2: tl.constexpr, NUM_LEVELS: tl.constexpr,
 ):
-    i, q_block, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    seq = tl.load(seq_ids_ptr + i).to(tl.int64)
-    q_start = tl.load(query_start_ptr + seq)
-    q_len = tl.load(query_start_ptr + seq + 1) - q_start
-    if q_block * TOKENS >= q_len:
-        return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    # row r: query token r // GROUP of this block, head r % GROUP of the KV head's group
-    r = tl.arange(0, BLOCK_M)
-    token = q_block * TOKENS + r // GROUP
-    heads = kv_head * GROUP + r % GROUP
-    row_valid = (r < TOKENS * GROUP) & (token < q_len)
-    pos_m = seq_len - q_len + token  # each row's position in its context
-    rows = (q_start + token).to(tl.int64)
+    """The online softmax of float32 rows `q` (at positions `pos_m`, causal) over context
+    positions lo..hi-1 of the block table at `table_ptr`: (running max, sum, unnormalized
+    output) per row."""
     d = tl.arange(0, BLOCK_D)
-    mask = row_valid[:, None] & (d[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + rows[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
-                mask=mask, other=0.0).to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # causal: no row of this block sees past its last token's position (every row sees 0)
-    hi = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * TOKENS)
-    for tile in range(0, hi, BLOCK_N):
+    for tile in range(lo, hi, BLOCK_N):
         pos = tile + tl.arange(0, BLOCK_N)
         valid = pos < hi
-        page = tl.load(block_tables_ptr + seq * stride_table + pos // PAGE_SIZE, mask=valid,
-                       other=0)
+        page = tl.load(table_ptr + pos // PAGE_SIZE, mask=valid, other=0)
         level = tl.load(levels_ptr + page, mask=valid, other=0)
         slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
         k = _load_levels(level, slot, kv_head, d, valid, k0, ks0, k_scale0, k1, ks1, k_scale1,
@@ -119,17 +108,76 @@ def _mixed_attention_kernel(
                          ROW2, MODE2, NUM_LEVELS)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
-    o = acc / l_i[:, None]
-    o_off = rows[:, None] * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
-    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _mixed_attention_kernel(
+    q_ptr, out_ptr, levels_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr, seq_ids_ptr,
+    part_max_ptr, part_sum_ptr, part_acc_ptr, num_parts,
+    k0, v0, ks0, vs0, k_scale0, v_scale0,
+    k1, v1, ks1, vs1, k_scale1, v_scale1,
+    k2, v2, ks2, vs2, k_scale2, v_scale2,
+    scale, stride_q_tok, stride_q_head, stride_out_tok, stride_out_head, stride_table,
+    GROUP: tl.constexpr, TOKENS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PARTITION_SIZE: tl.constexpr,
+    PARTITIONED: tl.constexpr,
+    ROW0: tl.constexpr, MODE0: tl.constexpr, ROW1: tl.constexpr, MODE1: tl.constexpr,
+    ROW2: tl.constexpr, MODE2: tl.constexpr, NUM_LEVELS: tl.constexpr,
+):
+    # axis 1: the query block, or (decodes over partitions) the context partition
+    i, block, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PARTITIONED:
+        q_block = 0
+        lo = block * PARTITION_SIZE
+    else:
+        q_block = block
+        lo = 0
+    seq = tl.load(seq_ids_ptr + i).to(tl.int64)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # causal: no row of this block sees past its last token's position (every row sees 0)
+    hi = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * TOKENS)
+    if PARTITIONED:
+        hi = tl.minimum(hi, lo + PARTITION_SIZE)
+    if (q_block * TOKENS >= q_len) | (lo >= hi):
+        return  # (the reduce kernel reads only the partitions that hold context)
+    # row r: query token r // GROUP of this block, head r % GROUP of the KV head's group
+    r = tl.arange(0, BLOCK_M)
+    token = q_block * TOKENS + r // GROUP
+    heads = kv_head * GROUP + r % GROUP
+    row_valid = (r < TOKENS * GROUP) & (token < q_len)
+    rows = (q_start + token).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    mask = row_valid[:, None] & (d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + rows[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    m_i, l_i, acc = _attend_range(
+        q, seq_len - q_len + token, lo, hi, block_tables_ptr + seq * stride_table, levels_ptr,
+        kv_head, scale, k0, ks0, k_scale0, k1, ks1, k_scale1, k2, ks2, k_scale2,
+        v0, vs0, v_scale0, v1, vs1, v_scale1, v2, vs2, v_scale2, NUM_KV_HEADS, HEAD_DIM,
+        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, ROW0, MODE0, ROW1, MODE1, ROW2, MODE2, NUM_LEVELS)
+    if PARTITIONED:  # the layout of the Triton backend's _decode_reduce_kernel
+        part_row = (i * (NUM_KV_HEADS * GROUP) + heads) * num_parts + block
+        tl.store(part_max_ptr + part_row, m_i, mask=row_valid)
+        tl.store(part_sum_ptr + part_row, l_i, mask=row_valid)
+        tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=mask)
+    else:
+        o = acc / l_i[:, None]
+        o_off = rows[:, None] * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def triton_mixed_attention(query: Tensor, levels: Sequence[LevelPages], page_levels: Tensor,
                            meta: AttentionMetadata, *, scale: float, num_kv_heads: int,
-                           out: Tensor | None = None) -> Tensor:
+                           out: Tensor | None = None, partition_size: int = 512) -> Tensor:
     """Causal attention of query `[num_tokens, num_heads, head_dim]` over each sequence's
     pages, page p read from `levels[page_levels[p]]` (int8 `[num_page_ids]` on the query's
-    device): one kernel pass, float32 compute, cast to `out`'s dtype (the query's)."""
+    device): float32 compute, cast to `out`'s dtype (the query's). Decodes whose contexts
+    pass `partition_size` positions are split into partitions of that many, merged by the
+    Triton backend's reduce kernel (flash-decoding); prefill chunks are not split."""
     assert 1 <= len(levels) <= MAX_LEVELS, f"the kernel reads at most {MAX_LEVELS} levels"
     assert query.shape[0] == meta.num_tokens, "one query row per new token"
     assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
@@ -140,34 +188,65 @@ def triton_mixed_attention(query: Tensor, levels: Sequence[LevelPages], page_lev
         assert args.k.is_contiguous() and args.v.is_contiguous(), "caches must be contiguous"
         assert args.num_kv_heads == num_kv_heads, "cache layout is [pages, page_size, kv_heads, _]"
     kv += [kv[0]] * (MAX_LEVELS - len(kv))  # unused (NUM_LEVELS): level 0 stands in
+    call = _Call(query, out, kv, len(levels), page_levels, meta, scale, partition_size)
     decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
     prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
-    for seq_ids, min_rows in ((decode_ids, _DECODE_ROWS), (prefill_ids, _PREFILL_ROWS)):
-        if seq_ids:
-            _launch(query, out, kv, len(levels), page_levels, meta, seq_ids, min_rows, scale)
+    if decode_ids:
+        max_len = max(meta.seq_lens_cpu[i] for i in decode_ids)
+        _launch(call, decode_ids, _DECODE_ROWS, triton.cdiv(max_len, partition_size))
+    if prefill_ids:
+        _launch(call, prefill_ids, _PREFILL_ROWS, 1)
     return out
 
 
-def _launch(query: Tensor, out: Tensor, kv: list[_KVArgs], num_levels: int,
-            page_levels: Tensor, meta: AttentionMetadata, seq_ids: list[int], min_rows: int,
-            scale: float) -> None:
-    """One kernel launch over `seq_ids`, query blocks of at least `min_rows` rows."""
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """What every launch of one attention call shares."""
+
+    query: Tensor
+    out: Tensor
+    kv: list[_KVArgs]  # MAX_LEVELS of them
+    num_levels: int
+    page_levels: Tensor
+    meta: AttentionMetadata
+    scale: float
+    partition_size: int
+
+
+def _launch(call: _Call, seq_ids: list[int], min_rows: int, num_parts: int) -> None:
+    """One kernel launch over `seq_ids` (query blocks of at least `min_rows` rows), with
+    `num_parts` > 1 (decodes only) over context partitions, then the reduce kernel."""
+    query, out, kv, meta = call.query, call.out, call.kv, call.meta
     num_heads, head_dim = query.shape[1:]
     num_kv_heads = kv[0].num_kv_heads
     group = num_heads // num_kv_heads
     block_m = max(min_rows, triton.next_power_of_2(group))
     tokens = block_m // group  # query tokens per program
+    partitioned = num_parts > 1
+    parts = (len(seq_ids), num_heads, num_parts) if partitioned else (1, 1, 1)
+    part_max = torch.empty(parts, dtype=torch.float32, device=query.device)
+    part_sum = torch.empty_like(part_max)
+    part_acc = torch.empty((*parts, head_dim), dtype=torch.float32, device=query.device)
+    ids = _seq_ids_tensor(seq_ids, meta.num_seqs, query.device)
     max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
-    grid = (len(seq_ids), triton.cdiv(max_query_len, tokens), num_kv_heads)
-    _mixed_attention_kernel[grid](
-        query, out, page_levels, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
+    blocks = num_parts if partitioned else triton.cdiv(max_query_len, tokens)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    _mixed_attention_kernel[(len(seq_ids), blocks, num_kv_heads)](
+        query, out, call.page_levels, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        ids, part_max, part_sum, part_acc, num_parts,
         *kv[0].pointers, *kv[1].pointers, *kv[2].pointers,
-        scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        call.scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         meta.block_tables.stride(0),
         GROUP=group, TOKENS=tokens, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        PAGE_SIZE=meta.page_size, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        PAGE_SIZE=meta.page_size, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=block_d,
+        PARTITION_SIZE=call.partition_size, PARTITIONED=partitioned,
         ROW0=kv[0].row, MODE0=kv[0].mode, ROW1=kv[1].row, MODE1=kv[1].mode,
-        ROW2=kv[2].row, MODE2=kv[2].mode, NUM_LEVELS=num_levels,
+        ROW2=kv[2].row, MODE2=kv[2].mode, NUM_LEVELS=call.num_levels,
     )
+    if partitioned:
+        _decode_reduce_kernel[(len(seq_ids), num_heads)](
+            out, meta.seq_lens, meta.query_start_loc, ids, part_max, part_sum, part_acc,
+            num_parts, out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            PARTITION_SIZE=call.partition_size, BLOCK_P=triton.next_power_of_2(num_parts),
+            BLOCK_D=block_d, SLIDING_WINDOW=0,
+        )

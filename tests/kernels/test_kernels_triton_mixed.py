@@ -24,7 +24,8 @@ TOL = 1e-5
 
 
 def _attention(levels: list[LevelPages], page_levels: torch.Tensor, meta: AttentionMetadata,
-               num_heads: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               num_heads: int, seed: int = 0, partition_size: int = 512,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the Triton kernel's output, the reference's) for random queries over the batch."""
     from kvlab.kernels.triton_mixed import triton_mixed_attention
 
@@ -34,7 +35,8 @@ def _attention(levels: list[LevelPages], page_levels: torch.Tensor, meta: Attent
     scale = head_dim**-0.5
     out = torch.full_like(query, float("nan"))  # every row must be written
     got = triton_mixed_attention(query, levels, page_levels, meta, scale=scale,
-                                 num_kv_heads=num_kv_heads, out=out)
+                                 num_kv_heads=num_kv_heads, out=out,
+                                 partition_size=partition_size)
     k, v = dense(levels, page_levels)
     want = get_backend("torch").paged_attention(query, k, v, meta, scale=scale,
                                                 num_kv_heads=num_kv_heads)
@@ -71,18 +73,19 @@ def batches(draw):
         used += n
     page_levels = draw(st.lists(st.integers(0, 2), min_size=NUM_PAGES, max_size=NUM_PAGES))
     kv_heads, group = draw(st.sampled_from([(2, 2), (1, 4), (2, 3), (4, 1)]))
-    return seqs, tables, page_levels, kv_heads, group, draw(st.integers(0, 3))
+    partition_size = draw(st.sampled_from([6, 8, 512]))  # decodes over 1 to 4 partitions
+    return seqs, tables, page_levels, kv_heads, group, partition_size, draw(st.integers(0, 3))
 
 
-@settings(max_examples=40)
+@settings(max_examples=25)
 @given(batch=batches())
 def test_the_kernel_equals_attention_over_the_dequantized_pages(batch):
-    seqs, tables, page_levels, kv_heads, group, seed = batch
+    seqs, tables, page_levels, kv_heads, group, partition_size, seed = batch
     levels = make_levels(seed, NUM_PAGES, PAGE, kv_heads, HEAD_DIM)
     meta = AttentionMetadata.build(block_tables=tables, seq_lens=[s for s, _ in seqs],
                                    query_lens=[q for _, q in seqs], page_size=PAGE)
     got, want = _attention(levels, torch.tensor(page_levels, dtype=torch.int8), meta,
-                           kv_heads * group, seed)
+                           kv_heads * group, seed, partition_size)
     assert _error(got, want) < TOL
 
 
@@ -110,13 +113,16 @@ def test_every_page_format_at_any_level(names):
     assert _error(got, want) < TOL
 
 
-def test_long_contexts_over_several_tiles_and_a_wide_group():
-    """Contexts past one 64-position tile, 7 query heads a KV head (rows packed unevenly)."""
+@pytest.mark.parametrize("partition_size", [64, 100, 512])
+def test_long_contexts_over_several_tiles_and_a_wide_group(partition_size):
+    """Contexts past one 64-position tile, decodes over 1 to 3 partitions, 7 query heads a KV
+    head (rows packed unevenly)."""
     page_size, num_pages = 16, 22
     levels = make_levels(3, num_pages, page_size, 2, HEAD_DIM)
     page_levels = torch.tensor([(3 * i) % 4 % 3 for i in range(num_pages)], dtype=torch.int8)
     meta = _meta([(150, 1), (130, 40), (17, 1)], page_size=page_size)
-    got, want = _attention(levels, page_levels, meta, num_heads=14)
+    got, want = _attention(levels, page_levels, meta, num_heads=14,
+                           partition_size=partition_size)
     assert _error(got, want) < TOL
 
 
