@@ -313,3 +313,14 @@ def test_the_triton_backend_demotes_as_the_torch_backend(monkeypatch):
     assert torch_mix["precision_demotions_per_s"] > 0 and not calls
     assert generate("triton") == (torch_outputs, torch_mix)
     assert calls, "the triton backend attended over demoted pages without its mixed kernel"
+
+
+@pytest.mark.slow  # about 30 s: Triton's interpreter, every step
+def test_the_triton_kernel_reads_the_planted_workload_as_the_shadow(monkeypatch):
+    """The shadow's attention check, every step, with the Triton kernel (kvkernels/
+    triton_mixed.py) in place of the torch segments."""
+    from kvlab.kernels.triton_mixed import triton_mixed_attention
+
+    monkeypatch.setitem(globals(), "mixed_paged_attention", triton_mixed_attention)
+    requantized, _ = run_shadowed(_planted())
+    assert requantized > 0
