@@ -88,8 +88,9 @@ def validate_server(
     every_validated = [bench for repeats in validated for bench in repeats]
     config = server_sim_config(every_validated[0].server, target.model, preset=target.preset,
                                overrides=target.overrides)
+    warnings: list[str] = []
     if cost_model is not None:
-        calibration, warnings = "given", []
+        calibration = "given"
     else:
         cost_model, calibration, warnings = _fit(calibration_runs, every_validated, config)
     runs = []
