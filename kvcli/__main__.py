@@ -4,4 +4,5 @@ import sys
 
 from kvlab.cli.dispatch import main
 
-sys.exit(main())
+if __name__ == "__main__":  # (importing the module, as tools that walk packages do, runs nothing)
+    sys.exit(main())
