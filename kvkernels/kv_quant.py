@@ -2,8 +2,8 @@
 
 One module for every backend: `KVQuant.quantize` is what `write_kv` stores, `dequantize` what
 the torch reference attends over; the Triton kernels decode the same bytes in-kernel
-(kvkernels/triton_backend.py, `_load_kv`; kvkernels/triton_mixed.py for mixed-precision pages),
-by `KVQuant.mode`.
+(kvkernels/triton_tiles.py, `load_kv`, for the Triton backend's kernels and the mixed-precision
+one), by `KVQuant.mode`.
 
 Page tensors, per layer and side (K or V), `[num_pages, page_size, num_kv_heads, last]`:
 

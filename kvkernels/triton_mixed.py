@@ -4,10 +4,11 @@ TRITON_INTERPRET=1): the Triton backend's path once a page is demoted (`MixedBac
 One pass, one online softmax over all of a row's pages, whatever their levels: for each tile of
 context positions the kernel looks each position's page up in the block table, reads the page's
 level (`page_levels[page]`), and loads K and V from every level's pages with a mask that keeps
-only the positions at that level (`_load_levels`); a masked load reads no memory and yields 0,
+only the positions at that level (`load_levels`); a masked load reads no memory and yields 0,
 so the sum over levels is each position's value at its own level, dequantized to float32 in
-registers by the Triton backend's `_load_kv` (float, fp8, int8 C8, per-token-head int8/fp8 and
-int4 pages with their scales: kvkernels/kv_quant.py). No per-level segments, no combine.
+registers by `load_kv` (float, fp8, int8 C8, per-token-head int8/fp8 and int4 pages with their
+scales: kvkernels/kv_quant.py). No per-level segments, no combine. The tile loop, the loads and
+the partition reduce are kvkernels/triton_tiles.py's, the Triton backend's own.
 
 Compute is float32 (queries cast up, exact fp32 products), so the result equals attention over
 one dense tensor of the pages' dequantized values up to float32 rounding, as the torch path
@@ -15,8 +16,8 @@ one dense tensor of the pages' dequantized values up to float32 rounding, as the
 block of query tokens times the head's query group (grouped-query rows packed, so a decode's
 group of heads shares each K/V load); decodes and prefill chunks are the same kernel launched
 with smaller or larger query blocks. A decode's context longer than a partition is split over
-programs, one a partition, merged by the Triton backend's reduce kernel (flash-decoding, as its
-decode kernel); a prefill chunk's is one program's loop. Up to MAX_LEVELS levels (the
+programs, one a partition, merged by the reduce kernel (flash-decoding, as the Triton
+backend's decodes); a prefill chunk's is one program's loop. Up to MAX_LEVELS levels (the
 precision ladder has at most three).
 """
 
@@ -31,14 +32,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kvlab.kernels.launch import KVArgs, check_query, kv_args, seq_ids_tensor, split_batch
 from kvlab.kernels.metadata import AttentionMetadata
-from kvlab.kernels.triton_backend import (
-    _decode_reduce_kernel,
-    _kv_args,
-    _KVArgs,
-    _load_kv,
-    _seq_ids_tensor,
-)
+from kvlab.kernels.triton_tiles import Partitions, attend_pages, store_partials
 
 if TYPE_CHECKING:
     from kvlab.kernels.mixed_attention import LevelPages
@@ -47,68 +43,6 @@ MAX_LEVELS = 3  # level tensors the kernel takes: the cache's dtype and two step
 _BLOCK_N = 64  # context positions per tile
 _DECODE_ROWS = 16  # query rows (one token x its group's heads) per decode program, at least
 _PREFILL_ROWS = 32  # query rows per prefill-chunk program, at least
-
-
-@triton.jit
-def _load_levels(
-    level, slot, kv_head, d, valid,
-    c0, s0, t0, c1, s1, t1, c2, s2, t2,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    ROW0: tl.constexpr, MODE0: tl.constexpr, ROW1: tl.constexpr, MODE1: tl.constexpr,
-    ROW2: tl.constexpr, MODE2: tl.constexpr, NUM_LEVELS: tl.constexpr,
-):
-    """float32 K or V `[len(slot), len(d)]` of `kv_head` at `slot`s, each read from the level
-    `level` gives it (cN, sN, tN: level N's pages, scales and per-tensor scale, as `_load_kv`
-    takes them); lanes masked at every other level load nothing and add 0."""
-    x = _load_kv(c0, s0, t0, slot, kv_head, d, valid & (level == 0),
-                 NUM_KV_HEADS, HEAD_DIM, ROW0, MODE0).to(tl.float32)
-    if NUM_LEVELS > 1:
-        x += _load_kv(c1, s1, t1, slot, kv_head, d, valid & (level == 1),
-                      NUM_KV_HEADS, HEAD_DIM, ROW1, MODE1).to(tl.float32)
-    if NUM_LEVELS > 2:
-        x += _load_kv(c2, s2, t2, slot, kv_head, d, valid & (level == 2),
-                      NUM_KV_HEADS, HEAD_DIM, ROW2, MODE2).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _attend_range(
-    q, pos_m, lo, hi, table_ptr, levels_ptr, kv_head, scale,
-    k0, ks0, k_scale0, k1, ks1, k_scale1, k2, ks2, k_scale2,
-    v0, vs0, v_scale0, v1, vs1, v_scale1, v2, vs2, v_scale2,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    ROW0: tl.constexpr, MODE0: tl.constexpr, ROW1: tl.constexpr, MODE1: tl.constexpr,
-    ROW2: tl.constexpr, MODE2: tl.constexpr, NUM_LEVELS: tl.constexpr,
-):
-    """The online softmax of float32 rows `q` (at positions `pos_m`, causal) over context
-    positions lo..hi-1 of the block table at `table_ptr`: (running max, sum, unnormalized
-    output) per row."""
-    d = tl.arange(0, BLOCK_D)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for tile in range(lo, hi, BLOCK_N):
-        pos = tile + tl.arange(0, BLOCK_N)
-        valid = pos < hi
-        page = tl.load(table_ptr + pos // PAGE_SIZE, mask=valid, other=0)
-        level = tl.load(levels_ptr + page, mask=valid, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        k = _load_levels(level, slot, kv_head, d, valid, k0, ks0, k_scale0, k1, ks1, k_scale1,
-                         k2, ks2, k_scale2, NUM_KV_HEADS, HEAD_DIM, ROW0, MODE0, ROW1, MODE1,
-                         ROW2, MODE2, NUM_LEVELS)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        s = tl.where((pos[None, :] <= pos_m[:, None]) & valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_levels(level, slot, kv_head, d, valid, v0, vs0, v_scale0, v1, vs1, v_scale1,
-                         v2, vs2, v_scale2, NUM_KV_HEADS, HEAD_DIM, ROW0, MODE0, ROW1, MODE1,
-                         ROW2, MODE2, NUM_LEVELS)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        m_i = m_new
-    return m_i, l_i, acc
 
 
 @triton.jit
@@ -154,16 +88,17 @@ def _mixed_attention_kernel(
     mask = row_valid[:, None] & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + rows[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
                 mask=mask, other=0.0).to(tl.float32)
-    m_i, l_i, acc = _attend_range(
+    # float32 compute, exact products; each row causal at its token's position
+    m_i, l_i, acc = attend_pages(
         q, seq_len - q_len + token, lo, hi, block_tables_ptr + seq * stride_table, levels_ptr,
         kv_head, scale, k0, ks0, k_scale0, k1, ks1, k_scale1, k2, ks2, k_scale2,
         v0, vs0, v_scale0, v1, vs1, v_scale1, v2, vs2, v_scale2, NUM_KV_HEADS, HEAD_DIM,
-        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, ROW0, MODE0, ROW1, MODE1, ROW2, MODE2, NUM_LEVELS)
-    if PARTITIONED:  # the layout of the Triton backend's _decode_reduce_kernel
+        PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, "ieee", True, 0, ROW0, MODE0, ROW1, MODE1, ROW2,
+        MODE2, NUM_LEVELS)
+    if PARTITIONED:
         part_row = (i * (NUM_KV_HEADS * GROUP) + heads) * num_parts + block
-        tl.store(part_max_ptr + part_row, m_i, mask=row_valid)
-        tl.store(part_sum_ptr + part_row, l_i, mask=row_valid)
-        tl.store(part_acc_ptr + part_row[:, None] * HEAD_DIM + d[None, :], acc, mask=mask)
+        store_partials(part_max_ptr, part_sum_ptr, part_acc_ptr, part_row, row_valid, d, m_i,
+                       l_i, acc, HEAD_DIM)
     else:
         o = acc / l_i[:, None]
         o_off = rows[:, None] * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
@@ -177,20 +112,17 @@ def triton_mixed_attention(query: Tensor, levels: Sequence[LevelPages], page_lev
     pages, page p read from `levels[page_levels[p]]` (int8 `[num_page_ids]` on the query's
     device): float32 compute, cast to `out`'s dtype (the query's). Decodes whose contexts
     pass `partition_size` positions are split into partitions of that many, merged by the
-    Triton backend's reduce kernel (flash-decoding); prefill chunks are not split."""
+    reduce kernel (flash-decoding); prefill chunks are not split."""
     assert 1 <= len(levels) <= MAX_LEVELS, f"the kernel reads at most {MAX_LEVELS} levels"
-    assert query.shape[0] == meta.num_tokens, "one query row per new token"
-    assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
-    assert query.stride(-1) == 1, "head_dim must be contiguous"
+    check_query(query, meta, num_kv_heads)
     out = torch.empty_like(query) if out is None else out
-    kv = [_kv_args(lp.k_cache, lp.v_cache, lp.kv_quant) for lp in levels]
+    kv = [kv_args(lp.k_cache, lp.v_cache, lp.kv_quant) for lp in levels]
     for args in kv:
         assert args.k.is_contiguous() and args.v.is_contiguous(), "caches must be contiguous"
         assert args.num_kv_heads == num_kv_heads, "cache layout is [pages, page_size, kv_heads, _]"
     kv += [kv[0]] * (MAX_LEVELS - len(kv))  # unused (NUM_LEVELS): level 0 stands in
     call = _Call(query, out, kv, len(levels), page_levels, meta, scale, partition_size)
-    decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-    prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
+    decode_ids, prefill_ids = split_batch(meta)
     if decode_ids:
         max_len = max(meta.seq_lens_cpu[i] for i in decode_ids)
         _launch(call, decode_ids, _DECODE_ROWS, triton.cdiv(max_len, partition_size))
@@ -205,7 +137,7 @@ class _Call:
 
     query: Tensor
     out: Tensor
-    kv: list[_KVArgs]  # MAX_LEVELS of them
+    kv: list[KVArgs]  # MAX_LEVELS of them
     num_levels: int
     page_levels: Tensor
     meta: AttentionMetadata
@@ -222,31 +154,22 @@ def _launch(call: _Call, seq_ids: list[int], min_rows: int, num_parts: int) -> N
     group = num_heads // num_kv_heads
     block_m = max(min_rows, triton.next_power_of_2(group))
     tokens = block_m // group  # query tokens per program
-    partitioned = num_parts > 1
-    parts = (len(seq_ids), num_heads, num_parts) if partitioned else (1, 1, 1)
-    part_max = torch.empty(parts, dtype=torch.float32, device=query.device)
-    part_sum = torch.empty_like(part_max)
-    part_acc = torch.empty((*parts, head_dim), dtype=torch.float32, device=query.device)
-    ids = _seq_ids_tensor(seq_ids, meta.num_seqs, query.device)
+    parts = Partitions.of(len(seq_ids), num_parts, query)
+    ids = seq_ids_tensor(seq_ids, meta.num_seqs, query.device)
     max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
-    blocks = num_parts if partitioned else triton.cdiv(max_query_len, tokens)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    blocks = num_parts if parts.partitioned else triton.cdiv(max_query_len, tokens)
     _mixed_attention_kernel[(len(seq_ids), blocks, num_kv_heads)](
         query, out, call.page_levels, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        ids, part_max, part_sum, part_acc, num_parts,
+        ids, *parts.pointers, num_parts,
         *kv[0].pointers, *kv[1].pointers, *kv[2].pointers,
         call.scale, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         meta.block_tables.stride(0),
         GROUP=group, TOKENS=tokens, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        PAGE_SIZE=meta.page_size, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=block_d,
-        PARTITION_SIZE=call.partition_size, PARTITIONED=partitioned,
+        PAGE_SIZE=meta.page_size, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        PARTITION_SIZE=call.partition_size, PARTITIONED=parts.partitioned,
         ROW0=kv[0].row, MODE0=kv[0].mode, ROW1=kv[1].row, MODE1=kv[1].mode,
         ROW2=kv[2].row, MODE2=kv[2].mode, NUM_LEVELS=call.num_levels,
     )
-    if partitioned:
-        _decode_reduce_kernel[(len(seq_ids), num_heads)](
-            out, meta.seq_lens, meta.query_start_loc, ids, part_max, part_sum, part_acc,
-            num_parts, out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-            PARTITION_SIZE=call.partition_size, BLOCK_P=triton.next_power_of_2(num_parts),
-            BLOCK_D=block_d, SLIDING_WINDOW=0,
-        )
+    if parts.partitioned:
+        parts.reduce(out, meta.seq_lens, meta.query_start_loc, ids, call.partition_size, 0)
