@@ -20,12 +20,15 @@ from kvlab.policies.request import Request
 class DecodeAhead:
     """A run of plain decode steps the batch can take on the fast path
     (`KVCacheManager.decode_run_ahead`): how many steps, the sequences' states in batch order,
-    and the sum and the largest of their computed tokens before the first step."""
+    and the sum and the largest of their computed tokens before the first step; once
+    advanced, the pages a precision policy's ballast gave back to the free list by each
+    step, cumulated (None: none)."""
 
     num_steps: int
     states: list[SeqState]
     sum_computed: int
     max_computed: int
+    pages_released: list[int] | None = None
 
 
 def allocate_decodes(group: FullAttentionManager, requests: list[Request], start: int,

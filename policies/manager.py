@@ -217,8 +217,8 @@ class KVCacheManager(ManagerView):
         so that no one walks the batch again for them."""
         if self._tier_link is not None and self._tier_link.has_through:
             return None
-        if self.precision is not None:  # (up to the next step that demotes)
-            max_steps = self.precision.steps_without_demotion(requests, max_steps)
+        if self.precision is not None:  # (the demotions due in the run planned: run.py)
+            max_steps = self.precision.plan_run(requests, max_steps)
             if max_steps < 2:
                 return None
         return decode_run_ahead(self._main, requests, max_steps)
@@ -233,7 +233,7 @@ class KVCacheManager(ManagerView):
             return advance_decodes(self._main, ahead, num_steps)
         num_free = self.allocator.num_free_pages
         taken = advance_decodes(self._main, ahead, num_steps)
-        self.precision.sample_decode_run(num_free, taken)
+        ahead.pages_released = self.precision.commit_run(num_steps, num_free, taken)
         return taken
 
     def free(self, seq: Request) -> None:

@@ -138,7 +138,8 @@ class StepLoop:
             num_running=seqs,
             num_used_pages=used,
             num_cached_free_pages=[usage.num_cached_free_pages] * num_steps,
-            num_free_pages=[usage.num_free_pages - taken for taken in run.pages_taken],
+            num_free_pages=_free_pages(usage.num_free_pages, run.pages_taken,
+                                       ahead.pages_released),
             num_live_token_slots=live,
             num_internal_frag_slots=[u * page_size - slots
                                      for u, slots in zip(used, live, strict=True)],
@@ -148,6 +149,15 @@ class StepLoop:
         self.steps.extend_columns(
             starts_s, [end - start for start, end in zip(starts_s, ends_s, strict=True)], columns)
         return run.finished
+
+
+def _free_pages(num_free: int, pages_taken: list[int], released: list[int] | None
+                ) -> list[int]:
+    """The free pages after each step of a decode run: `num_free` before it, less the pages
+    taken, plus any a precision ledger released (each cumulated)."""
+    if not released or not released[-1]:
+        return [num_free - taken for taken in pages_taken]
+    return [num_free - taken + back for taken, back in zip(pages_taken, released, strict=True)]
 
 
 def _livelock_message(scheduler: Scheduler, now_s: float) -> str:

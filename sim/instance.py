@@ -39,7 +39,7 @@ from kvlab.sim.arrival_process import delay_until
 from kvlab.sim.cost_model import CostModel, StepShape, decode_step_timer
 from kvlab.sim.group_memory import group_memory_of
 from kvlab.sim.link import HostLink, TierLinks, wait_until
-from kvlab.sim.precision_costs import demoted_timer, precision_step_time_s
+from kvlab.sim.precision_costs import demoted_run_timer, precision_step_time_s
 
 MAX_DECODE_RUN = 256  # steps planned at once on the fast path (bounds the lists it builds)
 
@@ -169,8 +169,8 @@ class SimInstance:
         timer = (self._shape_timer(num_seqs, scheduler.step_id) if decode_step_time is None
                  else decode_step_time(num_seqs))
         precision = scheduler.manager.precision
-        if precision is not None:  # demoted pages read at their levels (precision_costs.py)
-            timer = demoted_timer(timer, precision.num_saved_context_tokens(scheduler.running))
+        if precision is not None and precision.run is not None:  # (precision_costs.py)
+            timer = demoted_run_timer(timer, precision.run, self.cost_model.copy_time_s(1))
         for step, context, padded in zip(range(ahead.num_steps), contexts, paddeds, strict=True):
             if step and time_s >= horizon:  # a step starting here admits the arrival first
                 break

@@ -4,14 +4,19 @@ cheaper reads of demoted pages (policies/precision/)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvlab.policies import SchedulerOutput
     from kvlab.policies.precision.driver import PrecisionDriver
+    from kvlab.policies.precision.run import RunDemotions
     from kvlab.sim.cost_model import CostModel
+
+_LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
 
 
 def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
@@ -34,26 +39,30 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
                         num_padded_context_tokens=round(output.num_padded_context_tokens * keep))
     time_s = cost_model.step_time_s(shape)
     requantize = output.mem_ops.requantize
-    if requantize:
-        ladder = driver.ledger.ladder
-        pages = sum(ladder.ratio(before) + ladder.ratio(after)
-                    for _, before, after in requantize) / 2
+    if requantize:  # (C loops, in the list's order: whole prompts are demoted at once)
+        pages = sum(map(driver.requantize_ratios.__getitem__,
+                        map(_LEVELS, requantize))) / 2
         time_s += cost_model.copy_time_s(1) * pages
     return time_s
 
 
-def demoted_timer(timer: Callable[[int, int], float], saved: float
-                  ) -> Callable[[int, int], float]:
-    """A decode run's step timer (context, padded context -> seconds) with the batch's
-    demoted pages sparing `saved` context tokens of each step, as `precision_step_time_s`
-    charges a step (no page is requantized during a run)."""
-    if saved <= 0:
-        return timer
+def demoted_run_timer(timer: Callable[[int, int], float], run: RunDemotions,
+                      copy_page_s: float) -> Callable[[int, int], float]:
+    """A decode run's step timer (context, padded context -> seconds, the run's steps in
+    turn) with each step's demoted pages read at their levels and its requantizations
+    (`run.costs`), as `precision_step_time_s` charges a step; `copy_page_s` is one page's
+    copy (`copy_time_s(1)`)."""
+    costs, steps = run.costs, itertools.count()
 
     def time_s(num_context: int, num_padded: int) -> float:
-        if num_context <= 0:
-            return timer(num_context, num_padded)
-        keep = max(0.0, 1.0 - saved / num_context)
-        return timer(round(num_context * keep), round(num_padded * keep))
+        saved, pages = costs(next(steps))
+        if saved > 0 and num_context > 0:
+            keep = max(0.0, 1.0 - saved / num_context)
+            seconds = timer(round(num_context * keep), round(num_padded * keep))
+        else:
+            seconds = timer(num_context, num_padded)
+        if pages:
+            seconds += copy_page_s * pages
+        return seconds
 
     return time_s

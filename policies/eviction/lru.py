@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Iterator, Sequence
 
 from kvlab.policies.registry import register
@@ -193,6 +194,14 @@ class LRUEviction:
     def pages(self) -> list[int]:
         """Cached-free pages, least recently used first."""
         return list(self.iter_pages())
+
+    def next_victims(self, num_pages: int) -> list[int]:
+        """The first `num_pages` of `pages` (fewer where fewer are cached): a slice of the
+        queue where no stale entry is in it."""
+        window = self._queue[self._head : self._head + num_pages]
+        if not self._stale or self._stale.keys().isdisjoint(window):
+            return window
+        return list(itertools.islice(self.iter_pages(), num_pages))
 
     def iter_pages(self) -> Iterator[int]:
         """`pages` one at a time (a caller that stops early pays for what it read; no page

@@ -5,7 +5,7 @@ requantizations to its `MemOps`."""
 from __future__ import annotations
 
 import math
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 from kvlab.errors import KvlabError
@@ -13,6 +13,7 @@ from kvlab.policies.outputs import MemOps
 from kvlab.policies.precision.age import AgeDemotion
 from kvlab.policies.precision.ladder import PrecisionLadder
 from kvlab.policies.precision.ledger import PrecisionLedger, extra_pages
+from kvlab.policies.precision.run import RunDemotions, exact_ratios
 from kvlab.specs.kv_groups import NULL_PAGE
 
 if TYPE_CHECKING:
@@ -28,8 +29,9 @@ class PrecisionDriver:
     time; `num_pages` is the device's pages at the cache's dtype (the pool holds more ids:
     `ledger.py`)."""
 
-    __slots__ = ("_done", "_pending", "_saving", "ledger", "manager", "num_pages", "num_steps",
-                 "page_tokens", "policy", "sum_pages_at_level")
+    __slots__ = ("_befores", "_done", "_exact", "_pending", "_saving", "ledger", "manager",
+                 "num_pages", "num_steps", "page_tokens", "policy", "requantize_ratios", "run",
+                 "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
                  num_pages: int) -> None:
@@ -42,7 +44,17 @@ class PrecisionDriver:
         self._done: dict[int, tuple[SeqState, list[int], list[float]]] = {}
         self._saving = [0.0] + [ladder.ratio(level - 1) - ladder.ratio(level)
                                 for level in range(1, ladder.depth + 1)]
-        self._pending: list[tuple[int, int, int]] = []
+        # the step's demotions so far: the pages, and each one's level before (in step)
+        self._pending: list[int] = []
+        self._befores: list[int] = []
+        # (level before, level after) -> the two levels' byte ratios added: a requantization
+        # reads a page at one and writes it at the other (sim/precision_costs.py)
+        self.requantize_ratios = {(before, after): ladder.ratio(before) + ladder.ratio(after)
+                                  for after in range(ladder.depth + 1)
+                                  for before in range(after)}
+        # runs may carry demotions (run.py): their timer's sums are exact
+        self._exact = exact_ratios([*self._saving, *self.requantize_ratios.values()])
+        self.run: RunDemotions | None = None  # the decode run `plan_run` planned last
         self.num_steps = 0
         # Held and cached pages at each level, summed over steps (level 0 first).
         self.sum_pages_at_level = [0] * (ladder.depth + 1)
@@ -65,28 +77,45 @@ class PrecisionDriver:
     def end_step(self, ops: MemOps) -> None:
         """The step's requantizations run first of its MemOps, one per page from its level
         before the step to its level now (a page whose content left in the step needs none)."""
-        if self._pending:
-            level = self.ledger.level
-            first: dict[int, int] = {}
-            for page, before, _ in self._pending:
-                first.setdefault(page, before)
-            ops.requantize[:0] = [(page, before, level(page)) for page, before in first.items()
-                                  if level(page)]
-            self._pending = []
+        pages, befores = self._pending, self._befores
+        if not pages:
+            return
+        self._pending, self._befores = [], []
+        # page -> its first level before
+        first = dict(zip(reversed(pages), reversed(befores), strict=True))
+        if len(first) < len(pages):  # (a page demoted twice in the step: once, in first order)
+            pages = list(dict.fromkeys(pages))
+            befores = list(map(first.__getitem__, pages))
+        after = list(map(self.ledger.levels.get, pages, repeat(0)))
+        requantize = list(zip(pages, befores, after, strict=True))  # (C loops: whole prompts)
+        if 0 in after:  # content that left in the step
+            requantize = [op for op in requantize if op[2]]
+        ops.requantize[:0] = requantize
 
-    def steps_without_demotion(self, requests: list[Any], max_steps: int) -> int:
+    def plan_run(self, requests: list[Any], max_steps: int) -> int:
         """How many (at most `max_steps`) of the next steps, each one decode token for every
-        one of `requests` and nothing else, start without a demotion, so that the simulator's
-        decode fast path may take them: 0 where a step may demote (a policy acting on
-        pressure, a sequence not walked yet, a cached-free page to step down)."""
+        one of `requests` and nothing else, the simulator's decode fast path may take, with
+        the demotions due in them planned (`run`): all of them where the ladder's ratios sum
+        exactly (`exact_ratios`), else those before the first demotion. 0 where the next step
+        may demote otherwise than by age as planned (a policy acting on pressure, a sequence
+        not walked yet, a cached-free page to step down, a ledger in debt; ballast the ledger
+        owes back is released at the run's first step, as `begin_step` does)."""
+        self.run = None
         policy, ledger = self.policy, self.ledger
-        if policy.pressure or len(ledger.ballast) != ledger.num_extra - ledger.freed_units \
+        if policy.pressure or len(ledger.ballast) < ledger.num_extra - ledger.freed_units \
                 // ledger.unit:  # (a ledger in debt settles at every step's start)
             return 0
         seqs, done, steps = self.manager._seqs, self._done, max_steps
+        # Carried: the demotions from the first step's on (`RunDemotions`); else the steps
+        # before the first demotion.
+        carried = self._exact and len(seqs) == len(requests)
         for request in requests:
             state, entry = seqs.get(request.request_id), done.get(request.request_id)
-            if state is None or entry is None or entry[0] is not state:
+            if state is None or len(state.pages) * self.manager.page_size < state.num_tokens:
+                return 0
+            if carried:
+                continue
+            if entry is None or entry[0] is not state:
                 return 0
             gap = entry[2][0] - state.num_tokens  # step j starts with num_tokens + j
             if gap < steps:
@@ -95,26 +124,20 @@ class PrecisionDriver:
                 steps = int(gap)
         if policy.cached:
             levels, bottom = self.ledger.levels, self.ledger.ladder.depth
-            evictor = self.manager.pool.evictor
-            scan = getattr(evictor, "iter_pages", evictor.pages)
-            if any(levels.get(page, 0) < bottom for page in islice(scan(), _CACHED_SCAN)):
+            head = _next_victims(self.manager.pool.evictor)
+            if min(map(levels.get, head, repeat(0)), default=bottom) < bottom:
                 return 0
+        self.run = RunDemotions(self, requests, steps)
         return steps
 
-    def sample_decode_run(self, num_free_before: int, pages_taken: list[int]) -> None:
-        """`begin_step`'s sample for each step of a decode run that took `pages_taken` pages
-        by the end of each step (cumulated), `num_free_before` pages free before it."""
-        ledger, manager = self.ledger, self.manager
-        held = (manager.num_total_pages + ledger.num_extra - num_free_before
-                - ledger.num_ballast_pages)
-        demoted = ledger.num_at_level
-        below = sum(demoted)
-        sums = self.sum_pages_at_level
-        for taken in (0, *pages_taken[:-1]):
-            sums[0] += held + taken - below
-        for level in range(1, len(demoted)):
-            sums[level] += demoted[level] * len(pages_taken)
-        self.num_steps += len(pages_taken)
+    def commit_run(self, num_steps: int, num_free_before: int, pages_taken: list[int]
+                   ) -> list[int]:
+        """The run `plan_run` planned took `num_steps` steps, `pages_taken` pages by the end
+        of each (cumulated), `num_free_before` free before it: apply its demotions and samples
+        (`RunDemotions.commit`); returns the ballast pages released by each step, cumulated."""
+        run, self.run = self.run, None
+        assert run is not None and num_steps <= run.num_steps, "commit a planned run"
+        return run.commit(num_steps, num_free_before, pages_taken)
 
     def _demote_by_age(self) -> None:
         """Each sequence's pages past the recent tokens, one level per `recent` tokens."""
@@ -135,9 +158,8 @@ class PrecisionDriver:
             next_at = math.inf
             for level in range(1, top + 1):
                 upto = min(policy.num_pages_at_least(level, num_tokens, page_size), len(pages))
-                for index in range(walked[level], upto):
-                    self._demote(pages[index], level)
                 if upto > walked[level]:
+                    self._demote(pages[walked[level]:upto], level)
                     info[1] += (upto - walked[level]) * saving[level]
                     walked[level] = upto
                 # page `walked[level]` reaches this level at this many tokens
@@ -150,22 +172,23 @@ class PrecisionDriver:
         """Cached-free prefix pages, next victims first, to the lowest level."""
         ledger = self.ledger
         bottom, levels = ledger.ladder.depth, ledger.levels
-        evictor = self.manager.pool.evictor
-        scan = getattr(evictor, "iter_pages", evictor.pages)  # (LRU's: lazily)
-        demoted = [page for page in islice(scan(), _CACHED_SCAN)
-                   if levels.get(page, 0) < bottom]
-        for page in demoted:  # (not while iterating the evictor)
-            self._demote(page, bottom)
+        head = _next_victims(self.manager.pool.evictor)
+        found = list(map(levels.get, head, repeat(0)))
+        if min(found, default=bottom) >= bottom:
+            demoted: list[int] = []
+        else:
+            demoted = [page for page, level in zip(head, found, strict=True) if level < bottom]
+            self._demote(demoted, bottom)
         ledger.cache(demoted)
 
-    def _demote(self, page: int, level: int) -> None:
-        ledger = self.ledger
-        if page == NULL_PAGE or ledger.level(page) >= level:
-            return
-        before = ledger.demote(page, level, self.manager.page_size)
-        self._pending.append((page, before, level))
-        if self.policy.recompute:
-            self.manager.pool.cache_epoch += 1  # a lookup from before may reach it
+    def _demote(self, pages: list[int], level: int) -> None:
+        """Each of `pages` above `level` requantized down to it, in order."""
+        if NULL_PAGE in pages:
+            pages = [page for page in pages if page != NULL_PAGE]
+        num_before = len(self._pending)
+        self.ledger.demote_pages(pages, level, self._pending, self._befores)
+        if self.policy.recompute:  # a lookup from before may reach them
+            self.manager.pool.cache_epoch += len(self._pending) - num_before
 
     def _sample(self) -> None:
         ledger, manager = self.ledger, self.manager
@@ -203,6 +226,16 @@ class PrecisionDriver:
                 out[f"precision_demotions_{level}_{name}"] = ledger.demotions[level]
         out["precision_max_debt_pages"] = ledger.max_debt_pages
         return out
+
+
+def _next_victims(evictor: Any) -> list[int]:
+    """The cached-free pages `evictor` would evict next, the first `_CACHED_SCAN` of them in
+    its order (a policy's own `next_victims` where it has one: LRU's slices its queue)."""
+    head = getattr(evictor, "next_victims", None)
+    if head is not None:
+        return head(_CACHED_SCAN)
+    scan = getattr(evictor, "iter_pages", evictor.pages)  # (LRU's: lazily)
+    return list(islice(scan(), _CACHED_SCAN))
 
 
 def check_precision(spec: Any, policy: AgeDemotion, ladder: PrecisionLadder | None,

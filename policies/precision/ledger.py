@@ -16,6 +16,10 @@ counted as `max_debt_pages`).
 
 from __future__ import annotations
 
+import operator
+from collections import deque
+from itertools import compress, repeat
+
 from kvlab.policies.page_pool import PagePool
 from kvlab.policies.precision.ladder import PrecisionLadder
 
@@ -25,8 +29,9 @@ class PrecisionLedger:
     (`freed_units`, in units of one level-0 row: integers, so they sum exactly) and the
     ballast pages."""
 
-    __slots__ = ("_cached", "_cached_units", "ballast", "demotions", "freed_units", "ladder",
-                 "levels", "max_debt_pages", "num_at_level", "num_extra", "pool", "unit")
+    __slots__ = ("_cached", "_cached_units", "_into_ballast", "ballast", "demotions",
+                 "freed_units", "ladder", "levels", "max_debt_pages", "num_at_level", "num_extra",
+                 "pool", "unit")
 
     def __init__(self, pool: PagePool, ladder: PrecisionLadder, num_pages: int,
                  page_size: int) -> None:
@@ -43,6 +48,7 @@ class PrecisionLedger:
         self.ballast: list[int] = []
         self._cached: set[int] = set()  # demoted pages that are cached-free
         self._cached_units = 0  # the bytes evicting all of them would not free
+        self._into_ballast = False  # `settle` evicting: every dropped page joins the ballast
         pool.ledger = self
         self.settle()
 
@@ -65,44 +71,68 @@ class PrecisionLedger:
         levels = self.levels
         if not levels:
             return
-        row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
-        for page in pages:
-            level = levels.get(page, 0)
-            if level and page not in self._cached:
-                self._cached.add(page)
-                self._cached_units += (row[0] - row[level]) * size
+        found = list(map(levels.get, pages, repeat(0)))  # (C loops: a freed prompt's pages)
+        if not any(found):
+            return
+        demoted, cached = list(compress(pages, found)), self._cached
+        if not cached.isdisjoint(demoted):  # (some cached already: count the others)
+            keep = [page not in cached for page in demoted]
+            demoted = list(compress(demoted, keep))
+            found = list(compress(filter(None, found), keep))
+        cached.update(demoted)
+        self._cached_units += self._units_below(found)
 
     def hit(self, pages: list[int]) -> None:
         """`pages` were taken as prefix hits: none is cached-free now (the pool calls this)."""
-        if self._cached:
-            for page in pages:
-                self._uncache(page)
+        self._uncache(pages)
 
-    def _uncache(self, page: int) -> None:
-        if page in self._cached:
-            self._cached.remove(page)
-            row = self.ladder.row_bytes
-            self._cached_units -= (row[0] - row[self.levels[page]]) * (self.unit // row[0])
+    def _uncache(self, pages: list[int]) -> None:
+        """Those of `pages` that are cached-free and demoted are no longer cached-free."""
+        cached = self._cached
+        if cached and not cached.isdisjoint(pages):
+            gone = cached.intersection(pages)
+            cached -= gone
+            self._cached_units -= self._units_below(list(map(self.levels.__getitem__, gone)))
+
+    def _units_below(self, levels: list[int]) -> int:
+        """The bytes pages at `levels` (0 counts nothing) no longer need, in units."""
+        row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
+        return sum(levels.count(level) * (row[0] - row[level]) * size
+                   for level in range(1, len(row)))
 
     def level(self, page: int) -> int:
         """The page's precision level (0: the cache's dtype)."""
         return self.levels.get(page, 0)
 
-    def demote(self, page: int, level: int, page_size: int) -> int:
-        """Record `page` requantized down to `level` (below its current one); returns its
-        level before."""
-        before = self.levels.get(page, 0)
-        assert level > before, (page, before, level)
-        row = self.ladder.row_bytes
-        self.freed_units += (row[before] - row[level]) * page_size
-        if page in self._cached:
-            self._cached_units += (row[before] - row[level]) * page_size
-        self.levels[page] = level
-        if before:
-            self.num_at_level[before] -= 1
-        self.num_at_level[level] += 1
-        self.demotions[level] += 1
-        return before
+    def demote_pages(self, pages: list[int], level: int, demoted: list[int],
+                     befores: list[int]) -> None:
+        """`demote` of each of `pages` not at `level` or lower precision yet, in order;
+        appends each page demoted to `demoted` and its level before to `befores`."""
+        levels = self.levels
+        found = list(map(levels.get, pages, repeat(0)))  # (C loops: whole prompts at once)
+        if max(found, default=level) >= level:
+            keep = [before < level for before in found]
+            pages, found = list(compress(pages, keep)), list(compress(found, keep))
+            if not pages:
+                return
+        levels.update(zip(pages, repeat(level)))
+        row, size, num_at = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0], \
+            self.num_at_level
+        for before in range(level):
+            count = found.count(before)
+            if count:
+                self.freed_units += count * (row[before] - row[level]) * size
+                if before:
+                    num_at[before] -= count
+        num_at[level] += len(pages)
+        self.demotions[level] += len(pages)
+        cached = self._cached
+        if cached and not cached.isdisjoint(pages):
+            for page, before in zip(pages, found, strict=True):
+                if page in cached:
+                    self._cached_units += (row[before] - row[level]) * size
+        demoted += pages
+        befores += found
 
     def drop(self, pages: list[int], reuse: bool) -> list[int]:
         """The content of `pages` left the device (freed or evicted): returns those the pool
@@ -112,28 +142,28 @@ class PrecisionLedger:
         the ballast it owes is taken at once by evicting further cached pages (the caller's
         prefix hits are taken before it takes pages), else owed until `settle`."""
         levels = self.levels
-        if not levels:
+        into_ballast = self._into_ballast and not reuse
+        found = list(map(levels.get, pages, repeat(0))) if levels else None
+        if not found or not any(found):
+            if into_ballast:
+                self.ballast += pages
+                return []
             return pages
-        row, num_at = self.ladder.row_bytes, self.num_at_level
-        size = self.unit // row[0]
-        out, owed = [], False
-        for page in pages:
-            level = levels.get(page, 0)
-            if not level:
-                out.append(page)
-                continue
-            self._uncache(page)
-            del levels[page]
-            self.freed_units -= (row[0] - row[level]) * size
-            num_at[level] -= 1
-            if reuse:
-                out.append(page)
-                owed = True
-            else:
-                self.ballast.append(page)
-        if owed:
+        demoted = list(compress(pages, found))
+        self._uncache(demoted)
+        deque(map(levels.__delitem__, demoted), maxlen=0)  # (C loops: whole prompts at once)
+        demoted_levels = list(filter(None, found))
+        self.freed_units -= self._units_below(demoted_levels)
+        for level in range(1, len(self.num_at_level)):
+            self.num_at_level[level] -= demoted_levels.count(level)
+        if reuse:
             self.settle()
-        return out
+            return pages
+        if into_ballast:
+            self.ballast += pages
+            return []
+        self.ballast += demoted
+        return list(compress(pages, map(operator.not_, found)))
 
     def settle(self) -> None:
         """Hold exactly the ballast the freed bytes leave: release what they pay for, take
@@ -146,16 +176,34 @@ class PrecisionLedger:
             allocator.release(give)
             return
         while len(ballast) < target:
+            # Each page taken adds one to the ballast and lowers no target, so the first
+            # `short` pages are the ones a page-by-page loop takes too, in the same order.
+            short = target - len(ballast)
             if allocator.num_free_pages:
-                ballast.extend(allocator.allocate(1) or ())
+                ballast.extend(allocator.allocate(min(short, allocator.num_free_pages)) or ())
             elif len(pool.evictor):
-                pool.evict(1)  # (a demoted victim joins the ballast itself: `drop`)
+                self._evict_into_ballast(min(short, len(pool.evictor)))
             else:
                 self.max_debt_pages = max(self.max_debt_pages, target - len(ballast))
                 return
             target = self.num_extra - self.freed_units // self.unit
         if len(ballast) > target:
             self.settle()
+
+    def _evict_into_ballast(self, num_pages: int) -> None:
+        """Evict `num_pages` cached pages into the ballast, in eviction order, as `settle`'s
+        loop would one at a time: a demoted one joins it itself (`drop`), another is freed
+        and taken back at once (the free list is empty here). All at once where no one else
+        watches the evictions (memory tiers, KV events); else one, and `settle` goes on."""
+        pool = self.pool
+        if num_pages == 1 or pool.on_evicted is not None or pool.events is not None:
+            pool.evict(1)  # (a page freed is taken by `settle`'s next turn)
+            return
+        self._into_ballast = True
+        try:
+            pool.evict(num_pages)
+        finally:
+            self._into_ballast = False
 
     @property
     def num_ballast_pages(self) -> int:

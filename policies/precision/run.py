@@ -1,0 +1,180 @@
+"""Age demotions carried inside a decode run (the simulator's fast path, `decode_path.py`).
+
+In a run every sequence gains one token a step, so the step at which each of its pages reaches
+a level is known ahead: page i reaches level L at the step whose start sees
+(i + 1) * page_size + L * recent tokens, and the next page of that level `page_size` steps
+later. `RunDemotions` lists them per step, in the order `PrecisionDriver.begin_step` would
+demote them (sequences in the manager's order, levels in turn), tells the run's timer what each
+step saves and requantizes, and applies the demotions of the steps the run took, step by step,
+when it is committed: the same levels, ledger, ballast and samples as stepping.
+
+The timer's figures are running sums of the ladder's byte ratios. Stepping adds them in another
+order, so the two agree to the last bit only where every sum is exact: byte ratios that are
+binary fractions (`exact_ratios`; every dtype's row over a power-of-two row is). Elsewhere runs
+stop short of a demotion, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvlab.policies.groups.table import SeqState
+    from kvlab.policies.precision.driver import PrecisionDriver
+
+    # a sequence's driver entry: (its state, pages walked per level, [tokens at which a page
+    # next demotes, the context its demoted pages spare]); a walk: (the sequence's state, its
+    # entry, level, the step, the first and the end index of the pages it demotes, the pages
+    # the sequence held before the run)
+    Entry = tuple[SeqState, list[int], list[float]]
+    Walk = tuple[SeqState, Entry, int, int, int, int, int]
+
+_FRACTION_BITS = 24  # a ratio is exact if a multiple of 2**-24: sums stay exact far past need
+
+
+def exact_ratios(values: Iterable[float]) -> bool:
+    """Whether every value is a multiple of 2**-24 below 2**20 (sums of millions of them are
+    then exact in a double, in any order)."""
+    return all(abs(v) < 2 ** 20 and (v * 2 ** _FRACTION_BITS).is_integer() for v in values)
+
+
+class RunDemotions:
+    """The demotions due in the next `num_steps` decode steps of `requests` (every sequence
+    of `driver`'s manager), per step: the first step's (where a sequence not walked yet, or
+    past a prefill, may demote many pages), then a page per level every `page_size` steps."""
+
+    __slots__ = ("_built", "_driver", "_levels", "_requests", "_saved", "_step", "buckets",
+                 "first", "new_entries", "num_steps")
+
+    def __init__(self, driver: PrecisionDriver, requests: list[Any], num_steps: int) -> None:
+        self._driver = driver
+        self._requests = requests
+        self.num_steps = num_steps
+        self._built = False  # (built when first asked: the run may not be taken)
+        # request id -> the entry `begin_step` would make for it (none yet, or a stale one)
+        self.new_entries: dict[int, Entry] = {}
+        # the first step's walks, and the later ones by step % page_size, in demotion order
+        self.first: list[Walk] = []
+        self.buckets: list[list[Walk]] = []
+        # the timer's walk (`costs`): steps seen, the context spared, levels it gave pages
+        self._step = 0
+        self._saved = 0.0
+        self._levels: dict[int, int] = {}
+
+    def _build(self) -> None:
+        driver = self._driver
+        policy, page_size, done = driver.policy, driver.manager.page_size, driver._done
+        depth, recent, num_steps = driver.ledger.ladder.depth, policy.recent, self.num_steps
+        levels = range(1, min(depth, policy.depth) + 1)
+        seqs, new_entries, first = driver.manager._seqs, self.new_entries, self.first
+        buckets: list[list[Walk]] = [[] for _ in range(page_size)]
+        self.buckets = buckets
+        for request_id, state in seqs.items():
+            entry = done.get(request_id)
+            num_tokens, held = state.num_tokens, len(state.pages)
+            if entry is None or entry[0] is not state:
+                entry = new_entries[request_id] = (state, [0] * (depth + 1), [0, 0.0])
+            walked = entry[1]
+            walks_now = num_tokens >= entry[2][0]  # (`_demote_by_age` walks it this step)
+            for level in levels:
+                index = walked[level]
+                if walks_now:
+                    upto = max(0, (num_tokens - level * recent) // page_size)  # (pages held)
+                    if upto > index:
+                        first.append((state, entry, level, 0, index, upto, held))
+                        index = upto
+                step = (index + 1) * page_size + level * recent - num_tokens
+                if step < num_steps:
+                    buckets[step % page_size].append(
+                        (state, entry, level, step, index, index + 1, held))
+        saved = 0.0  # (`num_saved_context_tokens`'s sum, in its order)
+        for request in self._requests:
+            if request.request_id not in new_entries:
+                saved += done[request.request_id][2][1]
+        self._saved = saved
+        self._built = True
+
+    def due(self, step: int) -> list[Walk]:
+        """The page walks of `step` (sequence, entry, level, step, first and end page index,
+        pages the sequence held before the run), in demotion order."""
+        if not self._built:
+            self._build()
+        if not step:
+            return self.first
+        page_size = len(self.buckets)
+        due = []
+        for walk in self.buckets[step % page_size]:
+            if walk[3] <= step:
+                state, entry, level, first, index, _, held = walk
+                index += (step - first) // page_size
+                due.append((state, entry, level, step, index, index + 1, held))
+        return due
+
+    def costs(self, step: int) -> tuple[float, float]:
+        """For the run's next step (`step`, asked in order from 0): the context tokens the
+        batch's demoted pages spare it, and the pages it requantizes, in pages at the cache's
+        dtype read and written (`precision_step_time_s`'s two figures; `end_step` lists a
+        page demoted twice in a step once)."""
+        assert step == self._step, "steps are costed in order"
+        self._step += 1
+        driver = self._driver
+        saving, ratios, levels = driver._saving, driver.requantize_ratios, self._levels
+        known = driver.ledger.levels
+        pages = 0.0
+        first_level: dict[int, int] = {}  # page -> its level before the step
+        for state, _, level, _, start, end, num_held in self.due(step):
+            self._saved += (end - start) * saving[level]
+            for index in range(start, end):
+                if index < num_held:  # a page held before the run: maybe shared
+                    page = state.pages[index]
+                    before = levels.get(page, known.get(page, 0))
+                    if before < level:
+                        first_level.setdefault(page, before)
+                        levels[page] = level
+                else:  # a page the run took: this walk's alone, a level a visit
+                    pages += ratios[level - 1, level]
+        for page, before in first_level.items():
+            pages += ratios[before, levels[page]]
+        return self._saved * driver.manager.page_size, pages / 2
+
+    def commit(self, num_steps: int, num_free_before: int, pages_taken: list[int]) -> list[int]:
+        """Apply the demotions of the run's first `num_steps` steps (its pages all taken:
+        `pages_taken` by the end of each, `num_free_before` free before it) with the ballast
+        settled and the precision mix sampled at each step's start, as `begin_step` does.
+        Returns the ballast pages released by the start of each step, cumulated."""
+        driver = self._driver
+        ledger, page_size, policy = driver.ledger, driver.manager.page_size, driver.policy
+        saving, sums, num_at = driver._saving, driver.sum_pages_at_level, ledger.num_at_level
+        held = (driver.manager.num_total_pages + ledger.num_extra - num_free_before
+                - ledger.num_ballast_pages)
+        if not self._built:
+            self._build()
+        for request_id, entry in self.new_entries.items():
+            driver._done.pop(request_id, None)
+            driver._done[request_id] = entry
+        walked_levels = range(1, min(ledger.ladder.depth, policy.depth) + 1)
+        released, num_released = [], 0
+        for step, taken in zip(range(num_steps), (0, *pages_taken[:-1]), strict=True):
+            due = self.due(step)
+            walked = [walk[1] for walk in due]
+            if not step:
+                walked += self.new_entries.values()  # (walked, demoting or not)
+            for state, entry, level, _, start, end, _ in due:
+                driver._demote(state.pages[start:end], level)
+                entry[1][level] = end
+                entry[2][1] += (end - start) * saving[level]
+            for entry in walked:  # (as `_demote_by_age` leaves them)
+                entry[2][0] = min((entry[1][level] + 1) * page_size + level * policy.recent
+                                  for level in walked_levels)
+            if due or not step:  # (the first step settles what pages dropped before owe)
+                num_ballast = ledger.num_ballast_pages
+                ledger.settle()
+                num_released += num_ballast - ledger.num_ballast_pages
+            released.append(num_released)
+            sums[0] += held + taken - sum(num_at)
+            for level in range(1, len(num_at)):
+                sums[level] += num_at[level]
+        driver._pending, driver._befores = [], []  # (no MemOps: the simulator charged them)
+        driver.num_steps += num_steps
+        return released
