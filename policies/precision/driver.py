@@ -106,16 +106,12 @@ class PrecisionDriver:
                 // ledger.unit:  # (a ledger in debt settles at every step's start)
             return 0
         seqs, done, steps = self.manager._seqs, self._done, max_steps
-        # Carried: the demotions from the first step's on (`RunDemotions`); else the steps
-        # before the first demotion.
+        # Carried: the demotions from the first step's on (`RunDemotions`, once the manager
+        # found every request a plain decode); else the steps before the first demotion.
         carried = self._exact and len(seqs) == len(requests)
-        for request in requests:
+        for request in [] if carried else requests:
             state, entry = seqs.get(request.request_id), done.get(request.request_id)
-            if state is None or len(state.pages) * self.manager.page_size < state.num_tokens:
-                return 0
-            if carried:
-                continue
-            if entry is None or entry[0] is not state:
+            if state is None or entry is None or entry[0] is not state:
                 return 0
             gap = entry[2][0] - state.num_tokens  # step j starts with num_tokens + j
             if gap < steps:
@@ -144,12 +140,10 @@ class PrecisionDriver:
         manager, policy, ledger = self.manager, self.policy, self.ledger
         page_size, depth = manager.page_size, ledger.ladder.depth
         done, seqs = self._done, manager._seqs
-        for request_id in [r for r in done if r not in seqs or done[r][0] is not seqs[r]]:
-            del done[request_id]
         top = min(depth, policy.depth)
         for request_id, state in seqs.items():
             entry = done.get(request_id)
-            if entry is None:
+            if entry is None or entry[0] is not state:  # (new, or admitted again)
                 entry = done[request_id] = (state, [0] * (depth + 1), [0, 0.0])
             num_tokens, info = state.num_tokens, entry[2]
             if num_tokens < info[0]:  # no page of it demotes yet
@@ -167,6 +161,9 @@ class PrecisionDriver:
                 if upto < policy.num_pages_at_least(level, num_tokens, page_size):
                     next_at = 0  # (pages not yet allocated: look again next step)
             info[0] = next_at
+        if len(done) > len(seqs):  # sequences gone since (every one left has its entry)
+            for request_id in [r for r in done if r not in seqs]:
+                del done[request_id]
 
     def _demote_cached(self) -> None:
         """Cached-free prefix pages, next victims first, to the lowest level."""

@@ -106,7 +106,7 @@ class PrecisionLedger:
 
     def demote_pages(self, pages: list[int], level: int, demoted: list[int],
                      befores: list[int]) -> None:
-        """`demote` of each of `pages` not at `level` or lower precision yet, in order;
+        """Demote each of `pages` (distinct) not at `level` or lower precision yet, in order;
         appends each page demoted to `demoted` and its level before to `befores`."""
         levels = self.levels
         found = list(map(levels.get, pages, repeat(0)))  # (C loops: whole prompts at once)

@@ -44,8 +44,8 @@ class RunDemotions:
     of `driver`'s manager), per step: the first step's (where a sequence not walked yet, or
     past a prefill, may demote many pages), then a page per level every `page_size` steps."""
 
-    __slots__ = ("_built", "_driver", "_levels", "_requests", "_saved", "_step", "buckets",
-                 "first", "new_entries", "num_steps")
+    __slots__ = ("_built", "_driver", "_dues", "_levels", "_requests", "_saved", "_step",
+                 "buckets", "first", "new_entries", "num_steps")
 
     def __init__(self, driver: PrecisionDriver, requests: list[Any], num_steps: int) -> None:
         self._driver = driver
@@ -61,6 +61,7 @@ class RunDemotions:
         self._step = 0
         self._saved = 0.0
         self._levels: dict[int, int] = {}
+        self._dues: list[list[Walk]] = []  # each step's walks as `costs` found them
 
     def _build(self) -> None:
         driver = self._driver
@@ -123,7 +124,9 @@ class RunDemotions:
         known = driver.ledger.levels
         pages = 0.0
         first_level: dict[int, int] = {}  # page -> its level before the step
-        for state, _, level, _, start, end, num_held in self.due(step):
+        due = self.due(step)
+        self._dues.append(due)  # (for `commit`)
+        for state, _, level, _, start, end, num_held in due:
             self._saved += (end - start) * saving[level]
             for index in range(start, end):
                 if index < num_held:  # a page held before the run: maybe shared
@@ -156,14 +159,20 @@ class RunDemotions:
         walked_levels = range(1, min(ledger.ladder.depth, policy.depth) + 1)
         released, num_released = [], 0
         for step, taken in zip(range(num_steps), (0, *pages_taken[:-1]), strict=True):
-            due = self.due(step)
+            due = self._dues[step] if step < len(self._dues) else self.due(step)
             walked = [walk[1] for walk in due]
             if not step:
                 walked += self.new_entries.values()  # (walked, demoting or not)
+            by_level: list[list[int]] = [[] for _ in range(len(num_at))]
             for state, entry, level, _, start, end, _ in due:
-                driver._demote(state.pages[start:end], level)
+                by_level[level] += state.pages[start:end]
                 entry[1][level] = end
                 entry[2][1] += (end - start) * saving[level]
+            # a level at a time, in turn: the same ledger as walk by walk (a page demoted to
+            # two levels in the step still steps through both; a shared page once a level)
+            for level, pages in enumerate(by_level):
+                if pages:
+                    driver._demote(list(dict.fromkeys(pages)), level)
             for entry in walked:  # (as `_demote_by_age` leaves them)
                 entry[2][0] = min((entry[1][level] + 1) * page_size + level * policy.recent
                                   for level in walked_levels)
