@@ -27,6 +27,7 @@ import importlib.util
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -47,9 +48,10 @@ from kvlab.kernels.ascend_tiles import (
     prefill_constants,
     write_kv_constants,
 )
-from kvlab.kernels.backend import refuse_sliding_window, refuse_unless_c8
+from kvlab.kernels.backend import AttentionCall, KernelBackend, KVRows, refuse_unless_c8
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.kv_quant import KVQuant
+from kvlab.kernels.launch import check_cache_pair, seq_ids_tensor, split_batch
 from kvlab.kernels.metadata import AttentionMetadata
 
 # triton-ascend has no fp64 and no fp8 arithmetic on the vector cores
@@ -96,7 +98,7 @@ def warn_c8_page_size(page_size: int) -> None:
             KvlabWarning, stacklevel=4)
 
 
-class AscendBackend:
+class AscendBackend(KernelBackend):
     """triton-ascend kernels on an Ascend NPU; on CPU tensors under Triton's interpreter."""
 
     name = "ascend"
@@ -122,24 +124,15 @@ class AscendBackend:
                 parameters=("attention_backend",),
             )
 
-    def write_kv(
-        self,
-        key: Tensor,
-        value: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        slot_mapping: Tensor,
-        kv_quant: KVQuant | None = None,
-    ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
-        quantized by `kv_quant` (int8, C8: kv_quant.py's torch code, so the stored bytes are
-        the reference's) and scattered by the kernel; None: cast to the cache's dtype there."""
-        _check_pages(k_cache, v_cache, kv_quant)
-        num_tokens = key.shape[0]
+    def _write_kv(self, rows: KVRows) -> None:
+        """Rows quantized by `kv_quant` (int8, C8: kv_quant.py's torch code, so the stored bytes
+        are the reference's) and scattered by the kernel; None: cast to the cache's dtype there."""
+        k_cache, v_cache = rows.k_cache, rows.v_cache
+        _check_pages(k_cache, v_cache, rows.kv_quant)
+        num_tokens = rows.key.shape[0]
         if num_tokens == 0:
             return
-        if kv_quant is not None:
-            key, value = kv_quant.quantize(key, "k"), kv_quant.quantize(value, "v")
+        key, value = rows.stored()
         assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
         num_kv_heads, head_dim = k_cache.shape[2:]
         k.write_kv_kernel[(num_programs(num_tokens, _vector_cores(key.device)),)](
@@ -147,7 +140,7 @@ class AscendBackend:
             value,
             k_cache,
             v_cache,
-            slot_mapping,
+            rows.slot_mapping,
             num_tokens,
             key.stride(0),
             key.stride(1),
@@ -156,38 +149,22 @@ class AscendBackend:
             **write_kv_constants(num_kv_heads, head_dim),
         )
 
-    def paged_attention(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        *,
-        scale: float,
-        num_kv_heads: int,
-        out: Tensor | None = None,
-        sliding_window: int = 0,
-        kv_quant: KVQuant | None = None,
-    ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
-        (full attention only: a `sliding_window` raises a KvlabError). int8 pages (`kv_quant`,
-        C8) are dequantized in the kernels with the layer's per-channel scales."""
-        refuse_sliding_window(self.name, sliding_window)
-        _check_pages(k_cache, v_cache, kv_quant)
-        assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
-        assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
-        assert query.shape[0] == meta.num_tokens, "one query row per new token"
-        assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
-        assert query.stride(-1) == 1, "head_dim must be contiguous"
-        out = torch.empty_like(query) if out is None else out
-        extents = self._extents(meta)
-        kv = _KVPages.of(k_cache, v_cache, kv_quant)
-        decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
+    def _paged_attention(self, call: AttentionCall) -> Tensor:
+        """The decode and prefill kernels over the batch's extent table (full attention only);
+        int8 pages (`kv_quant`, C8) are dequantized in the kernels with the layer's
+        per-channel scales."""
+        _check_pages(call.k_cache, call.v_cache, call.kv_quant)
+        assert call.k_cache.shape[1] == call.meta.page_size, (
+            "cache pages must hold meta.page_size slots")
+        assert call.query.stride(-1) == 1, "head_dim must be contiguous"
+        out = torch.empty_like(call.query) if call.out is None else call.out
+        batch = _Batch(call, _KVPages.of(call.k_cache, call.v_cache, call.kv_quant),
+                       self._extents(call.meta), out)
+        decode_ids, prefill_ids = split_batch(call.meta)
         if decode_ids:
-            _decode(query, kv, meta, extents, decode_ids, scale, out)
+            _decode(batch, decode_ids)
         if prefill_ids:
-            _prefill(query, kv, meta, extents, prefill_ids, scale, out)
+            _prefill(batch, prefill_ids)
         return out
 
     def _extents(self, meta: AttentionMetadata) -> ExtentTable:
@@ -201,7 +178,7 @@ class AscendBackend:
         return self._last_extents[1]
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
-        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        """One move kernel; through a staging buffer where a page is both read and written."""
         _check_caches(k_cache, v_cache)
         if pairs.shape[0] == 0:
             return
@@ -219,7 +196,7 @@ class AscendBackend:
     def swap_pages(
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
-        """Copy pages `pairs[n, 2]` of (src, dst) between caches: gather, one transfer, scatter."""
+        """Gather into a staging buffer, one transfer, scatter (host sides by the CPU)."""
         _check_caches(src_k, src_v)
         _check_caches(dst_k, dst_v)
         assert src_k.shape[1:] == dst_k.shape[1:], "both caches need the same page shape"
@@ -267,81 +244,50 @@ def _fp32(scale: Tensor, device: torch.device) -> Tensor:
     return scale.to(device, torch.float32).contiguous()
 
 
-def _decode(
-    query: Tensor,
-    kv: _KVPages,
-    meta: AttentionMetadata,
-    extents: ExtentTable,
-    seq_ids: list[int],
-    scale: float,
-    out: Tensor,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """What every attention launch of one paged_attention call shares."""
+
+    call: AttentionCall
+    kv: _KVPages
+    extents: ExtentTable
+    out: Tensor
+
+
+def _decode(batch: _Batch, seq_ids: list[int]) -> None:
     """Launch the decode kernel over the sequences with one new token."""
-    num_heads, head_dim = query.shape[1:]
-    num_kv_heads = kv.k_cache.shape[2]
-    num_items = len(seq_ids) * num_kv_heads
-    k.decode_kernel[(num_programs(num_items, _ai_cores(query.device)),)](
-        query,
-        kv.k_cache,
-        kv.v_cache,
-        extents.start_pages,
-        extents.num_pages,
-        extents.num_extents,
-        meta.seq_lens,
-        meta.query_start_loc,
-        _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
-        out,
-        kv.k_scale,
-        kv.v_scale,
-        scale,
-        num_items,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        extents.start_pages.stride(0),
-        **decode_constants(meta.page_size, num_heads, num_kv_heads, head_dim, kv.c8),
-    )
+    num_heads, head_dim = batch.call.query.shape[1:]
+    num_kv_heads = batch.kv.k_cache.shape[2]
+    constants = decode_constants(batch.call.meta.page_size, num_heads, num_kv_heads, head_dim,
+                                 batch.kv.c8)
+    _attend(k.decode_kernel, batch, seq_ids, (len(seq_ids) * num_kv_heads,), constants)
 
 
-def _prefill(
-    query: Tensor,
-    kv: _KVPages,
-    meta: AttentionMetadata,
-    extents: ExtentTable,
-    seq_ids: list[int],
-    scale: float,
-    out: Tensor,
-) -> None:
+def _prefill(batch: _Batch, seq_ids: list[int]) -> None:
     """Launch the prefill-chunk kernel over the sequences with more than one new token."""
-    num_heads, head_dim = query.shape[1:]
-    num_kv_heads = kv.k_cache.shape[2]
-    tiles = attention_tiles(meta.page_size, head_dim, num_heads // num_kv_heads)
-    max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
+    num_heads, head_dim = batch.call.query.shape[1:]
+    num_kv_heads = batch.kv.k_cache.shape[2]
+    tiles = attention_tiles(batch.call.meta.page_size, head_dim, num_heads // num_kv_heads)
+    max_query_len = max(batch.call.meta.query_lens_cpu[i] for i in seq_ids)
     num_q_blocks = triton.cdiv(max_query_len, tiles.query_rows)
-    num_items = len(seq_ids) * num_q_blocks * num_heads
-    k.prefill_kernel[(num_programs(num_items, _ai_cores(query.device)),)](
-        query,
-        kv.k_cache,
-        kv.v_cache,
-        extents.start_pages,
-        extents.num_pages,
-        extents.num_extents,
-        meta.seq_lens,
-        meta.query_start_loc,
-        _seq_ids_tensor(seq_ids, meta.num_seqs, query.device),
-        out,
-        kv.k_scale,
-        kv.v_scale,
-        scale,
-        num_items,
-        num_q_blocks,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        extents.start_pages.stride(0),
-        **prefill_constants(meta.page_size, num_heads, num_kv_heads, head_dim, kv.c8),
+    constants = prefill_constants(batch.call.meta.page_size, num_heads, num_kv_heads, head_dim,
+                                  batch.kv.c8)
+    _attend(k.prefill_kernel, batch, seq_ids,
+            (len(seq_ids) * num_q_blocks * num_heads, num_q_blocks), constants)
+
+
+def _attend(kernel: Any, batch: _Batch, seq_ids: list[int], counts: tuple[int, ...],
+            constants: dict[str, int]) -> None:
+    """Launch an attention kernel over `seq_ids`, one program per AI core at most; `counts`:
+    its work items, then its other counts (the kernels' arguments after `scale`)."""
+    query, meta, kv, extents = batch.call.query, batch.call.meta, batch.kv, batch.extents
+    out = batch.out
+    kernel[(num_programs(counts[0], _ai_cores(query.device)),)](
+        query, kv.k_cache, kv.v_cache, extents.start_pages, extents.num_pages,
+        extents.num_extents, meta.seq_lens, meta.query_start_loc,
+        seq_ids_tensor(seq_ids, meta.num_seqs, query.device), out, kv.k_scale, kv.v_scale,
+        batch.call.scale, *counts, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        extents.start_pages.stride(0), **constants,
     )
 
 
@@ -409,13 +355,6 @@ def _device_cores(device: torch.device, key: str, default: int) -> int:
     return int(properties.get(key, default))
 
 
-def _seq_ids_tensor(seq_ids: list[int], num_seqs: int, device: torch.device) -> Tensor:
-    """Device int32 ids of the sequences one launch covers (an arange when it covers all)."""
-    if len(seq_ids) == num_seqs:
-        return torch.arange(num_seqs, dtype=torch.int32, device=device)
-    return torch.tensor(seq_ids, dtype=torch.int32, device=device)
-
-
 def _check_pages(k_cache: Tensor, v_cache: Tensor, kv_quant: KVQuant | None) -> None:
     """_check_caches, and for writes and attention: C8 only, int8 pages with a KVQuant and
     float pages without, and the warning for int8 pages CANN would refuse."""
@@ -430,6 +369,5 @@ def _check_pages(k_cache: Tensor, v_cache: Tensor, kv_quant: KVQuant | None) -> 
 def _check_caches(k_cache: Tensor, v_cache: Tensor) -> None:
     """Page size and dtype (check_ascend_cache) and layout of a K/V cache pair."""
     check_ascend_cache(k_cache.shape[1], k_cache.dtype)
-    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
-    assert k_cache.shape == v_cache.shape, "K and V caches must have the same shape"
+    check_cache_pair(k_cache, v_cache)
     assert k_cache.dtype == v_cache.dtype, "K and V caches must have the same dtype"

@@ -19,12 +19,18 @@ exact in fp16, bf16 and fp32) and the scales are applied once per item, in fp32:
     q . (k_int8 * k_scale) = (q * k_scale) . k_int8
     sum_n p_n * v_int8[n] * v_scale = (p . v_int8) * v_scale
 The dots run in the query's dtype, as for float pages of the model's dtype.
+
+Decode and prefill share the extent loop (`_attend_extents`, causal for prefill only) and the
+online-softmax step of the Triton backend's kernels (kvkernels/triton_tiles.py, `softmax_step`:
+plain Triton, inlined by the compiler as every @triton.jit helper).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from kvlab.kernels.triton_tiles import softmax_step
 
 
 @triton.jit
@@ -61,34 +67,66 @@ def write_kv_kernel(
 
 
 @triton.jit
+def _channel_scales(k_scale_ptr, v_scale_ptr, kv_head, d, d_mask, HEAD_DIM: tl.constexpr):
+    """C8: the layer's fp32 per-channel K and V scales of `kv_head`, [BLOCK_D] each."""
+    k_channel = tl.load(k_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+    v_channel = tl.load(v_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+    return k_channel, v_channel
+
+
+@triton.jit
+def _attend_extents(
+    q, pos_m, hi, seq, kv_head, k_cache_ptr, v_cache_ptr, ext_start_ptr, ext_pages_ptr,
+    ext_count_ptr, scale, stride_ext, n, d_mask, tile_off,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, SLOT_STRIDE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, C8: tl.constexpr,
+):
+    """The online softmax of BLOCK_M query rows `q` over context tokens 0..hi-1 of sequence
+    `seq`, read extent by extent (`n`, `d_mask`, `tile_off`: a tile's token and channel offsets,
+    made once per program): (running max, sum, unnormalized output) per row. CAUSAL: row r
+    sees tokens <= pos_m[r] only. C8: int8 tiles, cast to q's dtype (their scales are the
+    caller's)."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    done = 0  # context tokens in the extents before this one
+    ext_row = seq.to(tl.int64) * stride_ext
+    for e in range(0, tl.load(ext_count_ptr + seq)):
+        first = tl.load(ext_start_ptr + ext_row + e).to(tl.int64)
+        ext_len = tl.load(ext_pages_ptr + ext_row + e) * PAGE_SIZE
+        ext_tokens = tl.minimum(ext_len, hi - done)
+        ext_base = first * PAGE_SIZE * SLOT_STRIDE + kv_head * HEAD_DIM
+        for t in range(0, ext_tokens, BLOCK_N):
+            valid = t + n < ext_tokens
+            kv_mask = valid[:, None] & d_mask[None, :]
+            base = ext_base + t * SLOT_STRIDE
+            k = tl.load(k_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
+            if C8:
+                k = k.to(q.dtype)
+            s = tl.dot(q, tl.trans(k)) * scale
+            if CAUSAL:
+                visible = ((done + t + n)[None, :] <= pos_m[:, None]) & valid[None, :]
+                s = tl.where(visible, s, float("-inf"))
+            else:
+                s = tl.where(valid[None, :], s, float("-inf"))
+            p, alpha, m_i, l_i = softmax_step(s, m_i, l_i, False)
+            v = tl.load(v_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
+            if C8:
+                v = v.to(q.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        done += ext_len
+    return m_i, l_i, acc
+
+
+@triton.jit
 def decode_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    ext_start_ptr,
-    ext_pages_ptr,
-    ext_count_ptr,
-    seq_lens_ptr,
-    query_start_ptr,
-    seq_ids_ptr,
-    out_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    scale,
-    num_items,
-    stride_q_tok,
-    stride_q_head,
-    stride_out_tok,
-    stride_out_head,
-    stride_ext,
-    GROUP: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    C8: tl.constexpr,
+    q_ptr, k_cache_ptr, v_cache_ptr, ext_start_ptr, ext_pages_ptr, ext_count_ptr,
+    seq_lens_ptr, query_start_ptr, seq_ids_ptr, out_ptr, k_scale_ptr, v_scale_ptr, scale,
+    num_items, stride_q_tok, stride_q_head, stride_out_tok, stride_out_head, stride_ext,
+    GROUP: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, C8: tl.constexpr,
 ):
     """One new token per sequence: item = (sequence, KV head), all GROUP query heads at once.
 
@@ -98,12 +136,10 @@ def decode_kernel(
     n = tl.arange(0, BLOCK_N)
     head_mask = g < GROUP
     d_mask = d < HEAD_DIM
-    slot_stride = NUM_KV_HEADS * HEAD_DIM
-    tile_off = n[:, None] * slot_stride + d[None, :]  # within one tile: 32-bit
+    tile_off = n[:, None] * (NUM_KV_HEADS * HEAD_DIM) + d[None, :]  # within one tile: 32-bit
     for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
         seq = tl.load(seq_ids_ptr + item // NUM_KV_HEADS)
         kv_head = item % NUM_KV_HEADS
-        seq_len = tl.load(seq_lens_ptr + seq)
         row = tl.load(query_start_ptr + seq).to(tl.int64)
         heads = kv_head * GROUP + g
         q = tl.load(
@@ -112,38 +148,14 @@ def decode_kernel(
             other=0.0,
         )
         if C8:
-            k_channel = tl.load(k_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
-            v_channel = tl.load(v_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+            k_channel, v_channel = _channel_scales(k_scale_ptr, v_scale_ptr, kv_head, d, d_mask,
+                                                   HEAD_DIM)
             q = (q.to(tl.float32) * k_channel[None, :]).to(q_ptr.dtype.element_ty)
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        done = 0  # context tokens in the extents before this one
-        ext_row = seq.to(tl.int64) * stride_ext
-        for e in range(0, tl.load(ext_count_ptr + seq)):
-            first = tl.load(ext_start_ptr + ext_row + e).to(tl.int64)
-            ext_len = tl.load(ext_pages_ptr + ext_row + e) * PAGE_SIZE
-            ext_tokens = tl.minimum(ext_len, seq_len - done)
-            ext_base = first * PAGE_SIZE * slot_stride + kv_head * HEAD_DIM
-            for t in range(0, ext_tokens, BLOCK_N):
-                valid = t + n < ext_tokens
-                kv_mask = valid[:, None] & d_mask[None, :]
-                base = ext_base + t * slot_stride
-                k = tl.load(k_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
-                if C8:
-                    k = k.to(q.dtype)
-                s = tl.dot(q, tl.trans(k)) * scale
-                s = tl.where(valid[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(v_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
-                if C8:
-                    v = v.to(q.dtype)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m_i = m_new
-            done += ext_len
+        # not causal: the whole context precedes the new token
+        _, l_i, acc = _attend_extents(
+            q, g, tl.load(seq_lens_ptr + seq), seq, kv_head, k_cache_ptr, v_cache_ptr,
+            ext_start_ptr, ext_pages_ptr, ext_count_ptr, scale, stride_ext, n, d_mask, tile_off,
+            HEAD_DIM, PAGE_SIZE, NUM_KV_HEADS * HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, False, C8)
         o = acc / l_i[:, None]
         if C8:
             o = o * v_channel[None, :]
@@ -154,35 +166,12 @@ def decode_kernel(
 
 @triton.jit
 def prefill_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    ext_start_ptr,
-    ext_pages_ptr,
-    ext_count_ptr,
-    seq_lens_ptr,
-    query_start_ptr,
-    seq_ids_ptr,
-    out_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    scale,
-    num_items,
-    num_q_blocks,
-    stride_q_tok,
-    stride_q_head,
-    stride_out_tok,
-    stride_out_head,
-    stride_ext,
-    GROUP: tl.constexpr,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    C8: tl.constexpr,
+    q_ptr, k_cache_ptr, v_cache_ptr, ext_start_ptr, ext_pages_ptr, ext_count_ptr,
+    seq_lens_ptr, query_start_ptr, seq_ids_ptr, out_ptr, k_scale_ptr, v_scale_ptr, scale,
+    num_items, num_q_blocks, stride_q_tok, stride_q_head, stride_out_tok, stride_out_head,
+    stride_ext, GROUP: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, C8: tl.constexpr,
 ):
     """A prefill chunk: item = (sequence, block of BLOCK_M query rows, query head), causal.
 
@@ -190,8 +179,7 @@ def prefill_kernel(
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     d_mask = d < HEAD_DIM
-    slot_stride = NUM_KV_HEADS * HEAD_DIM
-    tile_off = n[:, None] * slot_stride + d[None, :]
+    tile_off = n[:, None] * (NUM_KV_HEADS * HEAD_DIM) + d[None, :]
     for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
         head = item % NUM_HEADS
         q_block = (item // NUM_HEADS) % num_q_blocks
@@ -201,7 +189,6 @@ def prefill_kernel(
         if q_block * BLOCK_M < q_len:
             seq_len = tl.load(seq_lens_ptr + seq)
             offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
-            pos_m = seq_len - q_len + offs_m  # each query row's position in its context
             row_valid = offs_m < q_len
             rows = (q_start + offs_m).to(tl.int64)
             kv_head = head // GROUP
@@ -211,41 +198,16 @@ def prefill_kernel(
                 other=0.0,
             )
             if C8:
-                k_channel = tl.load(k_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
-                v_channel = tl.load(v_scale_ptr + kv_head * HEAD_DIM + d, mask=d_mask, other=0.0)
+                k_channel, v_channel = _channel_scales(k_scale_ptr, v_scale_ptr, kv_head, d,
+                                                       d_mask, HEAD_DIM)
                 q = (q.to(tl.float32) * k_channel[None, :]).to(q_ptr.dtype.element_ty)
-            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l_i = tl.zeros([BLOCK_M], tl.float32)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            pos_m = seq_len - q_len + offs_m  # each query row's position in its context
             # causal: no row of this block sees past the block's last row
             hi = tl.minimum(seq_len, seq_len - q_len + (q_block + 1) * BLOCK_M)
-            done = 0
-            ext_row = seq.to(tl.int64) * stride_ext
-            for e in range(0, tl.load(ext_count_ptr + seq)):
-                first = tl.load(ext_start_ptr + ext_row + e).to(tl.int64)
-                ext_len = tl.load(ext_pages_ptr + ext_row + e) * PAGE_SIZE
-                ext_tokens = tl.minimum(ext_len, hi - done)
-                ext_base = first * PAGE_SIZE * slot_stride + kv_head * HEAD_DIM
-                for t in range(0, ext_tokens, BLOCK_N):
-                    valid = t + n < ext_tokens
-                    kv_mask = valid[:, None] & d_mask[None, :]
-                    base = ext_base + t * slot_stride
-                    k = tl.load(k_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
-                    if C8:
-                        k = k.to(q.dtype)
-                    s = tl.dot(q, tl.trans(k)) * scale
-                    visible = ((done + t + n)[None, :] <= pos_m[:, None]) & valid[None, :]
-                    s = tl.where(visible, s, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(s, 1))
-                    alpha = tl.exp(m_i - m_new)
-                    p = tl.exp(s - m_new[:, None])
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    v = tl.load(v_cache_ptr + base + tile_off, mask=kv_mask, other=0.0)
-                    if C8:
-                        v = v.to(q.dtype)
-                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                    m_i = m_new
-                done += ext_len
+            _, l_i, acc = _attend_extents(
+                q, pos_m, hi, seq, kv_head, k_cache_ptr, v_cache_ptr, ext_start_ptr,
+                ext_pages_ptr, ext_count_ptr, scale, stride_ext, n, d_mask, tile_off, HEAD_DIM,
+                PAGE_SIZE, NUM_KV_HEADS * HEAD_DIM, BLOCK_M, BLOCK_D, BLOCK_N, True, C8)
             o = acc / l_i[:, None]
             if C8:
                 o = o * v_channel[None, :]

@@ -1,11 +1,13 @@
-"""The kernel backend protocol and the registry that imports a backend only when it is chosen."""
+"""The kernel backend interface (KernelBackend: the public methods once, each backend's hooks)
+and the registry that imports a backend only when it is chosen."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -18,12 +20,51 @@ if TYPE_CHECKING:  # (kv_quant is imported by the backends that store quantized 
     from kvlab.kernels.kv_quant import KVQuant
 
 
-class KernelBackend(Protocol):
+@dataclass(frozen=True, slots=True)
+class KVRows:
+    """One `write_kv` call's arguments: new K/V rows, the layer's caches, their slots."""
+
+    key: Tensor
+    value: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    slot_mapping: Tensor
+    kv_quant: KVQuant | None
+
+    def stored(self) -> tuple[Tensor, Tensor]:
+        """The key and value rows as the pages store them: quantized by `kv_quant`'s torch
+        code (the reference's bytes), or as given (None: cast where they are written)."""
+        if self.kv_quant is None:
+            return self.key, self.value
+        return self.kv_quant.quantize(self.key, "k"), self.kv_quant.quantize(self.value, "v")
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCall:
+    """One `paged_attention` call's arguments (KernelBackend.paged_attention says what each
+    is); `out` None: the backend allocates the output."""
+
+    query: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    meta: AttentionMetadata
+    scale: float
+    num_kv_heads: int
+    out: Tensor | None
+    sliding_window: int
+    kv_quant: KVQuant | None
+
+
+class KernelBackend(ABC):
     """Paged attention and cache ops over `[num_pages, page_size, kv_heads, head_dim]` caches.
 
     `kv_cache_dtypes` names the `--kv-cache-dtype`s the backend stores (`check_kv_cache_dtype`);
     pages of a quantized one come with a `kv_quant` (kvkernels/kv_quant.py: the layer's precision
     and scales; their last dimension is then a stored row's width), float pages without.
+
+    The public methods' signatures and contracts are here, once; a backend implements
+    `_write_kv` and `_paged_attention` (the arguments as one KVRows / AttentionCall),
+    `copy_pages` and `swap_pages`.
     """
 
     name: str
@@ -41,7 +82,7 @@ class KernelBackend(Protocol):
     ) -> None:
         """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
         quantized by `kv_quant` (None: cast to the cache's dtype)."""
-        ...
+        self._write_kv(KVRows(key, value, k_cache, v_cache, slot_mapping, kv_quant))
 
     def paged_attention(
         self,
@@ -57,19 +98,41 @@ class KernelBackend(Protocol):
         kv_quant: KVQuant | None = None,
     ) -> Tensor:
         """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
-        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only.
-        Pages stored by `kv_quant` are dequantized as they are read."""
-        ...
+        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only
+        (a KvlabError where `supports_sliding_window` is False). Pages stored by `kv_quant`
+        are dequantized as they are read."""
+        if not self.supports_sliding_window:
+            refuse_sliding_window(self.name, sliding_window)
+        assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
+        check_query(query, meta, num_kv_heads)
+        return self._paged_attention(AttentionCall(query, k_cache, v_cache, meta, scale,
+                                                   num_kv_heads, out, sliding_window, kv_quant))
 
+    @abstractmethod
+    def _write_kv(self, rows: KVRows) -> None:
+        """write_kv, its arguments as one KVRows."""
+
+    @abstractmethod
+    def _paged_attention(self, call: AttentionCall) -> Tensor:
+        """paged_attention, its arguments as one AttentionCall (the cache's heads and the
+        query's rows checked, a window already refused where the backend has none)."""
+
+    @abstractmethod
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
         """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
-        ...
 
+    @abstractmethod
     def swap_pages(
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
         """Copy pages `pairs[n, 2]` of (src, dst) from one cache to another (device <-> host)."""
-        ...
+
+
+def check_query(query: Tensor, meta: AttentionMetadata, num_kv_heads: int) -> None:
+    """Assert the query's layout: one `[num_heads, head_dim]` row per new token, whole query
+    groups per KV head."""
+    assert query.shape[0] == meta.num_tokens, "one query row per new token"
+    assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
 
 
 def refuse_sliding_window(backend: str, sliding_window: int) -> None:

@@ -28,14 +28,6 @@ def split_batch(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
     return decode_ids, prefill_ids
 
 
-def check_query(query: Tensor, meta: AttentionMetadata, num_kv_heads: int) -> None:
-    """Assert the query's layout: one `[num_heads, head_dim]` row per new token, whole
-    query groups per KV head, head_dim contiguous."""
-    assert query.shape[0] == meta.num_tokens, "one query row per new token"
-    assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
-    assert query.stride(-1) == 1, "head_dim must be contiguous"
-
-
 def check_cache_pair(k_cache: Tensor, v_cache: Tensor) -> None:
     """Assert a K/V cache pair is contiguous and of one shape."""
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"

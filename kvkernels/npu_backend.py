@@ -34,9 +34,10 @@ from torch import Tensor
 
 from kvlab.errors import KvlabError
 from kvlab.kernels.ascendc_ops import AscendcOps, load_ascendc_ops
-from kvlab.kernels.backend import refuse_sliding_window, refuse_unless_c8
+from kvlab.kernels.backend import AttentionCall, KernelBackend, KVRows, refuse_unless_c8
 from kvlab.kernels.extents import ExtentTable, build_extents
 from kvlab.kernels.kv_quant import KVQuant
+from kvlab.kernels.launch import split_batch
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 
@@ -70,7 +71,7 @@ def check_kv_cache(page_size: int, dtype: torch.dtype) -> None:
 
 
 
-class NpuBackend:
+class NpuBackend(KernelBackend):
     """Kernels from torch_npu for Ascend NPUs (Atlas A2/A3); needs torch_npu and CANN."""
 
     name = "npu"
@@ -84,20 +85,14 @@ class NpuBackend:
         self._causal_masks: dict[torch.device, Tensor] = {}
         self._last_extents: tuple[AttentionMetadata, ExtentTable, bool] | None = None
 
-    def write_kv(
-        self,
-        key: Tensor,
-        value: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        slot_mapping: Tensor,
-        kv_quant: KVQuant | None = None,
-    ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip).
+    def _write_kv(self, rows: KVRows) -> None:
+        """`npu_scatter_pa_kv_cache`; C8 rows by a device index copy.
 
         The op documents slots in [0, num_slots) only, so rows marked -1 are dropped first
         (one host sync to learn whether any are).
         """
+        key, value, k_cache, v_cache = rows.key, rows.value, rows.k_cache, rows.v_cache
+        slot_mapping, kv_quant = rows.slot_mapping, rows.kv_quant
         refuse_unless_c8(self.name, kv_quant)
         check_kv_cache(k_cache.shape[1], k_cache.dtype)
         keep = slot_mapping >= 0
@@ -120,85 +115,52 @@ class NpuBackend:
             cache_mode="Norm",
         )
 
-    def paged_attention(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        *,
-        scale: float,
-        num_kv_heads: int,
-        out: Tensor | None = None,
-        sliding_window: int = 0,
-        kv_quant: KVQuant | None = None,
-    ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context
-        (full attention only: a `sliding_window` raises a KvlabError)."""
-        refuse_sliding_window(self.name, sliding_window)
-        refuse_unless_c8(self.name, kv_quant)
-        check_kv_cache(meta.page_size, k_cache.dtype)
-        assert k_cache.shape[1] == meta.page_size, "cache pages must hold meta.page_size slots"
-        assert query.shape[0] == meta.num_tokens, "one query row per new token"
-        if kv_quant is not None:
-            result = self._c8_attention(query.contiguous(), k_cache, v_cache, meta, scale,
-                                        num_kv_heads, kv_quant)
-        else:  # float16/bfloat16 pages: the decode fast path or the fused op
-            query = query.to(k_cache.dtype).contiguous()
-            if meta.is_decode_only:
-                result = self._decode(query, k_cache, v_cache, meta, scale, num_kv_heads, out)
+    def _paged_attention(self, call: AttentionCall) -> Tensor:
+        """C8 pages: `_c8_attention`; float16/bfloat16 pages: the decode fast path or the
+        fused op (full attention only)."""
+        refuse_unless_c8(self.name, call.kv_quant)
+        check_kv_cache(call.meta.page_size, call.k_cache.dtype)
+        assert call.k_cache.shape[1] == call.meta.page_size, (
+            "cache pages must hold meta.page_size slots")
+        if call.kv_quant is not None:
+            result = self._c8_attention(call, call.query.contiguous(), call.kv_quant)
+        else:
+            query = call.query.to(call.k_cache.dtype).contiguous()
+            if call.meta.is_decode_only:
+                result = self._decode(call, query)
             else:
-                result = self._fused(query, k_cache, v_cache, meta, scale, num_kv_heads)
-        if out is None:
+                result = self._fused(call, query)
+        if call.out is None:
             return result
-        if result is not out:
-            out.copy_(result)
-        return out
+        if result is not call.out:
+            call.out.copy_(result)
+        return call.out
 
-    def _c8_attention(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        num_kv_heads: int,
-        kv_quant: KVQuant,
-    ) -> Tensor:
+    def _c8_attention(self, call: AttentionCall, query: Tensor, kv_quant: KVQuant) -> Tensor:
         """Attention over int8 (C8) pages, as vLLM-Ascend's chunked-prefill path: decodes in
         one BNSD call over the pages with antiquant scales, prefill chunks in one TND call
         over their gathered, dequantized contexts. Unverified on hardware."""
+        meta = call.meta
         out = torch.empty_like(query)
         starts = meta.query_start_loc_cpu
-        decode_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n == 1]
-        prefill_ids = [i for i, n in enumerate(meta.query_lens_cpu) if n > 1]
+        decode_ids, prefill_ids = split_batch(meta)
         if decode_ids:
             rows = torch.tensor([starts[i] for i in decode_ids], device=query.device)
             ids = torch.tensor(decode_ids, device=query.device)
-            out[rows] = self._c8_decode(query[rows], k_cache, v_cache,
+            out[rows] = self._c8_decode(call, query[rows], kv_quant,
                                         meta.block_tables[ids].contiguous(),
-                                        [meta.seq_lens_cpu[i] for i in decode_ids], scale,
-                                        num_kv_heads, kv_quant)
+                                        [meta.seq_lens_cpu[i] for i in decode_ids])
         if prefill_ids:
             rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in prefill_ids])
             rows = rows.to(query.device)
-            out[rows] = self._c8_prefill(query[rows], k_cache, v_cache, meta, prefill_ids,
-                                         scale, num_kv_heads, kv_quant)
+            out[rows] = self._c8_prefill(call, query[rows], kv_quant, prefill_ids)
         return out
 
-    def _c8_decode(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        block_tables: Tensor,
-        seq_lens: list[int],
-        scale: float,
-        num_kv_heads: int,
-        kv_quant: KVQuant,
-    ) -> Tensor:
-        """One new token per sequence over int8 pages: FIA in BNSD with per-channel
-        antiquant (vLLM-Ascend's `_forward_c8_decode`)."""
+    def _c8_decode(self, call: AttentionCall, query: Tensor, kv_quant: KVQuant,
+                   block_tables: Tensor, seq_lens: list[int]) -> Tensor:
+        """One new token per sequence (`query`'s rows) over int8 pages: FIA in BNSD with
+        per-channel antiquant (vLLM-Ascend's `_forward_c8_decode`)."""
+        k_cache, v_cache, num_kv_heads = call.k_cache, call.v_cache, call.num_kv_heads
         num_pages, page_size = k_cache.shape[:2]
         antiquant = {}
         for side, name in (("k", "key"), ("v", "value")):
@@ -218,7 +180,7 @@ class NpuBackend:
             num_heads=query.shape[1],
             num_key_value_heads=num_kv_heads,
             input_layout="BNSD",
-            scale=scale,
+            scale=call.scale,
             block_size=page_size,
             key_antiquant_mode=0,
             value_antiquant_mode=0,
@@ -226,19 +188,12 @@ class NpuBackend:
         )
         return output.squeeze(2)
 
-    def _c8_prefill(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        seq_ids: list[int],
-        scale: float,
-        num_kv_heads: int,
-        kv_quant: KVQuant,
-    ) -> Tensor:
-        """Prefill chunks over int8 pages: each context gathered and dequantized, then FIA in
-        TND over the dense K/V (vLLM-Ascend's `_dequant_paged_kv_to_dense` path)."""
+    def _c8_prefill(self, call: AttentionCall, query: Tensor, kv_quant: KVQuant,
+                    seq_ids: list[int]) -> Tensor:
+        """Prefill chunks (`query`'s rows) over int8 pages: each context gathered and
+        dequantized, then FIA in TND over the dense K/V (vLLM-Ascend's
+        `_dequant_paged_kv_to_dense` path)."""
+        k_cache, v_cache, meta = call.k_cache, call.v_cache, call.meta
         page_size = k_cache.shape[1]
         dense_k: list[Tensor] = []
         dense_v: list[Tensor] = []
@@ -261,15 +216,16 @@ class NpuBackend:
             actual_seq_lengths=q_ends,
             actual_seq_lengths_kv=kv_ends,  # cumulative: dense TND
             num_heads=query.shape[1],
-            scale=scale,
+            scale=call.scale,
             input_layout="TND",
-            num_key_value_heads=num_kv_heads,
+            num_key_value_heads=call.num_kv_heads,
             sparse_mode=3,
         )
         return output
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
-        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        """kvlab's AscendC page copy when built (staged where a page is both read and
+        written), else torch index copies."""
         if self._ascendc is None or pairs.shape[0] == 0:
             copy_pages_by_index(k_cache, v_cache, pairs)
             return
@@ -288,25 +244,18 @@ class NpuBackend:
     def swap_pages(
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
-        """Copy pages `pairs[n, 2]` of (src, dst) between caches: one batch of coalesced runs
-        with kvlab's AscendC swap when built, else torch index copies."""
+        """One batch of coalesced runs with kvlab's AscendC swap when built, else torch index
+        copies."""
         one_side_host = _is_host(src_k) != _is_host(dst_k)
         if self._ascendc is None or not one_side_host or pairs.shape[0] == 0:
             swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
             return
         self._ascendc.swap_pages(src_k, src_v, dst_k, dst_v, pairs.cpu())
 
-    def _decode(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        num_kv_heads: int,
-        out: Tensor | None,
-    ) -> Tensor:
-        """One new token per sequence: the decode-only fast path, written into `out`."""
+    def _decode(self, call: AttentionCall, query: Tensor) -> Tensor:
+        """One new token per sequence: the decode-only fast path, written into `call.out`."""
+        k_cache, v_cache, meta, scale = call.k_cache, call.v_cache, call.meta, call.scale
+        num_kv_heads, out = call.num_kv_heads, call.out
         if out is None or not out.is_contiguous() or out.dtype != query.dtype:
             out = torch.empty_like(query)
         if self._ascendc is not None and self._ascendc.can_decode(
@@ -333,16 +282,9 @@ class NpuBackend:
         )
         return out
 
-    def _fused(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        num_kv_heads: int,
-    ) -> Tensor:
+    def _fused(self, call: AttentionCall, query: Tensor) -> Tensor:
         """A batch with prefill chunks: one fused call over all sequences in the TND layout."""
+        k_cache, v_cache, meta = call.k_cache, call.v_cache, call.meta
         num_pages, page_size = k_cache.shape[:2]
         # TND semantics, from the torch_npu docs (Ascend/op-plugin,
         # docs/context/torch_npu-npu_fused_infer_attention_score.md): actual_seq_lengths holds
@@ -359,9 +301,9 @@ class NpuBackend:
             actual_seq_lengths_kv=list(meta.seq_lens_cpu),
             block_table=meta.block_tables,
             num_heads=query.shape[1],
-            scale=scale,
+            scale=call.scale,
             input_layout="TND",
-            num_key_value_heads=num_kv_heads,
+            num_key_value_heads=call.num_kv_heads,
             sparse_mode=3,
             block_size=page_size,
         )

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kvlab.kernels.backend import AttentionCall, KernelBackend, KVRows
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.specs.kv_dtype import KV_CACHE_DTYPES
 
@@ -36,7 +37,7 @@ _Buffers = Callable[[tuple[int, ...], Tensor], tuple[Tensor, Tensor]]
 _Gather = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
-class TorchBackend:
+class TorchBackend(KernelBackend):
     """Reference kernels on any torch device; every other backend is tested against these.
 
     Keeps one gather workspace per (device, dtype), as large as the largest gather so far: a
@@ -51,47 +52,25 @@ class TorchBackend:
         # reused gather buffers: fresh multi-MB allocations page-fault on every call on CPU
         self._workspace: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
-    def write_kv(
-        self,
-        key: Tensor,
-        value: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        slot_mapping: Tensor,
-        kv_quant: KVQuant | None = None,
-    ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
-        quantized by `kv_quant` (None: cast to the cache's dtype)."""
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep].to(torch.int64)
-        for rows, cache, side in ((key, k_cache, "k"), (value, v_cache, "v")):
-            rows = rows[keep]
-            stored = rows.to(cache.dtype) if kv_quant is None else kv_quant.quantize(rows, side)
+    def _write_kv(self, rows: KVRows) -> None:
+        """Index copies of the rows kv_quant.py quantized (or cast) into the caches."""
+        kv_quant = rows.kv_quant
+        keep = rows.slot_mapping >= 0
+        slots = rows.slot_mapping[keep].to(torch.int64)
+        for new, cache, side in ((rows.key, rows.k_cache, "k"), (rows.value, rows.v_cache, "v")):
+            new = new[keep]
+            stored = new.to(cache.dtype) if kv_quant is None else kv_quant.quantize(new, side)
             # view (not flatten/reshape) so a non-contiguous cache fails instead of writing a copy
             flat = cache.view(-1, *cache.shape[2:])
             flat.index_copy_(0, slots, stored)
 
-    def paged_attention(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        *,
-        scale: float,
-        num_kv_heads: int,
-        out: Tensor | None = None,
-        sliding_window: int = 0,
-        kv_quant: KVQuant | None = None,
-    ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
-        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only.
-        Pages stored by `kv_quant` are dequantized to float32 as they are gathered."""
-        assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
-        assert query.shape[0] == meta.num_tokens, "one query row per new token"
-        assert query.shape[1] % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
-        out = torch.empty_like(query) if out is None else out
-        gather = partial(_gather_pair, buffers=self._buffers, kv_quant=kv_quant)
+    def _paged_attention(self, call: AttentionCall) -> Tensor:
+        """Gathered contexts, attention in float32; pages stored by `kv_quant` are dequantized
+        to float32 as they are gathered."""
+        query, k_cache, v_cache, meta = call.query, call.k_cache, call.v_cache, call.meta
+        scale, sliding_window = call.scale, call.sliding_window
+        out = torch.empty_like(query) if call.out is None else call.out
+        gather = partial(_gather_pair, buffers=self._buffers, kv_quant=call.kv_quant)
         if sliding_window > 0:
             _windowed_attention(query, k_cache, v_cache, meta, sliding_window, scale, out, gather)
             return out
@@ -114,13 +93,13 @@ class TorchBackend:
         return buffer[:numel].view(shape), buffer[numel : 2 * numel].view(shape)
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
-        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        """A gather, then a scatter (`copy_pages_by_index`)."""
         copy_pages_by_index(k_cache, v_cache, pairs)
 
     def swap_pages(
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
-        """Copy pages `pairs[n, 2]` of (src, dst) from one cache to another (device <-> host)."""
+        """Torch index copies and runs of host pages (`swap_pages_by_index`)."""
         swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
 
 

@@ -28,17 +28,15 @@ import triton.language as tl
 from torch import Tensor
 
 from kvlab.errors import KvlabError
-from kvlab.kernels.kv_quant import KVQuant
+from kvlab.kernels.backend import AttentionCall, KernelBackend, KVRows
 from kvlab.kernels.launch import (
     KVArgs,
     check_cache_pair,
-    check_query,
     dot_precision,
     kv_args,
     seq_ids_tensor,
     split_batch,
 )
-from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
 from kvlab.kernels.triton_tiles import Partitions, attend_cache, store_partials
 from kvlab.specs.kv_dtype import KV_CACHE_DTYPES
@@ -50,20 +48,11 @@ _COPY_BLOCK = 1024  # elements per copy program
 
 @triton.jit
 def _write_kv_kernel(
-    key_ptr,
-    value_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    stride_key_tok,
-    stride_key_head,
-    stride_value_tok,
-    stride_value_head,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, stride_key_tok, stride_key_head,
+    stride_value_tok, stride_value_head, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """Reshape-and-cache: one program per token, its [heads, dim] rows to its slot (-1: none)."""
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot < 0:
@@ -198,7 +187,7 @@ def _copy_pages_kernel(
     tl.store(v_cache_ptr + dst + offs, tl.load(v_cache_ptr + src + offs, mask=mask), mask=mask)
 
 
-class TritonBackend:
+class TritonBackend(KernelBackend):
     """Triton kernels; fp16/bf16 on CUDA, fp32 also under the interpreter (TRITON_INTERPRET=1).
 
     `partition_size` is the context each flash-decoding program covers; contexts longer than
@@ -222,23 +211,14 @@ class TritonBackend:
                 "TRITON_INTERPRET=1 in the environment (slow; for checking kernels), or use "
                 "attention_backend torch", parameters=("attention_backend",))
 
-    def write_kv(
-        self,
-        key: Tensor,
-        value: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        slot_mapping: Tensor,
-        kv_quant: KVQuant | None = None,
-    ) -> None:
-        """Store key/value rows `[num_tokens, num_kv_heads, head_dim]` at their slots (-1: skip),
-        quantized by `kv_quant` (kv_quant.py's torch code: the stored bytes are the reference's)
-        and scattered by the kernel; None: cast to the cache's dtype in the kernel."""
+    def _write_kv(self, rows: KVRows) -> None:
+        """Rows quantized by `kv_quant` (kv_quant.py's torch code: the stored bytes are the
+        reference's) and scattered by the kernel; None: cast to the cache's dtype there."""
+        k_cache, v_cache = rows.k_cache, rows.v_cache
         check_cache_pair(k_cache, v_cache)
-        if key.shape[0] == 0:
+        if rows.key.shape[0] == 0:
             return
-        if kv_quant is not None:
-            key, value = kv_quant.quantize(key, "k"), kv_quant.quantize(value, "v")
+        key, value = rows.stored()
         assert key.stride(-1) == 1 and value.stride(-1) == 1, "head_dim must be contiguous"
         num_kv_heads, head_dim = k_cache.shape[2:]  # a stored row's width
         _write_kv_kernel[(key.shape[0],)](
@@ -246,7 +226,7 @@ class TritonBackend:
             value,
             k_cache,
             v_cache,
-            slot_mapping,
+            rows.slot_mapping,
             key.stride(0),
             key.stride(1),
             value.stride(0),
@@ -257,36 +237,22 @@ class TritonBackend:
             BLOCK_D=triton.next_power_of_2(head_dim),
         )
 
-    def paged_attention(
-        self,
-        query: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        meta: AttentionMetadata,
-        *,
-        scale: float,
-        num_kv_heads: int,
-        out: Tensor | None = None,
-        sliding_window: int = 0,
-        kv_quant: KVQuant | None = None,
-    ) -> Tensor:
-        """Causal attention of query `[num_tokens, num_heads, head_dim]` over the paged context;
-        with `sliding_window` W > 0 a row at position p sees positions p - W + 1 .. p only.
-        Pages stored by `kv_quant` are loaded as stored and dequantized in the kernels."""
-        check_cache_pair(k_cache, v_cache)
-        assert k_cache.shape[2] == num_kv_heads, "cache layout is [pages, page_size, kv_heads, dim]"
-        check_query(query, meta, num_kv_heads)
-        out = torch.empty_like(query) if out is None else out
-        kv = kv_args(k_cache, v_cache, kv_quant)
-        decode_ids, prefill_ids = split_batch(meta)
+    def _paged_attention(self, call: AttentionCall) -> Tensor:
+        """The decode kernel (flash-decoding) and the prefill kernel; pages stored by
+        `kv_quant` are loaded as stored and dequantized in the kernels."""
+        check_cache_pair(call.k_cache, call.v_cache)
+        assert call.query.stride(-1) == 1, "head_dim must be contiguous"
+        out = torch.empty_like(call.query) if call.out is None else call.out
+        kv = kv_args(call.k_cache, call.v_cache, call.kv_quant)
+        decode_ids, prefill_ids = split_batch(call.meta)
         if decode_ids:
-            self._decode(query, kv, meta, decode_ids, scale, out, sliding_window)
+            self._decode(call, kv, out, decode_ids)
         if prefill_ids:
-            _prefill(query, kv, meta, prefill_ids, scale, out, sliding_window)
+            _prefill(call, kv, out, prefill_ids)
         return out
 
     def copy_pages(self, k_cache: Tensor, v_cache: Tensor, pairs: Tensor) -> None:
-        """Copy device pages in place: `pairs[n, 2]` of (src, dst), all read before any write."""
+        """One copy kernel; a gather and a scatter where a page is both read and written."""
         check_cache_pair(k_cache, v_cache)
         if pairs.shape[0] == 0:
             return
@@ -302,21 +268,13 @@ class TritonBackend:
     def swap_pages(
         self, src_k: Tensor, src_v: Tensor, dst_k: Tensor, dst_v: Tensor, pairs: Tensor
     ) -> None:
-        """Copy pages `pairs[n, 2]` of (src, dst) between caches, with torch index copies."""
+        """Torch index copies (`swap_pages_by_index`), not a Triton kernel."""
         swap_pages_by_index(src_k, src_v, dst_k, dst_v, pairs)
 
-    def _decode(
-        self,
-        query: Tensor,
-        kv: KVArgs,
-        meta: AttentionMetadata,
-        seq_ids: list[int],
-        scale: float,
-        out: Tensor,
-        sliding_window: int,
-    ) -> None:
+    def _decode(self, call: AttentionCall, kv: KVArgs, out: Tensor, seq_ids: list[int]) -> None:
         """Launch the decode kernel over the sequences with one new token, then (contexts
         over one partition) the reduce kernel."""
+        query, meta, sliding_window = call.query, call.meta, call.sliding_window
         num_heads, head_dim = query.shape[1:]
         num_kv_heads = kv.num_kv_heads
         group = num_heads // num_kv_heads
@@ -327,7 +285,7 @@ class TritonBackend:
         ids = seq_ids_tensor(seq_ids, meta.num_seqs, query.device)
         _decode_kernel[(len(seq_ids), num_kv_heads, parts.num_parts)](
             query, *kv.pointers, meta.block_tables, meta.seq_lens, meta.query_start_loc, ids,
-            out, *parts.pointers, scale, parts.num_parts, query.stride(0), query.stride(1),
+            out, *parts.pointers, call.scale, parts.num_parts, query.stride(0), query.stride(1),
             out.stride(0), out.stride(1), meta.block_tables.stride(0),
             GROUP=group,
             NUM_KV_HEADS=num_kv_heads,
@@ -348,23 +306,16 @@ class TritonBackend:
                          sliding_window)
 
 
-def _prefill(
-    query: Tensor,
-    kv: KVArgs,
-    meta: AttentionMetadata,
-    seq_ids: list[int],
-    scale: float,
-    out: Tensor,
-    sliding_window: int,
-) -> None:
+def _prefill(call: AttentionCall, kv: KVArgs, out: Tensor, seq_ids: list[int]) -> None:
     """Launch the prefill-chunk kernel over the sequences with more than one new token."""
+    query, meta = call.query, call.meta
     num_heads, head_dim = query.shape[1:]
     num_kv_heads = kv.num_kv_heads
     max_query_len = max(meta.query_lens_cpu[i] for i in seq_ids)
     grid = (len(seq_ids), triton.cdiv(max_query_len, _BLOCK_M), num_heads)
     _prefill_kernel[grid](
         query, *kv.pointers, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-        seq_ids_tensor(seq_ids, meta.num_seqs, query.device), out, scale, query.stride(0),
+        seq_ids_tensor(seq_ids, meta.num_seqs, query.device), out, call.scale, query.stride(0),
         query.stride(1), out.stride(0), out.stride(1), meta.block_tables.stride(0),
         GROUP=num_heads // num_kv_heads,
         NUM_KV_HEADS=num_kv_heads,
@@ -374,7 +325,7 @@ def _prefill(
         BLOCK_N=_BLOCK_N,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION=dot_precision(query.dtype),
-        SLIDING_WINDOW=sliding_window,
+        SLIDING_WINDOW=call.sliding_window,
         ROW=kv.row,
         MODE=kv.mode,
     )

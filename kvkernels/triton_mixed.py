@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kvlab.kernels.launch import KVArgs, check_query, kv_args, seq_ids_tensor, split_batch
+from kvlab.kernels.backend import check_query
+from kvlab.kernels.launch import KVArgs, kv_args, seq_ids_tensor, split_batch
 from kvlab.kernels.metadata import AttentionMetadata
 from kvlab.kernels.triton_tiles import Partitions, attend_pages, store_partials
 
@@ -115,6 +116,7 @@ def triton_mixed_attention(query: Tensor, levels: Sequence[LevelPages], page_lev
     reduce kernel (flash-decoding); prefill chunks are not split."""
     assert 1 <= len(levels) <= MAX_LEVELS, f"the kernel reads at most {MAX_LEVELS} levels"
     check_query(query, meta, num_kv_heads)
+    assert query.stride(-1) == 1, "head_dim must be contiguous"
     out = torch.empty_like(query) if out is None else out
     kv = [kv_args(lp.k_cache, lp.v_cache, lp.kv_quant) for lp in levels]
     for args in kv:
