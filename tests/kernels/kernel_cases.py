@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kvlab.kernels import AttentionMetadata
+from kvlab.kernels import AttentionMetadata, KernelBackend
 
 
 @dataclass(slots=True)
@@ -96,6 +96,13 @@ def move_case(case: PagedCase, device: torch.device | str) -> PagedCase:
     for name in ("slot_mapping", "block_tables", "seq_lens", "query_start_loc"):
         setattr(case.meta, name, getattr(case.meta, name).to(device))
     return case
+
+
+def attend(case: PagedCase, backend: KernelBackend, out: Tensor | None = None) -> Tensor:
+    """`backend`'s paged attention over the case's batch (its scale and KV heads), written into
+    `out` when one is given."""
+    return backend.paged_attention(case.query, case.k_cache, case.v_cache, case.meta,
+                                   scale=case.scale, num_kv_heads=case.num_kv_heads, out=out)
 
 
 def contiguous_attention(case: PagedCase) -> Tensor:

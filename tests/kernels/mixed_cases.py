@@ -4,8 +4,13 @@ reference the mixed attention paths are checked against)."""
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import Any
 
+import torch
+from hypothesis import strategies as st
+
+from kvlab.kernels import AttentionMetadata
 from kvlab.kernels.kv_quant import KVQuant, page_format
 from kvlab.kernels.mixed_attention import LevelPages
 from kvlab.specs.kv_dtype import kv_cache_dtype
@@ -48,3 +53,30 @@ def dense(levels: list[LevelPages], page_levels: torch.Tensor) -> tuple[torch.Te
         pk, pv = levels[int(page_levels[page])].dequantize(torch.tensor([page]))
         k[page], v[page] = pk, pv
     return k, v
+
+
+def draw_batch(draw: Callable[..., Any], max_seqs: int, num_pages: int, page_size: int,
+               ) -> tuple[list[tuple[int, int]], list[list[int]], list[int]]:
+    """Drawn by a hypothesis strategy: 1 to `max_seqs` sequences as (seq_len, query_len: a
+    decode, a whole prefill or half of one), each on its own random pages of `num_pages`
+    (block tables), and every page's level (0 to 2)."""
+    seqs = []
+    for _ in range(draw(st.integers(1, max_seqs))):
+        seq_len = draw(st.integers(1, 5 * page_size))
+        query_len = draw(st.sampled_from([1, seq_len, max(1, seq_len // 2)]))
+        seqs.append((seq_len, query_len))
+    pages = draw(st.permutations(range(num_pages)))
+    tables, used = [], 0
+    for seq_len, _ in seqs:
+        n = -(-seq_len // page_size)
+        tables.append(list(pages[used : used + n]))
+        used += n
+    page_levels = draw(st.lists(st.integers(0, 2), min_size=num_pages, max_size=num_pages))
+    return seqs, tables, page_levels
+
+
+def batch_meta(seqs: list[tuple[int, int]], tables: list[list[int]], page_size: int,
+               ) -> AttentionMetadata:
+    """The metadata of sequences (seq_len, query_len) over their block tables."""
+    return AttentionMetadata.build(block_tables=tables, seq_lens=[s for s, _ in seqs],
+                                   query_lens=[q for _, q in seqs], page_size=page_size)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from mixed_cases import dense, make_levels
+from mixed_cases import batch_meta, dense, draw_batch, make_levels
 
 from kvlab.kernels import AttentionMetadata, get_backend
 from kvlab.kernels.mixed_attention import (
@@ -29,18 +29,7 @@ def _levels(seed: int) -> list[LevelPages]:
 
 @st.composite
 def batches(draw):
-    seqs = []
-    for _ in range(draw(st.integers(1, 4))):
-        seq_len = draw(st.integers(1, 5 * PAGE))
-        query_len = draw(st.sampled_from([1, seq_len, max(1, seq_len // 2)]))
-        seqs.append((seq_len, query_len))
-    pages = draw(st.permutations(range(NUM_PAGES)))
-    tables, used = [], 0
-    for seq_len, _ in seqs:
-        n = -(-seq_len // PAGE)
-        tables.append(list(pages[used : used + n]))
-        used += n
-    page_levels = draw(st.lists(st.integers(0, 2), min_size=NUM_PAGES, max_size=NUM_PAGES))
+    seqs, tables, page_levels = draw_batch(draw, 4, NUM_PAGES, PAGE)
     return seqs, tables, page_levels, draw(st.integers(0, 3))
 
 
@@ -49,8 +38,7 @@ def test_segments_by_level_equal_attention_over_the_dequantized_pages(batch):
     seqs, tables, page_levels, seed = batch
     levels = _levels(seed)
     page_levels = torch.tensor(page_levels, dtype=torch.int8)
-    meta = AttentionMetadata.build(block_tables=tables, seq_lens=[s for s, _ in seqs],
-                                   query_lens=[q for _, q in seqs], page_size=PAGE)
+    meta = batch_meta(seqs, tables, PAGE)
     query = torch.randn(meta.num_tokens, HEADS, HEAD_DIM,
                         generator=torch.Generator().manual_seed(seed + 7))
     got = mixed_paged_attention(query, levels, page_levels, meta, scale=HEAD_DIM**-0.5,

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from kernel_cases import contiguous_attention, make_case, max_relative_error, move_case
+from kernel_cases import attend, contiguous_attention, make_case, max_relative_error, move_case
 from npu_emulation import ContractError, fake_torch_npu
 from npu_emulation import npu_fused_infer_attention_score as emulated_fused_attention
 
@@ -23,20 +23,8 @@ def fake_npu(monkeypatch):
     return module
 
 
-def _attention(case, backend, out=None):
-    return backend.paged_attention(
-        case.query,
-        case.k_cache,
-        case.v_cache,
-        case.meta,
-        scale=case.scale,
-        num_kv_heads=case.num_kv_heads,
-        out=out,
-    )
-
-
 def _reference(case):
-    return _attention(case, get_backend("torch"))
+    return attend(case, get_backend("torch"))
 
 
 @pytest.mark.parametrize("page_size", [16, 128])
@@ -44,7 +32,7 @@ def test_mixed_batch_runs_the_fused_op_and_matches_reference(fake_npu, page_size
     case = make_case(
         [37, 150, 1, 9, 200], [37, 20, 1, 1, 1], page_size=page_size, dtype=torch.float16
     )
-    out = _attention(case, get_backend("npu"))
+    out = attend(case, get_backend("npu"))
     assert fake_npu.calls == ["npu_fused_infer_attention_score"]
     assert max_relative_error(out, _reference(case)) < FP16_TOL
     assert max_relative_error(out, contiguous_attention(case)) < FP16_TOL
@@ -53,13 +41,13 @@ def test_mixed_batch_runs_the_fused_op_and_matches_reference(fake_npu, page_size
 def test_several_prefill_chunks_pass_cumulative_query_ends(fake_npu):
     # the second chunk is shorter than the first: per-sequence lengths would not be cumulative
     case = make_case([90, 70, 40], [60, 12, 40], page_size=16, dtype=torch.float16)
-    assert max_relative_error(_attention(case, get_backend("npu")), _reference(case)) < FP16_TOL
+    assert max_relative_error(attend(case, get_backend("npu")), _reference(case)) < FP16_TOL
 
 
 def test_decode_only_batch_takes_the_paged_attention_fast_path(fake_npu):
     case = make_case([1, 17, 64, 300], [1] * 4, page_size=32, dtype=torch.float16)
     out = torch.full_like(case.query, float("nan"))
-    result = _attention(case, get_backend("npu"), out=out)
+    result = attend(case, get_backend("npu"), out=out)
     assert fake_npu.calls == ["_npu_paged_attention"]
     assert result is out
     assert max_relative_error(out, _reference(case)) < FP16_TOL
@@ -75,12 +63,12 @@ def test_grouped_query_heads_match_reference(fake_npu, num_heads, num_kv_heads):
         num_kv_heads=num_kv_heads,
         dtype=torch.float16,
     )
-    assert max_relative_error(_attention(case, get_backend("npu")), _reference(case)) < FP16_TOL
+    assert max_relative_error(attend(case, get_backend("npu")), _reference(case)) < FP16_TOL
 
 
 def test_bfloat16_batch_matches_reference(fake_npu):
     case = make_case([70, 5], [30, 1], page_size=16, dtype=torch.bfloat16)
-    assert max_relative_error(_attention(case, get_backend("npu")), _reference(case)) < 1e-2
+    assert max_relative_error(attend(case, get_backend("npu")), _reference(case)) < 1e-2
 
 
 def test_write_kv_matches_reference_and_skips_minus_one(fake_npu):
@@ -113,13 +101,13 @@ def test_copy_and_swap_pages_move_whole_pages(fake_npu):
 def test_page_size_cann_rejects_is_a_kvlab_error(fake_npu, page_size):
     case = make_case([10], [10], page_size=page_size, dtype=torch.float16)
     with pytest.raises(KvlabError, match=f"page size \\(--block-size\\) {page_size} "):
-        _attention(case, get_backend("npu"))
+        attend(case, get_backend("npu"))
 
 
 def test_float32_cache_is_a_kvlab_error(fake_npu):
     case = make_case([10], [1], page_size=16)
     with pytest.raises(KvlabError, match=r"float16 or bfloat16 caches, not torch\.float32"):
-        _attention(case, get_backend("npu"))
+        attend(case, get_backend("npu"))
 
 
 def test_missing_torch_npu_is_a_kvlab_error(monkeypatch):
@@ -196,7 +184,7 @@ def test_real_npu_ops_match_reference(page_size):
     )
     expected = _reference(case)
     on_npu = move_case(case, device)
-    assert max_relative_error(_attention(on_npu, get_backend("npu")).cpu(), expected) < 1e-2
+    assert max_relative_error(attend(on_npu, get_backend("npu")).cpu(), expected) < 1e-2
     decode = make_case(
         [300, 129, 1],
         [1, 1, 1],
@@ -206,7 +194,7 @@ def test_real_npu_ops_match_reference(page_size):
         poison=0.0,
     )
     decode_expected = _reference(decode)
-    result = _attention(move_case(decode, device), get_backend("npu")).cpu()
+    result = attend(move_case(decode, device), get_backend("npu")).cpu()
     assert max_relative_error(result, decode_expected) < 1e-2
 
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from kernel_cases import make_case, max_relative_error
+from kernel_cases import attend, make_case, max_relative_error
 from npu_emulation import FakeAscendcOps, fake_torch_npu
 
 import kvlab.kernels.npu_backend as npu_backend
@@ -31,29 +31,17 @@ def ascendc(monkeypatch, fake_npu):
     return ops
 
 
-def _attention(case, backend, out=None):
-    return backend.paged_attention(
-        case.query,
-        case.k_cache,
-        case.v_cache,
-        case.meta,
-        scale=case.scale,
-        num_kv_heads=case.num_kv_heads,
-        out=out,
-    )
-
-
 def test_decode_over_runs_of_pages_takes_kvlabs_extent_decode(ascendc, fake_npu):
     case = make_case([300, 17, 64, 129], [1] * 4, page_size=16, run_pages=4, dtype=torch.float16)
     out = torch.full_like(case.query, float("nan"))
-    assert _attention(case, get_backend("npu"), out=out) is out
+    assert attend(case, get_backend("npu"), out=out) is out
     assert ascendc.calls == ["paged_decode"] and fake_npu.calls == []
-    assert max_relative_error(out, _attention(case, get_backend("torch"))) < FP16_TOL
+    assert max_relative_error(out, attend(case, get_backend("torch"))) < FP16_TOL
 
 
 def test_decode_over_scattered_single_pages_stays_on_torch_npu(ascendc, fake_npu):
     case = make_case([300, 17], [1, 1], page_size=16, dtype=torch.float16)
-    _attention(case, get_backend("npu"))
+    attend(case, get_backend("npu"))
     assert ascendc.calls == [] and fake_npu.calls == ["_npu_paged_attention"]
 
 
@@ -61,14 +49,14 @@ def test_more_than_16_query_heads_per_kv_head_stay_on_torch_npu(ascendc, fake_np
     case = make_case(
         [300], [1], page_size=16, run_pages=4, num_heads=32, num_kv_heads=1, dtype=torch.float16
     )
-    out = _attention(case, get_backend("npu"))
+    out = attend(case, get_backend("npu"))
     assert ascendc.calls == [] and fake_npu.calls == ["_npu_paged_attention"]
-    assert max_relative_error(out, _attention(case, get_backend("torch"))) < FP16_TOL
+    assert max_relative_error(out, attend(case, get_backend("torch"))) < FP16_TOL
 
 
 def test_prefill_chunks_stay_on_the_fused_op(ascendc, fake_npu):
     case = make_case([70, 5], [30, 1], page_size=16, run_pages=4, dtype=torch.float16)
-    _attention(case, get_backend("npu"))
+    attend(case, get_backend("npu"))
     assert fake_npu.calls == ["npu_fused_infer_attention_score"] and ascendc.calls == []
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import contiguous_attention, make_case, max_relative_error
+from kernel_cases import attend, contiguous_attention, make_case, max_relative_error
 
 from kvlab.kernels import get_backend
 
@@ -12,15 +12,7 @@ TOL = 1e-5
 
 
 def _run(case, out=None):
-    return get_backend("torch").paged_attention(
-        case.query,
-        case.k_cache,
-        case.v_cache,
-        case.meta,
-        scale=case.scale,
-        num_kv_heads=case.num_kv_heads,
-        out=out,
-    )
+    return attend(case, get_backend("torch"), out)
 
 
 @pytest.mark.parametrize("page_size", [1, 2, 16, 128])

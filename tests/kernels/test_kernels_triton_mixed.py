@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mixed_cases import dense, make_levels
+from mixed_cases import batch_meta, dense, draw_batch, make_levels
 
 from kvlab.kernels import AttentionMetadata, get_backend
 from kvlab.kernels.mixed_attention import LevelPages, MixedBackend, MixedLayer, MixedState
@@ -60,18 +60,7 @@ def _meta(seqs: list[tuple[int, int]], page_size: int = PAGE) -> AttentionMetada
 
 @st.composite
 def batches(draw):
-    seqs = []
-    for _ in range(draw(st.integers(1, 3))):
-        seq_len = draw(st.integers(1, 5 * PAGE))
-        query_len = draw(st.sampled_from([1, seq_len, max(1, seq_len // 2)]))
-        seqs.append((seq_len, query_len))
-    pages = draw(st.permutations(range(NUM_PAGES)))
-    tables, used = [], 0
-    for seq_len, _ in seqs:
-        n = -(-seq_len // PAGE)
-        tables.append(list(pages[used : used + n]))
-        used += n
-    page_levels = draw(st.lists(st.integers(0, 2), min_size=NUM_PAGES, max_size=NUM_PAGES))
+    seqs, tables, page_levels = draw_batch(draw, 3, NUM_PAGES, PAGE)
     kv_heads, group = draw(st.sampled_from([(2, 2), (1, 4), (2, 3), (4, 1)]))
     partition_size = draw(st.sampled_from([6, 8, 512]))  # decodes over 1 to 4 partitions
     return seqs, tables, page_levels, kv_heads, group, partition_size, draw(st.integers(0, 3))
@@ -82,8 +71,7 @@ def batches(draw):
 def test_the_kernel_equals_attention_over_the_dequantized_pages(batch):
     seqs, tables, page_levels, kv_heads, group, partition_size, seed = batch
     levels = make_levels(seed, NUM_PAGES, PAGE, kv_heads, HEAD_DIM)
-    meta = AttentionMetadata.build(block_tables=tables, seq_lens=[s for s, _ in seqs],
-                                   query_lens=[q for _, q in seqs], page_size=PAGE)
+    meta = batch_meta(seqs, tables, PAGE)
     got, want = _attention(levels, torch.tensor(page_levels, dtype=torch.int8), meta,
                            kv_heads * group, seed, partition_size)
     assert _error(got, want) < TOL
