@@ -59,6 +59,8 @@ class DeviceUnits:
         pages hold their content still (evicted in this batch from the page registered, or
         cached there), in eviction order. Every evicted unit key's entry is dropped."""
         units, unit = self._units, self.unit
+        if len(keys) == 1 and keys[0] not in units:  # (one page taken for another: no unit)
+            return
         found = units.keys() & keys  # (one pass in C; the usual batch has a unit in 16 pages)
         src_pages, unit_keys = self._pending_pages, self._pending_keys
         gone: dict | None = None  # key -> page of its first eviction in the batch, if needed

@@ -103,7 +103,8 @@ def test_random_small_runs_match_stepping(policy, block_size, num_pages, max_num
     seed=st.integers(0, 1000),
 )
 def test_runs_with_demotion_match_stepping(precision, eviction, num_pages, rate, seed):
-    """Decode runs stop short of the next step that demotes; the precision mix is the same."""
+    """Decode runs carry age demotions (or stop short of them: pressure); the precision mix is
+    the same."""
     from kvlab.metrics import summarize
 
     trace = load_trace("random", num_prompts=24, seed=seed, random_input_len=24,
@@ -126,3 +127,45 @@ def test_the_fast_path_is_taken_with_demotion(monkeypatch):
     config = _config("paged:eviction=lru,precision=age:recent=128", enable_prefix_caching=True)
     assert_same_run(load_trace("azure", num_prompts=300), config)
     assert sum(calls) > 1000
+
+
+def _walks_in_runs(monkeypatch):
+    """Counts the page walks that decode runs commit (`RunDemotions.commit`)."""
+    from kvlab.policies.precision.run import RunDemotions
+
+    walks = []
+    commit = RunDemotions.commit
+
+    def counting(run, num_steps, *rest):
+        done = commit(run, num_steps, *rest)
+        walks.append(sum(len(due) for due in run._dues[:num_steps]))
+        return done
+
+    monkeypatch.setattr(RunDemotions, "commit", counting)
+    return walks
+
+
+def test_decode_runs_carry_demotions(monkeypatch):
+    walks = _walks_in_runs(monkeypatch)
+    config = _config("paged:eviction=lru,precision=age:recent=64,depth=2",
+                     enable_prefix_caching=True)
+    assert_same_run(load_trace("azure", num_prompts=300), config)
+    assert sum(walks) > 1000  # pages demoted inside runs, not only between them
+
+
+def test_runs_stop_short_of_demotions_where_ratios_are_inexact(monkeypatch):
+    from kvlab.policies.precision import driver
+
+    monkeypatch.setattr(driver, "exact_ratios", lambda values: False)
+    walks = _walks_in_runs(monkeypatch)
+    config = _config("paged:eviction=lru,precision=age:recent=64,depth=2",
+                     enable_prefix_caching=True)
+    assert_same_run(load_trace("azure", num_prompts=300), config)
+    assert walks and not sum(walks)
+
+
+def test_exact_ratios_are_binary_fractions():
+    from kvlab.policies.precision.run import exact_ratios
+
+    assert exact_ratios([1.0, 0.5, 0.265625, 0.734375])
+    assert not exact_ratios([0.275])  # 44 / 160: a head_dim of 80's int4 row
