@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 import subprocess
 import tempfile
 
@@ -71,7 +72,9 @@ def test_block_changes_match_the_replay_of_the_plugins_policy(runs, policy):
     report = document["kv_lockstep"]
     assert f"vLLM's device prefix cache (255 blocks) evicts by kvlab's {policy}" in log
     assert document["server_eviction"] == policy  # read from the server's /metrics
-    assert f"eviction={policy}," in document["policy"]  # parameters included
+    # parameters included (the policy's text ends there or goes on with its other keys)
+    text = document["policy"]
+    assert re.search(rf"eviction={re.escape(policy)}(,|$)", text), text
     assert report["server_counts"].get("removed", 0) > 500, "the budget must evict"
     # 99.50-100% in 17 of 18 runs on 2026-12-06, 94.71% in one beside other jobs (load 4.4
     # on 2 cores; docs/vllm_plugin.md); the bar of issue 49 is 99%
@@ -82,7 +85,7 @@ def test_without_the_variable_vllm_evicts_as_before(runs):
     document, _, log = runs["off"]
     assert "kvlab plugin idle" in log
     assert document["server_eviction"] is None
-    assert "eviction=lru," in document["policy"]
+    assert re.search(r"eviction=lru(,|$)", document["policy"]), document["policy"]
     assert document["kv_lockstep"]["match_rate"] >= 0.98, document["kv_lockstep"]
 
 
