@@ -29,9 +29,9 @@ class PrecisionDriver:
     time; `num_pages` is the device's pages at the cache's dtype (the pool holds more ids:
     `ledger.py`)."""
 
-    __slots__ = ("_befores", "_done", "_exact", "_pending", "_saving", "ledger", "manager",
-                 "num_pages", "num_steps", "page_tokens", "policy", "requantize_ratios", "run",
-                 "sum_pages_at_level")
+    __slots__ = ("_befores", "_done", "_exact", "_levels_demoted", "_pending", "_saving",
+                 "ledger", "manager", "num_pages", "num_steps", "page_tokens", "policy",
+                 "requantize_ratios", "run", "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
                  num_pages: int) -> None:
@@ -47,6 +47,7 @@ class PrecisionDriver:
         # the step's demotions so far: the pages, and each one's level before (in step)
         self._pending: list[int] = []
         self._befores: list[int] = []
+        self._levels_demoted = 0  # a bit per level the step demoted pages to
         # (level before, level after) -> the two levels' byte ratios added: a requantization
         # reads a page at one and writes it at the other (sim/precision_costs.py)
         self.requantize_ratios = {(before, after): ladder.ratio(before) + ladder.ratio(after)
@@ -81,11 +82,15 @@ class PrecisionDriver:
         if not pages:
             return
         self._pending, self._befores = [], []
-        # page -> its first level before
-        first = dict(zip(reversed(pages), reversed(befores), strict=True))
-        if len(first) < len(pages):  # (a page demoted twice in the step: once, in first order)
-            pages = list(dict.fromkeys(pages))
-            befores = list(map(first.__getitem__, pages))
+        levels_demoted, self._levels_demoted = self._levels_demoted, 0
+        # A page demoted twice in the step is listed once, in first order, from its first
+        # level before: only where the step demoted to two levels or more (one level takes a
+        # page once).
+        if levels_demoted & (levels_demoted - 1):
+            first = dict(zip(reversed(pages), reversed(befores), strict=True))
+            if len(first) < len(pages):
+                pages = list(dict.fromkeys(pages))
+                befores = list(map(first.__getitem__, pages))
         after = list(map(self.ledger.levels.get, pages, repeat(0)))
         requantize = list(zip(pages, befores, after, strict=True))  # (C loops: whole prompts)
         if 0 in after:  # content that left in the step
@@ -184,6 +189,7 @@ class PrecisionDriver:
             pages = [page for page in pages if page != NULL_PAGE]
         num_before = len(self._pending)
         self.ledger.demote_pages(pages, level, self._pending, self._befores)
+        self._levels_demoted |= 1 << level
         if self.policy.recompute:  # a lookup from before may reach them
             self.manager.pool.cache_epoch += len(self._pending) - num_before
 

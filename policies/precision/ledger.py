@@ -182,7 +182,7 @@ class PrecisionLedger:
             if allocator.num_free_pages:
                 ballast.extend(allocator.allocate(min(short, allocator.num_free_pages)) or ())
             elif len(pool.evictor):
-                self._evict_into_ballast(min(short, len(pool.evictor)))
+                self._evict_into_ballast(short)
             else:
                 self.max_debt_pages = max(self.max_debt_pages, target - len(ballast))
                 return
@@ -190,15 +190,38 @@ class PrecisionLedger:
         if len(ballast) > target:
             self.settle()
 
-    def _evict_into_ballast(self, num_pages: int) -> None:
-        """Evict `num_pages` cached pages into the ballast, in eviction order, as `settle`'s
-        loop would one at a time: a demoted one joins it itself (`drop`), another is freed
-        and taken back at once (the free list is empty here). All at once where no one else
-        watches the evictions (memory tiers, KV events); else one, and `settle` goes on."""
+    def _num_to_evict(self, short: int) -> int:
+        """How many of the next cached pages `settle`'s loop evicts, one at a time, before the
+        ballast pays what it owes (`short` pages now; evicting a demoted page adds what its
+        level no longer frees): read ahead in the eviction order where the policy offers it
+        (LRU's `next_victims`), else `short`, and `settle` goes on."""
+        evictor = self.pool.evictor
+        peek = getattr(evictor, "next_victims", None)
+        if peek is None:
+            return min(short, len(evictor))
+        row, size, levels = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0], \
+            self.levels
+        owed, freed, taken = self.num_extra - len(self.ballast), self.freed_units, 0
+        pages = peek(min(len(evictor), 4 * short + 16))
+        for level in map(levels.get, pages, repeat(0)):
+            taken += 1
+            if level:
+                freed -= (row[0] - row[level]) * size
+            if taken >= owed - freed // self.unit:
+                return taken
+        return max(taken, 1)
+
+    def _evict_into_ballast(self, short: int) -> None:
+        """Evict cached pages into the ballast, `short` pages short of it, in eviction order,
+        as `settle`'s loop would one at a time (`_num_to_evict`): a demoted one joins it
+        itself (`drop`), another is freed and taken back at once (the free list is empty
+        here). All at once where no one else watches the evictions (memory tiers, KV events);
+        else one, and `settle` goes on."""
         pool = self.pool
-        if num_pages == 1 or pool.on_evicted is not None or pool.events is not None:
+        if short <= 1 or pool.on_evicted is not None or pool.events is not None:
             pool.evict(1)  # (a page freed is taken by `settle`'s next turn)
             return
+        num_pages = self._num_to_evict(short)
         self._into_ballast = True
         try:
             pool.evict(num_pages)

@@ -184,6 +184,7 @@ class RunDemotions:
             sums[0] += held + taken - sum(num_at)
             for level in range(1, len(num_at)):
                 sums[level] += num_at[level]
-        driver._pending, driver._befores = [], []  # (no MemOps: the simulator charged them)
+        # (no MemOps: the simulator charged them)
+        driver._pending, driver._befores, driver._levels_demoted = [], [], 0
         driver.num_steps += num_steps
         return released
