@@ -24,7 +24,8 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
             tables; CUDA in fp16/bf16/fp32, or CPU tensors with TRITON_INTERPRET=1 set before
             import (kvkernels/triton_backend.py); over mixed-precision pages (issue 48) one
             kernel that reads each page at its level (kvkernels/triton_mixed.py, behind
-            mixed_attention.MixedBackend; unverified on a GPU)
+            mixed_attention.MixedBackend; unverified on a GPU); both take their tile loop,
+            K/V loads and partition reduce from kvkernels/triton_tiles.py
     npu     torch_npu's npu_scatter_pa_kv_cache, _npu_paged_attention (decode-only batches) and
             npu_fused_infer_attention_score (TND, sparse_mode=3); fp16/bf16 caches, page size a
             multiple of 16 up to 512, 128 recommended (kvkernels/npu_backend.py); not yet run on
@@ -37,7 +38,9 @@ Cache layout, per layer (the vllm-ascend layout): K and V each
             in multiples of 16; CPU tensors under TRITON_INTERPRET=1; compiled for Ascend910B3
             up to bishengir's CANN-only last step by `make test-ascend`, not yet run on an NPU
 
-    KernelBackend (each backend's module is imported only when get_backend selects it):
+    KernelBackend (each backend's module is imported only when get_backend selects it; a base
+    class holding the public methods, their checks and argument plumbing once, each backend
+    implementing _write_kv(KVRows), _paged_attention(AttentionCall), copy_pages, swap_pages):
         name: str
         kv_cache_dtypes: tuple[str, ...]   the --kv-cache-dtypes it stores (torch and triton:
             all; ascend: auto, or bfloat16/float16 where the model runs in it; npu: those and

@@ -102,9 +102,9 @@ class NpuBackend(KernelBackend):
             return
         if kv_quant is not None:  # C8: quantized rows, written by a device index copy
             slots = slot_mapping.to(torch.int64)
-            for rows, cache, side in ((key, k_cache, "k"), (value, v_cache, "v")):
+            for new, cache, side in ((key, k_cache, "k"), (value, v_cache, "v")):
                 cache.view(-1, *cache.shape[2:]).index_copy_(0, slots,
-                                                            kv_quant.quantize(rows, side))
+                                                            kv_quant.quantize(new, side))
             return
         self._ops.npu_scatter_pa_kv_cache(
             key.to(k_cache.dtype).contiguous(),

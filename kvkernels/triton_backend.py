@@ -38,7 +38,7 @@ from kvlab.kernels.launch import (
     split_batch,
 )
 from kvlab.kernels.torch_backend import copy_pages_by_index, swap_pages_by_index
-from kvlab.kernels.triton_tiles import Partitions, attend_cache, store_partials
+from kvlab.kernels.triton_tiles import Partitions, attend_cache, store_rows
 from kvlab.specs.kv_dtype import KV_CACHE_DTYPES
 
 _BLOCK_M = 64  # query rows per prefill program
@@ -111,14 +111,10 @@ def _decode_kernel(
         q, g, start, end, block_tables_ptr + seq * stride_table, kv_head, scale, k_cache_ptr,
         v_cache_ptr, k_scales_ptr, v_scales_ptr, k_scale, v_scale, NUM_KV_HEADS, HEAD_DIM,
         PAGE_SIZE, BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, False, SLIDING_WINDOW, ROW, MODE)
-    if PARTITIONED:
-        part_row = (i * (NUM_KV_HEADS * GROUP) + heads) * num_parts + part
-        store_partials(part_max_ptr, part_sum_ptr, part_acc_ptr, part_row, head_mask, d, m_i,
-                       l_i, acc, HEAD_DIM)
-    else:
-        o = acc / l_i[:, None]
-        o_off = row * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
-        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
+    store_rows(out_ptr, row * stride_out_tok + heads[:, None] * stride_out_head + d[None, :],
+               mask, part_max_ptr, part_sum_ptr, part_acc_ptr,
+               (i * (NUM_KV_HEADS * GROUP) + heads) * num_parts + part, head_mask, d, m_i, l_i,
+               acc, HEAD_DIM, PARTITIONED)
 
 
 @triton.jit

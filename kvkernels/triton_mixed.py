@@ -35,7 +35,7 @@ from torch import Tensor
 from kvlab.kernels.backend import check_query
 from kvlab.kernels.launch import KVArgs, kv_args, seq_ids_tensor, split_batch
 from kvlab.kernels.metadata import AttentionMetadata
-from kvlab.kernels.triton_tiles import Partitions, attend_pages, store_partials
+from kvlab.kernels.triton_tiles import Partitions, attend_pages, store_rows
 
 if TYPE_CHECKING:
     from kvlab.kernels.mixed_attention import LevelPages
@@ -96,14 +96,10 @@ def _mixed_attention_kernel(
         v0, vs0, v_scale0, v1, vs1, v_scale1, v2, vs2, v_scale2, NUM_KV_HEADS, HEAD_DIM,
         PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, "ieee", True, 0, ROW0, MODE0, ROW1, MODE1, ROW2,
         MODE2, NUM_LEVELS)
-    if PARTITIONED:
-        part_row = (i * (NUM_KV_HEADS * GROUP) + heads) * num_parts + block
-        store_partials(part_max_ptr, part_sum_ptr, part_acc_ptr, part_row, row_valid, d, m_i,
-                       l_i, acc, HEAD_DIM)
-    else:
-        o = acc / l_i[:, None]
-        o_off = rows[:, None] * stride_out_tok + heads[:, None] * stride_out_head + d[None, :]
-        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
+    store_rows(out_ptr, rows[:, None] * stride_out_tok + heads[:, None] * stride_out_head
+               + d[None, :], mask, part_max_ptr, part_sum_ptr, part_acc_ptr,
+               (i * (NUM_KV_HEADS * GROUP) + heads) * num_parts + block, row_valid, d, m_i, l_i,
+               acc, HEAD_DIM, PARTITIONED)
 
 
 def triton_mixed_attention(query: Tensor, levels: Sequence[LevelPages], page_levels: Tensor,

@@ -7,8 +7,8 @@
 - `attend_pages`: the tile loop over a block table (online softmax of a block of query rows
   over context positions lo..hi-1), the one loop of the triton backend's decode and prefill
   kernels (`attend_cache`: one cache) and of the mixed-precision kernel.
-- `store_partials` / `decode_reduce_kernel` / `reduce_partitions`: flash-decoding's partition
-  results and the kernel that merges them.
+- `store_rows` / `store_partials` / `decode_reduce_kernel` / `Partitions`: a program's output
+  rows or flash-decoding's partition results, and the kernel that merges the partitions.
 
 Constexprs in capitals, as in the kernels; every helper is inlined into its caller.
 """
@@ -200,6 +200,19 @@ def store_partials(part_max_ptr, part_sum_ptr, part_acc_ptr, part_row, row_mask,
     tl.store(part_sum_ptr + part_row, l_i, mask=row_mask)
     acc_off = part_row[:, None] * HEAD_DIM + d[None, :]
     tl.store(part_acc_ptr + acc_off, acc, mask=row_mask[:, None] & (d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def store_rows(out_ptr, o_off, mask, part_max_ptr, part_sum_ptr, part_acc_ptr, part_row,
+               row_mask, d, m_i, l_i, acc, HEAD_DIM: tl.constexpr, PARTITIONED: tl.constexpr):
+    """A program's rows when its loop is done: PARTITIONED, the partition's partials
+    (`store_partials`); else the output, normalized, at `out_ptr + o_off`."""
+    if PARTITIONED:
+        store_partials(part_max_ptr, part_sum_ptr, part_acc_ptr, part_row, row_mask, d, m_i,
+                       l_i, acc, HEAD_DIM)
+    else:
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
