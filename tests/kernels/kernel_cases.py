@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kvlab.kernels import AttentionMetadata, KernelBackend
+from kvlab.kernels import AttentionMetadata, KernelBackend, get_backend
 
 
 @dataclass(slots=True)
@@ -105,22 +109,52 @@ def attend(case: PagedCase, backend: KernelBackend, out: Tensor | None = None) -
                                    scale=case.scale, num_kv_heads=case.num_kv_heads, out=out)
 
 
-def contiguous_attention(case: PagedCase) -> Tensor:
-    """Expected output: causal SDPA over each whole contiguous sequence, keeping the new rows."""
+def contiguous_attention(case: PagedCase, window: int = 0) -> Tensor:
+    """Expected output: causal SDPA over each whole contiguous sequence, keeping the new rows;
+    with a `window` > 0, row p sees positions p - window + 1 .. p only."""
     rows = []
     for q, k, v, n in zip(
         case.full_q, case.full_k, case.full_v, case.meta.query_lens_cpu, strict=True
     ):
         group = q.shape[1] // k.shape[1]
+        mask = None
+        if window > 0:
+            pos = torch.arange(len(q))
+            mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
         o = F.scaled_dot_product_attention(
             q.float().transpose(0, 1),
             k.float().repeat_interleave(group, dim=1).transpose(0, 1),
             v.float().repeat_interleave(group, dim=1).transpose(0, 1),
-            is_causal=True,
+            attn_mask=mask,
+            is_causal=mask is None,
             scale=case.scale,
         )
         rows.append(o.transpose(0, 1)[len(q) - n :])
     return torch.cat(rows).to(case.query.dtype)
+
+
+def write_kv_beside_reference(backend: KernelBackend) -> list[tuple[Tensor, Tensor]]:
+    """(backend's cache, the torch reference's) for K and V after the same write_kv of strided
+    rows into NaN caches, one slot marked -1 (skipped)."""
+    meta = AttentionMetadata.build(
+        block_tables=[[3, 0], [1]], seq_lens=[20, 5], query_lens=[20, 1], page_size=16
+    )
+    slots = meta.slot_mapping.clone()
+    slots[4] = -1
+    kv = torch.randn(21, 2, 2, 8)
+    key, value = kv[:, 0], kv[:, 1]  # strided views, as split from a fused projection
+    caches = [torch.full((4, 16, 2, 8), float("nan")) for _ in range(4)]
+    backend.write_kv(key, value, caches[0], caches[1], slots)
+    get_backend("torch").write_kv(key, value, caches[2], caches[3], slots)
+    return [(caches[0], caches[2]), (caches[1], caches[3])]
+
+
+def run_without_interpreter(script: str) -> subprocess.CompletedProcess[str]:
+    """This folder's `script` run in a process of its own with TRITON_INTERPRET=0 (this
+    session runs kernels in the interpreter; compiled ones need a process without it)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    path = Path(__file__).with_name(script)
+    return subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True)
 
 
 def max_relative_error(actual: Tensor, expected: Tensor) -> float:

@@ -10,10 +10,15 @@ import os
 import pytest
 import torch
 from ascend_env import requires_triton_ascend
-from kernel_cases import contiguous_attention, make_case, max_relative_error
+from kernel_cases import (
+    contiguous_attention,
+    make_case,
+    max_relative_error,
+    write_kv_beside_reference,
+)
 
 from kvlab.errors import KvlabError
-from kvlab.kernels import AttentionMetadata, get_backend
+from kvlab.kernels import get_backend
 
 pytest.importorskip("triton")
 
@@ -79,17 +84,7 @@ def test_more_work_items_than_programs_loop_in_each_program(ascend):
 
 
 def test_write_kv_matches_reference_and_skips_minus_one(ascend):
-    meta = AttentionMetadata.build(
-        block_tables=[[3, 0], [1]], seq_lens=[20, 5], query_lens=[20, 1], page_size=16
-    )
-    slots = meta.slot_mapping.clone()
-    slots[4] = -1
-    kv = torch.randn(21, 2, 2, 8)
-    key, value = kv[:, 0], kv[:, 1]  # strided views, as split from a fused projection
-    caches = [torch.full((4, 16, 2, 8), float("nan")) for _ in range(4)]
-    ascend.write_kv(key, value, caches[0], caches[1], slots)
-    get_backend("torch").write_kv(key, value, caches[2], caches[3], slots)
-    for ours, reference in ((caches[0], caches[2]), (caches[1], caches[3])):
+    for ours, reference in write_kv_beside_reference(ascend):
         torch.testing.assert_close(ours, reference, rtol=0, atol=0, equal_nan=True)
 
 

@@ -120,42 +120,34 @@ def test_npu_is_available_when_torch_npu_is_importable(fake_npu):
     assert "npu" in available_backends()
 
 
+def _emulated_tnd(case, atten_mask, query_ends, kv_lens):
+    """The emulated fused op over the case's pages in the TND layout, sparse_mode=3."""
+    return emulated_fused_attention(
+        case.query,
+        case.k_cache.flatten(2),
+        case.v_cache.flatten(2),
+        atten_mask=atten_mask,
+        actual_seq_lengths=query_ends,
+        actual_seq_lengths_kv=kv_lens,
+        block_table=case.meta.block_tables,
+        num_heads=4,
+        num_key_value_heads=2,
+        input_layout="TND",
+        sparse_mode=3,
+        block_size=16,
+    )
+
+
 def test_emulation_rejects_per_sequence_query_lengths_in_tnd():
     case = make_case([90, 70], [60, 12], page_size=16, dtype=torch.float16)
     with pytest.raises(ContractError, match="must be cumulative"):
-        emulated_fused_attention(
-            case.query,
-            case.k_cache.flatten(2),
-            case.v_cache.flatten(2),
-            atten_mask=torch.ones(2048, 2048, dtype=torch.int8).triu(1),
-            actual_seq_lengths=[60, 12],
-            actual_seq_lengths_kv=[90, 70],
-            block_table=case.meta.block_tables,
-            num_heads=4,
-            num_key_value_heads=2,
-            input_layout="TND",
-            sparse_mode=3,
-            block_size=16,
-        )
+        _emulated_tnd(case, torch.ones(2048, 2048, dtype=torch.int8).triu(1), [60, 12], [90, 70])
 
 
 def test_emulation_rejects_a_lower_triangular_mask_for_sparse_mode_3():
     case = make_case([20], [20], page_size=16, dtype=torch.float16)
     with pytest.raises(ContractError, match="1 above the diagonal"):
-        emulated_fused_attention(
-            case.query,
-            case.k_cache.flatten(2),
-            case.v_cache.flatten(2),
-            atten_mask=torch.ones(2048, 2048, dtype=torch.int8).tril(),
-            actual_seq_lengths=[20],
-            actual_seq_lengths_kv=[20],
-            block_table=case.meta.block_tables,
-            num_heads=4,
-            num_key_value_heads=2,
-            input_layout="TND",
-            sparse_mode=3,
-            block_size=16,
-        )
+        _emulated_tnd(case, torch.ones(2048, 2048, dtype=torch.int8).tril(), [20], [20])
 
 
 def _npu_device_or_skip() -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from kernel_cases import PagedCase, make_case, max_relative_error
+from kernel_cases import PagedCase, contiguous_attention, make_case, max_relative_error
 
 from kvlab.kernels import AttentionMetadata, get_backend
 from kvlab.kernels.metadata import NULL_PAGE
@@ -34,26 +33,6 @@ def _has_triton() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("triton") is not None
-
-
-def windowed_reference(case: PagedCase, window: int) -> torch.Tensor:
-    """Dense SDPA over each whole sequence, row p seeing positions p - window + 1 .. p."""
-    rows = []
-    for q, k, v, n in zip(
-        case.full_q, case.full_k, case.full_v, case.meta.query_lens_cpu, strict=True
-    ):
-        group = q.shape[1] // k.shape[1]
-        pos = torch.arange(len(q))
-        mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
-        o = F.scaled_dot_product_attention(
-            q.float().transpose(0, 1),
-            k.float().repeat_interleave(group, dim=1).transpose(0, 1),
-            v.float().repeat_interleave(group, dim=1).transpose(0, 1),
-            attn_mask=mask,
-            scale=case.scale,
-        )
-        rows.append(o.transpose(0, 1)[len(q) - n :])
-    return torch.cat(rows).to(case.query.dtype)
 
 
 def give_back_behind_window(case: PagedCase, window: int) -> list[list[int]]:
@@ -99,7 +78,7 @@ def test_mixed_batch_with_pages_given_back_matches_dense_masked_reference(
     if window < 30:
         assert any(NULL_PAGE in table for table in tables)  # the case exercises NULL_PAGE
     out = _attention(make_backend(), case, window)
-    assert max_relative_error(out, windowed_reference(case, window)) < TOL
+    assert max_relative_error(out, contiguous_attention(case, window)) < TOL
 
 
 @pytest.mark.parametrize("make_backend", _backends())
@@ -109,7 +88,7 @@ def test_null_page_read_as_page_zero_is_masked(make_backend):
     tables = give_back_behind_window(case, 6)
     assert tables[0][0] == NULL_PAGE and torch.isnan(case.k_cache[0]).all()
     out = _attention(make_backend(), case, 6)
-    assert max_relative_error(out, windowed_reference(case, 6)) < TOL
+    assert max_relative_error(out, contiguous_attention(case, 6)) < TOL
 
 
 @pytest.mark.parametrize("make_backend", _backends())
@@ -127,7 +106,7 @@ def test_triton_partitioned_decode_over_a_window_matches_reference():
         case = make_case([200, 129, 70], [1, 1, 1], page_size=16, seed=window)
         give_back_behind_window(case, window)
         out = _attention(_triton(partition_size=64), case, window)
-        assert max_relative_error(out, windowed_reference(case, window)) < TOL, window
+        assert max_relative_error(out, contiguous_attention(case, window)) < TOL, window
 
 
 def test_triton_prefill_rows_whose_first_tiles_are_all_behind_their_window():
@@ -135,7 +114,7 @@ def test_triton_prefill_rows_whose_first_tiles_are_all_behind_their_window():
     # tiles its early rows start from
     case = make_case([150], [150], page_size=16, num_heads=2, num_kv_heads=1)
     out = _attention(_triton(), case, 8)
-    assert max_relative_error(out, windowed_reference(case, 8)) < TOL
+    assert max_relative_error(out, contiguous_attention(case, 8)) < TOL
 
 
 def test_metadata_refuses_a_null_page_where_a_new_token_goes():

@@ -1,15 +1,16 @@
 """The Triton backend, run by Triton's CPU interpreter, against the torch reference backend."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from kernel_cases import make_case, max_relative_error
+from kernel_cases import (
+    make_case,
+    max_relative_error,
+    run_without_interpreter,
+    write_kv_beside_reference,
+)
 
-from kvlab.kernels import AttentionMetadata, get_backend
+from kvlab.kernels import get_backend
 
 TOL = 1e-5  # fp32 relative error
 
@@ -85,17 +86,7 @@ def test_query_and_output_may_be_strided_views():
 
 
 def test_write_kv_matches_reference_and_skips_minus_one():
-    meta = AttentionMetadata.build(
-        block_tables=[[3, 0], [1]], seq_lens=[20, 5], query_lens=[20, 1], page_size=16
-    )
-    slots = meta.slot_mapping.clone()
-    slots[4] = -1
-    kv = torch.randn(21, 2, 2, 8)
-    key, value = kv[:, 0], kv[:, 1]  # strided views, as split from a fused projection
-    caches = [torch.full((4, 16, 2, 8), float("nan")) for _ in range(4)]
-    _triton().write_kv(key, value, caches[0], caches[1], slots)
-    get_backend("torch").write_kv(key, value, caches[2], caches[3], slots)
-    for ours, reference in ((caches[0], caches[2]), (caches[1], caches[3])):
+    for ours, reference in write_kv_beside_reference(_triton()):
         torch.testing.assert_close(ours, reference, rtol=0, atol=0, equal_nan=True)
 
 
@@ -136,8 +127,5 @@ def test_long_partitioned_contexts_with_large_pages_match_reference():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_kernels_on_cuda_match_reference_in_fp16_and_bf16():
-    # this session runs kernels in the interpreter; compiled ones need a process without it
-    script = Path(__file__).with_name("triton_cuda_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    result = run_without_interpreter("triton_cuda_check.py")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -5,15 +5,11 @@ last pages, decodes and prefill chunks in one batch."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_cases import run_without_interpreter
 from mixed_cases import batch_meta, dense, draw_batch, make_levels
 
 from kvlab.kernels import AttentionMetadata, get_backend
@@ -149,8 +145,5 @@ def test_the_mixed_backend_over_triton_attends_by_the_kernel(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_compiled_kernel_on_cuda_matches_the_reference():
-    # this session runs kernels in the interpreter; compiled ones need a process without it
-    script = Path(__file__).with_name("triton_mixed_cuda_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    result = run_without_interpreter("triton_mixed_cuda_check.py")
     assert result.returncode == 0, result.stdout + result.stderr
