@@ -7,7 +7,8 @@ from kvlab.policies.arrival_queue import ArrivalQueue
 from kvlab.policies.manager import KVCacheManager, StepOrderError
 from kvlab.policies.outputs import MemOps, MemoryUsage, ScheduledRequest, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus
-from kvlab.policies.scheduler import Scheduler, SchedulerConfig
+from kvlab.policies.scheduler import Scheduler
+from kvlab.policies.scheduler_config import SchedulerConfig
 from kvlab.policies.spec import PolicySpec, parse_policy
 from kvlab.policies.step_loop import LivelockError, StepLoop
 

@@ -6,54 +6,15 @@ import itertools
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from kvlab.errors import KvlabError
 from kvlab.policies import registry
-from kvlab.policies.manager import NO_OPS, DecodeAhead, KVCacheManager
+from kvlab.policies.decode_run import DecodeRun
+from kvlab.policies.manager import DecodeAhead, KVCacheManager
 from kvlab.policies.outputs import MemOps, SchedulerOutput
 from kvlab.policies.request import Request, RequestStatus
-from kvlab.policies.scheduling.spec import DEFAULT_SCHEDULING_POLICY, make_order
-
-# The defaults of every world's config (ServingConfig composes these limits).
-DEFAULT_MAX_NUM_SEQS = 256
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-
-
-@dataclass(slots=True, frozen=True)
-class SchedulerConfig:
-    """Batch limits: requests per step, tokens per step, model length, chunked prefill; and
-    `reserve_full_isl`: admit a waiting request only when its whole known sequence (prompt
-    and the output it has so far) would fit in KV memory now, not just its first chunk
-    (vLLM's `--scheduler-reserve-full-isl`, on by default since vLLM 0.32);
-    `scheduling_policy`: the order waiting requests are admitted in (`kvlab.policies.scheduling`:
-    fcfs, priority, lpm, sjf, ...; vLLM's `--scheduling-policy`)."""
-
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    max_model_len: int = 4096
-    enable_chunked_prefill: bool = True
-    reserve_full_isl: bool = False
-    scheduling_policy: str = DEFAULT_SCHEDULING_POLICY
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            check_whole_number(name, getattr(self, name), 1)
-        make_order(self.scheduling_policy)  # a KvlabError for a spec it does not name
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise KvlabError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
-                f"max_model_len ({self.max_model_len}) with enable_chunked_prefill off: long "
-                "prompts could never be scheduled; raise it or enable chunked prefill",
-                parameters=("max_num_batched_tokens", "max_model_len", "enable_chunked_prefill"),
-            )
-
-
-def check_whole_number(name: str, value: object, low: int) -> None:
-    """Raise a KvlabError naming `name` unless `value` is a whole number >= `low`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise KvlabError(f"{name} is {value!r}; expected a whole number >= {low}",
-                         parameters=(name,))
+from kvlab.policies.scheduler_config import SchedulerConfig
+from kvlab.policies.scheduling.spec import make_order
+from kvlab.policies.step_batch import StepBatch
 
 
 class Scheduler:
@@ -97,7 +58,7 @@ class Scheduler:
 
     def schedule(self, now_s: float = 0.0) -> SchedulerOutput:
         """Decide the next step at clock time `now_s`."""
-        step = _Step(self.config.max_num_batched_tokens)
+        step = StepBatch(self.config.max_num_batched_tokens)
         manager = self.manager
         manager.begin_step()
         self._schedule_running(step)
@@ -231,7 +192,7 @@ class Scheduler:
 
     # ----------------------------------------------------------------------------- internals
 
-    def _schedule_running(self, step: _Step) -> None:
+    def _schedule_running(self, step: StepBatch) -> None:
         # The per-token hot path of every simulation. Runs of plain decodes go to the manager in
         # one call (`allocate_decodes`: the same decisions as `allocate` one by one) and join the
         # batch with list operations; whatever stops a run (a prefill chunk, a new block, a full
@@ -278,7 +239,7 @@ class Scheduler:
             step.add(request, num_new, ops)
             index += 1
 
-    def _preempt(self, victim: Request, step: _Step) -> None:
+    def _preempt(self, victim: Request, step: StepBatch) -> None:
         manager = self.manager
         self.running.remove(victim)
         step.unschedule(victim)
@@ -297,7 +258,7 @@ class Scheduler:
         self.num_preemptions += 1
         step.preempted.append(victim)
 
-    def _schedule_swapped(self, step: _Step, now_s: float) -> None:
+    def _schedule_swapped(self, step: StepBatch, now_s: float) -> None:
         manager, running = self.manager, self.running
         order = self._order
         if order is not None and order.arranges_swapped and len(self.swapped) > 1:
@@ -318,7 +279,7 @@ class Scheduler:
             if grow is not None:  # else it runs from the next step, preempting if it must
                 step.add(request, num_new, grow)
 
-    def _schedule_waiting(self, step: _Step, now_s: float) -> None:
+    def _schedule_waiting(self, step: StepBatch, now_s: float) -> None:
         config, manager, running = self.config, self.manager, self.running
         order = self._order
         if (order is not None and len(self.waiting) > 1 and step.budget > 0
@@ -388,128 +349,6 @@ class Scheduler:
                 f"{self.manager.num_total_pages} ({self.manager.explain_pages_needed(request)})"
             )
         return None
-
-
-@dataclass(slots=True)  # not frozen: a frozen init sets each field through object.__setattr__
-class DecodeRun:
-    """Steps of one decode token per running request, committed at once: the first step's id,
-    the batch size, the sum and the largest of the requests' computed tokens before the first
-    step, the pages taken by the end of each step (cumulated) and the requests that finished in
-    the last step."""
-
-    first_step_id: int
-    num_seqs: int
-    sum_computed: int
-    max_computed: int
-    pages_taken: list[int]
-    finished: list[Request]
-
-    def context_columns(self, num_steps: int) -> tuple[range, range]:
-        """The context tokens and the padded context tokens of each of the run's first
-        `num_steps` steps."""
-        return decode_contexts(self.num_seqs, self.sum_computed, self.max_computed, num_steps)
-
-
-def decode_contexts(num_seqs: int, sum_computed: int, max_computed: int, num_steps: int
-                    ) -> tuple[range, range]:
-    """The context tokens and the padded context tokens of each of `num_steps` steps of a
-    batch of `num_seqs` decodes whose computed tokens summed to `sum_computed`, the most
-    `max_computed`, before the first: as `schedule` counts them for a batch of decodes (each
-    step adds one token to every context)."""
-    context, padded = sum_computed + num_seqs, num_seqs * (max_computed + 1)
-    end = num_seqs * num_steps
-    return range(context, context + end, num_seqs), range(padded, padded + end, num_seqs)
-
-
-class _Step:
-    """The step being built: the batch, token budget left, memory work, preemptions, counters."""
-
-    __slots__ = (
-        "budget",
-        "computed",
-        "failed",
-        "longest_decode",
-        "new",
-        "num_context",
-        "num_decode",
-        "num_pairs",
-        "num_prefill",
-        "ops",
-        "preempted",
-        "requests",
-    )
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.requests: list[Request] = []
-        self.new: list[int] = []
-        self.computed: list[int] = []
-        self.ops = MemOps()
-        self.preempted: list[Request] = []
-        self.failed: list[Request] = []
-        self.num_prefill = self.num_decode = self.num_context = self.num_pairs = 0
-        self.longest_decode = 0  # context of the longest decode in the batch, this token included
-
-    def add(self, request: Request, num_new: int, ops: MemOps) -> None:
-        done = request.num_computed_tokens
-        self.requests.append(request)
-        self.new.append(num_new)
-        self.computed.append(done)
-        self.budget -= num_new
-        self._count(request, num_new, done, 1)
-        if ops is not NO_OPS and ops:
-            self.ops.extend(ops)
-
-    def unschedule(self, request: Request) -> None:
-        for index, scheduled in enumerate(self.requests):
-            if scheduled is request:
-                num_new, done = self.new[index], self.computed[index]
-                self.budget += num_new
-                self._count(request, num_new, done, -1)
-                del self.requests[index], self.new[index], self.computed[index]
-                if done + 1 == self.longest_decode:
-                    self.longest_decode = max(
-                        (
-                            c + 1
-                            for r, n, c in zip(self.requests, self.new, self.computed, strict=True)
-                            if _is_decode(r, n, c)
-                        ),
-                        default=0,
-                    )
-                return
-
-    def _count(self, request: Request, new: int, done: int, sign: int) -> None:
-        self.num_context += sign * (done + new)
-        if _is_decode(request, new, done):
-            self.num_decode += sign
-            if sign > 0 and done + 1 > self.longest_decode:
-                self.longest_decode = done + 1
-        else:
-            self.num_prefill += sign * new
-            self.num_pairs += sign * (new * done + new * (new + 1) // 2)
-
-    def output(self, step_id: int) -> SchedulerOutput:
-        # Positional, in SchedulerOutput's field order (keywords cost twice the call).
-        return SchedulerOutput(
-            step_id,
-            self.ops,
-            self.requests,
-            self.new,  # num_new_tokens
-            self.computed,  # num_computed_tokens
-            self.preempted,
-            self.failed,
-            self.num_prefill,
-            self.num_decode,
-            self.num_context,
-            self.num_pairs,  # num_attention_pairs
-            self.num_decode * self.longest_decode,  # num_padded_context_tokens
-        )
-
-
-def _is_decode(request: Request, num_new: int, done: int) -> bool:
-    """Whether scheduling `num_new` tokens after `done` computed ones is a decode: the one token
-    left, after at least one computed."""
-    return num_new == 1 and 0 < done == request.prompt_len + request.num_output_tokens - 1
 
 
 def _without(requests: list[Request], gone: list[Request]) -> list[Request]:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvlab.errors import KvlabError
-from kvlab.policies.scheduler import (
+from kvlab.policies.scheduler_config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     SchedulerConfig,

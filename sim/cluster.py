@@ -23,7 +23,7 @@ from kvlab.errors import KvlabError
 from kvlab.heap import paused_gc
 from kvlab.policies import Request
 from kvlab.policies.preemption.modes import PreemptionCosts
-from kvlab.policies.scheduler import check_whole_number
+from kvlab.policies.scheduler_config import check_whole_number
 from kvlab.sim.api_latency import (
     api_delays,
     api_latency_terms,

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 import simpy
 
 from kvlab.policies import Request, Scheduler, SchedulerOutput, StepLoop
+from kvlab.policies.decode_run import decode_contexts
 from kvlab.policies.manager import DecodeAhead
-from kvlab.policies.scheduler import decode_contexts
 from kvlab.sim.arrival_process import delay_until
 from kvlab.sim.cost_model import CostModel, StepShape, decode_step_timer
 from kvlab.sim.group_memory import group_memory_of

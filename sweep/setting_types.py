@@ -12,7 +12,7 @@ from typing import Any
 from kvlab.errors import KvlabError
 from kvlab.metrics import parse_goodput
 from kvlab.policies import PolicySpec
-from kvlab.policies.scheduler import check_whole_number
+from kvlab.policies.scheduler_config import check_whole_number
 from kvlab.policies.serving import ServingConfig, parse_memory_size
 
 # Where a setting goes: the trace loader, the machine (SimConfig), the serving config, the

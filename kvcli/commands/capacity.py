@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         action="store_false",
                         help="the server will not chunk prefills (Ascend: chunked prefill "
                         "forces block 128)")
-    from kvlab.policies.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS
+    from kvlab.policies.scheduler_config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     parser.add_argument("--max-num-batched-tokens", type=int,
                         default=DEFAULT_MAX_NUM_BATCHED_TOKENS,

@@ -109,7 +109,7 @@ def _check_cluster(args: argparse.Namespace) -> None:
     """--num-instances, --router and --router-seed, before any work (the router is checked
     with one instance too: a typo should not wait for a cluster run to show)."""
     from kvlab.errors import KvlabError
-    from kvlab.policies.scheduler import check_whole_number
+    from kvlab.policies.scheduler_config import check_whole_number
     from kvlab.sim.router import check_router
 
     check_whole_number("num_instances", args.num_instances, 1)
