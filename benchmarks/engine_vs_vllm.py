@@ -12,6 +12,7 @@ side, the ratio kvlab / vLLM, and how many requests' greedy outputs are identica
 
     .venv/bin/python benchmarks/engine_vs_vllm.py                 # 64 requests, 3 repeats
     .venv/bin/python benchmarks/engine_vs_vllm.py --repeats 5 --skip-vllm
+    .venv/bin/python benchmarks/engine_vs_vllm.py --cpu-gemm torch   # kvlab on F.linear only
 
 Exit 1 when a repeat's greedy outputs differ (both sides run float32).
 """
@@ -51,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-vllm", action="store_true", help="time kvlab only")
+    p.add_argument("--cpu-gemm", choices=("onednn", "torch"), default="onednn",
+                   help="kvlab's linear layers: oneDNN on packed weights, or F.linear only")
     p.add_argument("--peer", metavar="FOLDER", help=argparse.SUPPRESS)  # the child's mode
     return p.parse_args(argv)
 
@@ -101,7 +104,7 @@ class KvlabSide:
         self.llm = LLM(str(folder), dtype="float32", policy=f"paged:block_size={args.block_size}",
                        kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
-                       max_model_len=args.max_model_len, verbose=False)
+                       max_model_len=args.max_model_len, cpu_gemm=args.cpu_gemm, verbose=False)
 
     def generate(self, prompts: list[list[int]], output_lens: list[int]) -> list[list[int]]:
         """Greedy outputs, one list of token ids per request."""
@@ -198,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: random Llama, hidden {args.hidden_size}, {args.num_layers} layers, "
           f"{args.num_heads} heads / {args.num_kv_heads} KV heads, intermediate "
           f"{args.intermediate_size}, vocab {args.vocab_size}, float32; block {args.block_size}, "
-          f"max_num_batched_tokens {args.max_num_batched_tokens}, one compute thread each")
+          f"max_num_batched_tokens {args.max_num_batched_tokens}, one compute thread each; "
+          f"kvlab cpu_gemm {args.cpu_gemm}")
     rates: dict[str, list[float]] = {"kvlab": [], "vllm": []}
     cpu_rates: dict[str, list[float]] = {"kvlab": [], "vllm": []}
     all_same = True

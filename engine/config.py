@@ -23,7 +23,11 @@ class EngineConfig:
     start-up (ModelRunner.warm_up), so that the first steps measured are not slowed by one-off
     costs; it changes no output and no decision. `layer_groups[i]` is the KV-cache group whose
     block table layer i reads (an index into the manager's `block_tables(request)`); empty:
-    every layer reads group 0, the one table of a single-table manager.
+    every layer reads group 0, the one table of a single-table manager. `cpu_gemm` is how the
+    model's linear layers multiply on CPU (float32, or bfloat16 where oneDNN has the CPU's
+    bfloat16 instructions): `onednn` runs decode-sized batches through oneDNN on packed copies
+    of the weights (faster, a second copy of the weights in memory; results agree with `torch`
+    to about 1e-5, not bit for bit), `torch` runs F.linear only.
     """
 
     model: str
@@ -35,3 +39,4 @@ class EngineConfig:
     step_timer: str = "wall"
     warmup: bool = True
     layer_groups: tuple[int, ...] = ()
+    cpu_gemm: str = "onednn"

@@ -101,6 +101,7 @@ class LLMEngine:
         self.model, self.model_config, self.tokenizer = load_model(
             config.model, dtype=config.dtype, device=self.platform.device, attn_backend=backend
         )
+        self.model.use_cpu_gemm(config.cpu_gemm)
         _check_sliding_window(backend, self.model_config.layer_windows, config.attention_backend)
         dtype = model_dtype(self.model)
         check_kv_cache_dtype(backend, serving.kv_cache_dtype, dtype)

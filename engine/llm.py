@@ -33,7 +33,9 @@ class LLM:
     None caches every page leaving a window, 0 only what a hit at a prompt's end needs, R also
     what a hit at each multiple of R tokens needs), `hybrid_kv_cache_manager` False keeps every
     token in every layer (one full group). `scheduler_reserve_full_isl` (vLLM V1's default)
-    admits a waiting request only when its whole prompt fits. The two startup
+    admits a waiting request only when its whole prompt fits. `cpu_gemm` is how the linear
+    layers multiply on CPU: "onednn" (decode-sized batches through oneDNN on packed weights,
+    the default) or "torch" (F.linear only; EngineConfig says more). The two startup
     lines (KV cache size, maximum concurrency) are printed to stderr once unless `verbose` is
     False.
     """
@@ -63,6 +65,7 @@ class LLM:
         prefix_cache_retention_interval: int | None = None,
         hybrid_kv_cache_manager: bool = True,
         preemption_costs: Any = None,
+        cpu_gemm: str = "onednn",
         verbose: bool = True,
     ) -> None:
         tiers = kv_tiers if isinstance(kv_tiers, TiersConfig) else \
@@ -95,6 +98,7 @@ class LLM:
             attention_backend=attention_backend,
             dtype=dtype,
             preemption_costs=preemption_costs,
+            cpu_gemm=cpu_gemm,
         )
         self.engine = LLMEngine(config)
         self.last_run: EngineRun | None = None  # per-step records of the latest generate()

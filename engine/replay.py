@@ -97,6 +97,7 @@ def engine_metadata(engine: LLMEngine) -> dict[str, Any]:
         "backend": f"engine:{engine.platform.name}",
         "device": str(engine.platform.device),
         "attention_backend": config.attention_backend,
+        "cpu_gemm": config.cpu_gemm,
         "dtype": str(model_dtype(engine.model)).removeprefix("torch."),
         "max_model_len": engine.max_model_len,
         "preemption_costs": costs.to_json() if hasattr(costs, "to_json") else None,
