@@ -53,8 +53,8 @@ class AccuracyConfig:
 
     `num_tokens` bounds the scored positions (whole windows of `window` tokens, each
     prefilled `chunk` tokens at a time); `num_prompts` prompts of `prompt_len` corpus tokens
-    generate `output_len` greedy tokens each. `device`, `attention_backend`, `dtype` and
-    `block_size` are the engine's. `precisions`: precision policies (`age:recent=R,...`)
+    generate `output_len` greedy tokens each. `device`, `attention_backend`, `cpu_gemm`, `dtype`
+    and `block_size` are the engine's. `precisions`: precision policies (`age:recent=R,...`)
     measured at `auto` beside the dtypes."""
 
     model: str
@@ -68,6 +68,7 @@ class AccuracyConfig:
     output_len: int = 32
     device: str = "cpu"
     attention_backend: str = "torch"
+    cpu_gemm: str = "onednn"
     dtype: str | None = None
     block_size: int = 16
 
@@ -188,7 +189,7 @@ def build_engine(config: AccuracyConfig, name: str, precision: str = "none") -> 
                                    max_model_len=None)
     engine_config = EngineConfig(model=config.model, device=config.device, serving=serving,
                                  attention_backend=config.attention_backend, dtype=config.dtype,
-                                 warmup=False)
+                                 cpu_gemm=config.cpu_gemm, warmup=False)
     engine = LLMEngine(engine_config)
     if engine.max_model_len < longest:
         raise KvlabError(f"model {config.model!r} reads at most {engine.max_model_len:,} "

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                               else [] if args.precision else ["fp8_e4m3"]), window=args.window,
         chunk=args.chunk, num_tokens=args.num_tokens, num_prompts=args.num_prompts,
         prompt_len=args.prompt_len, output_len=args.output_len, device=args.device,
-        attention_backend=args.attention_backend, dtype=args.dtype, block_size=args.block_size)
+        attention_backend=args.attention_backend, dtype=args.dtype, block_size=args.block_size,
+        cpu_gemm=args.cpu_gemm)
     token_ids, source = corpus_tokens(args.model, args.corpus)
     results = measure_accuracy(config, token_ids,
                                progress=lambda line: print(line, file=sys.stderr))

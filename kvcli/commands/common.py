@@ -109,6 +109,10 @@ def add_device_arguments(machine: argparse._ActionsContainer) -> None:
                          "(default torch)")
     machine.add_argument("--dtype", default=None,
                          help="float32, float16 or bfloat16 (default: the checkpoint's)")
+    machine.add_argument("--cpu-gemm", default="onednn", choices=("onednn", "torch"),
+                         help="CPU matmuls of decode-sized batches: onednn (on a packed copy of "
+                         "each weight: faster, a second copy of the linear weights in memory) "
+                         "or torch (F.linear only) (default onednn)")
 
 
 def show_progress(args: argparse.Namespace) -> bool:

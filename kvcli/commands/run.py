@@ -144,6 +144,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         serving=serving_config(args),
         attention_backend=args.attention_backend,
         dtype=args.dtype,
+        cpu_gemm=args.cpu_gemm,
         step_timer=args.step_timer,
         warmup=args.warmup,
     )

@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.num_threads)
     engine = EngineConfig(model=args.model, device=args.device, serving=serving_config(args),
-                          attention_backend=args.attention_backend, dtype=args.dtype)
+                          attention_backend=args.attention_backend, dtype=args.dtype,
+                          cpu_gemm=args.cpu_gemm)
     return serve(ServeConfig(
         engine=engine, host=args.host, port=args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, max_queue=args.max_queue,

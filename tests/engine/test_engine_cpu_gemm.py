@@ -89,3 +89,19 @@ def test_float32_rms_norm_is_bit_for_bit_transformers_steps(hidden_size):
     x = 3 * torch.randn(37, hidden_size)
     steps = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     assert torch.equal(norm(x), steps)
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_the_engine_commands_take_cpu_gemm(command):
+    """`--cpu-gemm torch` reaches the engine's config (default onednn)."""
+    import argparse
+    import importlib
+
+    module = importlib.import_module(f"kvlab.cli.commands.{command}")
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    assert parser.parse_args(["--model", "tiny-llama"] if command == "run" else ["tiny-llama"]
+                             ).cpu_gemm == "onednn"
+    if command == "run":
+        args = parser.parse_args(["--model", "tiny-llama", "--cpu-gemm", "torch"])
+        assert module.engine_config(args).cpu_gemm == "torch"
