@@ -26,9 +26,9 @@ from kvlab.specs.kv_dtype import kv_cache_dtype as kv_dtype
 LayerCache = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, KVQuant]
 
 
-def _layer_kv_quants(dtype: KVCacheDType, head_dim: int, num_kv_heads: int, num_layers: int,
-                     kv_quants: Sequence[KVQuant] | None, device: torch.device,
-                     ) -> list[KVQuant] | None:
+def layer_kv_quants(dtype: KVCacheDType, head_dim: int, num_kv_heads: int, num_layers: int,
+                    kv_quants: Sequence[KVQuant] | None, device: torch.device,
+                    ) -> list[KVQuant] | None:
     """Each model layer's KVQuant: the given ones (checked), else the defaults (fp8 and C8
     scales 1.0); None for float pages."""
     if not dtype.is_quantized:
@@ -106,7 +106,7 @@ class KVCache:
         self.backend = backend
         self.kv_cache_dtype = kv_dtype(kv_cache_dtype)
         num_model_layers = len(layer_slots) if layer_slots else num_layers
-        self.kv_quants = _layer_kv_quants(self.kv_cache_dtype, head_dim, num_kv_heads,
+        self.kv_quants = layer_kv_quants(self.kv_cache_dtype, head_dim, num_kv_heads,
                                           num_model_layers, kv_quants, platform.device)
         dtype, row = page_format(self.kv_cache_dtype, head_dim, dtype)
         shape = (num_pages, page_size, num_kv_heads, row)

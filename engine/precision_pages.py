@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvlab.engine.kv_cache import KVCache, _layer_kv_quants
+from kvlab.engine.kv_cache import KVCache, layer_kv_quants
 from kvlab.kernels.kv_quant import KVQuant, page_format
 from kvlab.kernels.mixed_attention import LevelPages, MixedBackend, MixedLayer, MixedState
 from kvlab.policies import registry
@@ -74,7 +74,7 @@ class PrecisionPages:
             dtype = kv_cache_dtype(name)
             element, row = page_format(dtype, head_dim, model_dtype)
             quants: list[KVQuant | None] = list(
-                _layer_kv_quants(dtype, head_dim, num_kv_heads, num_tensors, None, device)
+                layer_kv_quants(dtype, head_dim, num_kv_heads, num_tensors, None, device)
                 or no_quants)
             shape = (num_ids, page_size, num_kv_heads, row)
             for levels, quant in zip(self.tensor_levels, quants, strict=True):
