@@ -25,6 +25,7 @@ from kvlab.sweep import (
     SweepSpec,
     SweepStore,
     run_points,
+    split_values,
 )
 from kvlab.traces import Trace, guess_dataset_name
 from kvlab.traces.bundled import bundled_dataset_name
@@ -54,6 +55,8 @@ SWEEP_PARAMETERS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "preemption": ("policy", str),
     "victim": ("policy", str),
     "block_sizing": ("policy", str),
+    # a precision policy a value, its options after the colon (age:recent=128,depth=2)
+    "precision": ("policy", str),
     "request_rate": ("setup", float),
     "time_scale": ("setup", float),
     "max_num_seqs": ("setup", int),
@@ -109,7 +112,7 @@ def parse_values(name: str, text: str) -> list[Any]:
         raise KvlabError(f"cannot sweep {name!r}; choose from {', '.join(SWEEP_PARAMETERS)}")
     kind = SWEEP_PARAMETERS[name][1]
     values = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in split_values(name, text):  # (a precision value keeps its commas)
         try:
             values.append(kind(item))
         except ValueError:

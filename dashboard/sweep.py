@@ -28,6 +28,7 @@ DEFAULT_VALUES = {"block_size": "8,16,32", "request_rate": "2,4,8", "time_scale"
                   "gpu_memory_utilization": "0.5,0.7,0.9", "eviction": "lru,fifo,lfu",
                   "preemption": "recompute,swap", "victim": "last-arrived,longest,fewest-pages",
                   "block_sizing": "fixed,geometric",
+                  "precision": "none,age:recent=128,age:recent=32,depth=2",
                   "kv_tiers": "none,host:64GiB,host:256GiB,host:1TiB"}
 MAX_POINTS = 64
 
@@ -52,10 +53,10 @@ def main() -> None:
     y = None if y_name == NONE else y_name
     y_text = cols[1].text_input("Y values", DEFAULT_VALUES[y], key=f"sweep_y_values_{y}") \
         if y else ""
-    st.caption("request_rate resamples arrivals as Poisson; eviction, preemption, victim and "
-               "block_sizing take policy names (`kvlab policies`); the other setup fields come "
-               "from the sidebar. Larger grids, any `kvlab sim` flag, a process pool or Ray: "
-               "`kvlab sweep`, then read its folder here.")
+    st.caption("request_rate resamples arrivals as Poisson; eviction, preemption, victim, "
+               "block_sizing and precision take policy names (`kvlab policies`); the other "
+               "setup fields come from the sidebar. Larger grids, any `kvlab sim` flag, a "
+               "process pool or Ray: `kvlab sweep`, then read its folder here.")
     clicked = st.button("Run", key="sweep_run", type="primary")
     if clicked:
         with user_errors():

@@ -130,6 +130,17 @@ def test_a_sweep_over_policy_choices_runs_each_policy():
         sweep(setup, PolicySpec(), "eviction", ["sometimes"], None, [])
 
 
+def test_a_sweep_over_precision_policies_keeps_their_commas_and_runs_each():
+    setup = small_setup(num_prompts=20)
+    values = parse_values("precision", "none,age:recent=16,depth=2")
+    assert values == ["none", "age:recent=16,depth=2"]
+    grid = sweep(setup, PolicySpec(eviction="lru"), "precision", values, None, [])
+    assert grid["precision"].tolist() == values
+    assert grid["error"].isna().all(), grid["error"].tolist()
+    demotions = grid["precision_demotions_per_s"].tolist()
+    assert pd.isna(demotions[0]) and demotions[1] > 0  # the swept policy demoted
+
+
 def test_a_sweep_folder_loads_with_the_parameters_it_varies_as_axes(tmp_path):
     from kvlab.dashboard.runs import load_sweep_folder
 
