@@ -234,7 +234,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config, device)
         self.requires_grad_(False)  # an inference engine: never build autograd graphs
         self.cpu_gemm = "torch"
-        self._logits_packed: torch.Tensor | None = None
+        self._tied_packed: torch.Tensor | None = None  # the embedding's, for tied logits
         self._packs_stale = False  # weights loaded since the last packing
 
     def use_cpu_gemm(self, name: str) -> None:
@@ -255,12 +255,8 @@ class LlamaForCausalLM(nn.Module):
                 module.packed = pack_weight(module.weight) if onednn else None
         # an LM head is one of the linears; tied logits read the embedding, packed once more
         tied = onednn and self.lm_head is None
-        head = self.lm_head.packed if self.lm_head is not None else None
-        self._logits_packed = pack_weight(self._logits_weight()) if tied else head
+        self._tied_packed = pack_weight(self.model.embed_tokens.weight) if tied else None
         self._packs_stale = False
-
-    def _logits_weight(self) -> torch.Tensor:
-        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(
         self,
@@ -297,7 +293,9 @@ class LlamaForCausalLM(nn.Module):
         """Logits [N, vocab] for the hidden rows that sample (only those, to save the matmul)."""
         if self._packs_stale:
             self._pack_weights()
-        return linear(hidden_rows, self._logits_weight(), None, self._logits_packed)
+        if self.lm_head is not None:
+            return self.lm_head(hidden_rows)
+        return linear(hidden_rows, self.model.embed_tokens.weight, None, self._tied_packed)
 
     def hf_weight_names(self) -> list[str]:
         """The Hugging Face tensor names this model needs from a checkpoint."""
