@@ -17,8 +17,9 @@ counted as `max_debt_pages`).
 from __future__ import annotations
 
 import operator
+from bisect import bisect_left
 from collections import deque
-from itertools import compress, repeat
+from itertools import accumulate, compress, repeat
 
 from kvlab.policies.page_pool import PagePool
 from kvlab.policies.precision.ladder import PrecisionLadder
@@ -201,15 +202,16 @@ class PrecisionLedger:
             return min(short, len(evictor))
         row, size, levels = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0], \
             self.levels
-        owed, freed, taken = self.num_extra - len(self.ballast), self.freed_units, 0
+        owed, freed, unit = self.num_extra - len(self.ballast), self.freed_units, self.unit
         pages = peek(min(len(evictor), 4 * short + 16))
-        for level in map(levels.get, pages, repeat(0)):
-            taken += 1
-            if level:
-                freed -= (row[0] - row[level]) * size
-            if taken >= owed - freed // self.unit:
-                return taken
-        return max(taken, 1)
+        # The loop's test after t pages, t >= owed - (freed - bytes_t) // unit (bytes_t: what
+        # the first t no longer need), only turns true as t grows (each page's bytes are under
+        # a unit): a bisection over the running sums (C loops) finds the first t it holds at.
+        below = [(row[0] - level_row) * size for level_row in row]
+        spared = list(accumulate(map(below.__getitem__, map(levels.get, pages, repeat(0)))))
+        first = bisect_left(range(len(spared)), True,
+                            key=lambda k: k + 1 >= owed - (freed - spared[k]) // unit)
+        return first + 1 if first < len(spared) else max(len(spared), 1)
 
     def _evict_into_ballast(self, short: int) -> None:
         """Evict cached pages into the ballast, `short` pages short of it, in eviction order,
