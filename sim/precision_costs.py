@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,8 +14,6 @@ if TYPE_CHECKING:
     from kvlab.policies.precision.driver import PrecisionDriver
     from kvlab.policies.precision.run import RunDemotions
     from kvlab.sim.cost_model import CostModel
-
-_LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
 
 
 def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
@@ -39,10 +36,8 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
                         num_padded_context_tokens=round(output.num_padded_context_tokens * keep))
     time_s = cost_model.step_time_s(shape)
     requantize = output.mem_ops.requantize
-    if requantize:  # (C loops, in the list's order: whole prompts are demoted at once)
-        pages = sum(map(driver.requantize_ratios.__getitem__,
-                        map(_LEVELS, requantize))) / 2
-        time_s += cost_model.copy_time_s(1) * pages
+    if requantize:  # (from the step's counts where they sum exactly: `requantized_pages`)
+        time_s += cost_model.copy_time_s(1) * driver.requantized_pages(requantize)
     return time_s
 
 

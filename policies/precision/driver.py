@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from itertools import islice, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from kvlab.errors import KvlabError
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from kvlab.policies.groups.table import SeqState
     from kvlab.policies.manager import KVCacheManager
 
+_LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
+
 # Cached-free pages looked at per step for demotion (from the eviction end): bounds the work.
 _CACHED_SCAN = 256
 
@@ -29,9 +32,10 @@ class PrecisionDriver:
     time; `num_pages` is the device's pages at the cache's dtype (the pool holds more ids:
     `ledger.py`)."""
 
-    __slots__ = ("_befores", "_done", "_exact", "_levels_demoted", "_pending", "_saving",
-                 "ledger", "manager", "num_pages", "num_steps", "page_tokens", "policy",
-                 "requantize_ratios", "run", "sum_pages_at_level")
+    __slots__ = ("_afters", "_befores", "_charged", "_done", "_dropped_at", "_dups", "_exact",
+                 "_levels_demoted", "_pending", "_saving", "ledger", "manager", "num_pages",
+                 "num_steps", "page_tokens", "policy", "requantize_ratios", "run",
+                 "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
                  num_pages: int) -> None:
@@ -47,6 +51,13 @@ class PrecisionDriver:
         # the step's demotions so far: the pages, and each one's level before (in step)
         self._pending: list[int] = []
         self._befores: list[int] = []
+        # each one's level after: its level at the step's end unless a page was listed twice
+        # (`_dups`) or a demoted page's content left since (`_dropped_at`: the ledger's count)
+        self._afters: list[int] = []
+        self._dups = False
+        self._dropped_at = 0
+        # the step's requantizations, their number and the pages they cost (`end_step`)
+        self._charged: tuple[list, int, float] | None = None
         self._levels_demoted = 0  # a bit per level the step demoted pages to
         # (level before, level after) -> the two levels' byte ratios added: a requantization
         # reads a page at one and writes it at the other (sim/precision_costs.py)
@@ -67,6 +78,9 @@ class PrecisionDriver:
         demote where the policy says (the bytes freed are the step's to allocate)."""
         ledger, pool = self.ledger, self.manager.pool
         ledger.settle()
+        self._dropped_at = ledger.num_dropped
+        ledger.step_pairs = dict.fromkeys(ledger.step_pairs, 0)
+        self._charged = None
         reclaimable = pool.allocator.num_free_pages + len(pool.evictor)
         if self.policy.under_pressure(reclaimable, self.num_pages):
             self._demote_by_age()
@@ -78,15 +92,25 @@ class PrecisionDriver:
     def end_step(self, ops: MemOps) -> None:
         """The step's requantizations run first of its MemOps, one per page from its level
         before the step to its level now (a page whose content left in the step needs none)."""
-        pages, befores = self._pending, self._befores
+        pages, befores, afters = self._pending, self._befores, self._afters
         if not pages:
             return
-        self._pending, self._befores = [], []
+        self._pending, self._befores, self._afters = [], [], []
         levels_demoted, self._levels_demoted = self._levels_demoted, 0
+        dups, self._dups = self._dups, False
+        if not dups and self.ledger.num_dropped == self._dropped_at:  # (the usual step)
+            requantize = ops.requantize
+            requantize[:0] = list(zip(pages, befores, afters, strict=True))
+            if self._exact:  # (what they cost sums exactly in any order: from the counts)
+                ratios = self.requantize_ratios
+                self._charged = (requantize, len(requantize), sum(
+                    count * ratios[pair] for pair, count in self.ledger.step_pairs.items()
+                    if count) / 2)
+            return
         # A page demoted twice in the step is listed once, in first order, from its first
-        # level before: only where the step demoted to two levels or more (one level takes a
-        # page once).
-        if levels_demoted & (levels_demoted - 1):
+        # level before: only where a sequence walked two levels one at a time, or a page two
+        # sequences share was demoted (`_dups`), and the step demoted to two levels or more.
+        if dups and levels_demoted & (levels_demoted - 1):
             first = dict(zip(reversed(pages), reversed(befores), strict=True))
             if len(first) < len(pages):
                 pages = list(dict.fromkeys(pages))
@@ -96,6 +120,14 @@ class PrecisionDriver:
         if 0 in after:  # content that left in the step
             requantize = [op for op in requantize if op[2]]
         ops.requantize[:0] = requantize
+
+    def requantized_pages(self, requantize: list[tuple[int, int, int]]) -> float:
+        """What the step's `requantize` (`MemOps.requantize`) costs, in pages at the cache's
+        dtype read and written: each page's two levels' byte ratios, summed, halved."""
+        charged = self._charged
+        if charged is not None and charged[0] is requantize and charged[1] == len(requantize):
+            return charged[2]
+        return sum(map(self.requantize_ratios.__getitem__, map(_LEVELS, requantize))) / 2
 
     def plan_run(self, requests: list[Any], max_steps: int) -> int:
         """How many (at most `max_steps`) of the next steps, each one decode token for every
@@ -154,21 +186,47 @@ class PrecisionDriver:
             if num_tokens < info[0]:  # no page of it demotes yet
                 continue
             walked, pages, saving = entry[1], state.pages, self._saving
+            wants = [policy.num_pages_at_least(level, num_tokens, page_size)
+                     for level in range(1, top + 1)]
+            uptos = [min(want, len(pages)) for want in wants]
+            self._demote_walks(pages, walked, uptos)
             next_at = math.inf
-            for level in range(1, top + 1):
-                upto = min(policy.num_pages_at_least(level, num_tokens, page_size), len(pages))
+            for level, upto, want in zip(range(1, top + 1), uptos, wants, strict=True):
                 if upto > walked[level]:
-                    self._demote(pages[walked[level]:upto], level)
                     info[1] += (upto - walked[level]) * saving[level]
                     walked[level] = upto
                 # page `walked[level]` reaches this level at this many tokens
                 next_at = min(next_at, (walked[level] + 1) * page_size + level * policy.recent)
-                if upto < policy.num_pages_at_least(level, num_tokens, page_size):
+                if upto < want:
                     next_at = 0  # (pages not yet allocated: look again next step)
             info[0] = next_at
         if len(done) > len(seqs):  # sequences gone since (every one left has its entry)
             for request_id in [r for r in done if r not in seqs]:
                 del done[request_id]
+        owners = manager.pool.owners  # (a page two tables hold may be demoted twice)
+        if owners and self._pending and not owners.keys().isdisjoint(self._pending):
+            self._dups = True
+
+    def _demote_walks(self, pages: list[int], walked: list[int], uptos: list[int]) -> None:
+        """A sequence's pages from `walked[level]` to `uptos[level - 1]` demoted to each
+        level in turn; two levels whose walks overlap (a backlog) in one pass
+        (`PrecisionLedger.demote_walk`: each page listed once)."""
+        if len(uptos) == 2 and walked[2] <= walked[1] < uptos[1] <= uptos[0]:
+            start = walked[2]
+            span = pages[start:uptos[0]]
+            if NULL_PAGE not in span:
+                num = self.ledger.demote_walk(span, walked[1] - start, uptos[1] - start,
+                                              self._pending, self._befores, self._afters)
+                self._levels_demoted |= 6
+                if self.policy.recompute:  # a lookup from before may reach them
+                    self.manager.pool.cache_epoch += num
+                return
+            self._dups = True
+        elif len(uptos) > 1 and max(walked[1:]) < min(uptos):  # (overlapping: never here)
+            self._dups = True
+        for level, upto in enumerate(uptos, 1):
+            if upto > walked[level]:
+                self._demote(pages[walked[level]:upto], level, held=True)
 
     def _demote_cached(self) -> None:
         """Cached-free prefix pages, next victims first, to the lowest level."""
@@ -183,12 +241,14 @@ class PrecisionDriver:
             self._demote(demoted, bottom)
         ledger.cache(demoted)
 
-    def _demote(self, pages: list[int], level: int) -> None:
-        """Each of `pages` above `level` requantized down to it, in order."""
+    def _demote(self, pages: list[int], level: int, held: bool = False) -> None:
+        """Each of `pages` above `level` requantized down to it, in order (`held`: all in
+        block tables)."""
         if NULL_PAGE in pages:
             pages = [page for page in pages if page != NULL_PAGE]
         num_before = len(self._pending)
-        self.ledger.demote_pages(pages, level, self._pending, self._befores)
+        self.ledger.demote_pages(pages, level, self._pending, self._befores, held)
+        self._afters += repeat(level, len(self._pending) - num_before)
         self._levels_demoted |= 1 << level
         if self.policy.recompute:  # a lookup from before may reach them
             self.manager.pool.cache_epoch += len(self._pending) - num_before

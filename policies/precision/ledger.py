@@ -31,8 +31,8 @@ class PrecisionLedger:
     ballast pages."""
 
     __slots__ = ("_cached", "_cached_units", "_into_ballast", "ballast", "demotions",
-                 "freed_units", "ladder", "levels", "max_debt_pages", "num_at_level", "num_extra",
-                 "pool", "unit")
+                 "freed_units", "ladder", "levels", "max_debt_pages", "num_at_level",
+                 "num_dropped", "num_extra", "pool", "step_pairs", "unit")
 
     def __init__(self, pool: PagePool, ladder: PrecisionLadder, num_pages: int,
                  page_size: int) -> None:
@@ -46,6 +46,10 @@ class PrecisionLedger:
         self.demotions = [0] * (ladder.depth + 1)  # pages demoted into each level, ever
         self.freed_units = 0
         self.max_debt_pages = 0
+        self.num_dropped = 0  # demoted pages whose content left the device, ever
+        # (level before, level after) -> pages demoted so, since the driver last reset it
+        self.step_pairs = {(before, after): 0 for after in range(ladder.depth + 1)
+                           for before in range(after)}
         self.ballast: list[int] = []
         self._cached: set[int] = set()  # demoted pages that are cached-free
         self._cached_units = 0  # the bytes evicting all of them would not free
@@ -106,9 +110,10 @@ class PrecisionLedger:
         return self.levels.get(page, 0)
 
     def demote_pages(self, pages: list[int], level: int, demoted: list[int],
-                     befores: list[int]) -> None:
+                     befores: list[int], held: bool = False) -> None:
         """Demote each of `pages` (distinct) not at `level` or lower precision yet, in order;
-        appends each page demoted to `demoted` and its level before to `befores`."""
+        appends each page demoted to `demoted` and its level before to `befores`. `held`:
+        every page is in a block table (none cached-free: nothing to look up there)."""
         levels = self.levels
         found = list(map(levels.get, pages, repeat(0)))  # (C loops: whole prompts at once)
         if max(found, default=level) >= level:
@@ -119,21 +124,80 @@ class PrecisionLedger:
         levels.update(zip(pages, repeat(level)))
         row, size, num_at = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0], \
             self.num_at_level
+        pairs = self.step_pairs
         for before in range(level):
             count = found.count(before)
             if count:
+                pairs[before, level] += count
                 self.freed_units += count * (row[before] - row[level]) * size
                 if before:
                     num_at[before] -= count
         num_at[level] += len(pages)
         self.demotions[level] += len(pages)
         cached = self._cached
-        if cached and not cached.isdisjoint(pages):
+        if cached and not held and not cached.isdisjoint(pages):
             for page, before in zip(pages, found, strict=True):
                 if page in cached:
                     self._cached_units += (row[before] - row[level]) * size
         demoted += pages
         befores += found
+
+    def demote_walk(self, span: list[int], cut1: int, cut2: int, demoted: list[int],
+                    befores: list[int], afters: list[int]) -> int:
+        """One sequence's held pages `span` walked in one step to level 1 from `cut1` on and
+        to level 2 before `cut2` (0 <= cut1 < cut2 <= len(span)): the levels, bytes and counts
+        of `demote_pages` at level 1 then at level 2, each page looked up and written once.
+        Appends each page demoted once, in the order of its first demotion, with its level
+        before and after (the two calls' lists as `end_step` deduplicates them). Returns the
+        demotions (a page demoted to both levels counts two)."""
+        levels, row = self.levels, self.ladder.row_bytes
+        found = list(map(levels.get, span, repeat(0)))  # (C loops: whole prompts at once)
+        if not any(found):  # (the usual backlog: nothing demoted yet)
+            first1, firsts2, befores2 = span[cut1:], span[:cut1], [0] * cut1
+            to_two, to_one = span[:cut2], span[cut2:]
+            num_20, num_21 = cut2, 0
+        else:  # (C loops: a prefix hit's pages, or pages walked before, may be demoted)
+            head, mid, tail = found[:cut1], found[cut1:cut2], found[cut2:]
+            first1 = span[cut1:] if not any(mid) and not any(tail) else \
+                list(compress(span[cut1:], map(operator.not_, found[cut1:])))
+            # level 2 first: the pages below cut1 not at 2 yet, those above it at level 1
+            if 2 in head:
+                firsts2 = list(compress(span[:cut1], map((2).__gt__, head)))
+                befores2 = list(filter((2).__gt__, head))
+            else:
+                firsts2, befores2 = span[:cut1], head
+            if 1 in mid:
+                ones = list(compress(span[cut1:cut2], map((1).__eq__, mid)))
+                firsts2 += ones
+                befores2 += repeat(1, len(ones))
+            low = found[:cut2]
+            to_two = span[:cut2] if 2 not in low else \
+                list(compress(span[:cut2], map((2).__gt__, low)))
+            to_one = span[cut2:] if not any(tail) else \
+                list(compress(span[cut2:], map(operator.not_, tail)))
+            num_20, num_21 = low.count(0), low.count(1)
+        levels.update(zip(to_two, repeat(2)))
+        levels.update(zip(to_one, repeat(1)))
+        size, num_at = self.unit // row[0], self.num_at_level
+        self.freed_units += (num_20 * (row[0] - row[2]) + num_21 * (row[1] - row[2])
+                             + len(to_one) * (row[0] - row[1])) * size
+        num_at[1] += len(to_one) - num_21
+        num_at[2] += len(to_two)
+        self.demotions[1] += len(first1)
+        self.demotions[2] += len(to_two)
+        demoted += first1
+        demoted += firsts2
+        befores += repeat(0, len(first1))
+        befores += befores2
+        pairs, num_2_from_0 = self.step_pairs, befores2.count(0)
+        pairs[0, 1] += len(to_one)
+        pairs[0, 2] += len(first1) - len(to_one) + num_2_from_0
+        pairs[1, 2] += len(firsts2) - num_2_from_0
+        # first1's pages below cut2 went on to level 2
+        afters += repeat(2, len(first1) - len(to_one))
+        afters += repeat(1, len(to_one))
+        afters += repeat(2, len(firsts2))
+        return len(first1) + len(to_two)
 
     def drop(self, pages: list[int], reuse: bool) -> list[int]:
         """The content of `pages` left the device (freed or evicted): returns those the pool
@@ -151,6 +215,7 @@ class PrecisionLedger:
                 return []
             return pages
         demoted = list(compress(pages, found))
+        self.num_dropped += len(demoted)
         self._uncache(demoted)
         deque(map(levels.__delitem__, demoted), maxlen=0)  # (C loops: whole prompts at once)
         demoted_levels = list(filter(None, found))

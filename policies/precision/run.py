@@ -185,6 +185,7 @@ class RunDemotions:
             for level in range(1, len(num_at)):
                 sums[level] += num_at[level]
         # (no MemOps: the simulator charged them)
-        driver._pending, driver._befores, driver._levels_demoted = [], [], 0
+        driver._pending, driver._befores, driver._afters = [], [], []
+        driver._levels_demoted, driver._dups = 0, False
         driver.num_steps += num_steps
         return released
