@@ -3,13 +3,13 @@ pins for a step (the tiers themselves are `policies/tiers/`)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from itertools import chain, compress
 from typing import TYPE_CHECKING, cast
 
 from kvlab.policies.outputs import MemOps, TierBatch
 from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats, chain_length, tier_chain
-from kvlab.policies.tiers.units import DeviceUnits, each_page, unit_slots, whole
+from kvlab.policies.tiers.units import DeviceUnits, UnitSlots, each_page, unit_slots, whole
 
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool
@@ -286,7 +286,7 @@ class TierLink:
         self._through_pages += cast("list[int]", held)
         self._through_keys += keys
 
-    def _store(self, src_level: int, src_pages: list[int], keys: list, level: int) -> None:
+    def _store(self, src_level: int, src_pages: Sequence[int], keys: list, level: int) -> None:
         """Write `keys` (held by `src_pages` of `src_level`, a unit of `unit` pages each, in
         order) to tier `level`, skipping what it holds already (and, from the device, what
         was not hit often enough); the pages they take there, where they held other content,
@@ -321,14 +321,15 @@ class TierLink:
         stored, pages, victim_pages, victim_keys = tier.put_many(keys)
         own.num_stores += len(stored) * unit
         own.num_evictions += len(victim_keys) * unit
-        victim_slots = unit_slots(victim_pages, unit)
+        victim_slots = UnitSlots(victim_pages, unit) if unit > 1 else victim_pages
         if victim_keys and level < len(tiers):
             tier.stats.num_demotions += len(victim_keys) * unit
             own.num_demotions += len(victim_keys) * unit
             self._store(level, victim_slots, victim_keys, level + 1)
         sources = src_pages[len(src_pages) - len(stored) * unit :]  # put_many keeps the last
         # a full tier's victims' pages take the keys: their slots listed once (batches are read)
-        slots = victim_slots if unit > 1 and pages == victim_pages else unit_slots(pages, unit)
+        slots = victim_slots if unit > 1 and pages == victim_pages \
+            else UnitSlots(pages, unit) if unit > 1 else pages
         self._tier_writes.append(TierBatch(src_level, sources, level, slots))
 
 

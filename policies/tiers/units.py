@@ -11,21 +11,24 @@ device evicts that last page and every other page of the unit still holds its co
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from itertools import chain
-from typing import cast
+from collections import deque
+from collections.abc import Hashable, Iterator, Sequence
+from itertools import chain, compress, repeat
+from typing import overload
 
 
 class DeviceUnits:
-    """The units registered on the device: unit key -> (its keys and the device pages holding
-    them at registration, last page first). An entry leaves when its last page is evicted
-    (`evicted`) or the prefix cache is reset (`clear`)."""
+    """The units registered on the device: unit key -> (the registering table's prefix keys, the
+    index of the unit's last page among them, the device page holding that page). A table's
+    keys only ever grow, so the entry holds the list itself, not a copy of the unit's part.
+    An entry leaves when its last page is evicted (`evicted`) or the prefix cache is reset
+    (`clear`)."""
 
     __slots__ = ("_pending_keys", "_pending_pages", "_units", "unit")
 
     def __init__(self, unit: int) -> None:
         self.unit = unit
-        self._units: dict[Hashable, tuple[tuple, tuple[int, ...]]] = {}
+        self._units: dict[Hashable, tuple[list, int, int]] = {}
         # units evicted whole since the last `take_pending`: their device pages, unit by unit,
         # and keys
         self._pending_pages: list[int] = []
@@ -37,67 +40,100 @@ class DeviceUnits:
     def note(self, pages: list[int], hashes: list, new: range | list[int], regular: bool,
              cached: dict) -> None:
         """A table registered its pages at indices `new` (with its `pages` and `hashes`):
-        remember each unit whose last page is among them, with the device pages holding its
-        content (the table's own where `regular`, else the prefix cache's)."""
+        remember each unit whose last page is among them (where not `regular`, some content
+        was cached in other pages: only units whose content is all on the device)."""
         unit, units = self.unit, self._units
         if isinstance(new, range):
             lasts: range | list[int] = range(new.start + (-new.start - 1) % unit, new.stop, unit)
         else:
             lasts = [index for index in new if index % unit == unit - 1]
+        if regular:  # (the usual case, in C loops)
+            entries = zip(repeat(hashes), lasts, map(pages.__getitem__, lasts))
+            units.update(zip(map(hashes.__getitem__, lasts), entries, strict=True))
+            return
         for last in lasts:
-            stop = last - unit if last >= unit else None
-            # last page first, as the device evicts them; tuples of ints, which the garbage
-            # collector stops tracking (thousands of lists held for long would slow its passes)
-            keys = tuple(hashes[last:stop:-1])
-            held = tuple(pages[last:stop:-1] if regular else map(cached.get, keys))
+            held = list(map(cached.get, hashes[last - unit + 1 : last + 1]))
             if None not in held:
-                units[keys[0]] = (keys, cast("tuple[int, ...]", held))
+                units[hashes[last]] = (hashes, last, held[-1])
 
     def evicted(self, pages: list[int], keys: list, cached: dict) -> None:
         """The device evicts `pages` holding `keys` now (in order; `cached` no longer holds
         them): keep for `take_pending` the units whose last page is among them and whose other
-        pages hold their content still (evicted in this batch from the page registered, or
-        cached there), in eviction order. Every evicted unit key's entry is dropped."""
+        pages' content is still on the device (cached, or evicted in this batch), in eviction
+        order. Every evicted unit key's entry is dropped."""
         units, unit = self._units, self.unit
         if len(keys) == 1 and keys[0] not in units:  # (one page taken for another: no unit)
             return
-        found = units.keys() & keys  # (one pass in C; the usual batch has a unit in 16 pages)
         src_pages, unit_keys = self._pending_pages, self._pending_keys
         gone: dict | None = None  # key -> page of its first eviction in the batch, if needed
-        index = 0
-        while found:
+        get, index, num_keys = units.get, 0, len(keys)
+        while index < num_keys:
             key = keys[index]
-            if key not in found:
-                index += 1
+            entry = get(key)
+            if entry is None or entry[2] != pages[index]:  # (registered again elsewhere
+                index += 1  # since: not this content)
                 continue
-            found.discard(key)
-            entry = units[key]
-            if entry[1][0] != pages[index]:  # registered again elsewhere since: not this content
-                index += 1
+            hashes, last = entry[0], entry[1]
+            num_whole = self._take_run(pages, keys, index, hashes, last)
+            if num_whole:
+                index += num_whole * unit
                 continue
             del units[key]
-            unit_keys_of, held = entry
-            end = index + unit
-            before = index - 1 if index else None  # (a reversed slice's end)
-            if tuple(keys[index:end]) == unit_keys_of:  # the rest evicted right after it
-                src_pages.extend(pages[end - 1 : before : -1])  # (the usual case)
+            first, num_here = last - unit + 1, num_keys - index
+            if num_here < unit and keys[index:] == hashes[last : last - num_here : -1]:
+                # a unit the batch's end cuts: its first pages still cached
+                held = list(map(cached.get, hashes[first : last - num_here + 1]))
+                if None not in held:
+                    src_pages += held
+                    src_pages += pages[: index - 1 if index else None : -1]
+                    unit_keys.append(key)
+                    break
+            rest = hashes[first:last]
+            held = list(map(cached.get, rest))
+            if None in held:  # (not cached: evicted in this batch, or gone before)
+                gone = gone or dict(zip(reversed(keys), reversed(pages), strict=True))
+                held = [gone.get(k) if page is None else page
+                        for k, page in zip(rest, held, strict=True)]
+            if None not in held:  # (else some page of the unit left before its last one)
+                src_pages += held
+                src_pages.append(pages[index])
                 unit_keys.append(key)
-                index = end
-                continue
-            num_here = len(keys) - index  # a unit the batch's end cuts: the rest still cached
-            if num_here < unit and tuple(keys[index:]) == unit_keys_of[:num_here] \
-                    and tuple(map(cached.get, unit_keys_of[num_here:])) == held[num_here:]:
-                src_pages.extend(reversed(held[num_here:]))
-                src_pages.extend(pages[:before:-1])
-                unit_keys.append(key)
-                break
-            if tuple(map(cached.get, unit_keys_of[1:])) == held[1:] or _held(
-                    unit_keys_of, held, cached,
-                    gone := gone or dict(zip(reversed(keys), reversed(pages), strict=True))):
-                src_pages.extend(reversed(held))
-                unit_keys.append(key)
-            # (else some page of the unit left the device before its last one: not written)
             index += 1
+
+    def _take_run(self, pages: list[int], keys: list, index: int, hashes: list,
+                  last: int) -> int:
+        """The whole units evicted in a row from `index` of the batch (`pages`, `keys`), as
+        a table holding `hashes` registered them: the unit whose last page is `hashes[last]`
+        (its entry's page checked) and those below it in the table whose pages follow, each
+        taken where its entry is this content's. Returns how many units the row spans (0: the
+        first unit is not whole here). A table's units leave the device together: one slice
+        compared, not one per unit."""
+        unit = self.unit
+        num_units = min((len(keys) - index) // unit, (last + 1) // unit)
+        if not _follows(keys, index, hashes, last, num_units * unit):
+            low, high = 0, num_units  # (whole rows: `low` units do, `high` do not)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if _follows(keys, index, hashes, last, middle * unit):
+                    low = middle
+                else:
+                    high = middle
+            num_units = low
+        if not num_units:
+            return 0
+        end = index + num_units * unit
+        unit_keys = hashes[last : last - num_units * unit if last >= num_units * unit else None
+                           : -unit]
+        entries = map(self._units.get, unit_keys)
+        taken = list(map(_is_held_at, entries, pages[index:end:unit]))
+        rows = list(_chunks(pages[end - 1 : index - 1 if index else None : -1], unit))
+        rows.reverse()  # (each unit's pages first one first, the units in eviction order)
+        if False in taken:
+            unit_keys, rows = list(compress(unit_keys, taken)), list(compress(rows, taken))
+        deque(map(self._units.__delitem__, unit_keys), maxlen=0)
+        self._pending_pages.extend(chain.from_iterable(rows))
+        self._pending_keys += unit_keys
+        return num_units
 
     def take_pending(self) -> tuple[list[int], list]:
         """The units evicted whole since the last call, each key once (its first eviction):
@@ -121,10 +157,19 @@ class DeviceUnits:
         self._pending_pages, self._pending_keys = [], []
 
 
-def _held(keys: tuple, pages: tuple[int, ...], cached: dict, gone: dict) -> bool:
-    """Whether each of `keys` is cached at, or was evicted in this batch from, its page."""
-    return all(cached.get(key) == page or gone.get(key) == page
-               for key, page in zip(keys, pages, strict=True))
+def _follows(keys: list, index: int, hashes: list, last: int, span: int) -> bool:
+    """Whether `keys[index : index + span]` are `hashes` from `last` down, in that order."""
+    return keys[index : index + span] == hashes[last : last - span if last >= span else None : -1]
+
+
+def _is_held_at(entry: tuple[list, int, int] | None, page: int) -> bool:
+    """Whether a unit's entry names `page` as holding its last page."""
+    return entry is not None and entry[2] == page
+
+
+def _chunks(values: list, size: int) -> zip:
+    """Consecutive tuples of `size` of `values` (whose length is a multiple of it)."""
+    return zip(*[iter(values)] * size, strict=True)
 
 
 def each_page(flags: list[bool], unit: int) -> list[bool]:
@@ -140,6 +185,52 @@ def whole(flags: list[bool], unit: int) -> list[bool]:
         return flags
     return each_page([all(flags[start : start + unit])
                       for start in range(0, len(flags), unit)], unit)
+
+
+class UnitSlots(Sequence[int]):
+    """The device-page slots of tier pages of `unit` device pages each, in order, as
+    `unit_slots` lists them but not listed: a tier write's simulator needs only their number,
+    an executor iterates them."""
+
+    __slots__ = ("pages", "unit")
+
+    def __init__(self, tier_pages: list[int], unit: int) -> None:
+        self.pages = tier_pages
+        self.unit = unit
+
+    def __len__(self) -> int:
+        return len(self.pages) * self.unit
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        unit = self.unit
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1 and not start % unit and not stop % unit:  # whole tier pages
+                return UnitSlots(self.pages[start // unit : stop // unit], unit)
+            return list(self)[index]
+        page, offset = divmod(index if index >= 0 else index + len(self), unit)
+        if not 0 <= page < len(self.pages):
+            raise IndexError(index)
+        return self.pages[page] * unit + offset
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(unit_slots(self.pages, self.unit))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, UnitSlots):
+            return self.unit == other.unit and self.pages == other.pages
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # (mutable, as the lists it stands for)
+
+    def __repr__(self) -> str:
+        return f"UnitSlots({self.pages!r}, unit={self.unit})"
 
 
 def unit_slots(tier_pages: list[int], unit: int) -> list[int]:

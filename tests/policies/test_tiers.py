@@ -21,6 +21,7 @@ from kvlab.policies.tiers import (
     parse_tiers,
     tier_chain,
 )
+from kvlab.policies.tiers.units import UnitSlots, unit_slots
 
 
 def test_the_grammar_reads_sizes_pages_and_options():
@@ -231,3 +232,18 @@ def test_a_chain_of_long_runs_takes_each_key_from_the_highest_tier_holding_it(ne
     stores = _stores(new, holders, num_tiers)
     keys = list(range(len(holders)))
     assert _pairs(tier_chain(stores, keys)) == _chain_key_by_key(stores, keys)
+
+
+@given(st.lists(st.integers(0, 50), max_size=6), st.integers(1, 4), st.data())
+def test_unit_slots_read_as_the_slots_they_stand_for(tier_pages, unit, data):
+    slots = UnitSlots(tier_pages, unit)
+    listed = unit_slots(tier_pages, unit)
+    assert len(slots) == len(listed) and list(slots) == listed and slots == listed
+    if listed:
+        index = data.draw(st.integers(-len(listed), len(listed) - 1))
+        assert slots[index] == listed[index]
+    start = data.draw(st.integers(0, len(listed)))
+    stop = data.draw(st.integers(start, len(listed)))
+    assert list(slots[start:stop]) == listed[start:stop]
+    with pytest.raises(IndexError):
+        slots[len(listed)]
