@@ -216,10 +216,18 @@ class PrecisionLedger:
             return pages
         demoted = list(compress(pages, found))
         self.num_dropped += len(demoted)
-        self._uncache(demoted)
-        deque(map(levels.__delitem__, demoted), maxlen=0)  # (C loops: whole prompts at once)
         demoted_levels = list(filter(None, found))
-        self.freed_units -= self._units_below(demoted_levels)
+        below = self._units_below(demoted_levels)
+        cached = self._cached
+        if cached and not cached.isdisjoint(demoted):
+            gone = cached.intersection(demoted)
+            if len(gone) == len(demoted):  # (evicted: every one cached-free)
+                cached -= gone
+                self._cached_units -= below
+            else:
+                self._uncache(demoted)
+        deque(map(levels.__delitem__, demoted), maxlen=0)  # (C loops: whole prompts at once)
+        self.freed_units -= below
         for level in range(1, len(self.num_at_level)):
             self.num_at_level[level] -= demoted_levels.count(level)
         if reuse:

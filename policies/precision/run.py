@@ -126,6 +126,8 @@ class RunDemotions:
         first_level: dict[int, int] = {}  # page -> its level before the step
         due = self.due(step)
         self._dues.append(due)  # (for `commit`)
+        if not due:  # (most steps)
+            return self._saved * driver.manager.page_size, 0.0
         for state, _, level, _, start, end, num_held in due:
             self._saved += (end - start) * saving[level]
             for index in range(start, end):
@@ -157,9 +159,18 @@ class RunDemotions:
             driver._done.pop(request_id, None)
             driver._done[request_id] = entry
         walked_levels = range(1, min(ledger.ladder.depth, policy.depth) + 1)
-        released, num_released = [], 0
-        for step, taken in zip(range(num_steps), (0, *pages_taken[:-1]), strict=True):
-            due = self._dues[step] if step < len(self._dues) else self.due(step)
+        released: list[int] = []
+        num_released = 0
+        taken_before = [0, *pages_taken[:-1]]  # (pages taken by each step's start)
+        dues = self._dues
+        for step in range(num_steps):
+            due = dues[step] if step < len(dues) else self.due(step)
+            if step and not due:  # (most steps: nothing demoted, nothing settled)
+                released.append(num_released)
+                sums[0] += held + taken_before[step] - sum(num_at)
+                for level in range(1, len(num_at)):
+                    sums[level] += num_at[level]
+                continue
             walked = [walk[1] for walk in due]
             if not step:
                 walked += self.new_entries.values()  # (walked, demoting or not)
@@ -176,12 +187,11 @@ class RunDemotions:
             for entry in walked:  # (as `_demote_by_age` leaves them)
                 entry[2][0] = min((entry[1][level] + 1) * page_size + level * policy.recent
                                   for level in walked_levels)
-            if due or not step:  # (the first step settles what pages dropped before owe)
-                num_ballast = ledger.num_ballast_pages
-                ledger.settle()
-                num_released += num_ballast - ledger.num_ballast_pages
+            num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
+            ledger.settle()  # dropped before owe)
+            num_released += num_ballast - ledger.num_ballast_pages
             released.append(num_released)
-            sums[0] += held + taken - sum(num_at)
+            sums[0] += held + taken_before[step] - sum(num_at)
             for level in range(1, len(num_at)):
                 sums[level] += num_at[level]
         # (no MemOps: the simulator charged them)
