@@ -83,7 +83,7 @@ class PrecisionPages:
                                          quant))
         self.state = MixedState(torch.zeros(num_ids, dtype=torch.int8, device=device))
         self.levels: dict[int, int] = {}  # demoted page -> level (absent: 0)
-        self.demoted: dict[int, int] = {}  # the manager's word: its ledger's levels
+        self.demoted = bytearray()  # the manager's word: its ledger's levels (by page id)
         self.page_size = page_size
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor, MixedLayer]]:
@@ -95,9 +95,9 @@ class PrecisionPages:
             out.append((levels[0].k_cache, levels[0].v_cache, MixedLayer(levels, self.state)))
         return out
 
-    def follow(self, ledger_levels: dict[int, int]) -> None:
-        """Take the manager's ledger's levels (a dict it keeps updated) as the word on which
-        pages' content is still demoted."""
+    def follow(self, ledger_levels: bytearray) -> None:
+        """Take the manager's ledger's levels (every page id's, kept updated) as the word on
+        which pages' content is still demoted."""
         self.demoted = ledger_levels
 
     def before_mem_ops(self, ops: MemOps) -> None:
@@ -117,7 +117,7 @@ class PrecisionPages:
     def after_mem_ops(self) -> None:
         """Pages whose content left the device are at level 0 again; the attention state."""
         demoted, levels = self.demoted, self.levels
-        for page in [p for p in levels if not demoted.get(p)]:
+        for page in [p for p in levels if p >= len(demoted) or not demoted[p]]:
             del levels[page]
         self._publish()
 

@@ -7,13 +7,18 @@ from __future__ import annotations
 import math
 from itertools import islice, repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kvlab.errors import KvlabError
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.precision.age import AgeDemotion
 from kvlab.policies.precision.ladder import PrecisionLadder
-from kvlab.policies.precision.ledger import PrecisionLedger, extra_pages
+from kvlab.policies.precision.ledger import (
+    DemotedPages,
+    PrecisionLedger,
+    extra_pages,
+    read_levels,
+)
 from kvlab.policies.precision.run import RunDemotions, exact_ratios
 from kvlab.specs.kv_groups import NULL_PAGE
 
@@ -71,7 +76,8 @@ class PrecisionDriver:
         # Held and cached pages at each level, summed over steps (level 0 first).
         self.sum_pages_at_level = [0] * (ladder.depth + 1)
         if policy.recompute:
-            manager._lookup.stop_at = self.ledger.levels
+            # (the lookup only asks `in` of it)
+            manager._lookup.stop_at = cast("dict[int, int]", DemotedPages(self.ledger.levels))
 
     def begin_step(self) -> None:
         """Before the step's decisions: settle the ballast for pages dropped since, then
@@ -115,7 +121,7 @@ class PrecisionDriver:
             if len(first) < len(pages):
                 pages = list(dict.fromkeys(pages))
                 befores = list(map(first.__getitem__, pages))
-        after = list(map(self.ledger.levels.get, pages, repeat(0)))
+        after = list(read_levels(self.ledger.levels, pages))
         requantize = list(zip(pages, befores, after, strict=True))  # (C loops: whole prompts)
         if 0 in after:  # content that left in the step
             requantize = [op for op in requantize if op[2]]
@@ -158,7 +164,7 @@ class PrecisionDriver:
         if policy.cached:
             levels, bottom = self.ledger.levels, self.ledger.ladder.depth
             head = _next_victims(self.manager.pool.evictor)
-            if min(map(levels.get, head, repeat(0)), default=bottom) < bottom:
+            if min(read_levels(levels, head), default=bottom) < bottom:
                 return 0
         self.run = RunDemotions(self, requests, steps)
         return steps
@@ -233,7 +239,7 @@ class PrecisionDriver:
         ledger = self.ledger
         bottom, levels = ledger.ladder.depth, ledger.levels
         head = _next_victims(self.manager.pool.evictor)
-        found = list(map(levels.get, head, repeat(0)))
+        found = read_levels(levels, head)
         if min(found, default=bottom) >= bottom:
             demoted: list[int] = []
         else:

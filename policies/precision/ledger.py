@@ -18,19 +18,26 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
-from collections import deque
+from collections.abc import Sequence
 from itertools import accumulate, compress, repeat
+
+import numpy as np
 
 from kvlab.policies.page_pool import PagePool
 from kvlab.policies.precision.ladder import PrecisionLadder
 
 
 class PrecisionLedger:
-    """Each demoted page's level (`levels`; a page not in it is at level 0), the freed bytes
-    (`freed_units`, in units of one level-0 row: integers, so they sum exactly) and the
-    ballast pages."""
+    """Every page's level (`levels`, indexed by page id; 0: the cache's dtype), the freed
+    bytes (`freed_units`, in units of one level-0 row: integers, so they sum exactly) and the
+    ballast pages.
 
-    __slots__ = ("_cached", "_cached_units", "_into_ballast", "ballast", "demotions",
+    Levels are a bytearray, not a dict of the demoted pages: hundreds of thousands of pages
+    are demoted in a trace-long run, and reading a list of them (`read_levels`, one C call)
+    or writing one level to many (a numpy view's scatter) costs a fifth of a dict's look-ups
+    and inserts."""
+
+    __slots__ = ("_cached", "_cached_units", "_into_ballast", "_view", "ballast", "demotions",
                  "freed_units", "ladder", "levels", "max_debt_pages", "num_at_level",
                  "num_dropped", "num_extra", "pool", "step_pairs", "unit")
 
@@ -41,7 +48,8 @@ class PrecisionLedger:
         self.ladder = ladder
         self.unit = ladder.row_bytes[0] * page_size  # one level-0 page, in row-bytes x slots
         self.num_extra = extra_pages(ladder, num_pages)
-        self.levels: dict[int, int] = {}
+        self.levels = bytearray(pool.num_total_pages)  # page id -> level
+        self._view = np.frombuffer(self.levels, dtype=np.int8)  # (its scatters)
         self.num_at_level = [0] * (ladder.depth + 1)  # demoted pages per level (index 0 unused)
         self.demotions = [0] * (ladder.depth + 1)  # pages demoted into each level, ever
         self.freed_units = 0
@@ -73,10 +81,9 @@ class PrecisionLedger:
 
     def cache(self, pages: list[int]) -> None:
         """`pages` became cached-free (the pool calls this)."""
-        levels = self.levels
-        if not levels:
+        if not any(self.num_at_level):  # (nothing demoted)
             return
-        found = list(map(levels.get, pages, repeat(0)))  # (C loops: a freed prompt's pages)
+        found = read_levels(self.levels, pages)  # (C loops: a freed prompt's pages)
         if not any(found):
             return
         demoted, cached = list(compress(pages, found)), self._cached
@@ -97,9 +104,9 @@ class PrecisionLedger:
         if cached and not cached.isdisjoint(pages):
             gone = cached.intersection(pages)
             cached -= gone
-            self._cached_units -= self._units_below(list(map(self.levels.__getitem__, gone)))
+            self._cached_units -= self._units_below(read_levels(self.levels, list(gone)))
 
-    def _units_below(self, levels: list[int]) -> int:
+    def _units_below(self, levels: Sequence[int]) -> int:
         """The bytes pages at `levels` (0 counts nothing) no longer need, in units."""
         row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
         return sum(levels.count(level) * (row[0] - row[level]) * size
@@ -107,21 +114,29 @@ class PrecisionLedger:
 
     def level(self, page: int) -> int:
         """The page's precision level (0: the cache's dtype)."""
-        return self.levels.get(page, 0)
+        return self.levels[page]
+
+    def _write(self, pages: Sequence[int], level: int) -> None:
+        """Each of `pages` at `level` (a scatter where they are many)."""
+        if len(pages) > 16:
+            self._view[np.fromiter(pages, np.intp, len(pages))] = level
+        else:
+            levels = self.levels
+            for page in pages:
+                levels[page] = level
 
     def demote_pages(self, pages: list[int], level: int, demoted: list[int],
                      befores: list[int], held: bool = False) -> None:
         """Demote each of `pages` (distinct) not at `level` or lower precision yet, in order;
         appends each page demoted to `demoted` and its level before to `befores`. `held`:
         every page is in a block table (none cached-free: nothing to look up there)."""
-        levels = self.levels
-        found = list(map(levels.get, pages, repeat(0)))  # (C loops: whole prompts at once)
+        found = read_levels(self.levels, pages)  # (C loops: whole prompts at once)
         if max(found, default=level) >= level:
             keep = [before < level for before in found]
             pages, found = list(compress(pages, keep)), list(compress(found, keep))
             if not pages:
                 return
-        levels.update(zip(pages, repeat(level)))
+        self._write(pages, level)
         row, size, num_at = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0], \
             self.num_at_level
         pairs = self.step_pairs
@@ -150,8 +165,8 @@ class PrecisionLedger:
         Appends each page demoted once, in the order of its first demotion, with its level
         before and after (the two calls' lists as `end_step` deduplicates them). Returns the
         demotions (a page demoted to both levels counts two)."""
-        levels, row = self.levels, self.ladder.row_bytes
-        found = list(map(levels.get, span, repeat(0)))  # (C loops: whole prompts at once)
+        row = self.ladder.row_bytes
+        found = read_levels(self.levels, span)  # (C loops: whole prompts at once)
         if not any(found):  # (the usual backlog: nothing demoted yet)
             first1, firsts2, befores2 = span[cut1:], span[:cut1], [0] * cut1
             to_two, to_one = span[:cut2], span[cut2:]
@@ -165,7 +180,7 @@ class PrecisionLedger:
                 firsts2 = list(compress(span[:cut1], map((2).__gt__, head)))
                 befores2 = list(filter((2).__gt__, head))
             else:
-                firsts2, befores2 = span[:cut1], head
+                firsts2, befores2 = span[:cut1], list(head)
             if 1 in mid:
                 ones = list(compress(span[cut1:cut2], map((1).__eq__, mid)))
                 firsts2 += ones
@@ -176,8 +191,8 @@ class PrecisionLedger:
             to_one = span[cut2:] if not any(tail) else \
                 list(compress(span[cut2:], map(operator.not_, tail)))
             num_20, num_21 = low.count(0), low.count(1)
-        levels.update(zip(to_two, repeat(2)))
-        levels.update(zip(to_one, repeat(1)))
+        self._write(to_two, 2)
+        self._write(to_one, 1)
         size, num_at = self.unit // row[0], self.num_at_level
         self.freed_units += (num_20 * (row[0] - row[2]) + num_21 * (row[1] - row[2])
                              + len(to_one) * (row[0] - row[1])) * size
@@ -206,9 +221,8 @@ class PrecisionLedger:
         they pay for); one the caller reuses at once becomes a page of the cache's dtype, and
         the ballast it owes is taken at once by evicting further cached pages (the caller's
         prefix hits are taken before it takes pages), else owed until `settle`."""
-        levels = self.levels
         into_ballast = self._into_ballast and not reuse
-        found = list(map(levels.get, pages, repeat(0))) if levels else None
+        found = read_levels(self.levels, pages) if any(self.num_at_level) else None
         if not found or not any(found):
             if into_ballast:
                 self.ballast += pages
@@ -226,7 +240,7 @@ class PrecisionLedger:
                 self._cached_units -= below
             else:
                 self._uncache(demoted)
-        deque(map(levels.__delitem__, demoted), maxlen=0)  # (C loops: whole prompts at once)
+        self._write(demoted, 0)
         self.freed_units -= below
         for level in range(1, len(self.num_at_level)):
             self.num_at_level[level] -= demoted_levels.count(level)
@@ -281,7 +295,7 @@ class PrecisionLedger:
         # the first t no longer need), only turns true as t grows (each page's bytes are under
         # a unit): a bisection over the running sums (C loops) finds the first t it holds at.
         below = [(row[0] - level_row) * size for level_row in row]
-        spared = list(accumulate(map(below.__getitem__, map(levels.get, pages, repeat(0)))))
+        spared = list(accumulate(map(below.__getitem__, read_levels(levels, pages))))
         first = bisect_left(range(len(spared)), True,
                             key=lambda k: k + 1 >= owed - (freed - spared[k]) // unit)
         return first + 1 if first < len(spared) else max(len(spared), 1)
@@ -307,6 +321,26 @@ class PrecisionLedger:
     def num_ballast_pages(self) -> int:
         """Page ids held back because their bytes are not free."""
         return len(self.ballast)
+
+
+class DemotedPages:
+    """The pages a ledger's `levels` has demoted, as `in` asks a set (a prefix lookup's
+    `stop_at` with `recompute=1`)."""
+
+    __slots__ = ("levels",)
+
+    def __init__(self, levels: bytearray) -> None:
+        self.levels = levels
+
+    def __contains__(self, page: int) -> bool:
+        return bool(self.levels[page])
+
+
+def read_levels(levels: bytearray, pages: Sequence[int]) -> Sequence[int]:
+    """Each of `pages`' level in `levels` (a ledger's), in order (C loops)."""
+    if len(pages) > 1:
+        return operator.itemgetter(*pages)(levels)
+    return [levels[pages[0]]] if pages else []
 
 
 def extra_pages(ladder: PrecisionLadder, num_pages: int) -> int:

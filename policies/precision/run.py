@@ -133,7 +133,7 @@ class RunDemotions:
             for index in range(start, end):
                 if index < num_held:  # a page held before the run: maybe shared
                     page = state.pages[index]
-                    before = levels.get(page, known.get(page, 0))
+                    before = levels.get(page, known[page])
                     if before < level:
                         first_level.setdefault(page, before)
                         levels[page] = level
