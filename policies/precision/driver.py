@@ -4,8 +4,9 @@ requantizations to its `MemOps`."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from itertools import islice, repeat
+from itertools import compress, islice, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
@@ -184,6 +185,7 @@ class PrecisionDriver:
         page_size, depth = manager.page_size, ledger.ladder.depth
         done, seqs = self._done, manager._seqs
         top = min(depth, policy.depth)
+        batch: tuple[list[int], list[int]] = ([], [])  # (the step's short walks: pages, levels)
         for request_id, state in seqs.items():
             entry = done.get(request_id)
             if entry is None or entry[0] is not state:  # (new, or admitted again)
@@ -195,7 +197,7 @@ class PrecisionDriver:
             wants = [policy.num_pages_at_least(level, num_tokens, page_size)
                      for level in range(1, top + 1)]
             uptos = [min(want, len(pages)) for want in wants]
-            self._demote_walks(pages, walked, uptos)
+            self._demote_walks(pages, walked, uptos, batch)
             next_at = math.inf
             for level, upto, want in zip(range(1, top + 1), uptos, wants, strict=True):
                 if upto > walked[level]:
@@ -206,6 +208,7 @@ class PrecisionDriver:
                 if upto < want:
                     next_at = 0  # (pages not yet allocated: look again next step)
             info[0] = next_at
+        self._demote_each(*batch)
         if len(done) > len(seqs):  # sequences gone since (every one left has its entry)
             for request_id in [r for r in done if r not in seqs]:
                 del done[request_id]
@@ -213,14 +216,19 @@ class PrecisionDriver:
         if owners and self._pending and not owners.keys().isdisjoint(self._pending):
             self._dups = True
 
-    def _demote_walks(self, pages: list[int], walked: list[int], uptos: list[int]) -> None:
+    def _demote_walks(self, pages: list[int], walked: list[int], uptos: list[int],
+                      batch: tuple[list[int], list[int]]) -> None:
         """A sequence's pages from `walked[level]` to `uptos[level - 1]` demoted to each
-        level in turn; two levels whose walks overlap (a backlog) in one pass
-        (`PrecisionLedger.demote_walk`: each page listed once)."""
+        level in turn: added to `batch` (`_demote_each`), or, two levels whose walks overlap
+        (a backlog), in one pass after it (`PrecisionLedger.demote_walk`: each page listed
+        once)."""
         if len(uptos) == 2 and walked[2] <= walked[1] < uptos[1] <= uptos[0]:
             start = walked[2]
             span = pages[start:uptos[0]]
             if NULL_PAGE not in span:
+                self._demote_each(*batch)  # (in order: the walks before it first)
+                batch[0].clear()
+                batch[1].clear()
                 num = self.ledger.demote_walk(span, walked[1] - start, uptos[1] - start,
                                               self._pending, self._befores, self._afters)
                 self._levels_demoted |= 6
@@ -232,7 +240,36 @@ class PrecisionDriver:
             self._dups = True
         for level, upto in enumerate(uptos, 1):
             if upto > walked[level]:
-                self._demote(pages[walked[level]:upto], level, held=True)
+                walk = pages[walked[level]:upto]
+                batch[0].extend(walk)
+                batch[1].extend(repeat(level, len(walk)))
+                self._levels_demoted |= 1 << level
+
+    def _demote_each(self, pages: list[int], targets: list[int]) -> None:
+        """Each of `pages`, all in block tables, demoted to its level in `targets` where
+        above it, in order, as walk by walk: in runs of distinct pages
+        (`PrecisionLedger.demote_each`; a page two walks name, one a sequence shares, is
+        listed twice)."""
+        if not pages:
+            return
+        if NULL_PAGE in pages:
+            keep = [page != NULL_PAGE for page in pages]
+            pages, targets = list(compress(pages, keep)), list(compress(targets, keep))
+        cuts = [0, len(pages)]
+        if len(set(pages)) < len(pages):  # (rare: one run per stretch of distinct pages)
+            self._dups = True
+            seen: set[int] = set()
+            for index, page in enumerate(pages):
+                if page in seen:
+                    cuts.insert(-1, index)
+                    seen.clear()
+                seen.add(page)
+        demote, num = self.ledger.demote_each, 0
+        for start, end in itertools.pairwise(cuts):
+            num += demote(pages[start:end], targets[start:end], self._pending,
+                          self._befores, self._afters)
+        if self.policy.recompute:  # a lookup from before may reach them
+            self.manager.pool.cache_epoch += num
 
     def _demote_cached(self) -> None:
         """Cached-free prefix pages, next victims first, to the lowest level."""
@@ -247,13 +284,12 @@ class PrecisionDriver:
             self._demote(demoted, bottom)
         ledger.cache(demoted)
 
-    def _demote(self, pages: list[int], level: int, held: bool = False) -> None:
-        """Each of `pages` above `level` requantized down to it, in order (`held`: all in
-        block tables)."""
+    def _demote(self, pages: list[int], level: int) -> None:
+        """Each of `pages` above `level` requantized down to it, in order."""
         if NULL_PAGE in pages:
             pages = [page for page in pages if page != NULL_PAGE]
         num_before = len(self._pending)
-        self.ledger.demote_pages(pages, level, self._pending, self._befores, held)
+        self.ledger.demote_pages(pages, level, self._pending, self._befores)
         self._afters += repeat(level, len(self._pending) - num_before)
         self._levels_demoted |= 1 << level
         if self.policy.recompute:  # a lookup from before may reach them

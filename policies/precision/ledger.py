@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate, compress, repeat
 
@@ -126,10 +127,9 @@ class PrecisionLedger:
                 levels[page] = level
 
     def demote_pages(self, pages: list[int], level: int, demoted: list[int],
-                     befores: list[int], held: bool = False) -> None:
+                     befores: list[int]) -> None:
         """Demote each of `pages` (distinct) not at `level` or lower precision yet, in order;
-        appends each page demoted to `demoted` and its level before to `befores`. `held`:
-        every page is in a block table (none cached-free: nothing to look up there)."""
+        appends each page demoted to `demoted` and its level before to `befores`."""
         found = read_levels(self.levels, pages)  # (C loops: whole prompts at once)
         if max(found, default=level) >= level:
             keep = [before < level for before in found]
@@ -150,7 +150,7 @@ class PrecisionLedger:
         num_at[level] += len(pages)
         self.demotions[level] += len(pages)
         cached = self._cached
-        if cached and not held and not cached.isdisjoint(pages):
+        if cached and not cached.isdisjoint(pages):
             for page, before in zip(pages, found, strict=True):
                 if page in cached:
                     self._cached_units += (row[before] - row[level]) * size
@@ -213,6 +213,38 @@ class PrecisionLedger:
         afters += repeat(1, len(to_one))
         afters += repeat(2, len(firsts2))
         return len(first1) + len(to_two)
+
+    def demote_each(self, pages: list[int], targets: list[int], demoted: list[int],
+                    befores: list[int], afters: list[int]) -> int:
+        """Each of `pages` (distinct, all in block tables) not at its level in `targets` or
+        lower precision yet demoted to it, in order: what `demote_pages` gives walk by walk,
+        in one call for a step's many short walks. Appends each page demoted, its level before
+        and after; returns how many."""
+        found = read_levels(self.levels, pages)
+        keep = list(map(operator.lt, found, targets))
+        if all(keep):
+            found = list(found)
+        else:
+            pages, found = list(compress(pages, keep)), list(compress(found, keep))
+            targets = list(compress(targets, keep))
+            if not pages:
+                return 0
+        for level in set(targets):
+            self._write(pages if len(targets) == targets.count(level) else
+                        list(compress(pages, map(level.__eq__, targets))), level)
+        row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
+        num_at, pairs = self.num_at_level, self.step_pairs
+        for (before, level), count in Counter(zip(found, targets, strict=True)).items():
+            pairs[before, level] += count
+            self.freed_units += count * (row[before] - row[level]) * size
+            if before:
+                num_at[before] -= count
+            num_at[level] += count
+            self.demotions[level] += count
+        demoted += pages
+        befores += found
+        afters += targets
+        return len(pages)
 
     def drop(self, pages: list[int], reuse: bool) -> list[int]:
         """The content of `pages` left the device (freed or evicted): returns those the pool

@@ -17,6 +17,7 @@ stop short of a demotion, as before.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -181,9 +182,13 @@ class RunDemotions:
                 entry[2][1] += (end - start) * saving[level]
             # a level at a time, in turn: the same ledger as walk by walk (a page demoted to
             # two levels in the step still steps through both; a shared page once a level)
-            for level, pages in enumerate(by_level):
-                if pages:
-                    driver._demote(list(dict.fromkeys(pages)), level)
+            pages, targets = [], []
+            for level, walks in enumerate(by_level):
+                if walks:
+                    walks = list(dict.fromkeys(walks))
+                    pages += walks
+                    targets += repeat(level, len(walks))
+            driver._demote_each(pages, targets)
             for entry in walked:  # (as `_demote_by_age` leaves them)
                 entry[2][0] = min((entry[1][level] + 1) * page_size + level * policy.recent
                                   for level in walked_levels)
