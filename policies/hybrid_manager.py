@@ -29,6 +29,7 @@ from kvlab.policies.groups.table import Plan, SeqState
 from kvlab.policies.groups.windowed import WindowedManager, keeps_every_token
 from kvlab.policies.outputs import MemOps, MemoryUsage, TierBatch
 from kvlab.policies.request import Request
+from kvlab.policies.tiers import TierRuns
 from kvlab.specs.kv_groups import NULL_PAGE, KVCacheGroup
 
 
@@ -182,7 +183,7 @@ class HybridKVCacheManager(GroupSwapping):
         assert link is not None
         main = managers.index(self._main)
         levels = [states[main].num_hit_pages] + [0] * len(link.tiers)
-        runs: list[tuple[int, list[int]]] = []
+        runs: TierRuns = []
         fresh: list[int] = []
         hit_keys = []
         for group, (manager, state) in enumerate(zip(managers, states, strict=True)):

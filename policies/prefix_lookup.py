@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from kvlab.policies.groups.table import Plan
 from kvlab.policies.request import Request
-from kvlab.policies.tiers import chain_head, chain_length
+from kvlab.policies.tiers import TierRuns, chain_head, chain_length
 
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool
@@ -61,7 +61,7 @@ class PrefixLookup:
             return (len(pages) + chain_length(below)) * self.page_size
         return len(pages) * self.page_size
 
-    def hit_pages(self, seq: Request) -> tuple[list[int], list[tuple[int, list[int]]], int]:
+    def hit_pages(self, seq: Request) -> tuple[list[int], TierRuns, int]:
         """The cached pages a new sequence starts from, on the device and below it (runs of
         tier slots, `TierLink.chain`), and how many pages after them another instance sends:
         its `num_computed_tokens`, looked up again unless the last lookup was this sequence's

@@ -8,8 +8,15 @@ from itertools import chain, compress
 from typing import TYPE_CHECKING, cast
 
 from kvlab.policies.outputs import MemOps, TierBatch
-from kvlab.policies.tiers import PrefixTier, TiersConfig, TierStats, chain_length, tier_chain
-from kvlab.policies.tiers.units import DeviceUnits, UnitSlots, each_page, unit_slots, whole
+from kvlab.policies.tiers import (
+    PrefixTier,
+    TierRuns,
+    TiersConfig,
+    TierStats,
+    chain_length,
+    tier_chain,
+)
+from kvlab.policies.tiers.units import DeviceUnits, UnitSlots, each_page, whole
 
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool
@@ -95,7 +102,7 @@ class TierLink:
 
     # ----------------------------------------------------------------------------- lookups
 
-    def chain(self, hashes: list, start: int, limit: int) -> list[tuple[int, list[int]]]:
+    def chain(self, hashes: list, start: int, limit: int) -> TierRuns:
         """The tier slots of the pages from `start` (the first the device lacks) that the
         tiers hold, in a chain up to `limit`, as runs (level, slots) (`tier_chain`): by units
         of several pages, the whole units before `limit` (a unit's key is its last page's),
@@ -107,13 +114,14 @@ class TierLink:
             return tier_chain(stores, hashes[start:limit])
         first = start // unit * unit
         units = tier_chain(stores, hashes[first + unit - 1 : limit // unit * unit : unit])
-        runs = [(level, unit_slots(pages, unit)) for level, pages in units]
+        runs: TierRuns = [(level, UnitSlots(cast("list[int]", pages), unit))
+                          for level, pages in units]
         if runs and start > first:  # the device holds the first unit's first pages
             runs[0] = (runs[0][0], runs[0][1][start - first :])
         return runs
 
     def count_hits(self, hashes: list, num_device: int,
-                   below: list[tuple[int, list[int]]]) -> None:
+                   below: TierRuns) -> None:
         """A new sequence took `num_device` device hits and `below` tier hits: count them per
         level, and (store_threshold) each key's reuse."""
         levels = [num_device, *([0] * len(self.tiers))]
@@ -148,13 +156,13 @@ class TierLink:
             self.first_hit_pages[level] += pages
         self.last_hit_levels = []
 
-    def pin(self, hashes: list, start: int, hits: list[tuple[int, list[int]]]) -> None:
+    def pin(self, hashes: list, start: int, hits: TierRuns) -> None:
         """Pin the tier pages of a sequence's hits below the device (runs of tier slots), its
         pages `start` onwards (a unit of several pages: pinned, and counted, whole)."""
         unit = self.unit
         for level, slots in hits:
             if unit == 1:
-                pages, keys = slots, hashes[start : start + len(slots)]
+                pages, keys = list(slots), hashes[start : start + len(slots)]
             else:  # a unit where the run starts, then every `unit` slots; its key its last page's
                 firsts = [0, *range(unit - slots[0] % unit, len(slots), unit)]
                 keys = [hashes[(start + offset) // unit * unit + unit - 1] for offset in firsts]
@@ -164,7 +172,7 @@ class TierLink:
             start += len(slots)
 
     @staticmethod
-    def loads(hits: list[tuple[int, list[int]]], pages: list[int]) -> list[TierBatch]:
+    def loads(hits: TierRuns, pages: list[int]) -> list[TierBatch]:
         """The loads of hits below the device (runs of tier slots) into device `pages`."""
         return [TierBatch(level, sources, 0, destinations)
                 for level, (sources, destinations) in _by_level(hits, pages).items()]
@@ -309,7 +317,8 @@ class TierLink:
                 src_pages = list(compress(src_pages, each_page(stored_keys, unit)))
             own.num_stores += len(pages) * unit
             if pages:  # (a row of free pages: one range of slots)
-                slots = pages if unit == 1 else range(pages[0] * unit, (pages[-1] + 1) * unit)
+                slots: Sequence[int] = pages if unit == 1 \
+                    else range(pages[0] * unit, (pages[-1] + 1) * unit)
                 self._tier_writes.append(TierBatch(src_level, src_pages, level, slots))
             return
         elif tier.store.holds_any(keys):
@@ -333,7 +342,7 @@ class TierLink:
         self._tier_writes.append(TierBatch(src_level, sources, level, slots))
 
 
-def _by_level(hits: list[tuple[int, list[int]]], values: list) -> dict[int, tuple[list[int], list]]:
+def _by_level(hits: TierRuns, values: list) -> dict[int, tuple[list[int], list]]:
     """Tier hits as runs `(level, tier slots)`, with a value per slot, grouped by level:
     (tier slots, values), in order."""
     grouped: dict[int, tuple[list[int], list]] = {}

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvlab.policies.tiers import TierRuns
 
 
 @dataclass(slots=True)
@@ -40,7 +44,7 @@ class Plan:
     as_runs: bool = False
     # Prefix hits below the device, after `hit_pages`, as runs (level, tier slots): loaded
     # into the block's first pages.
-    tier_hits: list[tuple[int, list[int]]] | None = None
+    tier_hits: TierRuns | None = None
     # Pages after those whose KV another instance sends (`Request.kv_transfer_tokens`).
     num_transfer_pages: int = 0
     # The block's pages, taken already (a hybrid manager takes one block for every group and

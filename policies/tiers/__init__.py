@@ -19,7 +19,7 @@ run time, and building an instance's tiers), `chain.py` (a lookup through the ti
 and slots per unit, and `DeviceUnits`, which writes a unit back whole).
 """
 
-from kvlab.policies.tiers.chain import chain_head, chain_length, tier_chain
+from kvlab.policies.tiers.chain import TierRuns, chain_head, chain_length, tier_chain
 from kvlab.policies.tiers.prefix_tier import PrefixTier, build_tier, build_tiers
 from kvlab.policies.tiers.spec import (
     OVERLAP_MODES,
@@ -38,6 +38,7 @@ __all__ = [
     "TIER_KINDS",
     "WRITE_POLICIES",
     "PrefixTier",
+    "TierRuns",
     "TierSpec",
     "TierStats",
     "TierStore",

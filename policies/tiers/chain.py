@@ -7,8 +7,12 @@ from typing import cast
 
 from kvlab.policies.tiers.store import TierStore
 
+# A lookup's hits below the device: runs (level, tier slots) of pages found in one tier, in
+# order (slots a list, or `UnitSlots` for tier pages of several device pages)
+TierRuns = list[tuple[int, Sequence[int]]]
 
-def tier_chain(tiers: Sequence[TierStore], keys: list) -> list[tuple[int, list[int]]]:
+
+def tier_chain(tiers: Sequence[TierStore], keys: list) -> TierRuns:
     """The pages of each key in turn, from the first of `tiers` (level 1 first) holding it, up
     to the first key none holds, as runs `(level, pages)` of keys found in one tier: a prefix
     lookup below the device."""
@@ -18,7 +22,7 @@ def tier_chain(tiers: Sequence[TierStore], keys: list) -> list[tuple[int, list[i
     # tier, kept for later runs), to the first key the tier lacks; a higher tier holding none
     # of the run's keys (the usual case) is one membership pass.
     columns: dict[int, tuple[int, list]] = {}  # level -> (first key's index, pages from it)
-    chain: list[tuple[int, list[int]]] = []
+    chain: TierRuns = []
     start, num_keys = 0, len(keys)
     while start < num_keys:
         key = keys[start]
@@ -38,14 +42,14 @@ def tier_chain(tiers: Sequence[TierStore], keys: list) -> list[tuple[int, list[i
     return chain
 
 
-def chain_length(chain: list[tuple[int, list[int]]]) -> int:
+def chain_length(chain: TierRuns) -> int:
     """The pages in a `tier_chain`."""
     return sum(len(pages) for _, pages in chain)
 
 
-def chain_head(chain: list[tuple[int, list[int]]], num_pages: int) -> list[tuple[int, list[int]]]:
+def chain_head(chain: TierRuns, num_pages: int) -> TierRuns:
     """The first `num_pages` pages of a `tier_chain` (all of it when it is shorter)."""
-    head: list[tuple[int, list[int]]] = []
+    head: TierRuns = []
     for level, pages in chain:
         if num_pages <= 0:
             break

@@ -14,7 +14,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from itertools import chain, compress, repeat
-from typing import overload
+from operator import eq, itemgetter
+from typing import cast, overload
+
+_NO_ENTRY = (None, -1, -1)  # (a unit not registered: its last page is no page)
+_LAST_PAGE = itemgetter(2)  # an entry's page holding the unit's last page
 
 
 class DeviceUnits:
@@ -54,7 +58,7 @@ class DeviceUnits:
         for last in lasts:
             held = list(map(cached.get, hashes[last - unit + 1 : last + 1]))
             if None not in held:
-                units[hashes[last]] = (hashes, last, held[-1])
+                units[hashes[last]] = (hashes, last, cast("int", held[-1]))
 
     def evicted(self, pages: list[int], keys: list, cached: dict) -> None:
         """The device evicts `pages` holding `keys` now (in order; `cached` no longer holds
@@ -84,7 +88,7 @@ class DeviceUnits:
                 # a unit the batch's end cuts: its first pages still cached
                 held = list(map(cached.get, hashes[first : last - num_here + 1]))
                 if None not in held:
-                    src_pages += held
+                    src_pages += cast("list[int]", held)
                     src_pages += pages[: index - 1 if index else None : -1]
                     unit_keys.append(key)
                     break
@@ -95,7 +99,7 @@ class DeviceUnits:
                 held = [gone.get(k) if page is None else page
                         for k, page in zip(rest, held, strict=True)]
             if None not in held:  # (else some page of the unit left before its last one)
-                src_pages += held
+                src_pages += cast("list[int]", held)
                 src_pages.append(pages[index])
                 unit_keys.append(key)
             index += 1
@@ -124,10 +128,10 @@ class DeviceUnits:
         end = index + num_units * unit
         unit_keys = hashes[last : last - num_units * unit if last >= num_units * unit else None
                            : -unit]
-        entries = map(self._units.get, unit_keys)
-        taken = list(map(_is_held_at, entries, pages[index:end:unit]))
-        rows = list(_chunks(pages[end - 1 : index - 1 if index else None : -1], unit))
-        rows.reverse()  # (each unit's pages first one first, the units in eviction order)
+        held_at = map(_LAST_PAGE, map(self._units.get, unit_keys, repeat(_NO_ENTRY)))
+        taken = list(map(eq, held_at, pages[index:end:unit]))  # (its entry's page is this one)
+        # each unit's pages first one first, the units in eviction order
+        rows = list(_chunks(pages[end - 1 : index - 1 if index else None : -1], unit))[::-1]
         if False in taken:
             unit_keys, rows = list(compress(unit_keys, taken)), list(compress(rows, taken))
         deque(map(self._units.__delitem__, unit_keys), maxlen=0)
@@ -160,11 +164,6 @@ class DeviceUnits:
 def _follows(keys: list, index: int, hashes: list, last: int, span: int) -> bool:
     """Whether `keys[index : index + span]` are `hashes` from `last` down, in that order."""
     return keys[index : index + span] == hashes[last : last - span if last >= span else None : -1]
-
-
-def _is_held_at(entry: tuple[list, int, int] | None, page: int) -> bool:
-    """Whether a unit's entry names `page` as holding its last page."""
-    return entry is not None and entry[2] == page
 
 
 def _chunks(values: list, size: int) -> zip:
