@@ -4,12 +4,10 @@ requantizations to its `MemOps`."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-import operator
 from itertools import compress, islice, repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from kvlab.errors import KvlabError
@@ -22,7 +20,7 @@ from kvlab.policies.precision.ledger import (
     extra_pages,
     read_levels,
 )
-from kvlab.policies.precision.run import RunDemotions, due_sequences, exact_ratios
+from kvlab.policies.precision.run import RunDemotions, exact_ratios
 from kvlab.specs.kv_groups import NULL_PAGE
 
 if TYPE_CHECKING:
@@ -30,9 +28,6 @@ if TYPE_CHECKING:
     from kvlab.policies.manager import KVCacheManager
 
 _LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
-_INFO, _SAVED = itemgetter(2), itemgetter(1)  # a driver entry's info; its context spared
-_REQUEST_ID = attrgetter("request_id")
-_NO_SAVING = (None, None, (0, 0.0))
 
 # Cached-free pages looked at per step for demotion (from the eviction end): bounds the work.
 _CACHED_SCAN = 256
@@ -191,7 +186,7 @@ class PrecisionDriver:
         done, seqs = self._done, manager._seqs
         top = min(depth, policy.depth)
         batch: tuple[list[int], list[int]] = ([], [])  # (the step's short walks: pages, levels)
-        for request_id, state in due_sequences(seqs, done, 1):
+        for request_id, state in seqs.items():
             entry = done.get(request_id)
             if entry is None or entry[0] is not state:  # (new, or admitted again)
                 entry = done[request_id] = (state, [0] * (depth + 1), [0, 0.0])
@@ -313,9 +308,12 @@ class PrecisionDriver:
     def num_saved_context_tokens(self, requests: list[Any]) -> float:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention
         from reading: each page walked to level k reads ratio(k) of its bytes."""
-        # (C loops, added in the requests' order as one by one: the same float)
-        entries = map(self._done.get, map(_REQUEST_ID, requests), repeat(_NO_SAVING))
-        saved = functools.reduce(operator.add, map(_SAVED, map(_INFO, entries)), 0.0)
+        done = self._done
+        saved = 0.0
+        for request in requests:
+            entry = done.get(request.request_id)
+            if entry is not None:
+                saved += entry[2][1]
         return saved * self.manager.page_size
 
     def summary(self, duration_s: float) -> dict[str, Any]:

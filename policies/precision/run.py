@@ -16,10 +16,8 @@ stop short of a demotion, as before.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
-from itertools import compress, repeat
-from operator import attrgetter, itemgetter
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,26 +32,6 @@ if TYPE_CHECKING:
     Walk = tuple[SeqState, Entry, int, int, int, int, int]
 
 _FRACTION_BITS = 24  # a ratio is exact if a multiple of 2**-24: sums stay exact far past need
-
-
-_STATE = _NEXT_AT = itemgetter(0)  # an entry's state; its info's next demotion
-_INFO = itemgetter(2)
-_NUM_TOKENS = attrgetter("num_tokens")
-_NO_ENTRY = (None, None, (0, 0.0))  # (a sequence not walked yet: due now)
-
-
-def due_sequences(seqs: dict[int, SeqState], done: dict[int, Entry], ahead: int
-                  ) -> list[tuple[int, SeqState]]:
-    """The (request id, state) of `seqs`, in order, that demote a page within the next
-    `ahead` steps of a token each (1: at this step's start) by their driver entries in
-    `done`, or have no entry for that state yet (C loops: a large batch's sequences are
-    mostly far from their next page)."""
-    ids, states = list(seqs), list(seqs.values())
-    entries = list(map(done.get, ids, repeat(_NO_ENTRY)))
-    stale = map(operator.is_not, map(_STATE, entries), states)
-    near = map(operator.gt, map(operator.add, map(_NUM_TOKENS, states), repeat(ahead)),
-               map(_NEXT_AT, map(_INFO, entries)))
-    return list(compress(zip(ids, states, strict=True), map(operator.or_, stale, near)))
 
 
 def exact_ratios(values: Iterable[float]) -> bool:
@@ -94,7 +72,7 @@ class RunDemotions:
         seqs, new_entries, first = driver.manager._seqs, self.new_entries, self.first
         buckets: list[list[Walk]] = [[] for _ in range(page_size)]
         self.buckets = buckets
-        for request_id, state in due_sequences(seqs, done, num_steps):
+        for request_id, state in seqs.items():
             entry = done.get(request_id)
             num_tokens, held = state.num_tokens, len(state.pages)
             if entry is None or entry[0] is not state:
