@@ -247,7 +247,7 @@ class TierLink:
         if self._units is not None:
             pages, keys = self._units.take_pending()
             if keys:
-                self._store(0, pages, keys, 1)
+                self._store(0, pages, keys, 1, backward=True)
             return
         pages, keys = self._write_backs
         if pages:
@@ -294,12 +294,13 @@ class TierLink:
         self._through_pages += cast("list[int]", held)
         self._through_keys += keys
 
-    def _store(self, src_level: int, src_pages: Sequence[int], keys: list, level: int) -> None:
+    def _store(self, src_level: int, src_pages: Sequence[int], keys: list, level: int, *,
+               backward: bool = False) -> None:
         """Write `keys` (held by `src_pages` of `src_level`, a unit of `unit` pages each, in
-        order) to tier `level`, skipping what it holds already (and, from the device, what
-        was not hit often enough); the pages they take there, where they held other content,
-        first move it to the next tier. A tier whose pages are all read by loads of this step
-        skips the write."""
+        order; `backward`: each unit's pages last one first) to tier `level`, skipping what it
+        holds already (and, from the device, what was not hit often enough); the pages they
+        take there, where they held other content, first move it to the next tier. A tier
+        whose pages are all read by loads of this step skips the write."""
         tiers, unit = self.tiers, self.unit
         tier = tiers[level - 1]
         # Keys are unique here (one device page per key, one tier page per key); the common
@@ -318,6 +319,7 @@ class TierLink:
             own.num_stores += len(pages) * unit
             if pages:  # (a row of free pages: one range of slots)
                 slots: Sequence[int] = pages if unit == 1 \
+                    else UnitSlots(range(pages[0], pages[-1] + 1), unit, True) if backward \
                     else range(pages[0] * unit, (pages[-1] + 1) * unit)
                 self._tier_writes.append(TierBatch(src_level, src_pages, level, slots))
             return
@@ -337,8 +339,8 @@ class TierLink:
             self._store(level, victim_slots, victim_keys, level + 1)
         sources = src_pages[len(src_pages) - len(stored) * unit :]  # put_many keeps the last
         # a full tier's victims' pages take the keys: their slots listed once (batches are read)
-        slots = victim_slots if unit > 1 and pages == victim_pages \
-            else UnitSlots(pages, unit) if unit > 1 else pages
+        slots = pages if unit == 1 else victim_slots if pages == victim_pages and not backward \
+            else UnitSlots(pages, unit, backward)
         self._tier_writes.append(TierBatch(src_level, sources, level, slots))
 
 

@@ -34,7 +34,7 @@ class DeviceUnits:
         self.unit = unit
         self._units: dict[Hashable, tuple[list, int, int]] = {}
         # units evicted whole since the last `take_pending`: their device pages, unit by unit,
-        # and keys
+        # each unit's last page first (as the device evicts them), and keys
         self._pending_pages: list[int] = []
         self._pending_keys: list = []
 
@@ -88,8 +88,8 @@ class DeviceUnits:
                 # a unit the batch's end cuts: its first pages still cached
                 held = list(map(cached.get, hashes[first : last - num_here + 1]))
                 if None not in held:
-                    src_pages += cast("list[int]", held)
-                    src_pages += pages[: index - 1 if index else None : -1]
+                    src_pages += pages[index:]
+                    src_pages += cast("list[int]", held[::-1])
                     unit_keys.append(key)
                     break
             rest = hashes[first:last]
@@ -99,8 +99,8 @@ class DeviceUnits:
                 held = [gone.get(k) if page is None else page
                         for k, page in zip(rest, held, strict=True)]
             if None not in held:  # (else some page of the unit left before its last one)
-                src_pages += cast("list[int]", held)
                 src_pages.append(pages[index])
+                src_pages += cast("list[int]", held[::-1])
                 unit_keys.append(key)
             index += 1
 
@@ -130,18 +130,19 @@ class DeviceUnits:
                            : -unit]
         held_at = map(_LAST_PAGE, map(self._units.get, unit_keys, repeat(_NO_ENTRY)))
         taken = list(map(eq, held_at, pages[index:end:unit]))  # (its entry's page is this one)
-        # each unit's pages first one first, the units in eviction order
-        rows = list(_chunks(pages[end - 1 : index - 1 if index else None : -1], unit))[::-1]
         if False in taken:
-            unit_keys, rows = list(compress(unit_keys, taken)), list(compress(rows, taken))
+            unit_keys = list(compress(unit_keys, taken))
+            self._pending_pages.extend(chain.from_iterable(
+                compress(_chunks(pages[index:end], unit), taken)))
+        else:  # (the usual case)
+            self._pending_pages += pages[index:end]
         deque(map(self._units.__delitem__, unit_keys), maxlen=0)
-        self._pending_pages.extend(chain.from_iterable(rows))
         self._pending_keys += unit_keys
         return num_units
 
     def take_pending(self) -> tuple[list[int], list]:
         """The units evicted whole since the last call, each key once (its first eviction):
-        (their device pages, unit by unit, and the unit keys)."""
+        (their device pages, unit by unit, each unit's last page first, and the unit keys)."""
         pages, keys = self._pending_pages, self._pending_keys
         if not keys:
             return [], []
@@ -189,13 +190,15 @@ def whole(flags: list[bool], unit: int) -> list[bool]:
 class UnitSlots(Sequence[int]):
     """The device-page slots of tier pages of `unit` device pages each, in order, as
     `unit_slots` lists them but not listed: a tier write's simulator needs only their number,
-    an executor iterates them."""
+    an executor iterates them. `backward`: each tier page's slots last one first (where the
+    source pages come as the device evicts a unit's pages: `DeviceUnits`)."""
 
-    __slots__ = ("pages", "unit")
+    __slots__ = ("backward", "pages", "unit")
 
-    def __init__(self, tier_pages: list[int], unit: int) -> None:
+    def __init__(self, tier_pages: Sequence[int], unit: int, backward: bool = False) -> None:
         self.pages = tier_pages
         self.unit = unit
+        self.backward = backward
 
     def __len__(self) -> int:
         return len(self.pages) * self.unit
@@ -211,28 +214,33 @@ class UnitSlots(Sequence[int]):
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
             if step == 1 and not start % unit and not stop % unit:  # whole tier pages
-                return UnitSlots(self.pages[start // unit : stop // unit], unit)
+                return UnitSlots(self.pages[start // unit : stop // unit], unit, self.backward)
             return list(self)[index]
         page, offset = divmod(index if index >= 0 else index + len(self), unit)
         if not 0 <= page < len(self.pages):
             raise IndexError(index)
-        return self.pages[page] * unit + offset
+        return self.pages[page] * unit + (unit - 1 - offset if self.backward else offset)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(unit_slots(self.pages, self.unit))
+        if not self.backward:
+            return iter(unit_slots(self.pages, self.unit))
+        unit = self.unit
+        lasts = [page * unit + unit - 1 for page in self.pages]
+        return chain.from_iterable(map(range, lasts, map((-unit).__add__, lasts), repeat(-1)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, UnitSlots):
-            return self.unit == other.unit and self.pages == other.pages
+            return (self.unit, self.backward, list(self.pages)) \
+                == (other.unit, other.backward, list(other.pages))
         return isinstance(other, Sequence) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]  # (mutable, as the lists it stands for)
 
     def __repr__(self) -> str:
-        return f"UnitSlots({self.pages!r}, unit={self.unit})"
+        return f"UnitSlots({self.pages!r}, unit={self.unit}, backward={self.backward})"
 
 
-def unit_slots(tier_pages: list[int], unit: int) -> list[int]:
+def unit_slots(tier_pages: Sequence[int], unit: int) -> list[int]:
     """The device-page slots of tier pages of `unit` device pages each, in order."""
     if unit == 1:
         return tier_pages

@@ -234,10 +234,12 @@ def test_a_chain_of_long_runs_takes_each_key_from_the_highest_tier_holding_it(ne
     assert _pairs(tier_chain(stores, keys)) == _chain_key_by_key(stores, keys)
 
 
-@given(st.lists(st.integers(0, 50), max_size=6), st.integers(1, 4), st.data())
-def test_unit_slots_read_as_the_slots_they_stand_for(tier_pages, unit, data):
-    slots = UnitSlots(tier_pages, unit)
-    listed = unit_slots(tier_pages, unit)
+@given(st.lists(st.integers(0, 50), max_size=6), st.integers(1, 4), st.booleans(), st.data())
+def test_unit_slots_read_as_the_slots_they_stand_for(tier_pages, unit, backward, data):
+    slots = UnitSlots(tier_pages, unit, backward)
+    rows = [list(range(page * unit, (page + 1) * unit)) for page in tier_pages]
+    listed = [slot for row in rows for slot in (row[::-1] if backward else row)]
+    assert backward or listed == unit_slots(tier_pages, unit)
     assert len(slots) == len(listed) and list(slots) == listed and slots == listed
     if listed:
         index = data.draw(st.integers(-len(listed), len(listed) - 1))
