@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     Entry = tuple[SeqState, list[int], list[float]]
     Walk = tuple[SeqState, Entry, int, int, int, int, int]
 
+# A run's plan walks at first only the sequences with a demotion in its first steps: runs
+# that an arrival cuts short (most of them) never walk the others.
+_NEAR = 8
+_POSITION = itemgetter(7)  # a planned walk's sequence position
 _FRACTION_BITS = 24  # a ratio is exact if a multiple of 2**-24: sums stay exact far past need
 
 
@@ -45,8 +50,8 @@ class RunDemotions:
     of `driver`'s manager), per step: the first step's (where a sequence not walked yet, or
     past a prefill, may demote many pages), then a page per level every `page_size` steps."""
 
-    __slots__ = ("_built", "_driver", "_dues", "_levels", "_requests", "_saved", "_step",
-                 "buckets", "first", "new_entries", "num_steps")
+    __slots__ = ("_built", "_deferred", "_driver", "_dues", "_levels", "_requests", "_saved",
+                 "_step", "buckets", "first", "new_entries", "num_steps")
 
     def __init__(self, driver: PrecisionDriver, requests: list[Any], num_steps: int) -> None:
         self._driver = driver
@@ -58,6 +63,10 @@ class RunDemotions:
         # the first step's walks, and the later ones by step % page_size, in demotion order
         self.first: list[Walk] = []
         self.buckets: list[list[Walk]] = []
+        # the sequences with no walk in the run's first `_NEAR` steps (most runs end sooner):
+        # (position, state, entry, tokens, pages held) each, their walks added when a later
+        # step is asked (`_defer_to`)
+        self._deferred: list[tuple[int, SeqState, Entry, int, int]] = []
         # the timer's walk (`costs`): steps seen, the context spared, levels it gave pages
         self._step = 0
         self._saved = 0.0
@@ -72,9 +81,13 @@ class RunDemotions:
         seqs, new_entries, first = driver.manager._seqs, self.new_entries, self.first
         buckets: list[list[Walk]] = [[] for _ in range(page_size)]
         self.buckets = buckets
-        for request_id, state in seqs.items():
+        near, deferred = min(_NEAR, num_steps), self._deferred
+        for position, (request_id, state) in enumerate(seqs.items()):
             entry = done.get(request_id)
             num_tokens, held = state.num_tokens, len(state.pages)
+            if entry is not None and entry[0] is state and entry[2][0] - num_tokens >= near:
+                deferred.append((position, state, entry, num_tokens, held))
+                continue  # (no page of it demotes in the first `near` steps)
             if entry is None or entry[0] is not state:
                 entry = new_entries[request_id] = (state, [0] * (depth + 1), [0, 0.0])
             walked = entry[1]
@@ -89,13 +102,30 @@ class RunDemotions:
                 step = (index + 1) * page_size + level * recent - num_tokens
                 if step < num_steps:
                     buckets[step % page_size].append(
-                        (state, entry, level, step, index, index + 1, held))
+                        (state, entry, level, step, index, index + 1, held, position))
         saved = 0.0  # (`num_saved_context_tokens`'s sum, in its order)
         for request in self._requests:
             if request.request_id not in new_entries:
                 saved += done[request.request_id][2][1]
         self._saved = saved
         self._built = True
+
+    def _defer_to(self) -> None:
+        """The deferred sequences' walks in the buckets, each bucket in demotion order again
+        (as `_build` would have put them; their entries as they were then)."""
+        policy, page_size, buckets = self._driver.policy, len(self.buckets), self.buckets
+        levels = range(1, min(self._driver.ledger.ladder.depth, policy.depth) + 1)
+        for position, state, entry, num_tokens, held in self._deferred:
+            walked = entry[1]
+            for level in levels:
+                index = walked[level]
+                step = (index + 1) * page_size + level * policy.recent - num_tokens
+                if step < self.num_steps:
+                    buckets[step % page_size].append(
+                        (state, entry, level, step, index, index + 1, held, position))
+        self._deferred = []
+        for bucket in buckets:  # (by position; a sequence's levels in turn: a stable sort)
+            bucket.sort(key=_POSITION)
 
     def due(self, step: int) -> list[Walk]:
         """The page walks of `step` (sequence, entry, level, step, first and end page index,
@@ -104,11 +134,13 @@ class RunDemotions:
             self._build()
         if not step:
             return self.first
+        if step >= _NEAR and self._deferred:
+            self._defer_to()
         page_size = len(self.buckets)
         due = []
         for walk in self.buckets[step % page_size]:
             if walk[3] <= step:
-                state, entry, level, first, index, _, held = walk
+                state, entry, level, first, index, _, held, _ = walk
                 index += (step - first) // page_size
                 due.append((state, entry, level, step, index, index + 1, held))
         return due
@@ -156,6 +188,8 @@ class RunDemotions:
                 - ledger.num_ballast_pages)
         if not self._built:
             self._build()
+        if num_steps > _NEAR and self._deferred:  # (before the entries move on)
+            self._defer_to()
         for request_id, entry in self.new_entries.items():
             driver._done.pop(request_id, None)
             driver._done[request_id] = entry
