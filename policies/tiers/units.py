@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
-from itertools import chain, compress, repeat
+from itertools import chain, compress, count, islice, repeat
 from operator import eq, itemgetter
 from typing import cast, overload
 
@@ -70,12 +70,16 @@ class DeviceUnits:
             return
         src_pages, unit_keys = self._pending_pages, self._pending_keys
         gone: dict | None = None  # key -> page of its first eviction in the batch, if needed
-        get, index, num_keys = units.get, 0, len(keys)
-        while index < num_keys:
+        index, num_keys = 0, len(keys)
+        while True:  # (the next unit key found by a C scan: pages between units are many)
+            index = next(compress(count(index), map(units.__contains__, islice(keys, index, None))),
+                         num_keys)
+            if index == num_keys:
+                break
             key = keys[index]
-            entry = get(key)
-            if entry is None or entry[2] != pages[index]:  # (registered again elsewhere
-                index += 1  # since: not this content)
+            entry = units[key]
+            if entry[2] != pages[index]:  # registered again elsewhere since: not this content
+                index += 1
                 continue
             hashes, last = entry[0], entry[1]
             num_whole = self._take_run(pages, keys, index, hashes, last)
