@@ -220,24 +220,27 @@ class PrecisionDriver:
                       batch: tuple[list[int], list[int]]) -> None:
         """A sequence's pages from `walked[level]` to `uptos[level - 1]` demoted to each
         level in turn: added to `batch` (`_demote_each`), or, two levels whose walks overlap
-        (a backlog), in one pass after it (`PrecisionLedger.demote_walk`: each page listed
+        (a backlog), after it in one pass (`PrecisionLedger.demote_walk`: each page listed
         once)."""
-        if len(uptos) == 2 and walked[2] <= walked[1] < uptos[1] <= uptos[0]:
+        if len(uptos) > 1 and max(walked[1:]) < min(uptos):  # (walks that overlap)
+            self._demote_each(*batch)  # (in order: the walks before them first)
+            batch[0].clear()
+            batch[1].clear()
             start = walked[2]
             span = pages[start:uptos[0]]
-            if NULL_PAGE not in span:
-                self._demote_each(*batch)  # (in order: the walks before it first)
-                batch[0].clear()
-                batch[1].clear()
+            if len(uptos) == 2 and walked[1] >= start and uptos[1] <= uptos[0] \
+                    and NULL_PAGE not in span:
                 num = self.ledger.demote_walk(span, walked[1] - start, uptos[1] - start,
                                               self._pending, self._befores, self._afters)
                 self._levels_demoted |= 6
                 if self.policy.recompute:  # a lookup from before may reach them
                     self.manager.pool.cache_epoch += num
                 return
-            self._dups = True
-        elif len(uptos) > 1 and max(walked[1:]) < min(uptos):  # (overlapping: never here)
-            self._dups = True
+            self._dups = True  # (never here: one walk at a time, a page listed twice)
+            for level, upto in enumerate(uptos, 1):
+                if upto > walked[level]:
+                    self._demote(pages[walked[level]:upto], level)
+            return
         for level, upto in enumerate(uptos, 1):
             if upto > walked[level]:
                 walk = pages[walked[level]:upto]
@@ -245,29 +248,38 @@ class PrecisionDriver:
                 batch[1].extend(repeat(level, len(walk)))
                 self._levels_demoted |= 1 << level
 
-    def _demote_each(self, pages: list[int], targets: list[int]) -> None:
+    def _demote_each(self, pages: list[int], targets: list[int], any_twice: bool = False
+                     ) -> None:
         """Each of `pages`, all in block tables, demoted to its level in `targets` where
         above it, in order, as walk by walk: in runs of distinct pages
-        (`PrecisionLedger.demote_each`; a page two walks name, one a sequence shares, is
-        listed twice)."""
+        (`PrecisionLedger.demote_each`; a page two walks name is listed twice). Only a page
+        two tables hold can be named twice, unless `any_twice`."""
         if not pages:
             return
         if NULL_PAGE in pages:
             keep = [page != NULL_PAGE for page in pages]
             pages, targets = list(compress(pages, keep)), list(compress(targets, keep))
         cuts = [0, len(pages)]
-        if len(set(pages)) < len(pages):  # (rare: one run per stretch of distinct pages)
-            self._dups = True
+        owners = self.manager.pool.owners  # (only a page two tables hold can be named twice)
+        if (any_twice or (owners and not owners.keys().isdisjoint(pages))) \
+                and len(set(pages)) < len(pages):
+            self._dups = True  # (rare: one call per stretch of distinct pages)
             seen: set[int] = set()
             for index, page in enumerate(pages):
                 if page in seen:
                     cuts.insert(-1, index)
                     seen.clear()
                 seen.add(page)
-        demote, num = self.ledger.demote_each, 0
+        ledger, pending, num = self.ledger, self._pending, 0
         for start, end in itertools.pairwise(cuts):
-            num += demote(pages[start:end], targets[start:end], self._pending,
-                          self._befores, self._afters)
+            run, levels = pages[start:end], targets[start:end]
+            if levels.count(levels[0]) == len(levels):  # (one level: the walks' own call)
+                num_before = len(pending)
+                ledger.demote_pages(run, levels[0], pending, self._befores)
+                self._afters += repeat(levels[0], len(pending) - num_before)
+                num += len(pending) - num_before
+            else:
+                num += ledger.demote_each(run, levels, pending, self._befores, self._afters)
         if self.policy.recompute:  # a lookup from before may reach them
             self.manager.pool.cache_epoch += num
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
-from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate, compress, repeat
 
@@ -229,18 +228,24 @@ class PrecisionLedger:
             targets = list(compress(targets, keep))
             if not pages:
                 return 0
-        for level in set(targets):
-            self._write(pages if len(targets) == targets.count(level) else
-                        list(compress(pages, map(level.__eq__, targets))), level)
         row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
         num_at, pairs = self.num_at_level, self.step_pairs
-        for (before, level), count in Counter(zip(found, targets, strict=True)).items():
-            pairs[before, level] += count
-            self.freed_units += count * (row[before] - row[level]) * size
-            if before:
-                num_at[before] -= count
-            num_at[level] += count
-            self.demotions[level] += count
+        for level in set(targets):
+            if len(targets) == targets.count(level):
+                at, of_level = pages, found
+            else:
+                at = list(compress(pages, map(level.__eq__, targets)))
+                of_level = list(compress(found, map(level.__eq__, targets)))
+            self._write(at, level)
+            for before in range(level):
+                count = of_level.count(before)
+                if count:
+                    pairs[before, level] += count
+                    self.freed_units += count * (row[before] - row[level]) * size
+                    if before:
+                        num_at[before] -= count
+            num_at[level] += len(at)
+            self.demotions[level] += len(at)
         demoted += pages
         befores += found
         afters += targets

@@ -222,7 +222,7 @@ class RunDemotions:
                     walks = list(dict.fromkeys(walks))
                     pages += walks
                     targets += repeat(level, len(walks))
-            driver._demote_each(pages, targets)
+            driver._demote_each(pages, targets, any_twice=True)  # (a backlog's two levels)
             for entry in walked:  # (as `_demote_by_age` leaves them)
                 entry[2][0] = min((entry[1][level] + 1) * page_size + level * policy.recent
                                   for level in walked_levels)
