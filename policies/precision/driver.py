@@ -194,9 +194,11 @@ class PrecisionDriver:
             if num_tokens < info[0]:  # no page of it demotes yet
                 continue
             walked, pages, saving = entry[1], state.pages, self._saving
-            wants = [policy.num_pages_at_least(level, num_tokens, page_size)
+            # (policy.num_pages_at_least of each level, spelled out: a call per level costs)
+            wants = [max(0, (num_tokens - level * policy.recent) // page_size)
                      for level in range(1, top + 1)]
-            uptos = [min(want, len(pages)) for want in wants]
+            num_pages = len(pages)
+            uptos = [want if want < num_pages else num_pages for want in wants]
             self._demote_walks(pages, walked, uptos, batch)
             next_at = math.inf
             for level, upto, want in zip(range(1, top + 1), uptos, wants, strict=True):

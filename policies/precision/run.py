@@ -39,6 +39,14 @@ _POSITION = itemgetter(7)  # a planned walk's sequence position
 _FRACTION_BITS = 24  # a ratio is exact if a multiple of 2**-24: sums stay exact far past need
 
 
+def _next_demotion(walked: list[int], page_size: int, recent: int, levels: range) -> int:
+    """The tokens at which a sequence with `walked` pages per level demotes its next page."""
+    if len(levels) == 2:  # (the usual ladder: spelled out, a generator costs twice)
+        one, two = (walked[1] + 1) * page_size + recent, (walked[2] + 1) * page_size + 2 * recent
+        return one if one <= two else two
+    return min((walked[level] + 1) * page_size + level * recent for level in levels)
+
+
 def exact_ratios(values: Iterable[float]) -> bool:
     """Whether every value is a multiple of 2**-24 below 2**20 (sums of millions of them are
     then exact in a double, in any order)."""
@@ -224,8 +232,7 @@ class RunDemotions:
                     targets += repeat(level, len(walks))
             driver._demote_each(pages, targets, any_twice=True)  # (a backlog's two levels)
             for entry in walked:  # (as `_demote_by_age` leaves them)
-                entry[2][0] = min((entry[1][level] + 1) * page_size + level * policy.recent
-                                  for level in walked_levels)
+                entry[2][0] = _next_demotion(entry[1], page_size, policy.recent, walked_levels)
             num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
             ledger.settle()  # dropped before owe)
             num_released += num_ballast - ledger.num_ballast_pages
