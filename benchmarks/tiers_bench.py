@@ -5,12 +5,13 @@ buys.
     .venv/bin/python benchmarks/tiers_bench.py [--repeats 3]
 
 The run: the bundled Mooncake excerpt, Llama-3.1-8B on one H200 with prefix caching, with no
-tier, a 256 GiB host tier, and host 256 GiB + 2 TiB SSD: with tier pages of one device page
-(16 tokens) and of 256 tokens (`--kv-tier-block-size 256`: vLLM's offloaded block_size,
-LMCache's chunk), written back, and 256-token pages written through (`/wt`). Target (issue 51):
-host + SSD at most 1.3x the CPU time of the same run without tiers, in pure Python. Printed: the
-best run's CPU time, its ratio to the best run without tiers, and the median over the rounds of
-each round's ratio.
+tier, a 256 GiB host tier, and host 256 GiB + 2 TiB SSD: with the default tier page size
+(`auto`: 256 tokens on this trace, whose prefixes are shared in 512-token hash blocks), with
+tier pages of one device page (16 tokens, `--kv-tier-block-size none`, `/page` below), all
+written back, and 256-token pages written through (`/wt`). Target (issue 51): host + SSD at
+most 1.3x the CPU time of the same run without tiers, in pure Python. Printed: the best run's
+CPU time, its ratio to the best run without tiers, and the median over the rounds of each
+round's ratio.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ from kvlab.policies.tiers import TiersConfig, parse_tiers
 from kvlab.sim import SimConfig, simulate
 from kvlab.traces import load_trace
 
-BLOCK = 256  # tokens per tier page in the cases that set it
-CASES = ("", "host:256GiB", "host:256GiB,ssd:2TiB", f"host:256GiB/{BLOCK}",
-         f"host:256GiB,ssd:2TiB/{BLOCK}", f"host:256GiB/{BLOCK}/wt",
-         f"host:256GiB,ssd:2TiB/{BLOCK}/wt")
+CASES = ("", "host:256GiB", "host:256GiB,ssd:2TiB", "host:256GiB/page",
+         "host:256GiB,ssd:2TiB/page", "host:256GiB/256/wt", "host:256GiB,ssd:2TiB/256/wt")
 
 
 def config(case: str) -> SimConfig:
     """Llama-3.1-8B on an H200 with prefix caching and the case's tiers (`TIERS[/BLOCK[/wt]]`:
-    with tier pages of BLOCK tokens, written back, or through with `/wt`)."""
+    with tier pages of BLOCK tokens, or one device page for `page`, written back, or through
+    with `/wt`; no BLOCK: the default size)."""
     tiers, _, rest = case.partition("/")
     block, _, through = rest.partition("/")
-    settings: dict = {"block_size": int(block)} if block else {"block_size": None}
+    settings: dict = {}
+    if block:
+        settings["block_size"] = None if block == "page" else int(block)
     if through:
         settings["write_policy"] = "write-through"
     serving = ServingConfig.create("paged", enable_prefix_caching=True,

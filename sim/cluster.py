@@ -78,6 +78,7 @@ def simulate_cluster(
     """
     check_whole_number("num_instances", num_instances, 1)
     check_whole_number("router_seed", router_seed, 0)
+    config = config.with_tier_pages_for(trace)  # (`auto` tier pages: `simulate`'s)
     if pd is None:
         specs = [InstanceSpec(config) for _ in range(num_instances)]
     else:

@@ -4,8 +4,8 @@ resolved once (presets read, policy parsed, KV capacity sized, cost model loaded
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from kvlab.errors import KvlabError
 from kvlab.policies import KVCacheManager, PolicySpec, SchedulerConfig
@@ -25,6 +25,9 @@ from kvlab.specs.capacity import device_name
 from kvlab.specs.host import available_ram_bytes
 from kvlab.specs.kv_groups import KVCacheGroup
 from kvlab.specs.kv_layout import max_in_flight_tokens
+
+if TYPE_CHECKING:
+    from kvlab.traces import Trace
 
 
 @dataclass(slots=True)
@@ -80,6 +83,19 @@ class SimConfig:
         other = copy.copy(self)
         other.serving = self.serving.with_policy(policy)
         other._resolve_memory()
+        return other
+
+    def with_tier_pages_for(self, trace: Trace) -> SimConfig:
+        """This config with its tier page size settled for `trace`'s prefix keys where it is
+        `auto` (`TiersConfig.for_prefix_blocks`); itself where there is nothing to settle."""
+        tiers = self.serving.kv_tiers
+        if not tiers:
+            return self
+        settled = tiers.for_prefix_blocks(self.policy.block_size, trace.prefix_block_size())
+        if settled is tiers:
+            return self
+        other = copy.copy(self)
+        other.serving = replace(self.serving, kv_tiers=settled)
         return other
 
     @property

@@ -83,7 +83,9 @@ class Simulation:
         in_flight: dict[int, int] | None = None,
     ) -> None:
         """`in_flight`: request id -> requests in flight at its send, for an API latency with
-        a load term (`kvlab.sim.api_latency`; None: its constant alone)."""
+        a load term (`kvlab.sim.api_latency`; None: its constant alone). A tier page size of
+        `auto` is settled for the trace (`SimConfig.with_tier_pages_for`)."""
+        config = config.with_tier_pages_for(trace)
         self.trace = trace
         self.config = config
         self.policy = config.policy

@@ -24,7 +24,7 @@ from kvlab.metrics import (
 from kvlab.policies import parse_policy
 from kvlab.policies.serving import ServingConfig
 from kvlab.policies.serving_presets import serving_preset
-from kvlab.policies.tiers import TiersConfig, parse_tiers
+from kvlab.policies.tiers import AUTO_BLOCK, TiersConfig, parse_tiers
 from kvlab.sim import SimConfig, simulate, simulate_cluster, summarize_cluster
 from kvlab.sim.disaggregation import parse_pd
 from kvlab.specs import DEFAULT_HARDWARE, DEFAULT_MODEL
@@ -94,7 +94,7 @@ def tiers_config(settings: Mapping[str, Any]) -> TiersConfig:
     options = {"write_policy": tiers.pop("kv_tier_write", "write-back"),
                "store_threshold": tiers.pop("kv_tier_store_threshold", 0),
                "overlap": tiers.pop("kv_tier_overlap", "none"),
-               "block_size": tiers.pop("kv_tier_block_size", None)}
+               "block_size": tiers.pop("kv_tier_block_size", AUTO_BLOCK)}
     return TiersConfig(parse_tiers(text), **options)
 
 

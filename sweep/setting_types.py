@@ -3,6 +3,7 @@ checks the table in `kvlab.sweep.settings` builds its settings from."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -120,6 +121,30 @@ def optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return convert(value)
 
     return read
+
+
+def tier_block_size(value: Any) -> int | str | None:
+    """A tier page size: tokens, `auto`, or none (YAML null, or the text none/page: one
+    device page)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in
+                         ("none", "null", "page")):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return as_int(value)
+    except ValueError:
+        raise ValueError("expected a number of tokens, auto or none") from None
+
+
+def tier_block_text(text: str) -> str:
+    """The flag's text of a tier page size, as given, once `tier_block_size` reads it (an
+    argparse error saying what was expected otherwise)."""
+    try:
+        tier_block_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error}, not {text!r}") from None
+    return text
 
 
 def text_list(value: Any) -> str:

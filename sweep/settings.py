@@ -23,7 +23,7 @@ from kvlab.errors import KvlabError
 from kvlab.metrics import parse_metric_percentiles, parse_percentile_metrics
 from kvlab.policies import parse_policy
 from kvlab.policies.serving import ServingConfig
-from kvlab.policies.tiers import OVERLAP_MODES, WRITE_POLICIES, TiersConfig, parse_tiers
+from kvlab.policies.tiers import AUTO_BLOCK, OVERLAP_MODES, WRITE_POLICIES, TiersConfig, parse_tiers
 from kvlab.sim.calibrated import load_cost_model
 from kvlab.sim.disaggregation import parse_pd
 from kvlab.sim.router import check_router
@@ -46,6 +46,8 @@ from kvlab.sweep.setting_types import (
     serving_field,
     swap_space,
     text_list,
+    tier_block_size,
+    tier_block_text,
     whole,
 )
 from kvlab.traces import DATASET_NAMES, resolve_trace_path
@@ -295,26 +297,24 @@ def _tiers() -> list[Setting]:
     """The memory tiers below the device (kvlab.policies.tiers; "none": no tier)."""
     return [
         _flagged("kv_tiers", "tiers", as_str, parse_tiers, default="", metavar="TIERS",
-                 help="prefix-cache tiers below device memory, in order: "
-                 "KIND:SIZE[:OPTION=VALUE...] comma-separated, KIND host, ssd or remote, SIZE "
-                 "bytes (512GiB) or pages (4096p), options eviction=lru|fifo|lfu|arc|slru|cost, "
-                 "read=/write= GB/s, latency= us; e.g. host:512GiB,ssd:4TiB:eviction=arc (`+` "
-                 "separates tiers too; turns prefix caching on; default: none)"),
+                 help="prefix-cache tiers below device memory, in order: KIND:SIZE[:OPTION="
+                 "VALUE...] comma-separated, KIND host, ssd or remote, SIZE bytes (512GiB) or "
+                 "pages (4096p), options eviction=lru|fifo|lfu|arc|slru|cost, read=/write= GB/s, "
+                 "latency= us; e.g. host:512GiB,ssd:4TiB:eviction=arc (`+` separates tiers "
+                 "too; turns prefix caching on; default: none)"),
         _flagged("kv_tier_write", "tiers", as_str, lambda v: TiersConfig(write_policy=v),
                  default="write-back", choices=lambda: WRITE_POLICIES,
                  help="write-back: a page goes to the first tier when the device evicts it; "
                  "write-through: as soon as its KV is computed (default write-back)"),
         _flagged("kv_tier_store_threshold", "tiers", as_int,
-                 lambda v: TiersConfig(store_threshold=v), cli_type=int, default=0,
-                 metavar="K",
+                 lambda v: TiersConfig(store_threshold=v), cli_type=int, default=0, metavar="K",
                  help="write to the tiers only pages hit at least K times (vLLM's reuse "
                  "gating; default 0: every page)"),
-        _flagged("kv_tier_block_size", "tiers", optional(as_int),
-                 lambda v: TiersConfig(block_size=v), cli_type=int, metavar="TOKENS",
-                 help="tokens per tier page, a multiple of --block-size (vLLM's offloaded "
-                 "block_size, LMCache's chunk_size, e.g. 256): a tier page is written whole "
-                 "(through, as its last page is computed; back, as the device evicts that page) "
-                 "and loaded whole; fewer, larger tier entries (default: one device page)"),
+        _flagged("kv_tier_block_size", "tiers", tier_block_size, lambda v: TiersConfig(
+            block_size=v), cli_type=tier_block_text, default=AUTO_BLOCK, metavar="TOKENS",
+                 help="tokens per tier page, written and loaded whole (vLLM's offloaded "
+                 "block_size), a multiple of --block-size; none: one device page; auto (default):"
+                 " up to 256 where prompts share prefixes in hash blocks it divides (Mooncake's)"),
         _flagged("kv_tier_overlap", "tiers", as_str, lambda v: TiersConfig(overlap=v),
                  default="none", choices=lambda: OVERLAP_MODES,
                  help="none: a step computes after its tier loads; layerwise: loads stream "

@@ -59,6 +59,15 @@ class Trace:
     requests: list[TraceRequest]
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def prefix_block_size(self) -> int | None:
+        """The tokens per block of the hash ids that name every request's prefixes, where
+        they all share one (a trace such as Mooncake's); None where a request has token ids
+        (its prefixes are hashed page by page), none has hash ids, or block sizes differ."""
+        sizes = {r.hash_block_size for r in self.requests if r.hash_ids is not None}
+        if len(sizes) != 1 or any(r.prompt_token_ids is not None for r in self.requests):
+            return None
+        return sizes.pop()
+
     def __len__(self) -> int:
         return len(self.requests)
 

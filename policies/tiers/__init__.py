@@ -22,6 +22,7 @@ and slots per unit, and `DeviceUnits`, which writes a unit back whole).
 from kvlab.policies.tiers.chain import TierRuns, chain_head, chain_length, tier_chain
 from kvlab.policies.tiers.prefix_tier import PrefixTier, build_tier, build_tiers
 from kvlab.policies.tiers.spec import (
+    AUTO_BLOCK,
     OVERLAP_MODES,
     TIER_KINDS,
     WRITE_POLICIES,
@@ -34,6 +35,7 @@ from kvlab.policies.tiers.stats import TierStats, tier_summary
 from kvlab.policies.tiers.store import TierStore
 
 __all__ = [
+    "AUTO_BLOCK",
     "OVERLAP_MODES",
     "TIER_KINDS",
     "WRITE_POLICIES",

@@ -247,6 +247,6 @@ class UnitSlots(Sequence[int]):
 def unit_slots(tier_pages: Sequence[int], unit: int) -> list[int]:
     """The device-page slots of tier pages of `unit` device pages each, in order."""
     if unit == 1:
-        return tier_pages
+        return list(tier_pages)
     starts = [page * unit for page in tier_pages]  # then a range each, in C
     return list(chain.from_iterable(map(range, starts, map(unit.__add__, starts))))

@@ -13,7 +13,7 @@ from kvlab.policies.serving import ServingConfig
 from kvlab.policies.tiers import TiersConfig, TierSpec, parse_tiers
 from kvlab.sim import SimConfig, Simulation, simulate
 from kvlab.sim.requests import to_requests
-from kvlab.traces import load_trace
+from kvlab.traces import Trace, TraceRequest, load_trace
 
 PAGE = 16
 
@@ -131,9 +131,12 @@ def test_decode_runs_give_the_same_run_with_tiers(block_size):
                                       {"write_policy": "write-through", "block_size": 256}])
 def test_the_tiers_round_trip_through_the_result_json(settings):
     config = _mooncake_config("host:64GiB,ssd:1TiB:eviction=lfu:read=6", **settings)
-    summary = summarize(simulate(load_trace("mooncake", num_prompts=20), config))
+    trace = load_trace("mooncake", num_prompts=20)
+    summary = summarize(simulate(trace, config))
     saved = json.loads(json.dumps(summary))
-    assert TiersConfig.from_json(saved["kv_tiers"]) == config.serving.kv_tiers
+    # (the run's tier page size as it ran: `auto` settled for the trace)
+    assert TiersConfig.from_json(saved["kv_tiers"]) \
+        == config.with_tier_pages_for(trace).serving.kv_tiers
     assert ServingConfig.from_json(config.serving.to_json()) == config.serving
 
 
@@ -158,7 +161,7 @@ def test_kvlab_sim_reports_and_saves_the_tiers(capsys, tmp_path):
     saved = json.loads((tmp_path / "tiers.json").read_text())
     assert saved["kv_tiers"] == {"tiers": "host:68719476736,ssd:1099511627776:eviction=arc",
                                  "write_policy": "write-through", "store_threshold": 0,
-                                 "overlap": "none", "block_size": None}
+                                 "overlap": "none", "block_size": 256}  # (auto, settled)
     assert saved["enable_prefix_caching"] is True  # tiers turn prefix caching on
     assert saved["host_tier_pages"] == 64 * 2**30 // (16 * 128 * 2**10)
 
@@ -178,3 +181,50 @@ def test_bad_tier_flags_name_the_flag(capsys, flags, words):
 
     assert main([*MOONCAKE, *flags]) == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("page_size", "hash_block", "tokens"), [
+    (16, 512, 256), (16, 16, None), (16, 96, 96), (16, 100, None), (128, 512, 256),
+    (256, 512, None), (16, None, None)])
+def test_auto_tier_pages_are_the_largest_up_to_256_tokens_inside_a_hash_block(
+        page_size, hash_block, tokens):
+    config = TiersConfig(parse_tiers("host:4GiB"))
+    assert config.block_size == "auto" and config.block_pages(page_size) == 1  # (unsettled)
+    assert config.for_prefix_blocks(page_size, hash_block).block_size == tokens
+    fixed = TiersConfig(parse_tiers("host:4GiB"), block_size=64)
+    assert fixed.for_prefix_blocks(page_size, hash_block) is fixed
+
+
+def test_auto_tier_pages_follow_the_traces_prefix_keys():
+    mooncake = load_trace("mooncake", num_prompts=20)
+    assert mooncake.prefix_block_size() == 512
+    config = _mooncake_config("host:64GiB")
+    assert config.with_tier_pages_for(mooncake).serving.kv_tiers.block_size == 256
+    tokens = Trace("ids", "random", "synthetic", [
+        TraceRequest(0, 0.0, 32, 4, prompt_token_ids=tuple(range(32)))])
+    assert tokens.prefix_block_size() is None
+    assert config.with_tier_pages_for(tokens).serving.kv_tiers.block_size is None
+    untiered = _mooncake_config("")
+    assert untiered.with_tier_pages_for(mooncake) is untiered
+
+
+@pytest.mark.parametrize(("value", "expected"), [("auto", 256), ("none", None), ("64", 64)])
+def test_the_tier_page_flag_takes_tokens_auto_or_none(capsys, tmp_path, value, expected):
+    from kvlab.cli import main
+
+    code = main([*MOONCAKE, "--num-prompts", "5", "--kv-tiers", "host:64GiB",
+                 "--kv-tier-block-size", value, "--save-result", "--result-dir", str(tmp_path),
+                 "--result-filename", "tiers.json"])
+    assert code == 0
+    saved = json.loads((tmp_path / "tiers.json").read_text())
+    assert saved["kv_tiers"]["block_size"] == expected
+
+
+def test_a_bad_tier_page_flag_says_what_was_expected(capsys):
+    from kvlab.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:  # (argparse's exit for a bad flag)
+        main([*MOONCAKE, "--kv-tiers", "host:64GiB", "--kv-tier-block-size", "big"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--kv-tier-block-size: expected a number of tokens, auto or none, not 'big'" in err
