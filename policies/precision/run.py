@@ -230,7 +230,10 @@ class RunDemotions:
                     walks = list(dict.fromkeys(walks))
                     pages += walks
                     targets += repeat(level, len(walks))
-            driver._demote_each(pages, targets, any_twice=True)  # (a backlog's two levels)
+            if targets and targets[0] == targets[-1]:  # (one level: no page named twice)
+                driver._demote(pages, targets[0])
+            elif pages:
+                driver._demote_each(pages, targets, any_twice=True)  # (a backlog's two levels)
             for entry in walked:  # (as `_demote_by_age` leaves them)
                 entry[2][0] = _next_demotion(entry[1], page_size, policy.recent, walked_levels)
             num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
