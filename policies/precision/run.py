@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     # the sequence held before the run)
     Entry = tuple[SeqState, list[int], list[float]]
     Walk = tuple[SeqState, Entry, int, int, int, int, int]
+    Planned = tuple[SeqState, Entry, int, int, int, int, int, int]  # a walk, its position
 
 # A run's plan walks at first only the sequences with a demotion in its first steps: runs
 # that an arrival cuts short (most of them) never walk the others.
@@ -70,7 +71,7 @@ class RunDemotions:
         self.new_entries: dict[int, Entry] = {}
         # the first step's walks, and the later ones by step % page_size, in demotion order
         self.first: list[Walk] = []
-        self.buckets: list[list[Walk]] = []
+        self.buckets: list[list[Planned]] = []
         # the sequences with no walk in the run's first `_NEAR` steps (most runs end sooner):
         # (position, state, entry, tokens, pages held) each, their walks added when a later
         # step is asked (`_defer_to`)
@@ -87,7 +88,7 @@ class RunDemotions:
         depth, recent, num_steps = driver.ledger.ladder.depth, policy.recent, self.num_steps
         levels = range(1, min(depth, policy.depth) + 1)
         seqs, new_entries, first = driver.manager._seqs, self.new_entries, self.first
-        buckets: list[list[Walk]] = [[] for _ in range(page_size)]
+        buckets: list[list[Planned]] = [[] for _ in range(page_size)]
         self.buckets = buckets
         near, deferred = min(_NEAR, num_steps), self._deferred
         for position, (request_id, state) in enumerate(seqs.items()):
@@ -224,7 +225,8 @@ class RunDemotions:
                 entry[2][1] += (end - start) * saving[level]
             # a level at a time, in turn: the same ledger as walk by walk (a page demoted to
             # two levels in the step still steps through both; a shared page once a level)
-            pages, targets = [], []
+            pages: list[int] = []
+            targets: list[int] = []
             for level, walks in enumerate(by_level):
                 if walks:
                     walks = list(dict.fromkeys(walks))
