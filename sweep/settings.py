@@ -314,7 +314,7 @@ def _tiers() -> list[Setting]:
             block_size=v), cli_type=tier_block_text, default=AUTO_BLOCK, metavar="TOKENS",
                  help="tokens per tier page, written and loaded whole (vLLM's offloaded "
                  "block_size), a multiple of --block-size; none: one device page; auto (default):"
-                 " up to 256 where prompts share prefixes in hash blocks it divides (Mooncake's)"),
+                 " up to 512 where prompts share prefixes in hash blocks it divides (Mooncake's)"),
         _flagged("kv_tier_overlap", "tiers", as_str, lambda v: TiersConfig(overlap=v),
                  default="none", choices=lambda: OVERLAP_MODES,
                  help="none: a step computes after its tier loads; layerwise: loads stream "

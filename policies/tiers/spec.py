@@ -21,7 +21,7 @@ from kvlab.policies import registry
 TIER_KINDS = ("host", "ssd", "remote")
 WRITE_POLICIES = ("write-back", "write-through")
 AUTO_BLOCK = "auto"  # `TiersConfig.block_size`: settled by the requests' prefix keys
-AUTO_BLOCK_TOKENS = 256  # the largest tier page `auto` takes (LMCache's chunk, vLLM's offload)
+AUTO_BLOCK_TOKENS = 512  # the largest tier page `auto` takes (a Mooncake hash block)
 OVERLAP_MODES = ("none", "layerwise")
 _PAGES_SUFFIX = "p"
 
@@ -185,7 +185,8 @@ class TiersConfig:
         `AUTO_BLOCK_TOKENS` that is a multiple of `page_size` and divides the block, else one
         device page. Such requests share prefixes a whole block at a time, so a tier page
         inside a block loses no hit a page of one device page would take but in a prompt's
-        last, partial block (the Mooncake excerpt: 11.53% against 11.54%); token-id prompts
+        last, partial block (the Mooncake excerpt: 11.53% against 11.54%, tier pages of 256
+        or 512 tokens alike); token-id prompts
         share prefixes of any length, which a larger tier page would cut."""
         if self.block_size != AUTO_BLOCK:
             return self

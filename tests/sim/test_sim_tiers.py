@@ -161,7 +161,7 @@ def test_kvlab_sim_reports_and_saves_the_tiers(capsys, tmp_path):
     saved = json.loads((tmp_path / "tiers.json").read_text())
     assert saved["kv_tiers"] == {"tiers": "host:68719476736,ssd:1099511627776:eviction=arc",
                                  "write_policy": "write-through", "store_threshold": 0,
-                                 "overlap": "none", "block_size": 256}  # (auto, settled)
+                                 "overlap": "none", "block_size": 512}  # (auto, settled)
     assert saved["enable_prefix_caching"] is True  # tiers turn prefix caching on
     assert saved["host_tier_pages"] == 64 * 2**30 // (16 * 128 * 2**10)
 
@@ -184,9 +184,9 @@ def test_bad_tier_flags_name_the_flag(capsys, flags, words):
 
 
 @pytest.mark.parametrize(("page_size", "hash_block", "tokens"), [
-    (16, 512, 256), (16, 16, None), (16, 96, 96), (16, 100, None), (128, 512, 256),
-    (256, 512, None), (16, None, None)])
-def test_auto_tier_pages_are_the_largest_up_to_256_tokens_inside_a_hash_block(
+    (16, 512, 512), (16, 16, None), (16, 96, 96), (16, 100, None), (128, 1024, 512),
+    (16, 1024, 512), (16, 768, 384), (512, 1024, None), (16, None, None)])
+def test_auto_tier_pages_are_the_largest_up_to_512_tokens_inside_a_hash_block(
         page_size, hash_block, tokens):
     config = TiersConfig(parse_tiers("host:4GiB"))
     assert config.block_size == "auto" and config.block_pages(page_size) == 1  # (unsettled)
@@ -199,7 +199,7 @@ def test_auto_tier_pages_follow_the_traces_prefix_keys():
     mooncake = load_trace("mooncake", num_prompts=20)
     assert mooncake.prefix_block_size() == 512
     config = _mooncake_config("host:64GiB")
-    assert config.with_tier_pages_for(mooncake).serving.kv_tiers.block_size == 256
+    assert config.with_tier_pages_for(mooncake).serving.kv_tiers.block_size == 512
     tokens = Trace("ids", "random", "synthetic", [
         TraceRequest(0, 0.0, 32, 4, prompt_token_ids=tuple(range(32)))])
     assert tokens.prefix_block_size() is None
@@ -208,7 +208,7 @@ def test_auto_tier_pages_follow_the_traces_prefix_keys():
     assert untiered.with_tier_pages_for(mooncake) is untiered
 
 
-@pytest.mark.parametrize(("value", "expected"), [("auto", 256), ("none", None), ("64", 64)])
+@pytest.mark.parametrize(("value", "expected"), [("auto", 512), ("none", None), ("64", 64)])
 def test_the_tier_page_flag_takes_tokens_auto_or_none(capsys, tmp_path, value, expected):
     from kvlab.cli import main
 
