@@ -185,14 +185,39 @@ class RunDemotions:
             pages += ratios[before, levels[page]]
         return self._saved * driver.manager.page_size, pages / 2
 
+    def _apply(self, due: list[Walk], walked: list[Entry], walked_levels: range) -> None:
+        """A step's walks `due` applied, a level at a time, in turn: the same ledger as walk
+        by walk (a page demoted to two levels in the step still steps through both; a shared
+        page once a level); the `walked` entries moved on as `_demote_by_age` leaves them."""
+        driver = self._driver
+        saving, page_size, recent = driver._saving, driver.manager.page_size, driver.policy.recent
+        by_level: list[list[int]] = [[] for _ in range(len(saving))]
+        for state, entry, level, _, start, end, _ in due:
+            by_level[level] += state.pages[start:end]
+            entry[1][level] = end
+            entry[2][1] += (end - start) * saving[level]
+        pages: list[int] = []
+        targets: list[int] = []
+        for level, walks in enumerate(by_level):
+            if walks:
+                walks = list(dict.fromkeys(walks))
+                pages += walks
+                targets += repeat(level, len(walks))
+        if targets and targets[0] == targets[-1]:  # (one level: no page named twice)
+            driver._demote(pages, targets[0])
+        elif pages:
+            driver._demote_each(pages, targets, any_twice=True)  # (a backlog's two levels)
+        for entry in walked:
+            entry[2][0] = _next_demotion(entry[1], page_size, recent, walked_levels)
+
     def commit(self, num_steps: int, num_free_before: int, pages_taken: list[int]) -> list[int]:
         """Apply the demotions of the run's first `num_steps` steps (its pages all taken:
         `pages_taken` by the end of each, `num_free_before` free before it) with the ballast
         settled and the precision mix sampled at each step's start, as `begin_step` does.
         Returns the ballast pages released by the start of each step, cumulated."""
         driver = self._driver
-        ledger, page_size, policy = driver.ledger, driver.manager.page_size, driver.policy
-        saving, sums, num_at = driver._saving, driver.sum_pages_at_level, ledger.num_at_level
+        ledger, policy = driver.ledger, driver.policy
+        sums, num_at = driver.sum_pages_at_level, ledger.num_at_level
         held = (driver.manager.num_total_pages + ledger.num_extra - num_free_before
                 - ledger.num_ballast_pages)
         if not self._built:
@@ -209,38 +234,14 @@ class RunDemotions:
         dues = self._dues
         for step in range(num_steps):
             due = dues[step] if step < len(dues) else self.due(step)
-            if step and not due:  # (most steps: nothing demoted, nothing settled)
-                released.append(num_released)
-                sums[0] += held + taken_before[step] - sum(num_at)
-                for level in range(1, len(num_at)):
-                    sums[level] += num_at[level]
-                continue
-            walked = [walk[1] for walk in due]
-            if not step:
-                walked += self.new_entries.values()  # (walked, demoting or not)
-            by_level: list[list[int]] = [[] for _ in range(len(num_at))]
-            for state, entry, level, _, start, end, _ in due:
-                by_level[level] += state.pages[start:end]
-                entry[1][level] = end
-                entry[2][1] += (end - start) * saving[level]
-            # a level at a time, in turn: the same ledger as walk by walk (a page demoted to
-            # two levels in the step still steps through both; a shared page once a level)
-            pages: list[int] = []
-            targets: list[int] = []
-            for level, walks in enumerate(by_level):
-                if walks:
-                    walks = list(dict.fromkeys(walks))
-                    pages += walks
-                    targets += repeat(level, len(walks))
-            if targets and targets[0] == targets[-1]:  # (one level: no page named twice)
-                driver._demote(pages, targets[0])
-            elif pages:
-                driver._demote_each(pages, targets, any_twice=True)  # (a backlog's two levels)
-            for entry in walked:  # (as `_demote_by_age` leaves them)
-                entry[2][0] = _next_demotion(entry[1], page_size, policy.recent, walked_levels)
-            num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
-            ledger.settle()  # dropped before owe)
-            num_released += num_ballast - ledger.num_ballast_pages
+            if due or not step:  # (most steps: nothing demoted, nothing settled)
+                walked = [walk[1] for walk in due]
+                if not step:
+                    walked += self.new_entries.values()  # (walked, demoting or not)
+                self._apply(due, walked, walked_levels)
+                num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
+                ledger.settle()  # dropped before owe)
+                num_released += num_ballast - ledger.num_ballast_pages
             released.append(num_released)
             sums[0] += held + taken_before[step] - sum(num_at)
             for level in range(1, len(num_at)):
