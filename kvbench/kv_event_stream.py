@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, write_text_file
 from kvlab.metrics.results import result_stem
 
 STREAM_FORMAT = "kvlab-kv-events-1"
@@ -183,12 +183,7 @@ def save_stream(stream: KVEventStream, path: Path) -> Path:
     for batch in stream.batches:
         lines.append(json.dumps({"recv_s": batch.recv_s, "seq": batch.seq, "ts": batch.ts,
                                  "events": batch.events}, default=_hex))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return write_text_file(path, "\n".join(lines) + "\n")
 
 
 def load_stream(path: str | Path) -> KVEventStream:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 
 class KvlabError(Exception):
     """A user mistake (bad setting, file, trace row, preset, policy) with an actionable message.
@@ -26,3 +30,23 @@ def _rebuild(message: str, parameters: tuple[str, ...]) -> KvlabError:
 class KvlabWarning(UserWarning):
     """Something a user should know that does not stop the run (rows skipped, fewer requests
     than asked); the CLI prints it as one line."""
+
+
+@contextmanager
+def writing(path: str | Path, what: str = "") -> Iterator[None]:
+    """An OSError inside (a folder that cannot be made, a full disk, no permission) becomes a
+    KvlabError naming `path`, and `what` it holds where given ("cannot write the cost model
+    PATH: ...")."""
+    try:
+        yield
+    except OSError as exc:
+        raise KvlabError(f"cannot write {what + ' ' if what else ''}{path}: "
+                         f"{exc.strerror or exc}") from exc
+
+
+def write_text_file(path: Path, text: str, what: str = "") -> Path:
+    """Write `text` to `path`, its folders made first (`writing`'s error otherwise)."""
+    with writing(path, what):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return path

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, writing
 from kvlab.metrics.csv_table import write_csv
 from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
 from kvlab.metrics.run_result import RunResult
@@ -107,11 +107,9 @@ def save_step_profile(steps: StepRecorder, path: Path) -> Path:
     calibrate` fits, as the steps table of `save_results`."""
     table_format = "parquet" if path.suffix == ".parquet" else "csv"
     _check_table_format(table_format)
-    try:
+    with writing(path, "the step profile"):
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_table(_step_columns(steps), path, table_format)
-    except OSError as exc:
-        raise KvlabError(f"cannot write the step profile {path}: {exc.strerror or exc}") from exc
     return path
 
 

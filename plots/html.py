@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, writing
 from kvlab.plots.model import Figure, Panel
 
 PANEL_HEIGHT = 320  # pixels per row of panels
@@ -62,8 +62,6 @@ def write_html(figure: Figure, path: Path) -> Path:
         import plotly  # noqa: F401
     except ImportError as exc:
         raise KvlabError("HTML figures need plotly: pip install 'kvlab[plot]'") from exc
-    try:
+    with writing(path):
         to_plotly(figure).write_html(str(path), include_plotlyjs=True, full_html=True)
-    except OSError as exc:
-        raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path

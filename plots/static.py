@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, writing
 from kvlab.plots.model import Figure, Panel
 
 PANEL_SIZE = (5.2, 3.4)  # inches per panel
@@ -103,9 +103,8 @@ def write_static(figure: Figure, path: Path) -> Path:
             fig.suptitle(figure.title)
             fig.tight_layout()
             metadata = {"Date": None} if path.suffix == ".svg" else {}
-            fig.savefig(path, dpi=DPI, metadata=metadata)
-        except OSError as exc:
-            raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
+            with writing(path):
+                fig.savefig(path, dpi=DPI, metadata=metadata)
         finally:
             plt.close(fig)
     return path

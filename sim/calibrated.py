@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, write_text_file
 from kvlab.sim.cost_model import StepShapeLike, prefill_shape
 
 FORMAT = "kvlab-calibrated-cost-model"
@@ -201,13 +201,8 @@ class CalibratedCostModel:
 
     def save(self, path: str | Path) -> Path:
         """Write the model as JSON to `path` (parents created); raises KvlabError on failure."""
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise KvlabError(f"cannot write cost model {path}: {exc.strerror or exc}") from exc
-        return path
+        return write_text_file(Path(path), json.dumps(self.to_json(), indent=2) + "\n",
+                               "cost model")
 
 
 def load_cost_model(path: str | Path) -> CalibratedCostModel:

@@ -22,12 +22,7 @@ def save_document(path: Path, document: dict[str, Any]) -> None:
     """Write a report as JSON (parents created) and say so; a KvlabError naming the path."""
     import json
 
-    from kvlab.errors import KvlabError
+    from kvlab.errors import write_text_file
 
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(document, indent=2, allow_nan=False, default=str)
-        path.write_text(text + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise KvlabError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    write_text_file(path, json.dumps(document, indent=2, allow_nan=False, default=str) + "\n")
     print(f"Saved {path}")
