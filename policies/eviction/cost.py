@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvlab.policies.eviction.scored import HeapEviction
+from kvlab.policies.eviction.scored import HitCountEviction
 from kvlab.policies.registry import register
 
 
@@ -11,7 +11,7 @@ from kvlab.policies.registry import register
     "cost",
     help="prefix caching; evict the page cheapest to recompute (shallow, rarely hit) first",
 )
-class CostAwareEviction(HeapEviction):
+class CostAwareEviction(HitCountEviction):
     """Keyed by the recompute time a future hit would save: (depth + 1) x (hits + 1).
 
     A page at depth d (tokens d*P..(d+1)*P of a prompt) attends to a prefix of d+1 pages when
@@ -19,20 +19,8 @@ class CostAwareEviction(HeapEviction):
     Ties go to the least recently used.
     """
 
-    __slots__ = ("_clock", "_hits")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._hits: dict[int, int] = {}
-        self._clock = 0
-
-    def on_hit(self, page_id: int) -> None:
-        """Count one more reuse of the page's content."""
-        self._hits[page_id] = self._hits.get(page_id, 0) + 1
+    __slots__ = ()
 
     def _priority(self, page_id: int, depth: int) -> tuple:
         self._clock += 1
         return ((depth + 1) * (self._hits.get(page_id, 0) + 1), self._clock)
-
-    def _forget(self, page_id: int) -> None:
-        self._hits.pop(page_id, None)

@@ -93,3 +93,22 @@ class HeapEviction:
 
     def _forget(self, page_id: int) -> None:
         """The page was evicted: its content, and so its history, is gone."""
+
+
+class HitCountEviction(HeapEviction):
+    """A scored policy keyed by the hits on each page's content (lfu, cost): `on_hit` counts
+    them until the page is evicted; `_clock` numbers the releases, for ties."""
+
+    __slots__ = ("_clock", "_hits")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hits: dict[int, int] = {}
+        self._clock = 0
+
+    def on_hit(self, page_id: int) -> None:
+        """Count one more reuse of the page's content."""
+        self._hits[page_id] = self._hits.get(page_id, 0) + 1
+
+    def _forget(self, page_id: int) -> None:
+        self._hits.pop(page_id, None)
