@@ -27,6 +27,7 @@ from kvlab.sweep import (
     run_points,
     split_values,
 )
+from kvlab.sweep.settings import SETTINGS
 from kvlab.traces import Trace, guess_dataset_name
 from kvlab.traces.bundled import bundled_dataset_name
 
@@ -46,26 +47,13 @@ SERVING_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "enable_chunked_prefill", "scheduler_reserve_full_isl",
                     "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_bytes",
                     "swap_space_bytes")
-# Parameters a sweep can vary: name -> (where it lives, how a typed value is read)
-SWEEP_PARAMETERS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "block_size": ("policy", int),
-    "watermark": ("policy", float),
-    # choices, not numbers: each value a registered policy of that family (`kvlab policies`)
-    "eviction": ("policy", str),
-    "preemption": ("policy", str),
-    "victim": ("policy", str),
-    "block_sizing": ("policy", str),
-    # a precision policy a value, its options after the colon (age:recent=128,depth=2)
-    "precision": ("policy", str),
-    "request_rate": ("setup", float),
-    "time_scale": ("setup", float),
-    "max_num_seqs": ("setup", int),
-    "max_num_batched_tokens": ("setup", int),
-    "tensor_parallel_size": ("setup", int),
-    "gpu_memory_utilization": ("setup", float),
-    # tiers below the device, `+` between tiers of one value (e.g. host:64GiB+ssd:1TiB)
-    "kv_tiers": ("tiers", str),
-}
+# The settings the Sweep page can vary (eviction, preemption, victim, block_sizing and precision
+# take policy names, kv_tiers tier specs with `+` between the tiers of one value); each value is
+# read as `kvlab sweep` reads it, by the settings table (kvlab.sweep.settings)
+SWEEP_PARAMETERS = ("block_size", "watermark", "eviction", "preemption", "victim", "block_sizing",
+                    "precision", "request_rate", "time_scale", "max_num_seqs",
+                    "max_num_batched_tokens", "tensor_parallel_size", "gpu_memory_utilization",
+                    "kv_tiers", "kv_tier_block_size")
 
 
 @dataclass(slots=True)
@@ -110,14 +98,13 @@ def parse_values(name: str, text: str) -> list[Any]:
     """The comma-separated values of sweep parameter `name`, e.g. '8, 16, 32' for block_size."""
     if name not in SWEEP_PARAMETERS:
         raise KvlabError(f"cannot sweep {name!r}; choose from {', '.join(SWEEP_PARAMETERS)}")
-    kind = SWEEP_PARAMETERS[name][1]
+    read = SETTINGS[name].convert
     values = []
     for item in split_values(name, text):  # (a precision value keeps its commas)
         try:
-            values.append(kind(item))
-        except ValueError:
-            what = "a whole number" if kind is int else "a number"
-            raise KvlabError(f"{name} values: {item!r} is not {what}") from None
+            values.append(read(item))
+        except ValueError as error:
+            raise KvlabError(f"{name} values: {item!r}: {error}") from None
     if not values:
         raise KvlabError(f"{name} values: give at least one, comma-separated, e.g. 8,16,32")
     return values

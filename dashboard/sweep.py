@@ -29,7 +29,8 @@ DEFAULT_VALUES = {"block_size": "8,16,32", "request_rate": "2,4,8", "time_scale"
                   "preemption": "recompute,swap", "victim": "last-arrived,longest,fewest-pages",
                   "block_sizing": "fixed,geometric",
                   "precision": "none,age:recent=128,age:recent=32,depth=2",
-                  "kv_tiers": "none,host:64GiB,host:256GiB,host:1TiB"}
+                  "kv_tiers": "none,host:64GiB,host:256GiB,host:1TiB",
+                  "kv_tier_block_size": "none,256,auto"}
 MAX_POINTS = 64
 
 
@@ -54,7 +55,9 @@ def main() -> None:
     y_text = cols[1].text_input("Y values", DEFAULT_VALUES[y], key=f"sweep_y_values_{y}") \
         if y else ""
     st.caption("request_rate resamples arrivals as Poisson; eviction, preemption, victim, "
-               "block_sizing and precision take policy names (`kvlab policies`); the other "
+               "block_sizing and precision take policy names (`kvlab policies`); values are "
+               "read as `kvlab sweep --grid` reads them (kv_tier_block_size needs kv_tiers "
+               "in the grid or the sidebar's setup); the other "
                "setup fields come from the sidebar. Larger grids, any `kvlab sim` flag, a "
                "process pool or Ray: `kvlab sweep`, then read its folder here.")
     clicked = st.button("Run", key="sweep_run", type="primary")

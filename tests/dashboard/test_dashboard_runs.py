@@ -9,6 +9,7 @@ from dashboard_cases import SMALL, small_setup, small_sweep_folder
 
 from kvlab.dashboard.compare import parse_policies
 from kvlab.dashboard.runs import (
+    SWEEP_PARAMETERS,
     best_run,
     load_validate_result,
     parse_values,
@@ -20,6 +21,7 @@ from kvlab.dashboard.runs import (
 from kvlab.dashboard.workload import load_setup_trace
 from kvlab.errors import KvlabError
 from kvlab.policies import PolicySpec
+from kvlab.sweep.settings import SETTINGS
 
 
 def test_goodput_is_in_the_summary_when_an_slo_is_given():
@@ -59,10 +61,26 @@ def test_a_sweep_runs_every_grid_point_in_order_with_progress():
 def test_sweep_values_are_parsed_for_their_parameter():
     assert parse_values("block_size", "8, 16,32") == [8, 16, 32]
     assert parse_values("request_rate", "0.5,2") == [0.5, 2.0]
+    assert parse_values("kv_tier_block_size", "none,256,auto") == [None, 256, "auto"]
+
+
+def test_the_sweep_pages_parameters_are_settings_of_the_one_table():
+    assert set(SWEEP_PARAMETERS) <= set(SETTINGS)
+
+
+def test_a_sweep_over_tier_page_sizes_runs_each():
+    setup = small_setup(num_prompts=20)
+    values = parse_values("kv_tier_block_size", "none,auto")
+    grid = sweep(setup, PolicySpec(eviction="lru"), "kv_tier_block_size", values, "kv_tiers",
+                 ["host:4GiB"])
+    assert grid["error"].isna().all(), grid["error"].tolist()
+    assert grid["kv_tier_block_size"].isna().tolist() == [True, False]  # (none: one page)
+    assert (grid["host_tier_pages"] > 0).all()
 
 
 @pytest.mark.parametrize(("name", "text", "problem"), [
-    ("block_size", "8,sixteen", "'sixteen' is not a whole number"),
+    ("block_size", "8,sixteen", "'sixteen': expected a whole number"),
+    ("kv_tier_block_size", "auto,big", "'big': expected a number of tokens, auto or none"),
     ("block_size", " , ", "at least one"),
     ("colour", "1", "cannot sweep 'colour'"),
 ])
