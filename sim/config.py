@@ -87,11 +87,13 @@ class SimConfig:
 
     def with_tier_pages_for(self, trace: Trace) -> SimConfig:
         """This config with its tier page size settled for `trace`'s prefix keys where it is
-        `auto` (`TiersConfig.for_prefix_blocks`); itself where there is nothing to settle."""
+        `auto` (`TiersConfig.for_prefix_blocks`; one device page with KV-cache groups, whose
+        tier pages hold one); itself where there is nothing to settle."""
         tiers = self.serving.kv_tiers
         if not tiers:
             return self
-        settled = tiers.for_prefix_blocks(self.policy.block_size, trace.prefix_block_size())
+        blocks = None if self.kv_cache_groups is not None else trace.prefix_block_size()
+        settled = tiers.for_prefix_blocks(self.policy.block_size, blocks)
         if settled is tiers:
             return self
         other = copy.copy(self)

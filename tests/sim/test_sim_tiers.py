@@ -206,6 +206,11 @@ def test_auto_tier_pages_follow_the_traces_prefix_keys():
     assert config.with_tier_pages_for(tokens).serving.kv_tiers.block_size is None
     untiered = _mooncake_config("")
     assert untiered.with_tier_pages_for(mooncake) is untiered
+    # a hybrid model's tier pages hold one device page (its groups' pages are kept apart)
+    serving = ServingConfig.create("paged", enable_prefix_caching=True,
+                                   kv_tiers=TiersConfig(parse_tiers("host:4GiB")))
+    hybrid = SimConfig(model="gemma-3-27b", hardware="h200-141g", serving=serving)
+    assert hybrid.with_tier_pages_for(mooncake).serving.kv_tiers.block_size is None
 
 
 @pytest.mark.parametrize(("value", "expected"), [("auto", 512), ("none", None), ("64", 64)])
