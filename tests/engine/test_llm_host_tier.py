@@ -49,12 +49,14 @@ def test_write_through_gives_the_same_tokens_too():
     assert tiered == plain
 
 
-def test_tier_pages_of_several_device_pages_give_the_same_tokens_too():
+@pytest.mark.parametrize("write_policy", ["write-through", "write-back"])
+def test_tier_pages_of_several_device_pages_give_the_same_tokens_too(write_policy):
     _, plain = _generate()
     from kvlab.policies.tiers import TiersConfig, parse_tiers
 
-    # tier pages of two device pages (vLLM's offloaded block_size): 32 of them in 64 slots
-    tiers = TiersConfig(parse_tiers("host:64p"), write_policy="write-through",
+    # tier pages of two device pages (vLLM's offloaded block_size): 32 of them in 64 slots;
+    # written back, each unit's pages are copied last one first (as the device evicts them)
+    tiers = TiersConfig(parse_tiers("host:64p"), write_policy=write_policy,
                         block_size=2 * PAGE)
     engine, tiered = _generate(kv_tiers=tiers)
     host = engine.manager.tiers[0]
