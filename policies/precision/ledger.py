@@ -136,25 +136,31 @@ class PrecisionLedger:
             if not pages:
                 return
         self._write(pages, level)
-        row, size, num_at = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0], \
-            self.num_at_level
-        pairs = self.step_pairs
-        for before in range(level):
-            count = found.count(before)
-            if count:
-                pairs[before, level] += count
-                self.freed_units += count * (row[before] - row[level]) * size
-                if before:
-                    num_at[before] -= count
-        num_at[level] += len(pages)
-        self.demotions[level] += len(pages)
+        self._count_demoted(found, level)
         cached = self._cached
         if cached and not cached.isdisjoint(pages):
+            row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
             for page, before in zip(pages, found, strict=True):
                 if page in cached:
                     self._cached_units += (row[before] - row[level]) * size
         demoted += pages
         befores += found
+
+    def _count_demoted(self, befores: Sequence[int], level: int) -> None:
+        """Pages at levels `befores` (each above `level`) were just demoted to `level`: the
+        step's (before, after) counts, the bytes freed, the pages per level and the
+        demotions into `level`."""
+        row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
+        num_at, pairs = self.num_at_level, self.step_pairs
+        for before in range(level):
+            count = befores.count(before)
+            if count:
+                pairs[before, level] += count
+                self.freed_units += count * (row[before] - row[level]) * size
+                if before:
+                    num_at[before] -= count
+        num_at[level] += len(befores)
+        self.demotions[level] += len(befores)
 
     def demote_walk(self, span: list[int], cut1: int, cut2: int, demoted: list[int],
                     befores: list[int], afters: list[int]) -> int:
@@ -228,8 +234,6 @@ class PrecisionLedger:
             targets = list(compress(targets, keep))
             if not pages:
                 return 0
-        row, size = self.ladder.row_bytes, self.unit // self.ladder.row_bytes[0]
-        num_at, pairs = self.num_at_level, self.step_pairs
         for level in set(targets):
             if len(targets) == targets.count(level):
                 at, of_level = pages, found
@@ -237,15 +241,7 @@ class PrecisionLedger:
                 at = list(compress(pages, map(level.__eq__, targets)))
                 of_level = list(compress(found, map(level.__eq__, targets)))
             self._write(at, level)
-            for before in range(level):
-                count = of_level.count(before)
-                if count:
-                    pairs[before, level] += count
-                    self.freed_units += count * (row[before] - row[level]) * size
-                    if before:
-                        num_at[before] -= count
-            num_at[level] += len(at)
-            self.demotions[level] += len(at)
+            self._count_demoted(of_level, level)
         demoted += pages
         befores += found
         afters += targets
