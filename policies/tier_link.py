@@ -114,8 +114,7 @@ class TierLink:
             return tier_chain(stores, hashes[start:limit])
         first = start // unit * unit
         units = tier_chain(stores, hashes[first + unit - 1 : limit // unit * unit : unit])
-        runs: TierRuns = [(level, UnitSlots(cast("list[int]", pages), unit))
-                          for level, pages in units]
+        runs: TierRuns = [(level, UnitSlots(pages, unit)) for level, pages in units]
         if runs and start > first:  # the device holds the first unit's first pages
             runs[0] = (runs[0][0], runs[0][1][start - first :])
         return runs
@@ -319,8 +318,7 @@ class TierLink:
             own.num_stores += len(pages) * unit
             if pages:  # (a row of free pages: one range of slots)
                 slots: Sequence[int] = pages if unit == 1 \
-                    else UnitSlots(range(pages[0], pages[-1] + 1), unit, True) if backward \
-                    else range(pages[0] * unit, (pages[-1] + 1) * unit)
+                    else UnitSlots(range(pages[0], pages[-1] + 1), unit, backward)
                 self._tier_writes.append(TierBatch(src_level, src_pages, level, slots))
             return
         elif tier.store.holds_any(keys):
@@ -338,9 +336,7 @@ class TierLink:
             own.num_demotions += len(victim_keys) * unit
             self._store(level, victim_slots, victim_keys, level + 1)
         sources = src_pages[len(src_pages) - len(stored) * unit :]  # put_many keeps the last
-        # a full tier's victims' pages take the keys: their slots listed once (batches are read)
-        slots = pages if unit == 1 else victim_slots if pages == victim_pages and not backward \
-            else UnitSlots(pages, unit, backward)
+        slots = pages if unit == 1 else UnitSlots(pages, unit, backward)
         self._tier_writes.append(TierBatch(src_level, sources, level, slots))
 
 

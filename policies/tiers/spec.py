@@ -186,8 +186,8 @@ class TiersConfig:
         device page. Such requests share prefixes a whole block at a time, so a tier page
         inside a block loses no hit a page of one device page would take but in a prompt's
         last, partial block (the Mooncake excerpt: 11.53% against 11.54%, tier pages of 256
-        or 512 tokens alike); token-id prompts
-        share prefixes of any length, which a larger tier page would cut."""
+        or 512 tokens alike); token-id prompts share prefixes of any length, which a larger
+        tier page would cut."""
         if self.block_size != AUTO_BLOCK:
             return self
         return replace(self, block_size=auto_block_size(page_size, hash_block_size))

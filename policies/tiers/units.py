@@ -5,8 +5,9 @@ A unit is `unit` consecutive device pages of a block table, named by its last pa
 key. The device releases a finished sequence's pages tail first, so under LRU (and any order
 that keeps a prefix's pages at least as long as the deeper ones) a unit's last page leaves the
 device first, while the others are still cached there or leave in the same batch: `DeviceUnits`
-remembers each unit's pages when a table registers it, and hands over the whole unit when the
-device evicts that last page and every other page of the unit still holds its content.
+remembers each unit's place in its table when the table registers it, and hands over the whole
+unit when the device evicts that last page and every other page of the unit's content is still
+on the device (a finished table's units, leaving together, a row at a time).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class DeviceUnits:
                 continue
             del units[key]
             first, num_here = last - unit + 1, num_keys - index
-            if num_here < unit and keys[index:] == hashes[last : last - num_here : -1]:
+            if num_here < unit and _follows(keys, index, hashes, last, num_here):
                 # a unit the batch's end cuts: its first pages still cached
                 held = list(map(cached.get, hashes[first : last - num_here + 1]))
                 if None not in held:
