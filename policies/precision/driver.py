@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from itertools import compress, islice, repeat
-from operator import attrgetter, ge, is_, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from kvlab.errors import KvlabError
@@ -20,7 +20,7 @@ from kvlab.policies.precision.ledger import (
     extra_pages,
     read_levels,
 )
-from kvlab.policies.precision.run import NEW, RunDemotions, exact_ratios
+from kvlab.policies.precision.run import RunDemotions, exact_ratios
 from kvlab.specs.kv_groups import NULL_PAGE
 
 if TYPE_CHECKING:
@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     from kvlab.policies.manager import KVCacheManager
 
 _LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
-_NUM_TOKENS = attrgetter("num_tokens")
-_NEXT_AT = itemgetter(0)  # an entry's tokens at which a page of it next demotes
-_INFO = itemgetter(2)  # an entry's [tokens at which a page next demotes, context spared]
 
 # Cached-free pages looked at per step for demotion (from the eviction end): bounds the work.
 _CACHED_SCAN = 256
@@ -41,10 +38,10 @@ class PrecisionDriver:
     time; `num_pages` is the device's pages at the cache's dtype (the pool holds more ids:
     `ledger.py`)."""
 
-    __slots__ = ("_afters", "_befores", "_charged", "_done", "_dropped_at", "_dups", "_entries",
-                 "_exact", "_levels_demoted", "_pending", "_saving", "_states", "ledger",
-                 "manager", "num_pages", "num_steps", "page_tokens", "policy",
-                 "requantize_ratios", "run", "sum_pages_at_level")
+    __slots__ = ("_afters", "_befores", "_charged", "_done", "_dropped_at", "_dups", "_exact",
+                 "_levels_demoted", "_pending", "_saving", "ledger", "manager", "num_pages",
+                 "num_steps", "page_tokens", "policy", "requantize_ratios", "run",
+                 "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
                  num_pages: int) -> None:
@@ -55,9 +52,6 @@ class PrecisionDriver:
         # request -> (its state, pages walked per level, [tokens at which a page next demotes,
         # the attention reads its walked pages spare, in pages at the cache's dtype])
         self._done: dict[int, tuple[SeqState, list[int], list[float]]] = {}
-        # the manager's sequences as `aligned` found them last, in its order, and their entries
-        self._states: list[SeqState] = []
-        self._entries: list[tuple[SeqState, list[int], list[float]]] = []
         self._saving = [0.0] + [ladder.ratio(level - 1) - ladder.ratio(level)
                                 for level in range(1, ladder.depth + 1)]
         # the step's demotions so far: the pages, and each one's level before (in step)
@@ -189,14 +183,17 @@ class PrecisionDriver:
         """Each sequence's pages past the recent tokens, one level per `recent` tokens."""
         manager, policy, ledger = self.manager, self.policy, self.ledger
         page_size, depth = manager.page_size, ledger.ladder.depth
+        done, seqs = self._done, manager._seqs
         top = min(depth, policy.depth)
         batch: tuple[list[int], list[int]] = ([], [])  # (the step's short walks: pages, levels)
-        entries = self.aligned()
-        # (C loops: the sequences with a page to demote, in the manager's order)
-        for entry in list(compress(entries, map(ge, map(_NUM_TOKENS, self._states),
-                                                map(_NEXT_AT, map(_INFO, entries))))):
-            state, walked, info = entry
-            num_tokens, pages, saving = state.num_tokens, state.pages, self._saving
+        for request_id, state in seqs.items():
+            entry = done.get(request_id)
+            if entry is None or entry[0] is not state:  # (new, or admitted again)
+                entry = done[request_id] = (state, [0] * (depth + 1), [0, 0.0])
+            num_tokens, info = state.num_tokens, entry[2]
+            if num_tokens < info[0]:  # no page of it demotes yet
+                continue
+            walked, pages, saving = entry[1], state.pages, self._saving
             # (policy.num_pages_at_least of each level, spelled out: a call per level costs)
             wants = [max(0, (num_tokens - level * policy.recent) // page_size)
                      for level in range(1, top + 1)]
@@ -214,31 +211,12 @@ class PrecisionDriver:
                     next_at = 0  # (pages not yet allocated: look again next step)
             info[0] = next_at
         self._demote_each(*batch)
+        if len(done) > len(seqs):  # sequences gone since (every one left has its entry)
+            for request_id in [r for r in done if r not in seqs]:
+                del done[request_id]
         owners = manager.pool.owners  # (a page two tables hold may be demoted twice)
         if owners and self._pending and not owners.keys().isdisjoint(self._pending):
             self._dups = True
-
-    def aligned(self) -> list[tuple[SeqState, list[int], list[float]]]:
-        """Each of the manager's sequences' entry (its state, pages walked per level, [tokens
-        at which a page next demotes, context spared]), in the manager's order: made for a
-        sequence new or admitted again (none walked, due at once: `NEW`), dropped for one
-        gone. Kept between steps with the states they were made for (`_states`): a step
-        checks them in C loops, not a loop per sequence."""
-        states = list(self.manager._seqs.values())
-        if len(states) == len(self._states) and all(map(is_, states, self._states)):
-            return self._entries
-        done, depth = self._done, self.ledger.ladder.depth
-        entries = []
-        for request_id, state in self.manager._seqs.items():
-            entry = done.get(request_id)
-            if entry is None or entry[0] is not state:  # (new, or admitted again)
-                entry = done[request_id] = (state, [0] * (depth + 1), [NEW, 0.0])
-            entries.append(entry)
-        if len(done) > len(entries):  # sequences gone since
-            for request_id in [r for r in done if r not in self.manager._seqs]:
-                del done[request_id]
-        self._states, self._entries = states, entries
-        return entries
 
     def _demote_walks(self, pages: list[int], walked: list[int], uptos: list[int],
                       batch: tuple[list[int], list[int]]) -> None:

@@ -17,8 +17,8 @@ stop short of a demotion, as before.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import compress, repeat
-from operator import attrgetter, ge, itemgetter, not_, sub
+from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,13 +37,6 @@ if TYPE_CHECKING:
 # that an arrival cuts short (most of them) never walk the others.
 _NEAR = 8
 _POSITION = itemgetter(7)  # a planned walk's sequence position
-_NUM_TOKENS = attrgetter("num_tokens")
-_PAGES = attrgetter("pages")
-_INFO = itemgetter(2)  # an entry's [tokens at which a page next demotes, context spared]
-_NEXT_AT = itemgetter(0)
-# An entry's tokens at which a page next demotes before it was ever walked: due at once
-# (`PrecisionDriver._demote_by_age` or a decode run's first step walks it and sets them).
-NEW = -1
 _FRACTION_BITS = 24  # a ratio is exact if a multiple of 2**-24: sums stay exact far past need
 
 
@@ -74,16 +67,15 @@ class RunDemotions:
         self._requests = requests
         self.num_steps = num_steps
         self._built = False  # (built when first asked: the run may not be taken)
-        # the entries not walked yet (`NEW`): the run's first step sets their next demotion
-        self.new_entries: list[Entry] = []
+        # request id -> the entry `begin_step` would make for it (none yet, or a stale one)
+        self.new_entries: dict[int, Entry] = {}
         # the first step's walks, and the later ones by step % page_size, in demotion order
         self.first: list[Walk] = []
         self.buckets: list[list[Planned]] = []
         # the sequences with no walk in the run's first `_NEAR` steps (most runs end sooner):
         # (position, state, entry, tokens, pages held) each, their walks added when a later
         # step is asked (`_defer_to`)
-        # (their positions; and every sequence's entry, tokens and pages held at the build)
-        self._deferred: tuple[list[int], list[Entry], list[int], list[int]] = ([], [], [], [])
+        self._deferred: list[tuple[int, SeqState, Entry, int, int]] = []
         # the timer's walk (`costs`): steps seen, the context spared, levels it gave pages
         self._step = 0
         self._saved = 0.0
@@ -95,24 +87,20 @@ class RunDemotions:
         policy, page_size, done = driver.policy, driver.manager.page_size, driver._done
         depth, recent, num_steps = driver.ledger.ladder.depth, policy.recent, self.num_steps
         levels = range(1, min(depth, policy.depth) + 1)
-        new_entries, first = self.new_entries, self.first
+        seqs, new_entries, first = driver.manager._seqs, self.new_entries, self.first
         buckets: list[list[Planned]] = [[] for _ in range(page_size)]
         self.buckets = buckets
-        near = min(_NEAR, num_steps)
-        entries, states = driver.aligned(), driver._states
-        tokens = list(map(_NUM_TOKENS, states))
-        # (C loops: the sequences with no page to demote in the first `near` steps are
-        # deferred, with their tokens and pages held now)
-        later = list(map(ge, map(sub, map(_NEXT_AT, map(_INFO, entries)), tokens), repeat(near)))
-        self._deferred = (list(compress(range(len(states)), later)), entries, tokens,
-                          list(map(len, map(_PAGES, states))))
-        for position in compress(range(len(states)), map(not_, later)):
-            entry, num_tokens = entries[position], tokens[position]
-            state, walked, info = entry
-            held = len(state.pages)
-            if info[0] == NEW:
-                new_entries.append(entry)
-            walks_now = num_tokens >= info[0]  # (`_demote_by_age` walks it this step)
+        near, deferred = min(_NEAR, num_steps), self._deferred
+        for position, (request_id, state) in enumerate(seqs.items()):
+            entry = done.get(request_id)
+            num_tokens, held = state.num_tokens, len(state.pages)
+            if entry is not None and entry[0] is state and entry[2][0] - num_tokens >= near:
+                deferred.append((position, state, entry, num_tokens, held))
+                continue  # (no page of it demotes in the first `near` steps)
+            if entry is None or entry[0] is not state:
+                entry = new_entries[request_id] = (state, [0] * (depth + 1), [0, 0.0])
+            walked = entry[1]
+            walks_now = num_tokens >= entry[2][0]  # (`_demote_by_age` walks it this step)
             for level in levels:
                 index = walked[level]
                 if walks_now:
@@ -126,7 +114,8 @@ class RunDemotions:
                         (state, entry, level, step, index, index + 1, held, position))
         saved = 0.0  # (`num_saved_context_tokens`'s sum, in its order)
         for request in self._requests:
-            saved += done[request.request_id][2][1]
+            if request.request_id not in new_entries:
+                saved += done[request.request_id][2][1]
         self._saved = saved
         self._built = True
 
@@ -135,18 +124,15 @@ class RunDemotions:
         (as `_build` would have put them; their entries as they were then)."""
         policy, page_size, buckets = self._driver.policy, len(self.buckets), self.buckets
         levels = range(1, min(self._driver.ledger.ladder.depth, policy.depth) + 1)
-        positions, entries, tokens, helds = self._deferred
-        for position in positions:
-            entry = entries[position]
-            state, walked, _ = entry
-            num_tokens, held = tokens[position], helds[position]
+        for position, state, entry, num_tokens, held in self._deferred:
+            walked = entry[1]
             for level in levels:
                 index = walked[level]
                 step = (index + 1) * page_size + level * policy.recent - num_tokens
                 if step < self.num_steps:
                     buckets[step % page_size].append(
                         (state, entry, level, step, index, index + 1, held, position))
-        self._deferred = ([], [], [], [])
+        self._deferred = []
         for bucket in buckets:  # (by position; a sequence's levels in turn: a stable sort)
             bucket.sort(key=_POSITION)
 
@@ -157,7 +143,7 @@ class RunDemotions:
             self._build()
         if not step:
             return self.first
-        if step >= _NEAR and self._deferred[0]:
+        if step >= _NEAR and self._deferred:
             self._defer_to()
         page_size = len(self.buckets)
         due = []
@@ -236,8 +222,11 @@ class RunDemotions:
                 - ledger.num_ballast_pages)
         if not self._built:
             self._build()
-        if num_steps > _NEAR and self._deferred[0]:  # (before the entries move on)
+        if num_steps > _NEAR and self._deferred:  # (before the entries move on)
             self._defer_to()
+        for request_id, entry in self.new_entries.items():
+            driver._done.pop(request_id, None)
+            driver._done[request_id] = entry
         walked_levels = range(1, min(ledger.ladder.depth, policy.depth) + 1)
         released: list[int] = []
         num_released = 0
@@ -248,7 +237,7 @@ class RunDemotions:
             if due or not step:  # (most steps: nothing demoted, nothing settled)
                 walked = [walk[1] for walk in due]
                 if not step:
-                    walked += self.new_entries  # (walked, demoting or not)
+                    walked += self.new_entries.values()  # (walked, demoting or not)
                 self._apply(due, walked, walked_levels)
                 num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
                 ledger.settle()  # dropped before owe)
