@@ -3,9 +3,11 @@ trace (Llama-2-7B on an A100-80GB, paged blocks of 16, timestamps replayed, `--s
 CPU seconds of the child process (user + system: start-up, imports, trace loading, simulation,
 report and result tables), and the start-up alone (`--num-prompts 1`, no tables).
 
-With `--baseline-rev REV` the same commands run, alternated, on an older commit too (its tree
-installed into a temporary folder with `pip install --no-deps --target`, put first on
-PYTHONPATH), so both sides see the same machine load. Each side's simulated output tokens per
+With `--baseline-rev REV` the same commands run, alternated, on an older commit too, so both
+sides see the same machine load: each side installed into a temporary folder with
+`pip install --no-deps --target` (the older commit's tree, and this working tree too: an
+editable install spends about 0.15 s more on start-up, which would count against this side),
+put first on PYTHONPATH. Each side's simulated output tokens per
 CPU second of the whole process are printed as well. Target (issue 52): at most 2.0 s of CPU.
 
     .venv/bin/python benchmarks/sim_cli_bench.py [--path TRACE.csv] [--repeats 3]
@@ -56,21 +58,28 @@ def run_once(path: str, python_path: str | None, *, startup: bool) -> tuple[floa
 
 def install_revision(revision: str, folder: Path) -> Path:
     """The tree of `revision` installed (no dependencies) into `folder`/site; its path."""
-    source, site = folder / "src", folder / "site"
+    source = folder / "src"
     source.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", revision], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    return install_tree(source, folder / "site")
+
+
+def install_tree(source: Path, site: Path) -> Path:
+    """The project at `source` installed (no dependencies) into `site`; `site`."""
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--no-build-isolation", "--target", str(site), str(source)], check=True)
     return site
 
 
 def _sides(args: argparse.Namespace, folder: Path) -> list[tuple[str, str | None]]:
-    sides: list[tuple[str, str | None]] = [("this tree", None)]
-    if args.baseline_rev:
-        sides.insert(0, (args.baseline_rev, str(install_revision(args.baseline_rev, folder))))
-    return sides
+    """(name, PYTHONPATH or None for the environment's own install) of each side."""
+    if not args.baseline_rev:
+        return [("this tree", None)]
+    (folder / "old").mkdir()
+    return [(args.baseline_rev, str(install_revision(args.baseline_rev, folder / "old"))),
+            ("this tree", str(install_tree(REPO, folder / "this")))]
 
 
 def main() -> None:
