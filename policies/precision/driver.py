@@ -321,12 +321,14 @@ class PrecisionDriver:
 
     def num_saved_context_tokens(self, requests: list[Any]) -> float:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention
-        from reading: each page walked to level k reads ratio(k) of its bytes."""
-        done = self._done
+        from reading: each page walked to level k reads ratio(k) of its bytes. (An entry
+        left from before a request was preempted is not its sequence's now: its pages are
+        new, walked from the next step on.)"""
+        done, seqs = self._done, self.manager._seqs
         saved = 0.0
         for request in requests:
             entry = done.get(request.request_id)
-            if entry is not None:
+            if entry is not None and entry[0] is seqs.get(request.request_id):
                 saved += entry[2][1]
         return saved * self.manager.page_size
 

@@ -74,6 +74,31 @@ def test_age_demotion_keeps_the_recent_tokens_and_frees_their_bytes():
     assert manager.precision.ledger.num_extra - manager.precision.ledger.num_ballast_pages == 2
 
 
+def test_a_request_admitted_again_reads_its_new_pages_whole():
+    """With `pressure`, steps without pressure walk no sequence: the entry a request had
+    before it was preempted must not count for the new pages it is admitted with."""
+    manager = KVCacheManager("paged:block_size=4,precision=age:recent=8,pressure=0.5", 8,
+                             max_model_len=MAX_MODEL_LEN, precision_ladder=LADDER)
+    driver, request = manager.precision, Request(0, 24, 1)
+    assert driver is not None
+    manager.begin_step()
+    assert manager.allocate(request, 24) is not None
+    manager.end_step(_ops())
+    request.num_computed_tokens = 24
+    manager.begin_step()  # 2 of 8 pages free: under pressure, pages 0..3 demoted
+    manager.end_step(_ops())
+    assert driver.num_saved_context_tokens([request]) == 8.0  # 4 pages at half their bytes
+    manager.begin_step()
+    manager.free(request)  # (preempted)
+    manager.end_step(_ops())
+    request.num_computed_tokens = 0
+    manager.begin_step()  # every page free or cached: no pressure, no walk
+    assert manager.allocate(request, 24) is not None
+    assert [driver.ledger.level(page) for page in manager.block_table(request)] == [0] * 6
+    assert driver.num_saved_context_tokens([request]) == 0.0
+    manager.end_step(_ops())
+
+
 def _ops() -> MemOps:
     return MemOps()
 
