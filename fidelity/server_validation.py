@@ -67,6 +67,7 @@ def validate_server(
     num_repeats: int = 1,
     until_std_error: float | None = None,
     on_finish: Callable[[BenchRequest], object] | None = None,
+    refine: bool = True,
 ) -> ValidationResult:
     """Benchmark every window (its calibration requests, then its validated ones;
     `num_repeats` rounds of that, or with `until_std_error` (a fraction) as few rounds, from
@@ -76,7 +77,8 @@ def validate_server(
     (`fit_bench`: a short window's fit follows that window's share of the machine's drift, the
     pooled one averages it), simulate each validated run with it, and compare the pooled
     requests of all windows, as `validate` does for the engine; each window keeps its own
-    comparison (its repeats pooled) in `windows`."""
+    comparison (its repeats pooled) in `windows`. `refine=False`: the fit stops after its
+    step fit (`fit_bench`'s stage 1)."""
     separate = cost_model is None and not calibrate_on_same_run
     if separate and any(cal is None or not len(cal) for _, cal in windows):
         raise KvlabError("no calibration: give cost_model FILE, calibration windows with "
@@ -92,7 +94,8 @@ def validate_server(
     if cost_model is not None:
         calibration = "given"
     else:
-        cost_model, calibration, warnings = _fit(calibration_runs, every_validated, config)
+        cost_model, calibration, warnings = _fit(calibration_runs, every_validated, config,
+                                                 refine)
     runs = []
     for benches in validated:
         sims = simulate_window(benches, config, cost_model)
@@ -127,15 +130,17 @@ def _bench_rounds(target: ServerTarget, windows: Sequence[tuple[Trace, Trace | N
 
 
 def _fit(calibration_runs: list[BenchResult], every_validated: list[BenchResult],
-         config: SimConfig) -> tuple[CalibratedCostModel, str, list[str]]:
+         config: SimConfig, refine: bool) -> tuple[CalibratedCostModel, str, list[str]]:
     """One cost model fitted on the calibration runs together (on the validated runs where
     there are none): (the model, how it was obtained, the fit's warnings)."""
     fitted_on = calibration_runs or every_validated
-    fit = fit_bench(fitted_on, config, source=", ".join(
+    fit = fit_bench(fitted_on, config, refine=refine, source=", ".join(
         str(run.run.metadata.get("dataset")) for run in fitted_on))
     calibration = ("same runs (optimistic)" if not calibration_runs else
                    f"separate runs, each before its window: {len(calibration_runs)} "
                    f"run(s) of {len(calibration_runs[0].requests)} requests, one fit")
+    if not refine:
+        calibration += ", its step fit only (no refine)"
     return fit.cost_model, calibration, fit.warnings
 
 

@@ -149,6 +149,11 @@ def _add_server_arguments(server: argparse._ArgumentGroup) -> None:
                         "simulator error is then judged against a steady average, with the runs "
                         "a noisy machine needs and no more; a warning names the windows still "
                         "above it when the rounds run out")
+    server.add_argument("--no-refine", action="store_true",
+                        help="fit the cost model on the calibration runs' reconstructed steps "
+                        "only, without the simulator-in-the-loop search (as kvlab calibrate "
+                        "bench --no-refine): seconds instead of tens of seconds, the fit a "
+                        "little less close")
     add_client_arguments(server)
     server.add_argument("--kv-events", default=None, metavar="ENDPOINT",
                         help="with --lockstep: the server's KV event stream (tcp://HOST:PORT "
@@ -178,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
         raise KvlabError("--num-repeats, --until-std-error: only with --base-url, without "
                          "--lockstep (the engine's side is timed on its CPU clock and needs no "
                          "repeats)")
+    if args.no_refine and (args.base_url is None or args.lockstep):
+        from kvlab.errors import KvlabError
+
+        raise KvlabError("--no-refine: only with --base-url, without --lockstep (the engine's "
+                         "side is calibrated from its own profile)")
     if args.num_repeats is None:
         args.num_repeats = 1 if args.until_std_error is None else DEFAULT_MAX_ROUNDS
     if args.from_bench is not None:
@@ -277,7 +287,7 @@ def _run_server(args: argparse.Namespace) -> int:
               disable=not show_progress(args)) as bar:
         result = validate_server(target, windows, cost_model=cost_model,
                                  calibrate_on_same_run=args.calibrate_on_same_run,
-                                 num_repeats=args.num_repeats,
+                                 num_repeats=args.num_repeats, refine=not args.no_refine,
                                  until_std_error=None if args.until_std_error is None
                                  else args.until_std_error / 100.0,
                                  on_finish=lambda _: bar.update(1))

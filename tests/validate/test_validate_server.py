@@ -54,10 +54,12 @@ def test_repeats_judge_each_window_on_its_runs_pooled(live, tmp_path, capsys):
     workload = list(WORKLOAD)
     workload[workload.index("--num-windows") + 1] = "1"
     argv = ["validate", "--base-url", live.base_url, *workload, "--num-repeats", "2",
-            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json"]
+            "--no-refine", "--save-result", "--result-dir", str(tmp_path),
+            "--result-filename", "r.json"]  # (the fit is not judged here: its step fit only)
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "window 1 (6 requests x 2 runs)" in out
+    assert "its step fit only (no refine)" in out
     assert "server's own runs off their pool by up to:" in out
     assert "1% slower steps move these by:" in out
     document = json.loads((tmp_path / "r.json").read_text())
@@ -103,11 +105,17 @@ def test_repeats_need_a_server(capsys):
     assert "--num-repeats, --until-std-error: only with --base-url" in capsys.readouterr().err
 
 
+def test_no_refine_needs_a_server(capsys):
+    assert main(["validate", "--no-refine"]) != 0
+    err = capsys.readouterr().err
+    assert "--no-refine: only with --base-url" in err and "Traceback" not in err
+
+
 def test_rounds_go_on_until_every_windows_pool_is_sure_enough(live, tmp_path, capsys):
     workload = list(WORKLOAD)
     workload[workload.index("--num-windows") + 1] = "1"
-    base = ["validate", "--base-url", live.base_url, *workload, "--save-result",
-            "--result-dir", str(tmp_path)]
+    base = ["validate", "--base-url", live.base_url, *workload, "--no-refine", "--save-result",
+            "--result-dir", str(tmp_path)]  # (the fit is not judged here: its step fit only)
     # any pool is within 1000%: the rounds (at most 12 by default) stop at the fewest a
     # standard error is judged from
     assert main([*base, "--until-std-error", "1000", "--result-filename", "wide.json"]) == 0
