@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvlab.policies.tiers import TierRuns
@@ -30,6 +30,10 @@ class SeqState:
     hash_outputs: bool = False
     # Leading entries given back (`NULL_PAGE`): pages no later token reads (windowed groups).
     num_null_pages: int = 0
+    # A precision policy's record of the sequence (policies/precision/driver.py), None until
+    # it first looks at it: kept here, not in a dict by request, so that a sequence admitted
+    # again (a new state) starts a new one and every step's look at each costs no lookup.
+    precision: Any = None
 
 
 @dataclass(slots=True)

@@ -24,7 +24,6 @@ from kvlab.policies.precision.run import RunDemotions, exact_ratios
 from kvlab.specs.kv_groups import NULL_PAGE
 
 if TYPE_CHECKING:
-    from kvlab.policies.groups.table import SeqState
     from kvlab.policies.manager import KVCacheManager
 
 _LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
@@ -38,7 +37,7 @@ class PrecisionDriver:
     time; `num_pages` is the device's pages at the cache's dtype (the pool holds more ids:
     `ledger.py`)."""
 
-    __slots__ = ("_afters", "_befores", "_charged", "_done", "_dropped_at", "_dups", "_exact",
+    __slots__ = ("_afters", "_befores", "_charged", "_dropped_at", "_dups", "_exact",
                  "_levels_demoted", "_pending", "_saving", "ledger", "manager", "num_pages",
                  "num_steps", "page_tokens", "policy", "requantize_ratios", "run",
                  "sum_pages_at_level")
@@ -49,9 +48,9 @@ class PrecisionDriver:
         self.policy = policy
         self.num_pages = num_pages
         self.ledger = PrecisionLedger(manager.pool, ladder, num_pages, manager.page_size)
-        # request -> (its state, pages walked per level, [tokens at which a page next demotes,
-        # the attention reads its walked pages spare, in pages at the cache's dtype])
-        self._done: dict[int, tuple[SeqState, list[int], list[float]]] = {}
+        # Each sequence's entry is its state's `precision`: (the state, pages walked per
+        # level, [tokens at which a page next demotes, the attention reads its walked pages
+        # spare, in pages at the cache's dtype]).
         self._saving = [0.0] + [ladder.ratio(level - 1) - ladder.ratio(level)
                                 for level in range(1, ladder.depth + 1)]
         # the step's demotions so far: the pages, and each one's level before (in step)
@@ -149,13 +148,14 @@ class PrecisionDriver:
         if policy.pressure or len(ledger.ballast) < ledger.num_extra - ledger.freed_units \
                 // ledger.unit:  # (a ledger in debt settles at every step's start)
             return 0
-        seqs, done, steps = self.manager._seqs, self._done, max_steps
+        seqs, steps = self.manager._seqs, max_steps
         # Carried: the demotions from the first step's on (`RunDemotions`, once the manager
         # found every request a plain decode); else the steps before the first demotion.
         carried = self._exact and len(seqs) == len(requests)
         for request in [] if carried else requests:
-            state, entry = seqs.get(request.request_id), done.get(request.request_id)
-            if state is None or entry is None or entry[0] is not state:
+            state = seqs.get(request.request_id)
+            entry = None if state is None else state.precision
+            if entry is None:
                 return 0
             gap = entry[2][0] - state.num_tokens  # step j starts with num_tokens + j
             if gap < steps:
@@ -183,13 +183,12 @@ class PrecisionDriver:
         """Each sequence's pages past the recent tokens, one level per `recent` tokens."""
         manager, policy, ledger = self.manager, self.policy, self.ledger
         page_size, depth = manager.page_size, ledger.ladder.depth
-        done, seqs = self._done, manager._seqs
         top = min(depth, policy.depth)
         batch: tuple[list[int], list[int]] = ([], [])  # (the step's short walks: pages, levels)
-        for request_id, state in seqs.items():
-            entry = done.get(request_id)
-            if entry is None or entry[0] is not state:  # (new, or admitted again)
-                entry = done[request_id] = (state, [0] * (depth + 1), [0, 0.0])
+        for state in manager._seqs.values():
+            entry = state.precision
+            if entry is None:  # (new, or admitted again: a new state)
+                entry = state.precision = (state, [0] * (depth + 1), [0, 0.0])
             num_tokens, info = state.num_tokens, entry[2]
             if num_tokens < info[0]:  # no page of it demotes yet
                 continue
@@ -211,9 +210,6 @@ class PrecisionDriver:
                     next_at = 0  # (pages not yet allocated: look again next step)
             info[0] = next_at
         self._demote_each(*batch)
-        if len(done) > len(seqs):  # sequences gone since (every one left has its entry)
-            for request_id in [r for r in done if r not in seqs]:
-                del done[request_id]
         owners = manager.pool.owners  # (a page two tables hold may be demoted twice)
         if owners and self._pending and not owners.keys().isdisjoint(self._pending):
             self._dups = True
@@ -321,15 +317,14 @@ class PrecisionDriver:
 
     def num_saved_context_tokens(self, requests: list[Any]) -> float:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention
-        from reading: each page walked to level k reads ratio(k) of its bytes. (An entry
-        left from before a request was preempted is not its sequence's now: its pages are
-        new, walked from the next step on.)"""
-        done, seqs = self._done, self.manager._seqs
+        from reading: each page walked to level k reads ratio(k) of its bytes (a request
+        admitted again after preemption: its new sequence's, from its first walk on)."""
+        seqs = self.manager._seqs
         saved = 0.0
         for request in requests:
-            entry = done.get(request.request_id)
-            if entry is not None and entry[0] is seqs.get(request.request_id):
-                saved += entry[2][1]
+            state = seqs.get(request.request_id)
+            if state is not None and state.precision is not None:
+                saved += state.precision[2][1]
         return saved * self.manager.page_size
 
     def summary(self, duration_s: float) -> dict[str, Any]:

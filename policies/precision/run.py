@@ -67,7 +67,7 @@ class RunDemotions:
         self._requests = requests
         self.num_steps = num_steps
         self._built = False  # (built when first asked: the run may not be taken)
-        # request id -> the entry `begin_step` would make for it (none yet, or a stale one)
+        # request id -> the entry `begin_step` would make for it (its state has none yet)
         self.new_entries: dict[int, Entry] = {}
         # the first step's walks, and the later ones by step % page_size, in demotion order
         self.first: list[Walk] = []
@@ -84,7 +84,7 @@ class RunDemotions:
 
     def _build(self) -> None:
         driver = self._driver
-        policy, page_size, done = driver.policy, driver.manager.page_size, driver._done
+        policy, page_size = driver.policy, driver.manager.page_size
         depth, recent, num_steps = driver.ledger.ladder.depth, policy.recent, self.num_steps
         levels = range(1, min(depth, policy.depth) + 1)
         seqs, new_entries, first = driver.manager._seqs, self.new_entries, self.first
@@ -92,12 +92,12 @@ class RunDemotions:
         self.buckets = buckets
         near, deferred = min(_NEAR, num_steps), self._deferred
         for position, (request_id, state) in enumerate(seqs.items()):
-            entry = done.get(request_id)
+            entry = state.precision
             num_tokens, held = state.num_tokens, len(state.pages)
-            if entry is not None and entry[0] is state and entry[2][0] - num_tokens >= near:
+            if entry is not None and entry[2][0] - num_tokens >= near:
                 deferred.append((position, state, entry, num_tokens, held))
                 continue  # (no page of it demotes in the first `near` steps)
-            if entry is None or entry[0] is not state:
+            if entry is None:
                 entry = new_entries[request_id] = (state, [0] * (depth + 1), [0, 0.0])
             walked = entry[1]
             walks_now = num_tokens >= entry[2][0]  # (`_demote_by_age` walks it this step)
@@ -115,7 +115,7 @@ class RunDemotions:
         saved = 0.0  # (`num_saved_context_tokens`'s sum, in its order)
         for request in self._requests:
             if request.request_id not in new_entries:
-                saved += done[request.request_id][2][1]
+                saved += seqs[request.request_id].precision[2][1]
         self._saved = saved
         self._built = True
 
@@ -224,9 +224,8 @@ class RunDemotions:
             self._build()
         if num_steps > _NEAR and self._deferred:  # (before the entries move on)
             self._defer_to()
-        for request_id, entry in self.new_entries.items():
-            driver._done.pop(request_id, None)
-            driver._done[request_id] = entry
+        for entry in self.new_entries.values():
+            entry[0].precision = entry
         walked_levels = range(1, min(ledger.ladder.depth, policy.depth) + 1)
         released: list[int] = []
         num_released = 0
