@@ -242,6 +242,8 @@ class KVCacheManager(ManagerView):
         if state is not None:
             self._main.check_release(seq, state)
             del self._seqs[seq.request_id]
+            if self.precision is not None:
+                self.precision.forget(state)
             if seq.request_id in self._steps.loaded:  # (released at the step's end)
                 self._steps.freed.append((self._main, seq, state, seq.num_computed_tokens))
             else:
@@ -358,6 +360,8 @@ class KVCacheManager(ManagerView):
         state = self._seqs[seq.request_id]
         self._main.check_release(seq, state)
         del self._seqs[seq.request_id]
+        if self.precision is not None:
+            self.precision.forget(state)
         num_tokens = seq.num_computed_tokens
         num_filled = -(-num_tokens // self.page_size)
         assert self.host.can_store(num_filled), "call can_swap_out first"

@@ -24,6 +24,7 @@ from kvlab.policies.precision.run import RunDemotions, exact_ratios
 from kvlab.specs.kv_groups import NULL_PAGE
 
 if TYPE_CHECKING:
+    from kvlab.policies.groups.table import SeqState
     from kvlab.policies.manager import KVCacheManager
 
 _LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
@@ -40,7 +41,7 @@ class PrecisionDriver:
     __slots__ = ("_afters", "_befores", "_charged", "_dropped_at", "_dups", "_exact",
                  "_levels_demoted", "_pending", "_saving", "ledger", "manager", "num_pages",
                  "num_steps", "page_tokens", "policy", "requantize_ratios", "run",
-                 "sum_pages_at_level")
+                 "saved_pages", "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
                  num_pages: int) -> None:
@@ -72,6 +73,8 @@ class PrecisionDriver:
         # runs may carry demotions (run.py): their timer's sums are exact
         self._exact = exact_ratios([*self._saving, *self.requantize_ratios.values()])
         self.run: RunDemotions | None = None  # the decode run `plan_run` planned last
+        # The context spared summed over every sequence's entry (exact where `_exact`).
+        self.saved_pages = 0.0
         self.num_steps = 0
         # Held and cached pages at each level, summed over steps (level 0 first).
         self.sum_pages_at_level = [0] * (ladder.depth + 1)
@@ -202,7 +205,9 @@ class PrecisionDriver:
             next_at = math.inf
             for level, upto, want in zip(range(1, top + 1), uptos, wants, strict=True):
                 if upto > walked[level]:
-                    info[1] += (upto - walked[level]) * saving[level]
+                    spared = (upto - walked[level]) * saving[level]
+                    info[1] += spared
+                    self.saved_pages += spared
                     walked[level] = upto
                 # page `walked[level]` reaches this level at this many tokens
                 next_at = min(next_at, (walked[level] + 1) * page_size + level * policy.recent)
@@ -319,13 +324,26 @@ class PrecisionDriver:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention
         from reading: each page walked to level k reads ratio(k) of its bytes (a request
         admitted again after preemption: its new sequence's, from its first walk on)."""
+        return self.num_saved_pages(requests) * self.manager.page_size
+
+    def num_saved_pages(self, requests: list[Any]) -> float:
+        """`num_saved_context_tokens` in pages at the cache's dtype: where the ratios sum
+        exactly in any order and `requests` are every sequence, the running total
+        (`saved_pages`); else their sum, in their order."""
         seqs = self.manager._seqs
+        if self._exact and len(requests) == len(seqs):  # (the batch holds every sequence)
+            return self.saved_pages
         saved = 0.0
         for request in requests:
             state = seqs.get(request.request_id)
             if state is not None and state.precision is not None:
                 saved += state.precision[2][1]
-        return saved * self.manager.page_size
+        return saved
+
+    def forget(self, state: SeqState) -> None:
+        """`state`'s sequence left the manager (finished, preempted or swapped out)."""
+        if state.precision is not None:
+            self.saved_pages -= state.precision[2][1]
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         """Flat keys for a run's summary: the levels' names, the mean share of held and cached

@@ -112,11 +112,7 @@ class RunDemotions:
                 if step < num_steps:
                     buckets[step % page_size].append(
                         (state, entry, level, step, index, index + 1, held, position))
-        saved = 0.0  # (`num_saved_context_tokens`'s sum, in its order)
-        for request in self._requests:
-            if request.request_id not in new_entries:
-                saved += seqs[request.request_id].precision[2][1]
-        self._saved = saved
+        self._saved = driver.num_saved_pages(self._requests)  # (new entries spare none yet)
         self._built = True
 
     def _defer_to(self) -> None:
@@ -195,7 +191,9 @@ class RunDemotions:
         for state, entry, level, _, start, end, _ in due:
             by_level[level] += state.pages[start:end]
             entry[1][level] = end
-            entry[2][1] += (end - start) * saving[level]
+            spared = (end - start) * saving[level]
+            entry[2][1] += spared
+            driver.saved_pages += spared
         pages: list[int] = []
         targets: list[int] = []
         for level, walks in enumerate(by_level):
