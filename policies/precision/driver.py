@@ -157,10 +157,9 @@ class PrecisionDriver:
         carried = self._exact and len(seqs) == len(requests)
         for request in [] if carried else requests:
             state = seqs.get(request.request_id)
-            entry = None if state is None else state.precision
-            if entry is None:
+            if state is None or state.precision is None:
                 return 0
-            gap = entry[2][0] - state.num_tokens  # step j starts with num_tokens + j
+            gap = state.precision[2][0] - state.num_tokens  # step j starts with num_tokens + j
             if gap < steps:
                 if gap < 1:
                     return 0
