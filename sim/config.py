@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kvlab.errors import KvlabError
 from kvlab.policies import KVCacheManager, PolicySpec, SchedulerConfig
 from kvlab.policies.serving import ServingConfig
-from kvlab.policies.tiers import PrefixTier
+from kvlab.policies.tiers import AUTO_BLOCK, PrefixTier
 from kvlab.sim.calibrated import CalibratedCostModel, load_cost_model
 from kvlab.specs import (
     HardwareSpec,
@@ -90,14 +90,12 @@ class SimConfig:
         `auto` (`TiersConfig.for_prefix_blocks`; one device page with KV-cache groups, whose
         tier pages hold one); itself where there is nothing to settle."""
         tiers = self.serving.kv_tiers
-        if not tiers:
+        if not tiers or tiers.block_size != AUTO_BLOCK:  # (no pass over the trace for them)
             return self
         blocks = None if self.kv_cache_groups is not None else trace.prefix_block_size()
-        settled = tiers.for_prefix_blocks(self.policy.block_size, blocks)
-        if settled is tiers:
-            return self
         other = copy.copy(self)
-        other.serving = replace(self.serving, kv_tiers=settled)
+        other.serving = replace(self.serving, kv_tiers=tiers.for_prefix_blocks(
+            self.policy.block_size, blocks))
         return other
 
     @property

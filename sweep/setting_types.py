@@ -15,6 +15,7 @@ from kvlab.metrics import parse_goodput
 from kvlab.policies import PolicySpec
 from kvlab.policies.scheduler_config import check_whole_number
 from kvlab.policies.serving import ServingConfig, parse_memory_size
+from kvlab.policies.tiers import AUTO_BLOCK
 
 # Where a setting goes: the trace loader, the machine (SimConfig), the serving config, the
 # policy spec's own keys, the memory tiers, the summary's options, or the cluster
@@ -129,8 +130,8 @@ def tier_block_size(value: Any) -> int | str | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in
                          ("none", "null", "page")):
         return None
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
+    if isinstance(value, str) and value.strip().lower() == AUTO_BLOCK:
+        return AUTO_BLOCK
     try:
         return as_int(value)
     except ValueError:
