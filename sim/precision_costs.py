@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,13 +27,20 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
     and writes it at its new one: a copy's time (`copy_time_s`, read + write of a full page)
     scaled by the two levels' byte ratios.
     """
-    shape = output
     saved = driver.num_saved_context_tokens(output.requests)
-    if saved > 0 and output.num_context_tokens > 0:
-        keep = max(0.0, 1.0 - saved / output.num_context_tokens)
-        shape = replace(output, num_context_tokens=round(output.num_context_tokens * keep),
-                        num_padded_context_tokens=round(output.num_padded_context_tokens * keep))
-    time_s = cost_model.step_time_s(shape)
+    context, padded = output.num_context_tokens, output.num_padded_context_tokens
+    if saved > 0 and context > 0:
+        # The output itself, its context lowered while the cost model reads it (a copy of
+        # its many fields costs more than the step's other precision work).
+        keep = max(0.0, 1.0 - saved / context)
+        output.num_context_tokens = round(context * keep)
+        output.num_padded_context_tokens = round(padded * keep)
+        try:
+            time_s = cost_model.step_time_s(output)
+        finally:
+            output.num_context_tokens, output.num_padded_context_tokens = context, padded
+    else:
+        time_s = cost_model.step_time_s(output)
     requantize = output.mem_ops.requantize
     if requantize:  # (from the step's counts where they sum exactly: `requantized_pages`)
         time_s += cost_model.copy_time_s(1) * driver.requantized_pages(requantize)

@@ -125,10 +125,16 @@ class PrecisionDriver:
                 pages = list(dict.fromkeys(pages))
                 befores = list(map(first.__getitem__, pages))
         after = list(read_levels(self.ledger.levels, pages))
-        requantize = list(zip(pages, befores, after, strict=True))  # (C loops: whole prompts)
-        if 0 in after:  # content that left in the step
-            requantize = [op for op in requantize if op[2]]
-        ops.requantize[:0] = requantize
+        if 0 in after:  # content that left in the step (C loops: whole prompts)
+            pages, befores = list(compress(pages, after)), list(compress(befores, after))
+            after = list(filter(None, after))
+        requantize = ops.requantize
+        requantize[:0] = list(zip(pages, befores, after, strict=True))
+        if self._exact:  # (each page's two ratios, summed by level: no tuple looked up)
+            ratio = self.ledger.ladder.ratio
+            self._charged = (requantize, len(requantize), sum(
+                (befores.count(level) + after.count(level)) * ratio(level)
+                for level in range(len(self._saving))) / 2)
 
     def requantized_pages(self, requantize: list[tuple[int, int, int]]) -> float:
         """What the step's `requantize` (`MemOps.requantize`) costs, in pages at the cache's

@@ -199,10 +199,15 @@ def run_checked(workload) -> tuple[int, KVCacheManager]:
     manager.pool.ledger = _Told(manager.precision.ledger, shadow)
 
     def check(output):
-        for page, before, after in output.mem_ops.requantize:
+        requantize = output.mem_ops.requantize
+        for page, before, after in requantize:
             assert shadow.get(page, 0) == before, "requantized from a level it is not at"
             shadow[page] = after
         check_memory(manager, shadow)
+        # what the step's requantizations cost, from the driver's counts, is each one's sum
+        ratios = manager.precision.requantize_ratios
+        assert manager.precision.requantized_pages(requantize) == sum(
+            ratios[before, after] for _, before, after in requantize) / 2
 
     steps = serve_steps(scheduler, requests, check)
     assert manager.usage().num_used_pages == 0
