@@ -17,9 +17,10 @@ stop short of a demotion, as before.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
+
+from kvlab.policies.precision.ledger import NotedDemotions
 
 if TYPE_CHECKING:
     from kvlab.policies.groups.table import SeqState
@@ -181,10 +182,12 @@ class RunDemotions:
             pages += ratios[before, levels[page]]
         return self._saved * driver.manager.page_size, pages / 2
 
-    def _apply(self, due: list[Walk], walked: list[Entry], walked_levels: range) -> None:
-        """A step's walks `due` applied, a level at a time, in turn: the same ledger as walk
-        by walk (a page demoted to two levels in the step still steps through both; a shared
-        page once a level); the `walked` entries moved on as `_demote_by_age` leaves them."""
+    def _apply(self, due: list[Walk], walked: list[Entry], walked_levels: range,
+               noted: NotedDemotions) -> None:
+        """A step's walks `due` noted in `noted`, a level at a time, in turn: the same ledger
+        as walk by walk (a page demoted to two levels in the step still steps through both; a
+        shared page once a level); the `walked` entries moved on as `_demote_by_age` leaves
+        them."""
         driver = self._driver
         saving, page_size, recent = driver._saving, driver.manager.page_size, driver.policy.recent
         by_level: list[list[int]] = [[] for _ in range(len(saving))]
@@ -194,17 +197,9 @@ class RunDemotions:
             spared = (end - start) * saving[level]
             entry[2][1] += spared
             driver.saved_pages += spared
-        pages: list[int] = []
-        targets: list[int] = []
         for level, walks in enumerate(by_level):
             if walks:
-                walks = list(dict.fromkeys(walks))
-                pages += walks
-                targets += repeat(level, len(walks))
-        if targets and targets[0] == targets[-1]:  # (one level: no page named twice)
-            driver._demote(pages, targets[0])
-        elif pages:
-            driver._demote_each(pages, targets, any_twice=True)  # (a backlog's two levels)
+                noted.demote(walks if len(walks) == 1 else list(dict.fromkeys(walks)), level)
         for entry in walked:
             entry[2][0] = _next_demotion(entry[1], page_size, recent, walked_levels)
 
@@ -215,7 +210,7 @@ class RunDemotions:
         Returns the ballast pages released by the start of each step, cumulated."""
         driver = self._driver
         ledger, policy = driver.ledger, driver.policy
-        sums, num_at = driver.sum_pages_at_level, ledger.num_at_level
+        sums = driver.sum_pages_at_level
         held = (driver.manager.num_total_pages + ledger.num_extra - num_free_before
                 - ledger.num_ballast_pages)
         if not self._built:
@@ -229,20 +224,24 @@ class RunDemotions:
         num_released = 0
         taken_before = [0, *pages_taken[:-1]]  # (pages taken by each step's start)
         dues = self._dues
+        noted = NotedDemotions(ledger)  # (written once, after the steps: one pass a level)
+        num_at = noted.num_at_level
         for step in range(num_steps):
             due = dues[step] if step < len(dues) else self.due(step)
             if due or not step:  # (most steps: nothing demoted, nothing settled)
                 walked = [walk[1] for walk in due]
                 if not step:
                     walked += self.new_entries.values()  # (walked, demoting or not)
-                self._apply(due, walked, walked_levels)
-                num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
-                ledger.settle()  # dropped before owe)
-                num_released += num_ballast - ledger.num_ballast_pages
+                self._apply(due, walked, walked_levels, noted)
+                # (the first step also releases what pages dropped before no longer owe)
+                num_released += noted.release_ballast()
             released.append(num_released)
             sums[0] += held + taken_before[step] - sum(num_at)
             for level in range(1, len(num_at)):
                 sums[level] += num_at[level]
+        num_demoted = noted.write()
+        if policy.recompute:  # a lookup from before may reach them
+            driver.manager.pool.cache_epoch += num_demoted
         # (no MemOps: the simulator charged them)
         driver._pending, driver._befores, driver._afters = [], [], []
         driver._levels_demoted, driver._dups = 0, False
