@@ -26,6 +26,10 @@ import numpy as np
 from kvlab.policies.page_pool import PagePool
 from kvlab.policies.precision.ladder import PrecisionLadder
 
+# Up to this many pages a run's commit notes demotions page by page (`NotedDemotions`); more, a
+# pass at a time, as the ledger's own calls.
+_FEW = 16
+
 
 class PrecisionLedger:
     """Every page's level (`levels`, indexed by page id; 0: the cache's dtype), the freed
@@ -377,9 +381,12 @@ class NotedDemotions:
                        range(len(row))]
 
     def demote(self, pages: list[int], level: int) -> None:
-        """Each of `pages` (in block tables) above `level` demoted to it, in order."""
+        """Each of `pages` (distinct, in block tables) above `level` demoted to it, in order."""
         known, levels, units = self.ledger.levels, self.levels, self._units
         num_at = self.num_at_level
+        if len(pages) > _FEW and levels.keys().isdisjoint(pages):  # (C loops: a backlog)
+            self._demote_unnoted(pages, level)
+            return
         for page in pages:
             before = levels.get(page)
             if before is None:
@@ -391,6 +398,22 @@ class NotedDemotions:
                     num_at[before] -= 1
                 num_at[level] += 1
                 self.demotions[level] += 1
+
+    def _demote_unnoted(self, pages: list[int], level: int) -> None:
+        """`demote` of many pages none of which is noted yet, a pass at a time."""
+        found = read_levels(self.ledger.levels, pages)
+        if max(found, default=level) >= level:
+            keep = [before < level for before in found]
+            pages, found = list(compress(pages, keep)), list(compress(found, keep))
+        self.levels.update(dict.fromkeys(pages, level))
+        num_at, units = self.num_at_level, self._units
+        for before in range(level):
+            count = found.count(before)
+            self.freed_units += count * units[before][level]
+            if before:
+                num_at[before] -= count
+        num_at[level] += len(found)
+        self.demotions[level] += len(found)
 
     def release_ballast(self) -> int:
         """Release the ballast that the bytes noted so far pay for, as `settle` would (never
