@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from kvlab.policies.precision.ledger import NotedDemotions
+from kvlab.policies.precision.noted import NotedDemotions
 
 if TYPE_CHECKING:
     from kvlab.policies.groups.table import SeqState

@@ -11,7 +11,8 @@ from kvlab.errors import KvlabError
 from kvlab.policies import KVCacheManager, Request, Scheduler, SchedulerConfig
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.precision.ladder import build_ladder
-from kvlab.policies.precision.ledger import NotedDemotions, PrecisionLedger
+from kvlab.policies.precision.ledger import PrecisionLedger
+from kvlab.policies.precision.noted import NotedDemotions
 from kvlab.policies.spec import parse_policy
 from tests.policies.harness import ShadowCost, serve_steps
 
