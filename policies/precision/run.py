@@ -20,8 +20,6 @@ from collections.abc import Iterable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from kvlab.policies.precision.noted import NotedDemotions
-
 if TYPE_CHECKING:
     from kvlab.policies.groups.table import SeqState
     from kvlab.policies.precision.driver import PrecisionDriver
@@ -182,12 +180,11 @@ class RunDemotions:
             pages += ratios[before, levels[page]]
         return self._saved * driver.manager.page_size, pages / 2
 
-    def _apply(self, due: list[Walk], walked: list[Entry], walked_levels: range,
-               noted: NotedDemotions) -> None:
-        """A step's walks `due` noted in `noted`, a level at a time, in turn: the same ledger
-        as walk by walk (a page demoted to two levels in the step still steps through both; a
-        shared page once a level); the `walked` entries moved on as `_demote_by_age` leaves
-        them."""
+    def _apply(self, due: list[Walk], walked: list[Entry], walked_levels: range) -> int:
+        """A step's walks `due` applied to the ledger, a level at a time, in turn: the same
+        ledger as walk by walk (a page demoted to two levels in the step still steps through
+        both; a shared page once a level); the `walked` entries moved on as `_demote_by_age`
+        leaves them. Returns the pages demoted (no MemOps: the simulator charged them)."""
         driver = self._driver
         saving, page_size, recent = driver._saving, driver.manager.page_size, driver.policy.recent
         by_level: list[list[int]] = [[] for _ in range(len(saving))]
@@ -197,11 +194,16 @@ class RunDemotions:
             spared = (end - start) * saving[level]
             entry[2][1] += spared
             driver.saved_pages += spared
+        demoted: list[int] = []
+        befores: list[int] = []
         for level, walks in enumerate(by_level):
             if walks:
-                noted.demote(walks if len(walks) == 1 else list(dict.fromkeys(walks)), level)
+                driver.ledger.demote_pages(
+                    walks if len(walks) == 1 else list(dict.fromkeys(walks)), level, demoted,
+                    befores)
         for entry in walked:
             entry[2][0] = _next_demotion(entry[1], page_size, recent, walked_levels)
+        return len(demoted)
 
     def commit(self, num_steps: int, num_free_before: int, pages_taken: list[int]) -> list[int]:
         """Apply the demotions of the run's first `num_steps` steps (its pages all taken:
@@ -223,23 +225,21 @@ class RunDemotions:
         released: list[int] = []
         num_released = 0
         taken_before = [0, *pages_taken[:-1]]  # (pages taken by each step's start)
-        dues = self._dues
-        noted = NotedDemotions(ledger)  # (written once, after the steps: one pass a level)
-        num_at = noted.num_at_level
+        dues, num_at, num_demoted = self._dues, ledger.num_at_level, 0
         for step in range(num_steps):
             due = dues[step] if step < len(dues) else self.due(step)
             if due or not step:  # (most steps: nothing demoted, nothing settled)
                 walked = [walk[1] for walk in due]
                 if not step:
                     walked += self.new_entries.values()  # (walked, demoting or not)
-                self._apply(due, walked, walked_levels, noted)
-                # (the first step also releases what pages dropped before no longer owe)
-                num_released += noted.release_ballast()
+                num_demoted += self._apply(due, walked, walked_levels)
+                num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
+                ledger.settle()  # dropped before owe)
+                num_released += num_ballast - ledger.num_ballast_pages
             released.append(num_released)
             sums[0] += held + taken_before[step] - sum(num_at)
             for level in range(1, len(num_at)):
                 sums[level] += num_at[level]
-        num_demoted = noted.write()
         if policy.recompute:  # a lookup from before may reach them
             driver.manager.pool.cache_epoch += num_demoted
         # (no MemOps: the simulator charged them)

@@ -12,7 +12,6 @@ from kvlab.policies import KVCacheManager, Request, Scheduler, SchedulerConfig
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.precision.ladder import build_ladder
 from kvlab.policies.precision.ledger import PrecisionLedger
-from kvlab.policies.precision.noted import NotedDemotions
 from kvlab.policies.spec import parse_policy
 from tests.policies.harness import ShadowCost, serve_steps
 
@@ -73,46 +72,6 @@ def test_age_demotion_keeps_the_recent_tokens_and_frees_their_bytes():
     assert manager.precision is not None
     # 4 pages at half their bytes pay for 2 more pages
     assert manager.precision.ledger.num_extra - manager.precision.ledger.num_ballast_pages == 2
-
-
-def _ledger_holding(num_tokens: int) -> tuple[PrecisionLedger, list[int]]:
-    """A fresh manager's ledger, one request holding `num_tokens` tokens, and its pages."""
-    manager = KVCacheManager("paged:block_size=4,precision=age:recent=100", 32,
-                             max_model_len=MAX_MODEL_LEN, precision_ladder=LADDER)
-    request = Request(0, num_tokens, 1)
-    assert manager.allocate(request, num_tokens) is not None
-    assert manager.precision is not None
-    return manager.precision.ledger, manager.block_table(request)
-
-
-def test_noted_demotions_write_what_the_ledger_does_call_by_call():
-    """A decode run's commit (NotedDemotions) against `demote_pages` call by call: the same
-    levels, bytes, pages per level, demotions and ballast released, a page demoted twice."""
-    stepped, pages = _ledger_holding(100)
-    noted_ledger, noted_pages = _ledger_holding(100)
-    assert pages == noted_pages
-    for ledger in (stepped, noted_ledger):  # (pages demoted before the run)
-        ledger.demote_pages(pages[:6], 1, [], [])
-        ledger.settle()
-    noted = NotedDemotions(noted_ledger)
-    num_before = sum(stepped.demotions)
-    released = []
-    # (a backlog of 20 pages none noted yet, 6 of them at level 1 already, then short walks,
-    # then a long one over both)
-    walks = [(pages[:20], 2), (pages[20:23], 1), (pages[22:24], 2), (pages[:25], 2)]
-    for walk, level in walks:
-        num_ballast = stepped.num_ballast_pages
-        stepped.demote_pages(walk, level, [], [])
-        stepped.settle()
-        noted.demote(walk, level)
-        released.append((num_ballast - stepped.num_ballast_pages, noted.release_ballast()))
-        assert noted.num_at_level == stepped.num_at_level
-    assert all(ledger_side == noted_side for ledger_side, noted_side in released)
-    assert sum(ledger_side for ledger_side, _ in released) > 0  # bytes freed paid for pages
-    assert noted.write() == sum(stepped.demotions) - num_before
-    for field in ("levels", "freed_units", "num_at_level", "demotions", "ballast"):
-        assert getattr(noted_ledger, field) == getattr(stepped, field), field
-    assert list(noted_ledger.pool.allocator.free_list) == list(stepped.pool.allocator.free_list)
 
 
 def test_a_request_admitted_again_reads_its_new_pages_whole():
