@@ -49,9 +49,9 @@ class PrecisionDriver:
         self.policy = policy
         self.num_pages = num_pages
         self.ledger = PrecisionLedger(manager.pool, ladder, num_pages, manager.page_size)
-        # Each sequence's entry is its state's `precision`: (the state, pages walked per
-        # level, [tokens at which a page next demotes, the attention reads its walked pages
-        # spare, in pages at the cache's dtype]).
+        # Each sequence's entry is its state's `precision`: (pages walked per level, [tokens
+        # at which a page next demotes, the attention reads its walked pages spare, in pages
+        # at the cache's dtype]).
         self._saving = [0.0] + [ladder.ratio(level - 1) - ladder.ratio(level)
                                 for level in range(1, ladder.depth + 1)]
         # the step's demotions so far: the pages, and each one's level before (in step)
@@ -165,7 +165,7 @@ class PrecisionDriver:
             state = seqs.get(request.request_id)
             if state is None or state.precision is None:
                 return 0
-            gap = state.precision[2][0] - state.num_tokens  # step j starts with num_tokens + j
+            gap = state.precision[1][0] - state.num_tokens  # step j starts with num_tokens + j
             if gap < steps:
                 if gap < 1:
                     return 0
@@ -196,11 +196,11 @@ class PrecisionDriver:
         for state in manager._seqs.values():
             entry = state.precision
             if entry is None:  # (new, or admitted again: a new state)
-                entry = state.precision = (state, [0] * (depth + 1), [0, 0.0])
-            num_tokens, info = state.num_tokens, entry[2]
+                entry = state.precision = ([0] * (depth + 1), [0, 0.0])
+            num_tokens, info = state.num_tokens, entry[1]
             if num_tokens < info[0]:  # no page of it demotes yet
                 continue
-            walked, pages, saving = entry[1], state.pages, self._saving
+            walked, pages, saving = entry[0], state.pages, self._saving
             # (policy.num_pages_at_least of each level, spelled out: a call per level costs)
             wants = [max(0, (num_tokens - level * policy.recent) // page_size)
                      for level in range(1, top + 1)]
@@ -342,13 +342,13 @@ class PrecisionDriver:
         for request in requests:
             state = seqs.get(request.request_id)
             if state is not None and state.precision is not None:
-                saved += state.precision[2][1]
+                saved += state.precision[1][1]
         return saved
 
     def forget(self, state: SeqState) -> None:
         """`state`'s sequence left the manager (finished, preempted or swapped out)."""
         if state.precision is not None:
-            self.saved_pages -= state.precision[2][1]
+            self.saved_pages -= state.precision[1][1]
 
     def summary(self, duration_s: float) -> dict[str, Any]:
         """Flat keys for a run's summary: the levels' names, the mean share of held and cached

@@ -24,18 +24,18 @@ if TYPE_CHECKING:
     from kvlab.policies.groups.table import SeqState
     from kvlab.policies.precision.driver import PrecisionDriver
 
-    # a sequence's driver entry: (its state, pages walked per level, [tokens at which a page
-    # next demotes, the context its demoted pages spare]); a walk: (the sequence's state, its
+    # a sequence's driver entry: (pages walked per level, [tokens at which a page next
+    # demotes, the context its demoted pages spare]); a walk: (the sequence's state, its
     # entry, level, the step, the first and the end index of the pages it demotes, the pages
     # the sequence held before the run)
-    Entry = tuple[SeqState, list[int], list[float]]
+    Entry = tuple[list[int], list[float]]
     Walk = tuple[SeqState, Entry, int, int, int, int, int]
-    Planned = tuple[SeqState, Entry, int, int, int, int, int, int]  # a walk, its position
+    # a sequence due a walk in the run: its position in the manager's order, state, entry,
+    # pages held before the run, its next page per level (None: its entry's, not copied yet)
+    # and its tokens before the run
+    Due = list[Any]
 
-# A run's plan walks at first only the sequences with a demotion in its first steps: runs
-# that an arrival cuts short (most of them) never walk the others.
-_NEAR = 8
-_POSITION = itemgetter(7)  # a planned walk's sequence position
+_POSITION = itemgetter(0)  # a due sequence's position in the manager's order
 _FRACTION_BITS = 24  # a ratio is exact if a multiple of 2**-24: sums stay exact far past need
 
 
@@ -58,23 +58,21 @@ class RunDemotions:
     of `driver`'s manager), per step: the first step's (where a sequence not walked yet, or
     past a prefill, may demote many pages), then a page per level every `page_size` steps."""
 
-    __slots__ = ("_built", "_deferred", "_driver", "_dues", "_levels", "_requests", "_saved",
-                 "_step", "buckets", "first", "new_entries", "num_steps")
+    __slots__ = ("_at", "_built", "_driver", "_dues", "_levels", "_requests", "_saved", "_step",
+                 "first", "new_entries", "num_steps")
 
     def __init__(self, driver: PrecisionDriver, requests: list[Any], num_steps: int) -> None:
         self._driver = driver
         self._requests = requests
         self.num_steps = num_steps
         self._built = False  # (built when first asked: the run may not be taken)
-        # request id -> the entry `begin_step` would make for it (its state has none yet)
-        self.new_entries: dict[int, Entry] = {}
-        # the first step's walks, and the later ones by step % page_size, in demotion order
+        # request id -> a state without an entry, and the one `begin_step` would make for it
+        self.new_entries: dict[int, tuple[SeqState, Entry]] = {}
+        # the first step's walks, in demotion order
         self.first: list[Walk] = []
-        self.buckets: list[list[Planned]] = []
-        # the sequences with no walk in the run's first `_NEAR` steps (most runs end sooner):
-        # (position, state, entry, tokens, pages held) each, their walks added when a later
-        # step is asked (`_defer_to`)
-        self._deferred: list[tuple[int, SeqState, Entry, int, int]] = []
+        # step -> the sequences with a page due then (`Due`: each one's next page per level),
+        # a step's walks made when it is asked: most runs end before most sequences walk
+        self._at: dict[int, list[Due]] = {}
         # the timer's walk (`costs`): steps seen, the context spared, levels it gave pages
         self._step = 0
         self._saved = 0.0
@@ -86,67 +84,76 @@ class RunDemotions:
         policy, page_size = driver.policy, driver.manager.page_size
         depth, recent, num_steps = driver.ledger.ladder.depth, policy.recent, self.num_steps
         levels = range(1, min(depth, policy.depth) + 1)
-        seqs, new_entries, first = driver.manager._seqs, self.new_entries, self.first
-        buckets: list[list[Planned]] = [[] for _ in range(page_size)]
-        self.buckets = buckets
-        near, deferred = min(_NEAR, num_steps), self._deferred
-        for position, (request_id, state) in enumerate(seqs.items()):
-            entry = state.precision
-            num_tokens, held = state.num_tokens, len(state.pages)
-            if entry is not None and entry[2][0] - num_tokens >= near:
-                deferred.append((position, state, entry, num_tokens, held))
-                continue  # (no page of it demotes in the first `near` steps)
-            if entry is None:
-                entry = new_entries[request_id] = (state, [0] * (depth + 1), [0, 0.0])
-            walked = entry[1]
-            walks_now = num_tokens >= entry[2][0]  # (`_demote_by_age` walks it this step)
+        new_entries, first, at = self.new_entries, self.first, self._at
+        for position, (request_id, state) in enumerate(driver.manager._seqs.items()):
+            entry, num_tokens = state.precision, state.num_tokens
+            if entry is not None:
+                gap = entry[1][0] - num_tokens  # (step j starts with num_tokens + j)
+                if gap > 0:  # no page of it demotes at the first step
+                    if gap < num_steps:
+                        due = at.get(gap)
+                        item = [position, state, entry, len(state.pages), None, num_tokens]
+                        if due is None:
+                            at[gap] = [item]
+                        else:
+                            due.append(item)
+                    continue
+            else:
+                entry = ([0] * (depth + 1), [0, 0.0])
+                new_entries[request_id] = (state, entry)
+            walked, held = entry[0], len(state.pages)  # (`_demote_by_age` walks it now)
+            after = walked[:]  # each level's next page once the first step walked
             for level in levels:
-                index = walked[level]
-                if walks_now:
-                    upto = max(0, (num_tokens - level * recent) // page_size)  # (pages held)
-                    if upto > index:
-                        first.append((state, entry, level, 0, index, upto, held))
-                        index = upto
-                step = (index + 1) * page_size + level * recent - num_tokens
-                if step < num_steps:
-                    buckets[step % page_size].append(
-                        (state, entry, level, step, index, index + 1, held, position))
+                upto = max(0, (num_tokens - level * recent) // page_size)  # (pages held)
+                if upto > walked[level]:
+                    first.append((state, entry, level, 0, walked[level], upto, held))
+                    after[level] = upto
+            self._add(min((after[level] + 1) * page_size + level * recent - num_tokens
+                          for level in levels),
+                      [position, state, entry, held, after, num_tokens])
         self._saved = driver.num_saved_pages(self._requests)  # (new entries spare none yet)
         self._built = True
 
-    def _defer_to(self) -> None:
-        """The deferred sequences' walks in the buckets, each bucket in demotion order again
-        (as `_build` would have put them; their entries as they were then)."""
-        policy, page_size, buckets = self._driver.policy, len(self.buckets), self.buckets
-        levels = range(1, min(self._driver.ledger.ladder.depth, policy.depth) + 1)
-        for position, state, entry, num_tokens, held in self._deferred:
-            walked = entry[1]
-            for level in levels:
-                index = walked[level]
-                step = (index + 1) * page_size + level * policy.recent - num_tokens
-                if step < self.num_steps:
-                    buckets[step % page_size].append(
-                        (state, entry, level, step, index, index + 1, held, position))
-        self._deferred = []
-        for bucket in buckets:  # (by position; a sequence's levels in turn: a stable sort)
-            bucket.sort(key=_POSITION)
+    def _add(self, step: int, item: Due) -> None:
+        """`item`'s sequence walks a page next at `step` (nothing past the run)."""
+        if step < self.num_steps:
+            due = self._at.get(step)
+            if due is None:
+                self._at[step] = [item]
+            else:
+                due.append(item)
 
     def due(self, step: int) -> list[Walk]:
         """The page walks of `step` (sequence, entry, level, step, first and end page index,
-        pages the sequence held before the run), in demotion order."""
+        pages the sequence held before the run), in demotion order; asked in order from 0."""
         if not self._built:
             self._build()
         if not step:
             return self.first
-        if step >= _NEAR and self._deferred:
-            self._defer_to()
-        page_size = len(self.buckets)
+        items = self._at.pop(step, None)
+        if items is None:
+            return []
+        if len(items) > 1:  # (sequences first due here, and those due again, by position)
+            items.sort(key=_POSITION)
+        driver = self._driver
+        page_size, recent = driver.manager.page_size, driver.policy.recent
+        levels = range(1, min(driver.ledger.ladder.depth, driver.policy.depth) + 1)
         due = []
-        for walk in self.buckets[step % page_size]:
-            if walk[3] <= step:
-                state, entry, level, first, index, _, held, _ = walk
-                index += (step - first) // page_size
-                due.append((state, entry, level, step, index, index + 1, held))
+        for item in items:
+            _, state, entry, held, after, num_tokens = item
+            if after is None:
+                after = item[4] = entry[0][:]
+            upcoming = self.num_steps
+            for level in levels:
+                index = after[level]
+                at = (index + 1) * page_size + level * recent - num_tokens
+                if at == step:
+                    due.append((state, entry, level, step, index, index + 1, held))
+                    after[level] = index + 1
+                    at += page_size
+                if at < upcoming:
+                    upcoming = at
+            self._add(upcoming, item)
         return due
 
     def costs(self, step: int) -> tuple[float, float]:
@@ -180,20 +187,28 @@ class RunDemotions:
             pages += ratios[before, levels[page]]
         return self._saved * driver.manager.page_size, pages / 2
 
-    def _apply(self, due: list[Walk], walked: list[Entry], walked_levels: range) -> int:
+    def _apply(self, due: list[Walk]) -> int:
         """A step's walks `due` applied to the ledger, a level at a time, in turn: the same
         ledger as walk by walk (a page demoted to two levels in the step still steps through
-        both; a shared page once a level); the `walked` entries moved on as `_demote_by_age`
-        leaves them. Returns the pages demoted (no MemOps: the simulator charged them)."""
+        both; a shared page once a level); each walk's entry moved on as `_demote_by_age`
+        leaves it. Returns the pages demoted (no MemOps: the simulator charged them)."""
         driver = self._driver
         saving, page_size, recent = driver._saving, driver.manager.page_size, driver.policy.recent
+        levels = range(1, min(driver.ledger.ladder.depth, driver.policy.depth) + 1)
         by_level: list[list[int]] = [[] for _ in range(len(saving))]
+        total = 0.0  # (exact sums: `exact_ratios`)
         for state, entry, level, _, start, end, _ in due:
-            by_level[level] += state.pages[start:end]
-            entry[1][level] = end
+            if end - start == 1:  # (every walk past the first step)
+                by_level[level].append(state.pages[start])
+            else:
+                by_level[level] += state.pages[start:end]
+            walked, info = entry
+            walked[level] = end
             spared = (end - start) * saving[level]
-            entry[2][1] += spared
-            driver.saved_pages += spared
+            info[1] += spared
+            total += spared
+            info[0] = _next_demotion(walked, page_size, recent, levels)
+        driver.saved_pages += total
         demoted: list[int] = []
         befores: list[int] = []
         for level, walks in enumerate(by_level):
@@ -201,9 +216,16 @@ class RunDemotions:
                 driver.ledger.demote_pages(
                     walks if len(walks) == 1 else list(dict.fromkeys(walks)), level, demoted,
                     befores)
-        for entry in walked:
-            entry[2][0] = _next_demotion(entry[1], page_size, recent, walked_levels)
         return len(demoted)
+
+    def _walk_new_entries(self) -> None:
+        """The new entries' next demotion, once the first step walked them (demoting or
+        not), as `_demote_by_age` leaves them."""
+        driver = self._driver
+        page_size, recent = driver.manager.page_size, driver.policy.recent
+        levels = range(1, min(driver.ledger.ladder.depth, driver.policy.depth) + 1)
+        for _, (walked, info) in self.new_entries.values():
+            info[0] = _next_demotion(walked, page_size, recent, levels)
 
     def commit(self, num_steps: int, num_free_before: int, pages_taken: list[int]) -> list[int]:
         """Apply the demotions of the run's first `num_steps` steps (its pages all taken:
@@ -217,11 +239,8 @@ class RunDemotions:
                 - ledger.num_ballast_pages)
         if not self._built:
             self._build()
-        if num_steps > _NEAR and self._deferred:  # (before the entries move on)
-            self._defer_to()
-        for entry in self.new_entries.values():
-            entry[0].precision = entry
-        walked_levels = range(1, min(ledger.ladder.depth, policy.depth) + 1)
+        for state, entry in self.new_entries.values():
+            state.precision = entry
         released: list[int] = []
         num_released = 0
         taken_before = [0, *pages_taken[:-1]]  # (pages taken by each step's start)
@@ -229,10 +248,9 @@ class RunDemotions:
         for step in range(num_steps):
             due = dues[step] if step < len(dues) else self.due(step)
             if due or not step:  # (most steps: nothing demoted, nothing settled)
-                walked = [walk[1] for walk in due]
+                num_demoted += self._apply(due)
                 if not step:
-                    walked += self.new_entries.values()  # (walked, demoting or not)
-                num_demoted += self._apply(due, walked, walked_levels)
+                    self._walk_new_entries()
                 num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
                 ledger.settle()  # dropped before owe)
                 num_released += num_ballast - ledger.num_ballast_pages
