@@ -190,9 +190,12 @@ class PrecisionDriver:
     def _demote_by_age(self) -> None:
         """Each sequence's pages past the recent tokens, one level per `recent` tokens."""
         manager, policy, ledger = self.manager, self.policy, self.ledger
-        page_size, depth = manager.page_size, ledger.ladder.depth
+        page_size, depth, recent = manager.page_size, ledger.ladder.depth, policy.recent
         top = min(depth, policy.depth)
+        levels, saving = range(1, top + 1), self._saving
         batch: tuple[list[int], list[int]] = ([], [])  # (the step's short walks: pages, levels)
+        walk_pages, walk_levels = batch
+        spared_total, levels_demoted = 0.0, 0
         for state in manager._seqs.values():
             entry = state.precision
             if entry is None:  # (new, or admitted again: a new state)
@@ -200,29 +203,67 @@ class PrecisionDriver:
             num_tokens, info = state.num_tokens, entry[1]
             if num_tokens < info[0]:  # no page of it demotes yet
                 continue
-            walked, pages, saving = entry[0], state.pages, self._saving
-            # (policy.num_pages_at_least of each level, spelled out: a call per level costs)
-            wants = [max(0, (num_tokens - level * policy.recent) // page_size)
-                     for level in range(1, top + 1)]
+            walked, pages = entry[0], state.pages
             num_pages = len(pages)
-            uptos = [want if want < num_pages else num_pages for want in wants]
-            self._demote_walks(pages, walked, uptos, batch)
-            next_at = math.inf
-            for level, upto, want in zip(range(1, top + 1), uptos, wants, strict=True):
-                if upto > walked[level]:
-                    spared = (upto - walked[level]) * saving[level]
+            if top > 1 and walked[1] < min(num_pages, (num_tokens - top * recent) // page_size):
+                self._demote_backlog(state, entry, batch)  # (walks that overlap)
+                continue
+            next_at, short = math.inf, False
+            for level in levels:
+                # (policy.num_pages_at_least, spelled out: a call per level costs)
+                want = (num_tokens - level * recent) // page_size
+                upto = want if want < num_pages else num_pages
+                done = walked[level]
+                if upto > done:
+                    if upto - done == 1:  # (the usual walk: a page a level)
+                        walk_pages.append(pages[done])
+                        walk_levels.append(level)
+                    else:
+                        walk_pages += pages[done:upto]
+                        walk_levels += repeat(level, upto - done)
+                    levels_demoted |= 1 << level
+                    spared = (upto - done) * saving[level]
                     info[1] += spared
-                    self.saved_pages += spared
-                    walked[level] = upto
+                    spared_total += spared
+                    walked[level] = done = upto
                 # page `walked[level]` reaches this level at this many tokens
-                next_at = min(next_at, (walked[level] + 1) * page_size + level * policy.recent)
+                at = (done + 1) * page_size + level * recent
+                if at < next_at:
+                    next_at = at
                 if upto < want:
-                    next_at = 0  # (pages not yet allocated: look again next step)
-            info[0] = next_at
+                    short = True  # (pages not yet allocated: look again next step)
+            info[0] = 0 if short else next_at
+        self.saved_pages += spared_total  # (exact where it is read: `num_saved_pages`)
+        self._levels_demoted |= levels_demoted
         self._demote_each(*batch)
         owners = manager.pool.owners  # (a page two tables hold may be demoted twice)
         if owners and self._pending and not owners.keys().isdisjoint(self._pending):
             self._dups = True
+
+    def _demote_backlog(self, state: SeqState, entry: Any,
+                        batch: tuple[list[int], list[int]]) -> None:
+        """`state`'s pages walked to two levels or more at once, where the walks overlap (a
+        prompt's backlog, or a sequence first seen): `_demote_walks`, its entry moved on."""
+        policy, page_size, saving = self.policy, self.manager.page_size, self._saving
+        walked, info = entry
+        top, num_tokens, num_pages = len(walked) - 1, state.num_tokens, len(state.pages)
+        top = min(top, policy.depth)
+        wants = [max(0, (num_tokens - level * policy.recent) // page_size)
+                 for level in range(1, top + 1)]
+        uptos = [want if want < num_pages else num_pages for want in wants]
+        self._demote_walks(state.pages, walked, uptos, batch)
+        next_at = math.inf
+        for level, upto, want in zip(range(1, top + 1), uptos, wants, strict=True):
+            if upto > walked[level]:
+                spared = (upto - walked[level]) * saving[level]
+                info[1] += spared
+                self.saved_pages += spared
+                walked[level] = upto
+            # page `walked[level]` reaches this level at this many tokens
+            next_at = min(next_at, (walked[level] + 1) * page_size + level * policy.recent)
+            if upto < want:
+                next_at = 0  # (pages not yet allocated: look again next step)
+        info[0] = next_at
 
     def _demote_walks(self, pages: list[int], walked: list[int], uptos: list[int],
                       batch: tuple[list[int], list[int]]) -> None:
