@@ -196,13 +196,14 @@ class PrecisionDriver:
         batch: tuple[list[int], list[int]] = ([], [])  # (the step's short walks: pages, levels)
         walk_pages, walk_levels = batch
         spared_total, levels_demoted = 0.0, 0
-        for state in manager._seqs.values():
+        # (the sequences a page of which may demote: a comprehension looks at all of them
+        # for a third of a loop's cost)
+        for state in [state for state in manager._seqs.values() if (entry := state.precision)
+                      is None or state.num_tokens >= entry[1][0]]:
             entry = state.precision
             if entry is None:  # (new, or admitted again: a new state)
                 entry = state.precision = ([0] * (depth + 1), [0, 0.0])
             num_tokens, info = state.num_tokens, entry[1]
-            if num_tokens < info[0]:  # no page of it demotes yet
-                continue
             walked, pages = entry[0], state.pages
             num_pages = len(pages)
             if top > 1 and walked[1] < min(num_pages, (num_tokens - top * recent) // page_size):

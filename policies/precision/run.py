@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     Due = list[Any]
 
 _POSITION = itemgetter(0)  # a due sequence's position in the manager's order
+# A run's plan adds at first the sequences that walk in its first steps: most runs end sooner
+# (an arrival), and the rest are added when a later step is asked.
+_WINDOW = 4
 _FRACTION_BITS = 24  # a ratio is exact if a multiple of 2**-24: sums stay exact far past need
 
 
@@ -58,21 +61,26 @@ class RunDemotions:
     of `driver`'s manager), per step: the first step's (where a sequence not walked yet, or
     past a prefill, may demote many pages), then a page per level every `page_size` steps."""
 
-    __slots__ = ("_at", "_built", "_driver", "_dues", "_levels", "_requests", "_saved", "_step",
-                 "first", "new_entries", "num_steps")
+    __slots__ = ("_at", "_built", "_driver", "_dues", "_gaps", "_horizon", "_levels", "_requests",
+                 "_saved", "_states", "_step", "first", "new_entries", "num_steps")
 
     def __init__(self, driver: PrecisionDriver, requests: list[Any], num_steps: int) -> None:
         self._driver = driver
         self._requests = requests
         self.num_steps = num_steps
         self._built = False  # (built when first asked: the run may not be taken)
-        # request id -> a state without an entry, and the one `begin_step` would make for it
-        self.new_entries: dict[int, tuple[SeqState, Entry]] = {}
+        # the states without an entry, each with the one `begin_step` would make for it
+        self.new_entries: list[tuple[SeqState, Entry]] = []
         # the first step's walks, in demotion order
         self.first: list[Walk] = []
         # step -> the sequences with a page due then (`Due`: each one's next page per level),
         # a step's walks made when it is asked: most runs end before most sequences walk
         self._at: dict[int, list[Due]] = {}
+        # the sequences in the manager's order, each one's steps to its next walk, and the
+        # steps its sequences are added for (`_look_ahead`: the rest when a later one is asked)
+        self._states: list[SeqState] = []
+        self._gaps: list[int] = []
+        self._horizon = 0
         # the timer's walk (`costs`): steps seen, the context spared, levels it gave pages
         self._step = 0
         self._saved = 0.0
@@ -82,25 +90,24 @@ class RunDemotions:
     def _build(self) -> None:
         driver = self._driver
         policy, page_size = driver.policy, driver.manager.page_size
-        depth, recent, num_steps = driver.ledger.ladder.depth, policy.recent, self.num_steps
+        depth, recent = driver.ledger.ladder.depth, policy.recent
         levels = range(1, min(depth, policy.depth) + 1)
-        new_entries, first, at = self.new_entries, self.first, self._at
-        for position, (request_id, state) in enumerate(driver.manager._seqs.items()):
+        states = self._states = list(driver.manager._seqs.values())
+        # each sequence's steps to its next walk (step j starts with its tokens + j; 0 or
+        # less: it walks at the first step, as `_demote_by_age` would, or it is new)
+        gaps = self._gaps = [entry[1][0] - state.num_tokens if (entry := state.precision)
+                             is not None else 0 for state in states]
+        self._horizon = min(_WINDOW, self.num_steps)
+        first = self.first
+        for position in [p for p, gap in enumerate(gaps) if gap < self._horizon]:
+            state, gap = states[position], gaps[position]
             entry, num_tokens = state.precision, state.num_tokens
-            if entry is not None:
-                gap = entry[1][0] - num_tokens  # (step j starts with num_tokens + j)
-                if gap > 0:  # no page of it demotes at the first step
-                    if gap < num_steps:
-                        due = at.get(gap)
-                        item = [position, state, entry, len(state.pages), None, num_tokens]
-                        if due is None:
-                            at[gap] = [item]
-                        else:
-                            due.append(item)
-                    continue
-            else:
+            if gap > 0:
+                self._add(gap, [position, state, entry, len(state.pages), None, num_tokens])
+                continue
+            if entry is None:
                 entry = ([0] * (depth + 1), [0, 0.0])
-                new_entries[request_id] = (state, entry)
+                self.new_entries.append((state, entry))
             walked, held = entry[0], len(state.pages)  # (`_demote_by_age` walks it now)
             after = walked[:]  # each level's next page once the first step walked
             for level in levels:
@@ -113,6 +120,18 @@ class RunDemotions:
                       [position, state, entry, held, after, num_tokens])
         self._saved = driver.num_saved_pages(self._requests)  # (new entries spare none yet)
         self._built = True
+
+    def _look_ahead(self, step: int) -> None:
+        """Add the sequences whose first walk is at `step` or before (past the horizon so
+        far): their entries are as `_build` found them (a sequence walks only once added)."""
+        low, states, gaps = self._horizon, self._states, self._gaps
+        high = self._horizon = min(self.num_steps, max(2 * low, step + 1))
+        for position in [p for p, gap in enumerate(gaps) if low <= gap < high]:
+            state, gap = states[position], gaps[position]
+            entry = state.precision
+            # (its tokens before the run from its entry: the state's move on at the commit,
+            # and so do its pages, which only the timer reads, before it)
+            self._add(gap, [position, state, entry, len(state.pages), None, entry[1][0] - gap])
 
     def _add(self, step: int, item: Due) -> None:
         """`item`'s sequence walks a page next at `step` (nothing past the run)."""
@@ -130,6 +149,8 @@ class RunDemotions:
             self._build()
         if not step:
             return self.first
+        if step >= self._horizon:
+            self._look_ahead(step)
         items = self._at.pop(step, None)
         if items is None:
             return []
@@ -172,8 +193,17 @@ class RunDemotions:
         self._dues.append(due)  # (for `commit`)
         if not due:  # (most steps)
             return self._saved * driver.manager.page_size, 0.0
+        saved = self._saved
         for state, _, level, _, start, end, num_held in due:
-            self._saved += (end - start) * saving[level]
+            saved += (end - start) * saving[level]
+            if end - start == 1 and start < num_held:  # (every walk past the first step)
+                page = state.pages[start]
+                before = levels.get(page, known[page])
+                if before < level:
+                    if page not in first_level:
+                        first_level[page] = before
+                    levels[page] = level
+                continue
             for index in range(start, end):
                 if index < num_held:  # a page held before the run: maybe shared
                     page = state.pages[index]
@@ -185,7 +215,8 @@ class RunDemotions:
                     pages += ratios[level - 1, level]
         for page, before in first_level.items():
             pages += ratios[before, levels[page]]
-        return self._saved * driver.manager.page_size, pages / 2
+        self._saved = saved
+        return saved * driver.manager.page_size, pages / 2
 
     def _apply(self, due: list[Walk]) -> int:
         """A step's walks `due` applied to the ledger, a level at a time, in turn: the same
@@ -195,6 +226,7 @@ class RunDemotions:
         driver = self._driver
         saving, page_size, recent = driver._saving, driver.manager.page_size, driver.policy.recent
         levels = range(1, min(driver.ledger.ladder.depth, driver.policy.depth) + 1)
+        one_level, two_levels = len(levels) == 1, len(levels) == 2
         by_level: list[list[int]] = [[] for _ in range(len(saving))]
         total = 0.0  # (exact sums: `exact_ratios`)
         for state, entry, level, _, start, end, _ in due:
@@ -207,7 +239,14 @@ class RunDemotions:
             spared = (end - start) * saving[level]
             info[1] += spared
             total += spared
-            info[0] = _next_demotion(walked, page_size, recent, levels)
+            if two_levels:  # (`_next_demotion`, spelled out: a call costs)
+                one, two = (walked[1] + 1) * page_size + recent, \
+                    (walked[2] + 1) * page_size + 2 * recent
+                info[0] = one if one <= two else two
+            elif one_level:
+                info[0] = (walked[1] + 1) * page_size + recent
+            else:
+                info[0] = _next_demotion(walked, page_size, recent, levels)
         driver.saved_pages += total
         demoted: list[int] = []
         befores: list[int] = []
@@ -224,7 +263,7 @@ class RunDemotions:
         driver = self._driver
         page_size, recent = driver.manager.page_size, driver.policy.recent
         levels = range(1, min(driver.ledger.ladder.depth, driver.policy.depth) + 1)
-        for _, (walked, info) in self.new_entries.values():
+        for _, (walked, info) in self.new_entries:
             info[0] = _next_demotion(walked, page_size, recent, levels)
 
     def commit(self, num_steps: int, num_free_before: int, pages_taken: list[int]) -> list[int]:
@@ -239,7 +278,7 @@ class RunDemotions:
                 - ledger.num_ballast_pages)
         if not self._built:
             self._build()
-        for state, entry in self.new_entries.values():
+        for state, entry in self.new_entries:
             state.precision = entry
         released: list[int] = []
         num_released = 0
