@@ -26,7 +26,8 @@ from kvlab.policies.interfaces import Allocator, BlockSizing, Eviction
 from kvlab.policies.manager_view import ManagerView
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.page_pool import PagePool
-from kvlab.policies.precision.driver import PrecisionDriver, check_precision
+from kvlab.policies.precision.check import check_precision
+from kvlab.policies.precision.driver import PrecisionDriver
 from kvlab.policies.precision.ladder import PrecisionLadder
 from kvlab.policies.preemption.modes import PreemptionCosts, should_swap
 from kvlab.policies.prefix_lookup import PrefixLookup

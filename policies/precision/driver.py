@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import itertools
 import math
-from itertools import compress, islice, repeat
+from itertools import compress, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
-from kvlab.errors import KvlabError
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.precision.age import AgeDemotion
+from kvlab.policies.precision.cached import CachedVictims
 from kvlab.policies.precision.ladder import PrecisionLadder
 from kvlab.policies.precision.ledger import (
     DemotedPages,
     PrecisionLedger,
-    extra_pages,
     read_levels,
 )
 from kvlab.policies.precision.run import RunDemotions, exact_ratios
@@ -29,9 +28,6 @@ if TYPE_CHECKING:
 
 _LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
 
-# Cached-free pages looked at per step for demotion (from the eviction end): bounds the work.
-_CACHED_SCAN = 256
-
 
 class PrecisionDriver:
     """One manager's demotions: the policy's rule over each sequence's block table, a step at a
@@ -39,8 +35,8 @@ class PrecisionDriver:
     `ledger.py`)."""
 
     __slots__ = ("_afters", "_befores", "_charged", "_dropped_at", "_dups", "_exact",
-                 "_levels_demoted", "_pending", "_saving", "ledger", "manager", "num_pages",
-                 "num_steps", "page_tokens", "policy", "requantize_ratios", "run",
+                 "_levels_demoted", "_pending", "_saving", "_victims", "ledger", "manager",
+                 "num_pages", "num_steps", "policy", "requantize_ratios", "run",
                  "saved_pages", "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
@@ -73,6 +69,7 @@ class PrecisionDriver:
         # runs may carry demotions (run.py): their timer's sums are exact
         self._exact = exact_ratios([*self._saving, *self.requantize_ratios.values()])
         self.run: RunDemotions | None = None  # the decode run `plan_run` planned last
+        self._victims = CachedVictims(self.ledger, manager.pool)  # (for `cached=1`)
         # The context spared summed over every sequence's entry (exact where `_exact`).
         self.saved_pages = 0.0
         self.num_steps = 0
@@ -170,11 +167,8 @@ class PrecisionDriver:
                 if gap < 1:
                     return 0
                 steps = int(gap)
-        if policy.cached:
-            levels, bottom = self.ledger.levels, self.ledger.ladder.depth
-            head = _next_victims(self.manager.pool.evictor)
-            if min(read_levels(levels, head), default=bottom) < bottom:
-                return 0
+        if policy.cached and not self._victims.is_clean():
+            return 0
         self.run = RunDemotions(self, requests, steps)
         return steps
 
@@ -335,16 +329,11 @@ class PrecisionDriver:
 
     def _demote_cached(self) -> None:
         """Cached-free prefix pages, next victims first, to the lowest level."""
-        ledger = self.ledger
-        bottom, levels = ledger.ladder.depth, ledger.levels
-        head = _next_victims(self.manager.pool.evictor)
-        found = read_levels(levels, head)
-        if min(found, default=bottom) >= bottom:
-            demoted: list[int] = []
-        else:
-            demoted = [page for page, level in zip(head, found, strict=True) if level < bottom]
-            self._demote(demoted, bottom)
-        ledger.cache(demoted)
+        pages = self._victims.to_demote()
+        if pages:
+            self._demote(pages, self.ledger.ladder.depth)
+            self.ledger.cache(pages)
+            self._victims.mark_clean()
 
     def _demote(self, pages: list[int], level: int) -> None:
         """Each of `pages` above `level` requantized down to it, in order."""
@@ -407,34 +396,3 @@ class PrecisionDriver:
                 out[f"precision_demotions_{level}_{name}"] = ledger.demotions[level]
         out["precision_max_debt_pages"] = ledger.max_debt_pages
         return out
-
-
-def _next_victims(evictor: Any) -> list[int]:
-    """The cached-free pages `evictor` would evict next, the first `_CACHED_SCAN` of them in
-    its order (a policy's own `next_victims` where it has one: LRU's slices its queue)."""
-    head = getattr(evictor, "next_victims", None)
-    if head is not None:
-        return head(_CACHED_SCAN)
-    scan = getattr(evictor, "iter_pages", evictor.pages)  # (LRU's: lazily)
-    return list(islice(scan(), _CACHED_SCAN))
-
-
-def check_precision(spec: Any, policy: AgeDemotion, ladder: PrecisionLadder | None,
-                    groups: Any, num_pages: int) -> int:
-    """The page ids the pool needs beyond the device's `num_pages` for `policy` over `ladder`;
-    KvlabError where the manager cannot demote: no ladder given, an allocation other than
-    paged, or several KV-cache groups."""
-    where = f"policy {spec}"
-    if ladder is None:
-        raise KvlabError(f"{where}: precision={spec.precision} needs the precision ladder "
-                         "of the cache's dtype (the simulator and the engine build it)")
-    if spec.kind != "paged" or spec.block_sizing != "fixed":
-        raise KvlabError(f"{where}: precision={spec.precision} needs kind=paged with "
-                         "block_sizing=fixed")
-    if groups is not None and [g.kind for g in groups] != ["full"]:
-        raise KvlabError(f"{where}: precision={spec.precision} works on models with one "
-                         "full-attention KV-cache group")
-    if ladder.depth < policy.depth:
-        raise KvlabError(f"{where}: precision depth={policy.depth}, but the ladder built has "
-                         f"{ladder.depth} levels below the cache's dtype")
-    return extra_pages(ladder, num_pages)

@@ -39,7 +39,7 @@ class PrecisionLedger:
 
     __slots__ = ("_cached", "_cached_units", "_into_ballast", "_view", "ballast", "demotions",
                  "freed_units", "ladder", "levels", "max_debt_pages", "num_at_level",
-                 "num_dropped", "num_extra", "pool", "step_pairs", "unit")
+                 "num_cache_changes", "num_dropped", "num_extra", "pool", "step_pairs", "unit")
 
     def __init__(self, pool: PagePool, ladder: PrecisionLadder, num_pages: int,
                  page_size: int) -> None:
@@ -55,6 +55,9 @@ class PrecisionLedger:
         self.freed_units = 0
         self.max_debt_pages = 0
         self.num_dropped = 0  # demoted pages whose content left the device, ever
+        # The pool's calls that may have changed its cached-free pages (`cache`, `hit`,
+        # `drop`), ever: where none came since, the eviction order holds the same pages.
+        self.num_cache_changes = 0
         # (level before, level after) -> pages demoted so, since the driver last reset it
         self.step_pairs = {(before, after): 0 for after in range(ladder.depth + 1)
                            for before in range(after)}
@@ -81,6 +84,7 @@ class PrecisionLedger:
 
     def cache(self, pages: list[int]) -> None:
         """`pages` became cached-free (the pool calls this)."""
+        self.num_cache_changes += 1
         if not any(self.num_at_level):  # (nothing demoted)
             return
         found = read_levels(self.levels, pages)  # (C loops: a freed prompt's pages)
@@ -96,6 +100,7 @@ class PrecisionLedger:
 
     def hit(self, pages: list[int]) -> None:
         """`pages` were taken as prefix hits: none is cached-free now (the pool calls this)."""
+        self.num_cache_changes += 1
         self._uncache(pages)
 
     def _uncache(self, pages: list[int]) -> None:
@@ -254,6 +259,7 @@ class PrecisionLedger:
         they pay for); one the caller reuses at once becomes a page of the cache's dtype, and
         the ballast it owes is taken at once by evicting further cached pages (the caller's
         prefix hits are taken before it takes pages), else owed until `settle`."""
+        self.num_cache_changes += 1
         into_ballast = self._into_ballast and not reuse
         found = read_levels(self.levels, pages) if any(self.num_at_level) else None
         if not found or not any(found):
