@@ -35,7 +35,8 @@ def bind(factory: Callable[..., Any], name: str, items: list[tuple[str, str]],
     """The keyword arguments `items` give `factory` (the policy `name`'s constructor), each
     converted to its default's type (a whole number where the default is None), checked by
     building the policy once. Raises KvlabError, prefixed by `where`, for a key the
-    constructor lacks, a value of the wrong kind, or values the policy refuses."""
+    constructor lacks, a value of the wrong kind, or values the policy refuses (with its
+    reason, where it gives one)."""
     accepted = parameters(factory)
     params: dict[str, Any] = {}
     for key, value in items:
@@ -45,9 +46,10 @@ def bind(factory: Callable[..., Any], name: str, items: list[tuple[str, str]],
         params[key] = _convert(value, accepted[key], f"{where}: {key}")
     try:
         factory(**params)
-    except (AssertionError, ValueError, TypeError):
+    except (AssertionError, ValueError, TypeError) as error:
         shown = ",".join(f"{k}={v}" for k, v in params.items())
-        raise KvlabError(f"{where}: {name} refuses these parameters ({shown})") from None
+        reason = f": {error}" if str(error) else ""  # (the policy's own words, where it has any)
+        raise KvlabError(f"{where}: {name} refuses these parameters ({shown}){reason}") from None
     return params
 
 

@@ -35,7 +35,8 @@ class SLRUEviction:
     caches = True
 
     def __init__(self, protected_share: float = DEFAULT_PROTECTED_SHARE) -> None:
-        assert 0.0 <= protected_share <= 1.0, protected_share
+        if not 0.0 <= protected_share <= 1.0:
+            raise ValueError("protected_share must be in [0, 1]")
         self.protected_share = protected_share
         self._probation: OrderedDict[int, Hashable] = OrderedDict()  # page -> key, LRU first
         self._protected: OrderedDict[int, Hashable] = OrderedDict()

@@ -26,7 +26,12 @@ def test_a_bare_name_is_the_registered_entry_itself():
 @pytest.mark.parametrize("text, says", [
     ("paged:eviction=slru:share=0.5", "slru has no parameter 'share'; its parameters: "
                                       "protected_share"),
-    ("paged:eviction=slru:protected_share=2", "slru refuses these parameters"),
+    ("paged:eviction=slru:protected_share=2", "slru refuses these parameters "
+                                              "(protected_share=2.0): protected_share must be "
+                                              "in [0, 1]"),
+    ("paged:precision=age:recent=0", "age refuses these parameters (recent=0): recent must "
+                                     "be >= 1"),
+    ("paged:precision=age:cached=1,recompute=1", "cached=1 needs recompute=0"),
     ("paged:eviction=lfu:x=1", "lfu has no parameter 'x'; its parameters: none"),
     ("paged:eviction=bogus:x=1", "eviction='bogus:x=1'; valid: arc, cost, fifo"),
     ("paged:eviction=slru:protected_share=most", "protected_share='most' is not a number"),
