@@ -157,7 +157,8 @@ def calibration_token_ids(vocab_size: int, num_tokens: int,
         from kvlab.engine.models.stdlib_llama.corpus import load_corpus
 
         segments = load_corpus().split(held_out=False)[:CALIBRATION_SEGMENTS]
-        ids = list(tokenizer("\n\n".join(s.text for s in segments))["input_ids"])
+        text = "\n\n".join(s.text for s in segments)
+        ids = list(tokenizer(text, verbose=False)["input_ids"])  # (no warning: cut below)
         if len(ids) >= num_tokens:
             return torch.tensor(ids[:num_tokens], dtype=torch.long)
     generator = torch.Generator(device="cpu").manual_seed(CALIBRATION_SEED)

@@ -106,7 +106,7 @@ def corpus_tokens(model: str, corpus: str | None) -> tuple[list[int], str]:
             raise KvlabError(f"--corpus {corpus}: cannot read it as UTF-8 text ({exc})",
                              parameters=("corpus",)) from None
         source = corpus
-    return list(tokenizer(text)["input_ids"]), source
+    return list(tokenizer(text, verbose=False)["input_ids"]), source  # (windows cut later)
 
 
 def format_accuracy(model: str, source: str, results: list[Any]) -> str:
