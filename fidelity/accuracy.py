@@ -39,6 +39,7 @@ import torch
 from kvlab.engine import EngineConfig, LLMEngine, SamplingParams
 from kvlab.errors import KvlabError
 from kvlab.kernels import AttentionMetadata
+from kvlab.policies import registry
 from kvlab.policies.serving import ServingConfig
 from kvlab.policies.spec import PolicySpec, parse_policy
 from kvlab.specs.kv_dtype import kv_cache_dtype
@@ -96,10 +97,16 @@ class AccuracyConfig:
 def precision_policy(precision: str, block_size: int) -> PolicySpec:
     """The paged policy demoting by `precision` (the policy grammar's `precision=` value);
     a KvlabError naming --precision where it is not a demoting family's spec."""
+    name, valid = precision.split(":", 1)[0], registry.names("precision")
+    if name not in valid:
+        named = "" if name == precision else f" {name!r}"
+        raise KvlabError(f"--precision {precision!r}: unknown policy{named}; valid: "
+                         f"{', '.join(valid)}", parameters=("precision",))
     try:
         spec = parse_policy(f"paged:block_size={block_size},precision={precision}")
-    except KvlabError as exc:
-        raise KvlabError(f"--precision {precision!r}: {exc}", parameters=("precision",)
+    except KvlabError as exc:  # (its own words, without the spec it names again)
+        reason = str(exc).removeprefix(f"precision {precision!r}: ")
+        raise KvlabError(f"--precision {precision!r}: {reason}", parameters=("precision",)
                          ) from None
     if spec.precision == "none":
         raise KvlabError(f"--precision {precision!r}: expected a policy that demotes, "

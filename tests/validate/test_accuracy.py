@@ -109,11 +109,15 @@ def test_demotion_with_recent_past_every_window_and_prompt_costs_nothing(token_i
 
 
 def test_a_bad_precision_is_one_line_naming_the_flag(capsys):
-    for bad, words in (("age:recent=0", "recent=0"), ("none", "a policy that demotes"),
-                       ("fifo", "valid: age, none")):
+    for bad, words in (("age:recent=0", "(recent=0): recent must be >= 1"),
+                       ("age:recent=x", "recent='x' is not a whole number"),
+                       ("none", "a policy that demotes"),
+                       ("fifo", "unknown policy; valid: age, none"),
+                       ("lru:x=1", "unknown policy 'lru'; valid: age, none")):
         assert main(["accuracy", "stdlib-llama", "--precision", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--precision" in err and words in err
+        assert err.count(repr(bad)) == 1  # (the spec named once, not again by the parser)
 
 
 def test_on_the_trained_model_demotion_costs_more_the_fewer_tokens_it_keeps(capsys):
