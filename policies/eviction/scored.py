@@ -4,7 +4,7 @@ policies (fifo, lfu, cost) share."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 
 
 class PageHeap:
@@ -49,6 +49,17 @@ class PageHeap:
         """The pages held, in no particular order."""
         return list(self._key)
 
+    def iter_pages(self) -> Iterator[int]:
+        """The pages held, lazily, in the heap's array order: the next `pop` first, then the
+        rest roughly as they will pop (an entry sits above every entry it pops before, so the
+        k-th to pop lies within the first 2**k - 1 slots, stale ones aside), for a slice's
+        cost where a sorted order would read the whole heap."""
+        held, seen = self._key, set()
+        for *key, page_id in self._heap:  # (a stale entry, or a page's second alike: skipped)
+            if page_id not in seen and held.get(page_id) == tuple(key):
+                seen.add(page_id)
+                yield page_id
+
 
 class HeapEviction:
     """The shared body of the scored eviction policies: cached-free pages on a `PageHeap`,
@@ -87,6 +98,11 @@ class HeapEviction:
     def pages(self) -> list[int]:
         """Cached-free pages."""
         return self._heap.pages()
+
+    def iter_pages(self) -> Iterator[int]:
+        """Cached-free pages, the next victim first, the rest near their eviction order
+        (`PageHeap.iter_pages`): what `cached=1` demotes first."""
+        return self._heap.iter_pages()
 
     def _priority(self, page_id: int, depth: int) -> tuple:
         raise NotImplementedError

@@ -55,10 +55,12 @@ class CachedVictims:
 
 
 def _next_victims(evictor: Any) -> list[int]:
-    """The cached-free pages `evictor` would evict next, the first `_CACHED_SCAN` of them in
-    its order (a policy's own `next_victims` where it has one: LRU's slices its queue)."""
+    """The cached-free pages `evictor` would evict next, the first `_CACHED_SCAN` of them: in
+    its order where it has `next_victims` (LRU's slices its queue), near it for the heap
+    policies (fifo, lfu, cost: `HeapEviction.iter_pages`), else in `pages()` order (ARC and
+    SLRU: their first list, then their second, each oldest first)."""
     head = getattr(evictor, "next_victims", None)
     if head is not None:
         return head(_CACHED_SCAN)
-    scan = getattr(evictor, "iter_pages", evictor.pages)  # (LRU's: lazily)
+    scan = getattr(evictor, "iter_pages", evictor.pages)
     return list(islice(scan(), _CACHED_SCAN))
