@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 from kvlab.policies.registry import register
 
@@ -181,3 +182,7 @@ class ARCEviction:
     def pages(self) -> list[int]:
         """Cached-free pages: T1 then T2, each least recently released first."""
         return [*self._t1, *self._t2]
+
+    def iter_pages(self) -> Iterator[int]:
+        """`pages()`, lazily (a scan that stops early reads no more of them)."""
+        return itertools.chain(self._t1, self._t2)

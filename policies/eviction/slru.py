@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 from kvlab.policies.registry import register
 
@@ -131,6 +132,10 @@ class SLRUEviction:
     def pages(self) -> list[int]:
         """Cached-free pages: probationary then protected, each least recently released first."""
         return [*self._probation, *self._protected]
+
+    def iter_pages(self) -> Iterator[int]:
+        """`pages()`, lazily (a scan that stops early reads no more of them)."""
+        return itertools.chain(self._probation, self._protected)
 
     def _demote_overflow(self) -> None:
         """Move protected LRU pages to the probationary MRU end while the protected segment is
