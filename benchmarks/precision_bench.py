@@ -10,6 +10,7 @@ collected before each timed run. CPU time of this process only (`time.process_ti
 processes on the machine slow it less than wall time, not at all in principle.
 
     .venv/bin/python benchmarks/precision_bench.py [--repeats 3] [--workloads mooncake,azure]
+        [--eviction lru,arc]
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ WORKLOADS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
-def run_once(trace: Any, settings: dict[str, Any], precision: str) -> tuple[float, int]:
-    """CPU seconds of one `simulate` of `trace` with `precision`, and its engine steps."""
+def run_once(trace: Any, settings: dict[str, Any], precision: str, eviction: str = "lru"
+             ) -> tuple[float, int]:
+    """CPU seconds of one `simulate` of `trace` with `precision` and `eviction`, and its
+    engine steps."""
     from kvlab.policies.serving import ServingConfig
     from kvlab.sim import SimConfig, simulate
 
-    policy = "paged:eviction=lru" + ("" if precision == "none" else f",precision={precision}")
+    policy = f"paged:eviction={eviction}" + (
+        "" if precision == "none" else f",precision={precision}")
     memory = {k: v for k, v in settings.items() if k == "kv_cache_memory_bytes"}
     serving = ServingConfig.create(policy, enable_prefix_caching=True, **memory)
     config = SimConfig(model=settings["model"], hardware=settings["hardware"], serving=serving)
@@ -51,8 +55,8 @@ def run_once(trace: Any, settings: dict[str, Any], precision: str) -> tuple[floa
     return time.process_time() - started, len(result.steps)
 
 
-def bench(name: str, repeats: int) -> None:
-    """One workload's table."""
+def bench(name: str, repeats: int, eviction: str = "lru") -> None:
+    """One workload's table, with the eviction policy `eviction`."""
     import copy
 
     from kvlab.traces import load_trace
@@ -64,12 +68,13 @@ def bench(name: str, repeats: int) -> None:
     cpu: dict[str, list[float]] = {p: [] for p in policies}
     steps: dict[str, int] = {}
     for precision in policies:  # (untimed: the first run of each imports and builds more)
-        run_once(copy.deepcopy(trace), settings, precision)
+        run_once(copy.deepcopy(trace), settings, precision, eviction)
     for _ in range(repeats):
         for precision in policies:  # in turn: drift on a shared machine hits all alike
-            seconds, steps[precision] = run_once(copy.deepcopy(trace), settings, precision)
+            seconds, steps[precision] = run_once(copy.deepcopy(trace), settings, precision,
+                                                 eviction)
             cpu[precision].append(seconds)
-    print(f"{name}: {len(trace)} requests, {settings}, {repeats} repeats")
+    print(f"{name}: {len(trace)} requests, {settings}, eviction={eviction}, {repeats} repeats")
     print(f"  {'precision':<26} {'CPU s (min-max)':>16} {'steps':>8} {'ratio to none':>16} "
           f"{'median':>7}")
     for precision in policies:
@@ -87,9 +92,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    parser.add_argument("--eviction", default="lru",
+                        help="comma-separated eviction policies, a table each (kvlab policies; "
+                        "default lru)")
     args = parser.parse_args()
-    for name in args.workloads.split(","):
-        bench(name, args.repeats)
+    from kvlab.policies import registry
+
+    workloads, evictions = args.workloads.split(","), args.eviction.split(",")
+    for flag, names, valid in (("--workloads", workloads, list(WORKLOADS)),
+                               ("--eviction", evictions, registry.names("eviction"))):
+        unknown = [name for name in names if name not in valid]
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; valid: {', '.join(valid)}")
+    if args.repeats < 1:
+        parser.error("--repeats: expected a whole number >= 1")
+    for eviction in evictions:
+        for name in workloads:
+            bench(name, args.repeats, eviction)
 
 
 if __name__ == "__main__":
