@@ -50,12 +50,15 @@ class PageHeap:
         return list(self._key)
 
     def iter_pages(self) -> Iterator[int]:
-        """The pages held, lazily, in the heap's array order: the next `pop` first, then the
-        rest roughly as they will pop (an entry sits above every entry it pops before, so the
-        k-th to pop lies within the first 2**k - 1 slots, stale ones aside), for a slice's
-        cost where a sorted order would read the whole heap."""
-        held, seen = self._key, set()
-        for *key, page_id in self._heap:  # (a stale entry, or a page's second alike: skipped)
+        """The pages held, lazily, in the heap's array order: the next `pop` first (stale
+        entries on top are dropped first, as `pop` drops them), then the rest roughly as they
+        will pop (an entry sits above every entry it pops before, so the k-th to pop lies
+        within the first 2**k - 1 slots, stale ones aside), for a slice's cost where a sorted
+        order would read the whole heap."""
+        heap, held, seen = self._heap, self._key, set()
+        while heap and held.get(heap[0][-1]) != heap[0][:-1]:  # (siblings are unordered)
+            heapq.heappop(heap)
+        for *key, page_id in heap:  # (a stale entry, or a page's second alike: skipped)
             if page_id not in seen and held.get(page_id) == tuple(key):
                 seen.add(page_id)
                 yield page_id
