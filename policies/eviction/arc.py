@@ -181,7 +181,7 @@ class ARCEviction:
 
     def pages(self) -> list[int]:
         """Cached-free pages: T1 then T2, each least recently released first."""
-        return [*self._t1, *self._t2]
+        return list(self.iter_pages())
 
     def iter_pages(self) -> Iterator[int]:
         """`pages()`, lazily (a scan that stops early reads no more of them)."""

@@ -38,12 +38,20 @@ class PageHeap:
 
     def pop(self) -> tuple[int, Hashable]:
         """The page with the smallest key, and its prefix hash. Raises LookupError when empty."""
-        while self._heap:
-            *key, page_id = heapq.heappop(self._heap)
-            if self._key.get(page_id) == tuple(key):
-                del self._key[page_id]
-                return page_id, self._prefix.pop(page_id)
-        raise LookupError("no cached page to evict")
+        self._drop_stale_top()
+        if not self._heap:
+            raise LookupError("no cached page to evict")
+        page_id = heapq.heappop(self._heap)[-1]
+        del self._key[page_id]
+        return page_id, self._prefix.pop(page_id)
+
+    def _drop_stale_top(self) -> None:
+        """Pop the entries on top whose page left or was pushed again with another key (a
+        page pushed again with the same key has two entries alike: the second is stale once
+        the first pops)."""
+        heap, held = self._heap, self._key
+        while heap and held.get(heap[0][-1]) != heap[0][:-1]:
+            heapq.heappop(heap)
 
     def pages(self) -> list[int]:
         """The pages held, in no particular order."""
@@ -55,9 +63,8 @@ class PageHeap:
         will pop (an entry sits above every entry it pops before, so the k-th to pop lies
         within the first 2**k - 1 slots, stale ones aside), for a slice's cost where a sorted
         order would read the whole heap."""
+        self._drop_stale_top()  # (under a stale entry its two children are unordered)
         heap, held, seen = self._heap, self._key, set()
-        while heap and held.get(heap[0][-1]) != heap[0][:-1]:  # (siblings are unordered)
-            heapq.heappop(heap)
         for *key, page_id in heap:  # (a stale entry, or a page's second alike: skipped)
             if page_id not in seen and held.get(page_id) == tuple(key):
                 seen.add(page_id)

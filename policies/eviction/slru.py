@@ -131,7 +131,7 @@ class SLRUEviction:
 
     def pages(self) -> list[int]:
         """Cached-free pages: probationary then protected, each least recently released first."""
-        return [*self._probation, *self._protected]
+        return list(self.iter_pages())
 
     def iter_pages(self) -> Iterator[int]:
         """`pages()`, lazily (a scan that stops early reads no more of them)."""

@@ -31,12 +31,12 @@ class CachedVictims:
 
     def is_clean(self) -> bool:
         """Whether every one of the next victims is at the lowest level."""
-        return not self.to_demote(first_only=True)
+        return not self.to_demote()
 
-    def to_demote(self, first_only: bool = False) -> list[int]:
-        """The next victims above the lowest level, in eviction order (the first of them only
-        where `first_only`); none are remembered as clean from here until the pool next
-        changes its cached-free pages, so a caller demotes all it is given (`mark_clean`)."""
+    def to_demote(self) -> list[int]:
+        """The next victims above the lowest level, in eviction order; none are remembered as
+        clean from here until the pool next changes its cached-free pages, so a caller
+        demotes all it is given (`mark_clean`)."""
         ledger = self.ledger
         if ledger.num_cache_changes == self._clean_at:  # (as they were: most steps)
             return []
@@ -46,8 +46,7 @@ class CachedVictims:
         if min(found, default=bottom) >= bottom:
             self._clean_at = ledger.num_cache_changes
             return []
-        above = (page for page, level in zip(head, found, strict=True) if level < bottom)
-        return [next(above)] if first_only else list(above)
+        return [page for page, level in zip(head, found, strict=True) if level < bottom]
 
     def mark_clean(self) -> None:
         """The caller demoted every page `to_demote` gave to the lowest level."""

@@ -28,11 +28,11 @@ def _always_look(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     skipped: list[int] = []
     to_demote = CachedVictims.to_demote
 
-    def looking(self: CachedVictims, first_only: bool = False) -> list[int]:
+    def looking(self: CachedVictims) -> list[int]:
         if self.ledger.num_cache_changes == self._clean_at:
             skipped.append(1)
         self._clean_at = -1
-        return to_demote(self, first_only)
+        return to_demote(self)
 
     monkeypatch.setattr(CachedVictims, "to_demote", looking)
     return skipped
