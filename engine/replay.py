@@ -11,6 +11,7 @@ from kvlab.engine.kv_sizing import model_dtype
 from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import RunResult
 from kvlab.policies import Request
+from kvlab.policies.precision.summary import precision_summary
 from kvlab.policies.tiers import tier_summary
 
 if TYPE_CHECKING:  # traces are duck-typed here: the engine does not depend on kvlab.traces
@@ -74,7 +75,7 @@ def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -
         metadata.update(tier_summary(manager.tiers, manager.tier_stats, manager.first_hit_pages,
                                      engine.page_size, prompt_tokens))
     if manager.precision is not None:  # the precision mix, as the simulator's summary has it
-        metadata.update(manager.precision.summary(run.duration_s))
+        metadata.update(precision_summary(manager.precision, run.duration_s))
     return RunResult(
         requests=run.requests,
         steps=run.steps,

@@ -131,6 +131,7 @@ class KVCacheManager(ManagerView):
         if precision.demotes:
             assert precision_ladder is not None
             self.precision = PrecisionDriver(self, precision, precision_ladder, num_device_pages)
+            self._lookup.stop_at = self.precision.prefix_stops()
 
     def _init_tiers(self, tiers: list[PrefixTier] | None, config: TiersConfig | None) -> None:
         """The tiers below the device (policies/tiers/); None: none, and no cost anywhere."""

@@ -75,6 +75,12 @@ class ManagerView:
     # ----------------------------------------------------------------------------- queries
 
     @property
+    def seq_states(self) -> dict[int, SeqState]:
+        """Each held sequence's state (block table, tokens, the precision driver's entry), by
+        request id: the manager's own dict, in admission order, for reading."""
+        return self._seqs
+
+    @property
     def events(self) -> KVEventLog | None:
         """Set to a KVEventLog to record every prefix-cache change (vLLM's KV events)."""
         return self.pool.events

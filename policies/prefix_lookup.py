@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvlab.policies.groups.table import Plan
 from kvlab.policies.request import Request
@@ -11,6 +11,12 @@ from kvlab.policies.tiers import TierRuns, chain_head, chain_length
 if TYPE_CHECKING:
     from kvlab.policies.page_pool import PagePool
     from kvlab.policies.tier_link import TierLink
+
+
+class PageStops(Protocol):
+    """Pages a prefix hit may not reach (`page in stops`)."""
+
+    def __contains__(self, page: int) -> bool: ...
 
 
 class PrefixLookup:
@@ -32,7 +38,7 @@ class PrefixLookup:
         # from another epoch may name a page that holds other content now.
         self._last: tuple | None = None
         # Pages a hit may not reach (precision recompute=1: the demoted ones); None: any.
-        self.stop_at: dict[int, int] | None = None
+        self.stop_at: PageStops | None = None
 
     def num_lookup_pages(self, seq: Request) -> int:
         """Pages a lookup may hit: full, hashed, and leaving the last token to compute."""

@@ -13,7 +13,8 @@ _TITLES = {
     "victim": "victim=",
     "preemption": "preemption=",
     "scheduling": "--scheduling-policy NAME[:key=value,...] (its own flag; default fcfs)",
-    "precision": "precision=NAME[:key=value,...] (simulator only; docs/kv_precision.md)",
+    "precision": "precision=NAME[:key=value,...] (sim, run, serve, accuracy; "
+                 "docs/kv_precision.md)",
 }
 
 

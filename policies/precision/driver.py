@@ -8,7 +8,7 @@ import itertools
 import math
 from itertools import compress, repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kvlab.policies.outputs import MemOps
 from kvlab.policies.precision.age import AgeDemotion
@@ -25,6 +25,7 @@ from kvlab.specs.kv_groups import NULL_PAGE
 if TYPE_CHECKING:
     from kvlab.policies.groups.table import SeqState
     from kvlab.policies.manager import KVCacheManager
+    from kvlab.policies.prefix_lookup import PageStops
 
 _LEVELS = itemgetter(1, 2)  # a requantization's (level before, level after)
 
@@ -35,9 +36,9 @@ class PrecisionDriver:
     `ledger.py`)."""
 
     __slots__ = ("_afters", "_befores", "_charged", "_dropped_at", "_dups", "_exact",
-                 "_levels_demoted", "_pending", "_saving", "_victims", "ledger", "manager",
-                 "num_pages", "num_steps", "policy", "requantize_ratios", "run",
-                 "saved_pages", "sum_pages_at_level")
+                 "_levels_demoted", "_pending", "_victims", "ledger", "manager", "num_pages",
+                 "num_steps", "policy", "requantize_ratios", "run", "saved_pages", "saving",
+                 "seqs", "sum_pages_at_level")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
                  num_pages: int) -> None:
@@ -45,11 +46,13 @@ class PrecisionDriver:
         self.policy = policy
         self.num_pages = num_pages
         self.ledger = PrecisionLedger(manager.pool, ladder, num_pages, manager.page_size)
-        # Each sequence's entry is its state's `precision`: (pages walked per level, [tokens
-        # at which a page next demotes, the attention reads its walked pages spare, in pages
-        # at the cache's dtype]).
-        self._saving = [0.0] + [ladder.ratio(level - 1) - ladder.ratio(level)
-                                for level in range(1, ladder.depth + 1)]
+        # The manager's sequences, each one's entry its state's `precision`: (pages walked per
+        # level, [tokens at which a page next demotes, the attention reads its walked pages
+        # spare, in pages at the cache's dtype]).
+        self.seqs = manager.seq_states
+        # what a page's read spares, in pages at the cache's dtype, as it steps into each level
+        self.saving = [0.0] + [ladder.ratio(level - 1) - ladder.ratio(level)
+                               for level in range(1, ladder.depth + 1)]
         # the step's demotions so far: the pages, and each one's level before (in step)
         self._pending: list[int] = []
         self._befores: list[int] = []
@@ -67,7 +70,7 @@ class PrecisionDriver:
                                   for after in range(ladder.depth + 1)
                                   for before in range(after)}
         # runs may carry demotions (run.py): their timer's sums are exact
-        self._exact = exact_ratios([*self._saving, *self.requantize_ratios.values()])
+        self._exact = exact_ratios([*self.saving, *self.requantize_ratios.values()])
         self.run: RunDemotions | None = None  # the decode run `plan_run` planned last
         self._victims = CachedVictims(self.ledger, manager.pool)  # (for `cached=1`)
         # The context spared summed over every sequence's entry (exact where `_exact`).
@@ -75,9 +78,11 @@ class PrecisionDriver:
         self.num_steps = 0
         # Held and cached pages at each level, summed over steps (level 0 first).
         self.sum_pages_at_level = [0] * (ladder.depth + 1)
-        if policy.recompute:
-            # (the lookup only asks `in` of it)
-            manager._lookup.stop_at = cast("dict[int, int]", DemotedPages(self.ledger.levels))
+
+    def prefix_stops(self) -> PageStops | None:
+        """The pages a prefix hit may not reach: with `recompute=1` the demoted ones (a hit
+        stops there and the rest is computed again at the cache's dtype); None: any page."""
+        return DemotedPages(self.ledger.levels) if self.policy.recompute else None
 
     def begin_step(self) -> None:
         """Before the step's decisions: settle the ballast for pages dropped since, then
@@ -131,7 +136,7 @@ class PrecisionDriver:
             ratio = self.ledger.ladder.ratio
             self._charged = (requantize, len(requantize), sum(
                 (befores.count(level) + after.count(level)) * ratio(level)
-                for level in range(len(self._saving))) / 2)
+                for level in range(len(self.saving))) / 2)
 
     def requantized_pages(self, requantize: list[tuple[int, int, int]]) -> float:
         """What the step's `requantize` (`MemOps.requantize`) costs, in pages at the cache's
@@ -154,7 +159,7 @@ class PrecisionDriver:
         if policy.pressure or len(ledger.ballast) < ledger.num_extra - ledger.freed_units \
                 // ledger.unit:  # (a ledger in debt settles at every step's start)
             return 0
-        seqs, steps = self.manager._seqs, max_steps
+        seqs, steps = self.seqs, max_steps
         # Carried: the demotions from the first step's on (`RunDemotions`, once the manager
         # found every request a plain decode); else the steps before the first demotion.
         carried = self._exact and len(seqs) == len(requests)
@@ -179,20 +184,25 @@ class PrecisionDriver:
         (`RunDemotions.commit`); returns the ballast pages released by each step, cumulated."""
         run, self.run = self.run, None
         assert run is not None and num_steps <= run.num_steps, "commit a planned run"
-        return run.commit(num_steps, num_free_before, pages_taken)
+        released = run.commit(num_steps, num_free_before, pages_taken)
+        # (no MemOps: the simulator charged the run's requantizations)
+        self._pending, self._befores, self._afters = [], [], []
+        self._levels_demoted, self._dups = 0, False
+        self.num_steps += num_steps
+        return released
 
     def _demote_by_age(self) -> None:
         """Each sequence's pages past the recent tokens, one level per `recent` tokens."""
         manager, policy, ledger = self.manager, self.policy, self.ledger
         page_size, depth, recent = manager.page_size, ledger.ladder.depth, policy.recent
         top = min(depth, policy.depth)
-        levels, saving = range(1, top + 1), self._saving
+        levels, saving = range(1, top + 1), self.saving
         batch: tuple[list[int], list[int]] = ([], [])  # (the step's short walks: pages, levels)
         walk_pages, walk_levels = batch
         spared_total, levels_demoted = 0.0, 0
         # (the sequences a page of which may demote: a comprehension looks at all of them
         # for a third of a loop's cost)
-        for state in [state for state in manager._seqs.values() if (entry := state.precision)
+        for state in [state for state in self.seqs.values() if (entry := state.precision)
                       is None or state.num_tokens >= entry[1][0]]:
             entry = state.precision
             if entry is None:  # (new, or admitted again: a new state)
@@ -239,7 +249,7 @@ class PrecisionDriver:
                         batch: tuple[list[int], list[int]]) -> None:
         """`state`'s pages walked to two levels or more at once, where the walks overlap (a
         prompt's backlog, or a sequence first seen): `_demote_walks`, its entry moved on."""
-        policy, page_size, saving = self.policy, self.manager.page_size, self._saving
+        policy, page_size, saving = self.policy, self.manager.page_size, self.saving
         walked, info = entry
         top, num_tokens, num_pages = len(walked) - 1, state.num_tokens, len(state.pages)
         top = min(top, policy.depth)
@@ -366,7 +376,7 @@ class PrecisionDriver:
         """`num_saved_context_tokens` in pages at the cache's dtype: where the ratios sum
         exactly in any order and `requests` are every sequence, the running total
         (`saved_pages`); else their sum, in their order."""
-        seqs = self.manager._seqs
+        seqs = self.seqs
         if self._exact and len(requests) == len(seqs):  # (the batch holds every sequence)
             return self.saved_pages
         saved = 0.0
@@ -380,19 +390,3 @@ class PrecisionDriver:
         """`state`'s sequence left the manager (finished, preempted or swapped out)."""
         if state.precision is not None:
             self.saved_pages -= state.precision[1][1]
-
-    def summary(self, duration_s: float) -> dict[str, Any]:
-        """Flat keys for a run's summary: the levels' names, the mean share of held and cached
-        pages at each (over steps), pages demoted into each and per second of `duration_s`,
-        and any shortfall of ballast."""
-        ledger = self.ledger
-        total = sum(self.sum_pages_at_level) or 1
-        out: dict[str, Any] = {"precision_levels": "/".join(ledger.ladder.names)}
-        out["precision_demotions_per_s"] = sum(ledger.demotions) / duration_s \
-            if duration_s > 0 else 0.0
-        for level, name in enumerate(ledger.ladder.names):
-            out[f"precision_share_{level}_{name}"] = self.sum_pages_at_level[level] / total
-            if level:
-                out[f"precision_demotions_{level}_{name}"] = ledger.demotions[level]
-        out["precision_max_debt_pages"] = ledger.max_debt_pages
-        return out

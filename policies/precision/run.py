@@ -92,7 +92,7 @@ class RunDemotions:
         policy, page_size = driver.policy, driver.manager.page_size
         depth, recent = driver.ledger.ladder.depth, policy.recent
         levels = range(1, min(depth, policy.depth) + 1)
-        states = self._states = list(driver.manager._seqs.values())
+        states = self._states = list(driver.seqs.values())
         # each sequence's steps to its next walk (step j starts with its tokens + j; 0 or
         # less: it walks at the first step, as `_demote_by_age` would, or it is new)
         gaps = self._gaps = [entry[1][0] - state.num_tokens if (entry := state.precision)
@@ -185,7 +185,7 @@ class RunDemotions:
         assert step == self._step, "steps are costed in order"
         self._step += 1
         driver = self._driver
-        saving, ratios, levels = driver._saving, driver.requantize_ratios, self._levels
+        saving, ratios, levels = driver.saving, driver.requantize_ratios, self._levels
         known = driver.ledger.levels
         pages = 0.0
         first_level: dict[int, int] = {}  # page -> its level before the step
@@ -224,7 +224,7 @@ class RunDemotions:
         both; a shared page once a level); each walk's entry moved on as `_demote_by_age`
         leaves it. Returns the pages demoted (no MemOps: the simulator charged them)."""
         driver = self._driver
-        saving, page_size, recent = driver._saving, driver.manager.page_size, driver.policy.recent
+        saving, page_size, recent = driver.saving, driver.manager.page_size, driver.policy.recent
         levels = range(1, min(driver.ledger.ladder.depth, driver.policy.depth) + 1)
         one_level, two_levels = len(levels) == 1, len(levels) == 2
         by_level: list[list[int]] = [[] for _ in range(len(saving))]
@@ -299,8 +299,4 @@ class RunDemotions:
                 sums[level] += num_at[level]
         if policy.recompute:  # a lookup from before may reach them
             driver.manager.pool.cache_epoch += num_demoted
-        # (no MemOps: the simulator charged them)
-        driver._pending, driver._befores, driver._afters = [], [], []
-        driver._levels_demoted, driver._dups = 0, False
-        driver.num_steps += num_steps
         return released

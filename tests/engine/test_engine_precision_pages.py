@@ -22,6 +22,7 @@ from kvlab.kernels.kv_quant import KVQuant
 from kvlab.kernels.mixed_attention import mixed_paged_attention
 from kvlab.policies import KVCacheManager, Request, Scheduler, SchedulerConfig
 from kvlab.policies.precision.ladder import build_ladder
+from kvlab.policies.precision.summary import precision_summary
 from kvlab.specs.kv_dtype import kv_cache_dtype
 from tests.policies.harness import ShadowCost, serve_steps
 
@@ -307,7 +308,7 @@ def test_the_triton_backend_demotes_as_the_torch_backend(monkeypatch):
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         precision = llm.engine.manager.precision
         assert precision is not None
-        return [list(o.outputs[0].token_ids) for o in outputs], precision.summary(1.0)
+        return [list(o.outputs[0].token_ids) for o in outputs], precision_summary(precision, 1.0)
 
     torch_outputs, torch_mix = generate("torch")
     assert torch_mix["precision_demotions_per_s"] > 0 and not calls
