@@ -70,6 +70,9 @@ def charts(view: RunView) -> None:
         chart(figures.queue_figure(view.steps), "explore_queues")
     with right:
         chart(figures.events_figure(view.steps), "explore_events")
+    precision = figures.precision_figure(view.steps, view.summary)
+    if precision is not None:  # (a precision policy demoted pages)
+        chart(precision, "explore_precision_mix")
     ttft, tpot = figures.latency_cdfs({str(view.summary["policy"]): view.requests})
     left, right = st.columns(2)
     with left:

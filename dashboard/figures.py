@@ -15,6 +15,10 @@ import plotly.graph_objects as go
 
 from kvlab.bench.scrape import MetricsSample
 from kvlab.dashboard.pagemap import CACHED, FREE, SHARED, PageMap
+from kvlab.plots.html import to_plotly
+from kvlab.plots.load import RunData
+from kvlab.plots.model import Figure
+from kvlab.plots.precision import precision_panels
 
 MAX_POINTS = 1500
 # The memory states of the stacked KV chart, bottom to top, with their colours.
@@ -77,6 +81,16 @@ def queue_figure(steps: pd.DataFrame, *, max_points: int = MAX_POINTS) -> go.Fig
     for name, column in QUEUE_SERIES:
         fig.add_trace(go.Scatter(x=thin["start_s"], y=thin[column], name=name, mode="lines"))
     return _layout(fig, "Scheduler queues", "time (s)", "requests")
+
+
+def precision_figure(steps: pd.DataFrame, summary: Mapping, *,
+                     max_points: int = MAX_POINTS) -> go.Figure | None:
+    """A demoting run's share of pages at each precision level and its demotions per second
+    over time (plots/precision.py); None for a run without demotion."""
+    panels = precision_panels([RunData("", dict(summary), steps=steps)], max_points)
+    if not panels:
+        return None
+    return to_plotly(Figure("precision", "KV precision over time", tuple(panels), columns=2))
 
 
 def events_figure(steps: pd.DataFrame) -> go.Figure:

@@ -139,7 +139,8 @@ def current_setup() -> Setup:
 
 
 def policy_editor(prefix: str) -> PolicySpec:
-    """Widgets for the four policy families and their parameters; returns the spec."""
+    """Widgets for the four policy families and their parameters, and the precision policy
+    (a spec, as the policy grammar's `precision=` value); returns the spec."""
     helps = {(e.family, e.name): e.help for e in registry.entries()}
     cols = st.columns(4)
     kind = cols[0].selectbox("Allocation", ["paged", "contiguous", "buddy"], key=f"{prefix}_kind",
@@ -164,6 +165,11 @@ def policy_editor(prefix: str) -> PolicySpec:
             label, choices, index=choices.index(getattr(DEFAULT_POLICY, family)),
             key=f"{prefix}_{family}",
             help="; ".join(f"{n}: {helps[family, n]}" for n in choices))
+    precision = st.text_input(
+        "Precision", DEFAULT_POLICY.precision, key=f"{prefix}_precision",
+        help="none, or a policy with its parameters, e.g. age:recent=64,depth=2 ("
+        + "; ".join(f"{n}: {helps['precision', n]}" for n in registry.names("precision")) + ")")
+    options["precision"] = precision.strip() or "none"
     with user_errors():
         spec = PolicySpec(kind=kind, block_size=int(block_size), watermark=float(watermark),
                           **options)  # type: ignore[arg-type]

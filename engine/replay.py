@@ -74,8 +74,9 @@ def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -
         prompt_tokens = sum(r.prompt_len for r in run.requests if r.first_scheduled_s is not None)
         metadata.update(tier_summary(manager.tiers, manager.tier_stats, manager.first_hit_pages,
                                      engine.page_size, prompt_tokens))
-    if manager.precision is not None:  # the precision mix, as the simulator's summary has it
-        metadata.update(precision_summary(manager.precision, run.duration_s))
+    if manager.precision is not None:  # the precision mix, as the simulator has it
+        metadata.update(precision_summary(manager.precision, run.duration_s, len(run.steps)))
+        run.steps.add_columns(manager.precision.mix.step_columns(len(run.steps)))
     return RunResult(
         requests=run.requests,
         steps=run.steps,

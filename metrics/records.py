@@ -53,6 +53,8 @@ class StepRecorder:
 
     `wall_time_s` is the measured duration in the engine and equals `duration_s` in the simulator.
     Memory columns are the state after the step's decisions, before its tokens are committed.
+    A run may add integer columns of its own after STEP_COLUMNS, a value per step
+    (`add_columns`: a precision policy's mix, policies/precision/mix.py).
     """
 
     __slots__ = ("_ints", "columns")
@@ -87,10 +89,34 @@ class StepRecorder:
         _run(map(array.fromlist, self._ints, map(counts.__getitem__, INT_COLUMNS)))
 
     def extend(self, other: StepRecorder) -> None:
-        """Append every row of another recorder."""
-        for name, column in other.columns.items():
-            self.columns[name].extend(column)
+        """Append every row of another recorder. An added column (`add_columns`) stays only
+        where both have it (a recorder without rows takes the other's): the rows of a run
+        without it would have no value."""
+        columns = self.columns
+        if not len(self):
+            for name in other.added_columns():
+                columns.setdefault(name, array("q"))
+        for name in [name for name in self.added_columns() if name not in other.columns]:
+            del columns[name]
+        for name, column in columns.items():
+            column.extend(other.columns[name])
+
+    def add_columns(self, added: Mapping[str, array]) -> None:
+        """Integer columns of a run's own after STEP_COLUMNS, one value per step recorded."""
+        for name, values in added.items():
+            if name in STEP_COLUMNS or len(values) != len(self):
+                raise ValueError(f"step column {name!r}: {len(values)} values for "
+                                 f"{len(self)} steps, or a name STEP_COLUMNS has")
+            self.columns[name] = array("q", values)
+
+    def added_columns(self) -> list[str]:
+        """The columns `add_columns` added, in order."""
+        return list(self.columns)[len(STEP_COLUMNS):]
+
+    def column_names(self) -> tuple[str, ...]:
+        """Every column: STEP_COLUMNS, then those added."""
+        return (*STEP_COLUMNS, *self.added_columns())
 
     def as_dict(self) -> dict[str, list]:
-        """The columns as plain lists, in STEP_COLUMNS order (for pandas or JSON)."""
-        return {name: self.columns[name].tolist() for name in STEP_COLUMNS}
+        """The columns as plain lists, STEP_COLUMNS first (for pandas or JSON)."""
+        return {name: self.columns[name].tolist() for name in self.column_names()}

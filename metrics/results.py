@@ -13,7 +13,7 @@ import numpy as np
 
 from kvlab.errors import KvlabError, writing
 from kvlab.metrics.csv_table import write_csv
-from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
+from kvlab.metrics.records import StepRecorder
 from kvlab.metrics.run_result import RunResult
 from kvlab.metrics.tables import frame_of, request_columns
 
@@ -85,8 +85,8 @@ def _write_table(table: pd.DataFrame | dict[str, Any], path: Path, table_format:
 
 
 def _step_columns(steps: StepRecorder) -> dict[str, Any]:
-    """The recorder's columns as they are (no copies), in STEP_COLUMNS order."""
-    return {name: steps.columns[name] for name in STEP_COLUMNS}
+    """The recorder's columns as they are (no copies), STEP_COLUMNS first."""
+    return {name: steps.columns[name] for name in steps.column_names()}
 
 
 def _check_table_format(table_format: str) -> None:

@@ -18,7 +18,7 @@ from kvlab.errors import KvlabError
 from kvlab.metrics.classes import count_priority_inversions, jain_index, request_classes
 from kvlab.metrics.exact import exact_sum
 from kvlab.metrics.failures import failed_reasons
-from kvlab.metrics.records import STEP_COLUMNS, StepRecorder
+from kvlab.metrics.records import StepRecorder
 from kvlab.metrics.run_result import COMPLETED_STATUSES, RequestRecord, RunResult
 from kvlab.metrics.summary_options import (
     PERCENTILE_METRICS,
@@ -140,8 +140,8 @@ def count_good_requests(result: RunResult, slos_ms: dict[str, float],
 
 
 def step_columns(steps: StepRecorder) -> dict[str, np.ndarray]:
-    """The recorder's columns as numpy arrays (copies), in STEP_COLUMNS order."""
-    return {name: np.array(steps.columns[name]) for name in STEP_COLUMNS}
+    """The recorder's columns as numpy arrays (copies), STEP_COLUMNS first."""
+    return {name: np.array(steps.columns[name]) for name in steps.column_names()}
 
 
 def _time_weighted_ratio(weights: np.ndarray, num: np.ndarray, den: np.ndarray) -> float:

@@ -9,6 +9,7 @@ import numpy as np
 
 from kvlab.plots.load import RunData
 from kvlab.plots.model import Figure, Panel, Series
+from kvlab.plots.precision import precision_panels
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -76,7 +77,8 @@ def _step_series(run: RunData) -> dict[str, list[tuple[str, np.ndarray, np.ndarr
 
 def timeline_figure(runs: list[RunData], name: str = "timeline") -> Figure | None:
     """KV cache usage, running and waiting requests against simulated time (the steps
-    table); None when no run has one."""
+    table), and for runs that demoted pages their precision mix and demotions per second
+    (plots/precision.py); None when no run has one."""
     per_run = [_step_series(run) for run in runs]
     panels = []
     for key, title, unit in (("kv", "KV cache usage", "% of KV pages used"),
@@ -86,6 +88,7 @@ def timeline_figure(runs: list[RunData], name: str = "timeline") -> Figure | Non
                        for lines in per_run for label, t, y in lines[key])
         if series:
             panels.append(Panel(title, "time (s)", unit, "line", series))
+    panels += precision_panels(runs, MAX_POINTS)
     if not panels:
         return None
     return Figure(name, "Memory and queues over time", tuple(panels), columns=1)

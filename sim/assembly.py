@@ -122,8 +122,11 @@ def instance_result(config: SimConfig, requests: Sequence[Request], loop: StepLo
     capacity, manager = config.capacity, loop.scheduler.manager
     if group_memory is not None:
         metadata = {**metadata, **group_memory.summary()}
-    if manager.precision is not None:
-        metadata = {**metadata, **precision_summary(manager.precision, duration_s(requests))}
+    if manager.precision is not None:  # its mix: summary keys, and a column per level
+        num_steps = len(loop.steps)
+        metadata = {**metadata, **precision_summary(manager.precision, duration_s(requests),
+                                                    num_steps)}
+        loop.steps.add_columns(manager.precision.mix.step_columns(num_steps))
     return RunResult(
         requests=requests,
         steps=loop.steps,

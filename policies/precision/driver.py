@@ -19,6 +19,7 @@ from kvlab.policies.precision.ledger import (
     PrecisionLedger,
     read_levels,
 )
+from kvlab.policies.precision.mix import PrecisionMix
 from kvlab.policies.precision.run import RunDemotions, exact_ratios
 from kvlab.specs.kv_groups import NULL_PAGE
 
@@ -36,9 +37,8 @@ class PrecisionDriver:
     `ledger.py`)."""
 
     __slots__ = ("_afters", "_befores", "_charged", "_dropped_at", "_dups", "_exact",
-                 "_levels_demoted", "_pending", "_victims", "ledger", "manager", "num_pages",
-                 "num_steps", "policy", "requantize_ratios", "run", "saved_pages", "saving",
-                 "seqs", "sum_pages_at_level")
+                 "_levels_demoted", "_pending", "_victims", "ledger", "manager", "mix",
+                 "num_pages", "policy", "requantize_ratios", "run", "saved_pages", "saving", "seqs")
 
     def __init__(self, manager: KVCacheManager, policy: AgeDemotion, ladder: PrecisionLadder,
                  num_pages: int) -> None:
@@ -75,9 +75,7 @@ class PrecisionDriver:
         self._victims = CachedVictims(self.ledger, manager.pool)  # (for `cached=1`)
         # The context spared summed over every sequence's entry (exact where `_exact`).
         self.saved_pages = 0.0
-        self.num_steps = 0
-        # Held and cached pages at each level, summed over steps (level 0 first).
-        self.sum_pages_at_level = [0] * (ladder.depth + 1)
+        self.mix = PrecisionMix(ladder.depth)  # pages at each level, step by step
 
     def prefix_stops(self) -> PageStops | None:
         """The pages a prefix hit may not reach: with `recompute=1` the demoted ones (a hit
@@ -188,7 +186,6 @@ class PrecisionDriver:
         # (no MemOps: the simulator charged the run's requantizations)
         self._pending, self._befores, self._afters = [], [], []
         self._levels_demoted, self._dups = 0, False
-        self.num_steps += num_steps
         return released
 
     def _demote_by_age(self) -> None:
@@ -358,13 +355,9 @@ class PrecisionDriver:
 
     def _sample(self) -> None:
         ledger, manager = self.ledger, self.manager
-        self.num_steps += 1
         held = (manager.num_total_pages + ledger.num_extra - manager.allocator.num_free_pages
                 - ledger.num_ballast_pages)  # held and cached-free pages
-        demoted = ledger.num_at_level
-        self.sum_pages_at_level[0] += held - sum(demoted)
-        for level in range(1, len(demoted)):
-            self.sum_pages_at_level[level] += demoted[level]
+        self.mix.add(held, ledger.num_at_level, ledger.demotions)
 
     def num_saved_context_tokens(self, requests: list[Any]) -> float:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention

@@ -273,7 +273,7 @@ class RunDemotions:
         Returns the ballast pages released by the start of each step, cumulated."""
         driver = self._driver
         ledger, policy = driver.ledger, driver.policy
-        sums = driver.sum_pages_at_level
+        sample = driver.mix.add
         held = (driver.manager.num_total_pages + ledger.num_extra - num_free_before
                 - ledger.num_ballast_pages)
         if not self._built:
@@ -294,9 +294,7 @@ class RunDemotions:
                 ledger.settle()  # dropped before owe)
                 num_released += num_ballast - ledger.num_ballast_pages
             released.append(num_released)
-            sums[0] += held + taken_before[step] - sum(num_at)
-            for level in range(1, len(num_at)):
-                sums[level] += num_at[level]
+            sample(held + taken_before[step], num_at, ledger.demotions)
         if policy.recompute:  # a lookup from before may reach them
             driver.manager.pool.cache_epoch += num_demoted
         return released

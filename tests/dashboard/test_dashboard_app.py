@@ -55,6 +55,20 @@ def test_run_simulates_the_edited_policy(app):
     assert series(app)[3] == ["buddy:block_sizing=geometric"]
 
 
+def test_a_precision_policy_charts_its_mix_over_time(app):
+    app.text_input(key="explore_precision").set_value("age:recent=32,depth=2")
+    checked(app.button(key="explore_run").click().run())
+    assert series(app)[3] == ["auto", "fp8_e4m3", "int4_per_token_head", "demotions"]
+    assert series(app)[4] == ["paged:precision=age:recent=32,depth=2"]  # (the TTFT CDF)
+
+
+def test_a_bad_precision_policy_is_an_error_on_the_page(app):
+    app.text_input(key="explore_precision").set_value("age:recent=0")
+    app.button(key="explore_run").click().run()
+    assert not app.exception
+    assert "recent must be >= 1" in app.error[0].value
+
+
 def test_the_page_map_draws_the_pages(app):
     checked(app.toggle(key="map_show").set_value(True).run())
     assert series(app)[-1] == ["pages"]

@@ -86,3 +86,9 @@ def test_run_with_demotion_reports_the_precision_mix_the_simulator_reports(tmp_p
     assert mix["precision_demotions_2_int4_per_token_head"] > 0
     assert sum(v for k, v in mix.items() if "share" in k) == pytest.approx(1.0)
     assert mix == {key: saved["sim"][key] for key in mix}
+    # and step by step: the pages at each level and the demotions of every step
+    steps = {command: pd.read_csv(tmp_path / f"{command}.steps.csv") for command in saved}
+    columns = [name for name in steps["sim"] if name.startswith(("num_pages_at_level_",
+                                                                 "num_demotions_to_level_"))]
+    assert len(columns) == 5 and steps["run"]["num_demotions_to_level_2"].sum() > 0
+    pd.testing.assert_frame_equal(steps["run"][columns], steps["sim"][columns])

@@ -90,3 +90,25 @@ def test_a_replayed_trace_gives_a_complete_summary():
     assert summary["request_rate"] == 2.0 and summary["num_prompts"] == 3
     assert summary["kv_cache_size_tokens"] == 64 * 16
     assert len(result.steps) == len(result.steps.columns["num_used_pages"]) > 0
+
+
+def test_a_second_replay_on_one_engine_reports_its_own_precision_mix():
+    """The engine's manager outlives a run: each replay's mix (summary and step columns) is
+    its own steps', not the engine's whole life's."""
+    engine = LLMEngine(
+        EngineConfig(
+            model="tiny-llama",
+            serving=ServingConfig.create(
+                "paged:block_size=4,precision=age:recent=4,depth=2", num_gpu_blocks_override=64
+            ),
+        )
+    )
+    trace = synthesize_prompt_ids(_shared_trace(), engine.model_config.vocab_size)
+    first, second = run_trace(engine, trace), run_trace(engine, trace)
+    assert engine.manager.precision is not None
+    assert len(engine.manager.precision.mix) == len(first.steps) + len(second.steps)
+    for result in (first, second):
+        columns = result.steps.columns
+        demoted = sum(columns["num_demotions_to_level_1"])
+        assert len(columns["num_demotions_to_level_1"]) == len(result.steps)
+        assert 0 < demoted == summarize(result)["precision_demotions_1_fp8_e4m3"]

@@ -41,3 +41,29 @@ def test_runs_over_different_memories_do_not_merge(make_result):
     other.page_size = 32
     with pytest.raises(ValueError, match="KV memory"):
         merge_runs([make_result(), other])
+
+
+def test_added_step_columns_merge_where_every_run_has_them(record_step):
+    from array import array
+
+    def steps(*used: int, **added: list[int]) -> StepRecorder:
+        recorder = StepRecorder()
+        for pages in used:
+            record_step(recorder, duration_s=1.0, used=pages)
+        recorder.add_columns({name: array("q", values) for name, values in added.items()})
+        return recorder
+
+    both = StepRecorder()
+    both.extend(steps(10, 20, mix=[1, 2], other=[5, 5]))
+    both.extend(steps(30, mix=[3]))  # (no `other`: its rows would have no value)
+    assert both.added_columns() == ["mix"]
+    assert list(both.columns["mix"]) == [1, 2, 3] and len(both) == 3
+    assert list(both.as_dict())[-1] == "mix"
+    plain = StepRecorder()
+    plain.extend(steps(10))
+    plain.extend(steps(20, mix=[4]))
+    assert plain.added_columns() == [] and len(plain) == 2
+    with pytest.raises(ValueError, match="'mix': 2 values for 1 steps"):
+        steps(10, mix=[1, 2])
+    with pytest.raises(ValueError, match="'num_used_pages'"):
+        steps(10, num_used_pages=[1])

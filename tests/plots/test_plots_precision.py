@@ -1,0 +1,77 @@
+"""The precision mix over time in a run's timeline (plots/precision.py): the share of pages at
+each level and the demotions per second, from a saved demoting run's step table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlab.cli import main
+from kvlab.plots import figures_of, load_results
+from kvlab.plots.precision import binned_rate, binned_shares
+
+pytest.importorskip("plotly")
+
+
+@pytest.fixture(scope="module")
+def demoting(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    assert main(["sim", "--num-prompts", "120", "--disable-tqdm", "--enable-prefix-caching",
+                 "--policy", "paged:eviction=lru,precision=age:recent=64,depth=2",
+                 "--save-result", "--result-dir", str(out)]) == 0
+    (path,) = out.glob("*.json")
+    return load_results([path])[0]
+
+
+def _timeline(run):
+    return dict((f.name, f) for _, f in figures_of([run]))["timeline"]
+
+
+def test_the_timeline_shows_the_mix_and_the_demotion_rate(demoting):
+    panels = {panel.title: panel for panel in _timeline(demoting).panels}
+    mix = panels["KV precision mix"].series
+    names = demoting.summary["precision_levels"].split("/")
+    assert [s.name for s in mix] == [f"{demoting.label} {name}" for name in names]
+    totals = np.nansum([s.y for s in mix], axis=0)
+    held = np.isfinite(mix[0].y)
+    np.testing.assert_allclose(totals[held], 100.0)
+    assert max(mix[2].y) > 50  # most pages reach int4 at some point
+    (rate,) = panels["Demotions"].series
+    steps = demoting.steps
+    demoted = steps["num_demotions_to_level_1"].sum() + steps["num_demotions_to_level_2"].sum()
+    widths = np.diff([*rate.x, steps["start_s"].iloc[-1]])
+    assert float(np.dot(rate.y, widths)) == pytest.approx(demoted)
+
+
+def test_a_run_without_demotion_has_no_precision_panel(demoting, tmp_path):
+    assert main(["sim", "--num-prompts", "20", "--disable-tqdm", "--save-result",
+                 "--result-dir", str(tmp_path)]) == 0
+    run = load_results(list(tmp_path.glob("*.json")))[0]
+    assert "KV precision mix" not in [p.title for p in _timeline(run).panels]
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.integers(0, 9), st.integers(0, 9)),
+                min_size=1, max_size=300), st.integers(1, 40))
+def test_binned_shares_sum_to_100_where_pages_are(rows, points):
+    rows.sort()
+    x = np.array([r[0] for r in rows])
+    parts = [np.array([r[1] for r in rows]), np.array([r[2] for r in rows])]
+    bx, (a, b) = binned_shares(x, parts, points)
+    assert len(bx) <= max(points, len(rows) if len(rows) <= points else points)
+    total = np.array(a) + np.array(b)
+    assert np.allclose(total[np.isfinite(total)], 100.0)
+
+
+@given(st.lists(st.tuples(st.floats(0, 500), st.integers(0, 20)), min_size=1, max_size=300),
+       st.integers(1, 60))
+def test_binned_rate_keeps_every_count(rows, points):
+    rows.sort()
+    x = np.array([r[0] for r in rows])
+    counts = np.array([r[1] for r in rows])
+    starts, rates = binned_rate(x, counts, points)
+    span = x[-1] - x[0]
+    widths = np.diff([*starts, x[0] + (span or 1.0)])
+    assert len(starts) <= points
+    assert float(np.dot(rates, widths)) == pytest.approx(counts.sum())

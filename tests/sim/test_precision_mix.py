@@ -1,0 +1,79 @@
+"""The precision mix over time: a demoting run's step table has, per step, the pages at each
+level and the pages demoted into each (policies/precision/mix.py), and its summary's shares and
+demotions are those columns summed; saved tables keep them, a plain run has none."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvlab.metrics import summarize
+from kvlab.metrics.results import save_results
+from kvlab.policies.serving import ServingConfig
+from kvlab.sim import SimConfig, simulate
+from kvlab.traces import load_trace
+
+LEVELS = ("num_pages_at_level_0", "num_pages_at_level_1", "num_pages_at_level_2")
+DEMOTIONS = ("num_demotions_to_level_1", "num_demotions_to_level_2")
+
+
+def _run(precision: str | None, num_prompts: int = 200):
+    policy = "paged:eviction=lru" + (f",precision={precision}" if precision else "")
+    config = SimConfig(model="llama-3.1-8b", hardware="h200-141g",
+                       serving=ServingConfig.create(policy, enable_prefix_caching=True))
+    return simulate(load_trace("azure", num_prompts=num_prompts), config)
+
+
+@pytest.fixture(scope="module")
+def demoting():
+    return _run("age:recent=64,depth=2")
+
+
+def test_each_step_has_its_pages_at_each_level_and_its_demotions(demoting):
+    columns = demoting.steps.columns
+    assert demoting.steps.added_columns() == [*LEVELS, *DEMOTIONS]
+    for name in (*LEVELS, *DEMOTIONS):
+        assert len(columns[name]) == len(demoting.steps)
+        assert min(columns[name]) >= 0, name
+    pages = {name: np.asarray(columns[name]) for name in LEVELS}
+    demoted = {name: np.asarray(columns[name]) for name in DEMOTIONS}
+    # pages reach int4 only through fp8, and a level holds pages only once some were demoted
+    assert demoted["num_demotions_to_level_2"].sum() <= demoted["num_demotions_to_level_1"].sum()
+    first_fp8 = np.flatnonzero(pages["num_pages_at_level_1"])[0]
+    assert np.flatnonzero(demoted["num_demotions_to_level_1"])[0] <= first_fp8
+    # the mix moves over the run: most pages at the cache's dtype at first, not at the end
+    held = sum(pages.values())
+    assert pages["num_pages_at_level_0"][first_fp8 - 1] == held[first_fp8 - 1]
+    assert (pages["num_pages_at_level_2"] > 0).sum() > len(held) // 2
+
+
+def test_the_summary_is_its_columns_summed(demoting):
+    summary = summarize(demoting)
+    columns = {name: sum(demoting.steps.columns[name]) for name in (*LEVELS, *DEMOTIONS)}
+    total = sum(columns[name] for name in LEVELS)
+    names = summary["precision_levels"].split("/")
+    for level, name in enumerate(names):
+        assert summary[f"precision_share_{level}_{name}"] == columns[LEVELS[level]] / total
+    for level, name in enumerate(names[1:], 1):
+        assert summary[f"precision_demotions_{level}_{name}"] == columns[DEMOTIONS[level - 1]]
+    assert summary["precision_demotions_per_s"] == pytest.approx(
+        (columns[DEMOTIONS[0]] + columns[DEMOTIONS[1]]) / demoting.duration_s)
+
+
+def test_saved_step_tables_keep_the_mix(demoting, tmp_path):
+    import pandas as pd
+
+    save_results(summarize(demoting), demoting, result_dir=tmp_path, result_filename="run.json")
+    table = pd.read_csv(tmp_path / "run.steps.csv")
+    for name in (*LEVELS, *DEMOTIONS):
+        np.testing.assert_array_equal(table[name].to_numpy(), np.asarray(
+            demoting.steps.columns[name]))
+
+
+def test_a_run_without_demotion_adds_no_column():
+    assert _run(None, num_prompts=20).steps.added_columns() == []
+
+
+def test_one_level_adds_one_level_of_columns():
+    steps = _run("age:recent=64,depth=1", num_prompts=60).steps
+    assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0]]
