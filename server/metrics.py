@@ -99,6 +99,28 @@ class ServerMetrics:
         self._manager = manager
         self._seen = {"preemptions": 0, "swaps_out": 0, "swaps_in": 0, "queries": 0, "hits": 0,
                       "itls": 0}
+        self._precision_series(registry, model_name)
+
+    def _precision_series(self, registry: CollectorRegistry, model_name: str) -> None:
+        """With a precision policy: pages at each level and pages demoted into each, a label
+        per level and its dtype (policies/precision/mix.py)."""
+        self.precision_pages: list[Gauge] = []
+        self.precision_demotions: list[Counter] = []
+        self._demotions_seen: list[int] = []
+        precision = self._manager.precision
+        if precision is None:
+            return
+        labels = ["model_name", "level", "dtype"]
+        pages = Gauge("kvlab:kv_pages_at_precision", "KV pages held or cached at each precision "
+                      "level (0: the cache's dtype), at the last step's start.", labels,
+                      registry=registry)
+        demoted = Counter("kvlab:kv_page_demotions", "KV pages demoted into each precision "
+                          "level.", labels, registry=registry)
+        for level, dtype in enumerate(precision.ledger.ladder.names):
+            self.precision_pages.append(pages.labels(model_name, str(level), dtype))
+            if level:
+                self.precision_demotions.append(demoted.labels(model_name, str(level), dtype))
+        self._demotions_seen = [0] * len(self.precision_pages)
 
     def observe_state(self, scheduler: Scheduler) -> None:
         """Queues, memory and counters as they are now (engine thread)."""
@@ -130,6 +152,20 @@ class ServerMetrics:
         for gap in itls[seen["itls"]:]:
             self.itl.observe(gap)
         seen["itls"] = len(itls)
+        if self.precision_pages:
+            self._observe_precision()
+
+    def _observe_precision(self) -> None:
+        precision = self._manager.precision
+        assert precision is not None
+        mix, demotions, seen = precision.mix, precision.ledger.demotions, self._demotions_seen
+        if len(mix):
+            for gauge, pages in zip(self.precision_pages, mix.pages_at_level, strict=True):
+                gauge.set(pages[-1])
+        for level, counter in enumerate(self.precision_demotions, 1):
+            if demotions[level] > seen[level]:
+                counter.inc(demotions[level] - seen[level])
+                seen[level] = demotions[level]
 
     def observe_batch(self, output: SchedulerOutput) -> None:
         """The tokens a step computed (engine thread)."""
