@@ -294,12 +294,14 @@ def overlay_labels(labels: Sequence[str]) -> list[str]:
 LIVE_QUEUES = (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
                ("swapped", "kvlab:num_requests_swapped"))
 LIVE_RATES = (("preemptions", "vllm:num_preemptions_total"), ("swaps out", "kvlab:swaps_out_total"),
-              ("swaps in", "kvlab:swaps_in_total"))
+              ("swaps in", "kvlab:swaps_in_total"),
+              ("pages demoted", "kvlab:kv_page_demotions_total"))  # (every level's, summed)
 
 
 def live_figures(samples: Sequence[MetricsSample]) -> list[go.Figure]:
     """Charts of a server's /metrics over time (seconds since the first scrape): KV-cache usage,
-    queues, preemptions and swaps per second, and the prefix-cache hit rate between scrapes."""
+    queues, preemptions, swaps and (a precision policy's) page demotions per second, and the
+    prefix-cache hit rate between scrapes."""
     t0 = samples[0].time_s if samples else 0.0
     times = [s.time_s - t0 for s in samples]
     usage = go.Figure(go.Scatter(x=times, y=[100 * s.get("vllm:kv_cache_usage_perc")

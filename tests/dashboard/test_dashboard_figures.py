@@ -145,6 +145,19 @@ def test_live_charts_turn_counters_into_rates_between_scrapes():
     assert list(hits.data[0].y) == [50.0]
 
 
+def test_live_charts_a_demoting_servers_demotions_per_second():
+    """kvlab serve with a precision policy exports its demotions (server/metrics.py); the
+    scrape sums them over levels."""
+    from kvlab.bench import MetricsSample
+
+    samples = [MetricsSample(t, {"kvlab:kv_page_demotions_total": n,
+                                 "vllm:num_preemptions_total": 0.0})
+               for t, n in ((0.0, 0.0), (4.0, 40.0), (6.0, 50.0))]
+    rates = figures.live_figures(samples)[2]
+    assert figures.trace_names(rates) == ["preemptions", "pages demoted"]
+    assert list(rates.data[1].y) == [10.0, 5.0]
+
+
 @pytest.mark.parametrize("key, label", [
     ("mean_ttft_ms", "mean TTFT (ms)"), ("request_goodput", "request goodput (req/s)"),
     ("output_throughput", "output throughput (tok/s)"), ("p99_itl_ms", "p99 ITL (ms)"),
