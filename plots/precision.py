@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from kvlab.plots.load import RunData
 
 PAGES_AT_LEVEL = "num_pages_at_level_"
+# Demotions come in bursts (a prompt's backlog at once): at most this many windows, so that a
+# long run's rate reads as a rate, not as its bursts.
+RATE_WINDOWS = 200
 DEMOTIONS_TO_LEVEL = "num_demotions_to_level_"
 
 
@@ -81,7 +84,8 @@ def precision_panels(runs: list[RunData], points: int) -> list[Panel]:
                    for name, y in zip(names, ys, strict=True)]
         demoted = sum(steps[name].to_numpy(dtype=float)
                       for name in level_columns(steps, DEMOTIONS_TO_LEVEL))
-        rates.append(Series(run.label or "demotions", *binned_rate(t, np.asarray(demoted), points)))
+        rates.append(Series(run.label or "demotions",
+                            *binned_rate(t, np.asarray(demoted), min(points, RATE_WINDOWS))))
     if not shares:
         return []
     return [Panel("KV precision mix", "time (s)", "% of held and cached pages", "line",
