@@ -1,7 +1,9 @@
-"""A run's precision mix as flat summary keys (the simulator's and the engine's alike)."""
+"""A run's precision mix as flat summary keys (the simulator's, the engine's and a cluster's
+alike), from its pages at each level and its demotions, step by step."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -10,21 +12,30 @@ if TYPE_CHECKING:
 
 def precision_summary(driver: PrecisionDriver, duration_s: float,
                       num_steps: int | None = None) -> dict[str, Any]:
-    """Flat keys for a run's summary over its `num_steps` steps (the driver's last; None: all
-    it sampled): the levels' names, the mean share of held and cached pages at each (over
-    steps), pages demoted into each and per second of `duration_s`, and the most ballast the
-    ledger ever owed."""
-    ledger, mix = driver.ledger, driver.mix
+    """`mix_summary` of a run's `num_steps` steps (the driver's last; None: all it sampled)."""
+    mix = driver.mix
     start = 0 if num_steps is None else len(mix) - num_steps
-    sums = [sum(pages[start:]) for pages in mix.pages_at_level]
-    demotions = [sum(steps[start:]) for steps in mix.demotions_to_level]
+    return mix_summary(driver.ledger.ladder.names,
+                       [pages[start:] for pages in mix.pages_at_level],
+                       [steps[start:] for steps in mix.demotions_to_level[1:]],
+                       duration_s, driver.ledger.max_debt_pages)
+
+
+def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
+                demotions_to_level: Sequence[Sequence[int]], duration_s: float,
+                max_debt_pages: int) -> dict[str, Any]:
+    """Flat keys for a run's summary: the levels' `names` (the cache's dtype first), the mean
+    share of held and cached pages at each (over steps: `pages_at_level[k]`, a value per
+    step), the pages demoted into each level below the cache's dtype (`demotions_to_level[k -
+    1]`, per step) and per second of `duration_s`, and the most ballast a ledger owed."""
+    sums = [sum(pages) for pages in pages_at_level]
+    demotions = [0, *(sum(steps) for steps in demotions_to_level)]
     total = sum(sums) or 1
-    out: dict[str, Any] = {"precision_levels": "/".join(ledger.ladder.names)}
+    out: dict[str, Any] = {"precision_levels": "/".join(names)}
     out["precision_demotions_per_s"] = sum(demotions) / duration_s if duration_s > 0 else 0.0
-    for level, name in enumerate(ledger.ladder.names):
+    for level, name in enumerate(names):
         out[f"precision_share_{level}_{name}"] = sums[level] / total
         if level:
             out[f"precision_demotions_{level}_{name}"] = demotions[level]
-    out["precision_max_debt_pages"] = ledger.max_debt_pages
+    out["precision_max_debt_pages"] = max_debt_pages
     return out
-

@@ -77,3 +77,24 @@ def test_a_run_without_demotion_adds_no_column():
 def test_one_level_adds_one_level_of_columns():
     steps = _run("age:recent=64,depth=1", num_prompts=60).steps
     assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0]]
+
+
+def test_a_clusters_mix_is_its_instances_together():
+    """Two instances demoting: the cluster's summary has the KV Precision keys, its demotions
+    the instances' added, its shares over every instance's steps."""
+    from kvlab.sim import simulate_cluster
+
+    config = SimConfig(model="llama-3.1-8b", hardware="h200-141g", serving=ServingConfig.create(
+        "paged:eviction=lru,precision=age:recent=64,depth=2", enable_prefix_caching=True))
+    result = simulate_cluster(load_trace("azure", num_prompts=120), config, num_instances=2)
+    whole = summarize(result.cluster)
+    parts = [summarize(run) for run in result.instances]
+    for key in ("precision_demotions_1_fp8_e4m3", "precision_demotions_2_int4_per_token_head"):
+        assert whole[key] == sum(part[key] for part in parts) > 0
+    steps = [len(run.steps) for run in result.instances]
+    held = [sum(sum(run.steps.columns[name]) for name in LEVELS) for run in result.instances]
+    share = sum(h * part["precision_share_2_int4_per_token_head"]
+                for h, part in zip(held, parts, strict=True)) / sum(held)
+    assert whole["precision_share_2_int4_per_token_head"] == pytest.approx(share)
+    assert len(result.cluster.steps) == sum(steps)
+    assert whole["precision_levels"] == "auto/fp8_e4m3/int4_per_token_head"
