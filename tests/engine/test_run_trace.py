@@ -55,15 +55,14 @@ def test_token_ids_a_trace_carries_are_kept_or_refused_outside_the_vocabulary():
         synthesize_prompt_ids(bad, 100)
 
 
+def _engine(policy: str) -> LLMEngine:
+    """tiny-llama on 64 pages of 4 tokens under `policy`."""
+    return LLMEngine(EngineConfig(model="tiny-llama", serving=ServingConfig.create(
+        policy, num_gpu_blocks_override=64)))
+
+
 def test_a_replayed_trace_hits_the_prefix_cache_where_the_trace_shares():
-    engine = LLMEngine(
-        EngineConfig(
-            model="tiny-llama",
-            serving=ServingConfig.create(
-                "paged:block_size=4,eviction=lru", num_gpu_blocks_override=64
-            ),
-        )
-    )
+    engine = _engine("paged:block_size=4,eviction=lru")
     trace = synthesize_prompt_ids(_shared_trace(), engine.model_config.vocab_size)
     result = run_trace(engine, trace)
     by_id = {r.request_id: r for r in result.requests}
@@ -95,14 +94,7 @@ def test_a_replayed_trace_gives_a_complete_summary():
 def test_a_second_replay_on_one_engine_reports_its_own_precision_mix():
     """The engine's manager outlives a run: each replay's mix (summary and step columns) is
     its own steps', not the engine's whole life's."""
-    engine = LLMEngine(
-        EngineConfig(
-            model="tiny-llama",
-            serving=ServingConfig.create(
-                "paged:block_size=4,precision=age:recent=4,depth=2", num_gpu_blocks_override=64
-            ),
-        )
-    )
+    engine = _engine("paged:block_size=4,precision=age:recent=4,depth=2")
     trace = synthesize_prompt_ids(_shared_trace(), engine.model_config.vocab_size)
     first, second = run_trace(engine, trace), run_trace(engine, trace)
     assert engine.manager.precision is not None
