@@ -267,6 +267,8 @@ def _comparison_rows(summaries: Sequence[dict]) -> list[tuple[str, str]]:
         rows.extend(row for row in _tier_rows(summary) if row not in rows)
     for summary in summaries:
         rows.extend(row for row in _group_rows(summary) if row not in rows)
+    for summary in summaries:
+        rows.extend(row for row in _precision_rows(summary) if row not in rows)
     rows.extend(_class_comparison_rows(summaries))
     return [(k, label) for k, label in rows
             if any(_lookup(s, k) is not None for s in summaries)]

@@ -125,6 +125,16 @@ def test_comparison_shows_a_dash_for_missing_metrics(summary):
     assert _line(table, "Request goodput (req/s):").split()[-2:] == ["0.50", "-"]
 
 
+def test_comparison_shows_a_precision_policys_mix_beside_a_plain_run(summary):
+    demoting = dict(summary, precision_levels="auto/fp8_e4m3", precision_demotions_per_s=12.5,
+                    precision_share_0_auto=0.25, precision_share_1_fp8_e4m3=0.75,
+                    precision_demotions_1_fp8_e4m3=40, precision_max_debt_pages=0)
+    table = format_comparison([summary, demoting], ["plain", "age"])
+    assert _line(table, "Share 1 fp8_e4m3:").split()[-2:] == ["-", "0.75"]
+    assert _line(table, "Demotions 1 fp8_e4m3:").split()[-2:] == ["-", "40"]
+    assert "levels" not in table
+
+
 def test_comparison_needs_one_label_per_summary(summary):
     with pytest.raises(ValueError):
         format_comparison([summary], ["a", "b"])
