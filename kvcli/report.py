@@ -329,10 +329,13 @@ def format_comparison(summaries: Sequence[dict], labels: Sequence[str]) -> str:
 
 def format_instances(summaries: Sequence[dict], *, title: str = "Per Instance") -> str:
     """A cluster's instance summaries as one table, one row per instance (requests completed,
-    throughputs, mean TTFT, prefix hit rate, peak KV usage, preemptions)."""
-    rows = [{header: summary.get(key) for key, header in INSTANCE_TABLE}
-            for summary in summaries]
-    body = format_table(rows, [header for _, header in INSTANCE_TABLE], max_rows=len(rows))
+    throughputs, mean TTFT, prefix hit rate, peak KV usage, preemptions, and a precision
+    policy's page demotions per second)."""
+    table = list(INSTANCE_TABLE)
+    if any("precision_demotions_per_s" in summary for summary in summaries):
+        table.append(("precision_demotions_per_s", "demotions/s"))  # (a precision policy's)
+    rows = [{header: summary.get(key) for key, header in table} for summary in summaries]
+    body = format_table(rows, [header for _, header in table], max_rows=len(rows))
     width = max(WIDTH, *(len(line) for line in body.splitlines()))
     return "\n".join([_header(f" {title} ", "=", width), body, "=" * width])
 

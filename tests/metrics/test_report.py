@@ -148,3 +148,14 @@ def test_a_long_value_widens_the_frame_around_it(summary):
     frames = [line for line in lines if set(line) <= {"=", "-"} or line.strip("=-") != line]
     assert frames and all(len(line) == width for line in frames)
     assert lines[0].strip("=") == " Serving Benchmark Result " and lines[-1] == "=" * width
+
+
+def test_instances_show_demotions_per_second_only_where_pages_were_demoted(summary):
+    from kvlab.cli.report import format_instances
+
+    plain = [dict(summary, instance=i, role="mixed") for i in range(2)]
+    assert "demotions/s" not in format_instances(plain)
+    demoting = [dict(s, precision_demotions_per_s=12.5 * (1 + s["instance"])) for s in plain]
+    lines = format_instances(demoting).splitlines()
+    assert lines[1].split()[-1] == "demotions/s"
+    assert [line.split()[-1] for line in lines[3:5]] == ["12.50", "25.00"]
