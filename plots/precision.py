@@ -65,26 +65,26 @@ def binned_rate(x: np.ndarray, counts: np.ndarray, points: int
 
 def precision_panels(runs: list[RunData], points: int) -> list[Panel]:
     """The mix and the demotion rate over simulated time for the runs that demoted (none
-    where no run's step table has the columns)."""
+    where no run's step table has the columns); lines named by level, and by run where
+    several runs demoted."""
+    demoting = [(run, run.steps) for run in runs if run.steps is not None
+                and not run.steps.empty and "start_s" in run.steps
+                and level_columns(run.steps, PAGES_AT_LEVEL)]
     shares: list[Series] = []
     rates: list[Series] = []
-    for run in runs:
-        steps = run.steps
-        if steps is None or steps.empty or "start_s" not in steps:
-            continue
+    for run, steps in demoting:
+        label = run.label if len(demoting) > 1 else ""
         pages = level_columns(steps, PAGES_AT_LEVEL)
-        if not pages:
-            continue
         if "instance" in steps:  # (a cluster's instances, in turn: one clock each)
             steps = steps.sort_values("start_s", kind="stable")
         t = steps["start_s"].to_numpy(dtype=float)
         names = level_names(run.summary, len(pages))
         x, ys = binned_shares(t, [steps[name].to_numpy() for name in pages], points)
-        shares += [Series(f"{run.label} {name}".strip(), x, y)
+        shares += [Series(f"{label} {name}".strip(), x, y)
                    for name, y in zip(names, ys, strict=True)]
         demoted = sum(steps[name].to_numpy(dtype=float)
                       for name in level_columns(steps, DEMOTIONS_TO_LEVEL))
-        rates.append(Series(run.label or "demotions",
+        rates.append(Series(label or "pages demoted",
                             *binned_rate(t, np.asarray(demoted), min(points, RATE_WINDOWS))))
     if not shares:
         return []

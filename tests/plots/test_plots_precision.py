@@ -26,14 +26,18 @@ def demoting(tmp_path_factory):
 
 
 def _timeline(run):
-    return dict((f.name, f) for _, f in figures_of([run]))["timeline"]
+    return _timeline_of([run])
+
+
+def _timeline_of(runs):
+    return dict((f.name, f) for _, f in figures_of(runs))["timeline"]
 
 
 def test_the_timeline_shows_the_mix_and_the_demotion_rate(demoting):
     panels = {panel.title: panel for panel in _timeline(demoting).panels}
     mix = panels["KV precision mix"].series
     names = demoting.summary["precision_levels"].split("/")
-    assert [s.name for s in mix] == [f"{demoting.label} {name}" for name in names]
+    assert [s.name for s in mix] == names  # (one run: its levels' names)
     totals = np.nansum([s.y for s in mix], axis=0)
     held = np.isfinite(mix[0].y)
     np.testing.assert_allclose(totals[held], 100.0)
@@ -43,6 +47,17 @@ def test_the_timeline_shows_the_mix_and_the_demotion_rate(demoting):
     demoted = steps["num_demotions_to_level_1"].sum() + steps["num_demotions_to_level_2"].sum()
     widths = np.diff([*rate.x, steps["start_s"].iloc[-1]])
     assert float(np.dot(rate.y, widths)) == pytest.approx(demoted)
+
+
+def test_several_runs_name_their_lines_by_run_and_level(demoting):
+    import dataclasses
+
+    other = dataclasses.replace(demoting, label="other")
+    panels = {p.title: p for p in _timeline_of([demoting, other]).panels}
+    names = demoting.summary["precision_levels"].split("/")
+    assert [s.name for s in panels["KV precision mix"].series] == [
+        f"{label} {name}" for label in (demoting.label, "other") for name in names]
+    assert [s.name for s in panels["Demotions"].series] == [demoting.label, "other"]
 
 
 def test_a_run_without_demotion_has_no_precision_panel(demoting, tmp_path):
