@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kvlab.metrics.precision_mix import steps_mix_summary
 from kvlab.metrics.records import StepRecorder
 
 # A request is completed when it produced its output normally; every other one counts as failed
@@ -90,11 +91,17 @@ def merge_runs(results: Sequence[RunResult]) -> RunResult:
     for result in results:
         steps.extend(result.steps)
     requests = [request for result in results for request in result.requests]
+    duration_s = sum(result.duration_s for result in results)
+    # (a precision policy's mix over every run's steps, not the first run's; none where a
+    # run had none)
+    mix = steps_mix_summary(steps, [result.metadata for result in results], duration_s)
+    kept = {key: value for key, value in first.metadata.items()
+            if not key.startswith("precision_")}
     return dataclasses.replace(
         first,
         requests=requests,
         steps=steps,
         itls_s=np.concatenate([result.itls_s for result in results]),
-        duration_s=sum(result.duration_s for result in results),
-        metadata={**first.metadata, "num_prompts": len(requests)},
+        duration_s=duration_s,
+        metadata={**kept, "num_prompts": len(requests), **mix},
     )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvlab.metrics.precision_mix import DEMOTIONS_TO_LEVEL, PAGES_AT_LEVEL
 from kvlab.plots.model import Panel, Series
 
 if TYPE_CHECKING:
@@ -15,11 +16,9 @@ if TYPE_CHECKING:
 
     from kvlab.plots.load import RunData
 
-PAGES_AT_LEVEL = "num_pages_at_level_"
 # Demotions come in bursts (a prompt's backlog at once): at most this many windows, so that a
 # long run's rate reads as a rate, not as its bursts.
 RATE_WINDOWS = 200
-DEMOTIONS_TO_LEVEL = "num_demotions_to_level_"
 
 
 def level_columns(steps: pd.DataFrame, prefix: str) -> list[str]:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from kvlab.metrics import RunResult, StepRecorder
+from kvlab.metrics.precision_mix import steps_mix_summary
 from kvlab.policies import Request
-from kvlab.policies.precision.summary import mix_summary
 from kvlab.policies.tiers import PrefixTier, TierStats
 from kvlab.sim.assembly import duration_s, scheduled_prompt_tokens, tier_stats
 from kvlab.sim.cluster_instance import ClusterInstance
@@ -28,7 +28,8 @@ def whole_cluster_run(requests: list[Request], runs: Sequence[RunResult],
     steps = StepRecorder()
     for run in runs:
         steps.extend(run.steps)
-    metadata = {**metadata, **cluster_precision(runs, steps, duration_s(requests))}
+    metadata = {**metadata, **steps_mix_summary(steps, [run.metadata for run in runs],
+                                                duration_s(requests))}
     return RunResult(
         requests=requests,
         steps=steps,
@@ -40,21 +41,6 @@ def whole_cluster_run(requests: list[Request], runs: Sequence[RunResult],
         num_host_pages=runs[0].num_host_pages,
         metadata=metadata,
     )
-
-
-def cluster_precision(runs: Sequence[RunResult], steps: StepRecorder, duration: float
-                      ) -> dict[str, Any]:
-    """The instances' precision mix as one (`mix_summary`): their pages at each level and
-    demotions over every instance's steps (`steps`, the merged table), the most ballast any
-    instance owed; none where an instance ran without demotion."""
-    names = str(runs[0].metadata.get("precision_levels") or "").split("/")
-    columns = steps.columns
-    levels = [f"num_pages_at_level_{level}" for level in range(len(names))]
-    if len(names) < 2 or not all(name in columns for name in levels):
-        return {}
-    demotions = [columns[f"num_demotions_to_level_{level}"] for level in range(1, len(names))]
-    return mix_summary(names, [columns[name] for name in levels], demotions, duration,
-                       max(int(run.metadata.get("precision_max_debt_pages", 0)) for run in runs))
 
 
 def cluster_tier_stats(instances: Sequence[ClusterInstance], shared_tiers: dict[str, PrefixTier],

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from array import array
 
+from kvlab.metrics.precision_mix import DEMOTIONS_TO_LEVEL, PAGES_AT_LEVEL
+
 
 class PrecisionMix:
     """Per step, sampled at its start once its demotions are made: the held and cached pages at
@@ -38,8 +40,8 @@ class PrecisionMix:
         level, `num_demotions_to_level_K` for every level below the cache's dtype."""
         start = len(self) - num_steps
         assert start >= 0, "a run's steps are the mix's last rows"
-        columns = {f"num_pages_at_level_{level}": pages[start:]
+        columns = {f"{PAGES_AT_LEVEL}{level}": pages[start:]
                    for level, pages in enumerate(self.pages_at_level)}
         for level in range(1, len(self.demotions_to_level)):
-            columns[f"num_demotions_to_level_{level}"] = self.demotions_to_level[level][start:]
+            columns[f"{DEMOTIONS_TO_LEVEL}{level}"] = self.demotions_to_level[level][start:]
         return columns

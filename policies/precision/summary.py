@@ -1,10 +1,11 @@
-"""A run's precision mix as flat summary keys (the simulator's, the engine's and a cluster's
-alike), from its pages at each level and its demotions, step by step."""
+"""A run's precision mix as flat summary keys, from its driver's figures (the simulator's and
+the engine's alike: `kvlab.metrics.precision_mix`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from kvlab.metrics.precision_mix import mix_summary
 
 if TYPE_CHECKING:
     from kvlab.policies.precision.driver import PrecisionDriver
@@ -20,22 +21,3 @@ def precision_summary(driver: PrecisionDriver, duration_s: float,
                        [steps[start:] for steps in mix.demotions_to_level[1:]],
                        duration_s, driver.ledger.max_debt_pages)
 
-
-def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
-                demotions_to_level: Sequence[Sequence[int]], duration_s: float,
-                max_debt_pages: int) -> dict[str, Any]:
-    """Flat keys for a run's summary: the levels' `names` (the cache's dtype first), the mean
-    share of held and cached pages at each (over steps: `pages_at_level[k]`, a value per
-    step), the pages demoted into each level below the cache's dtype (`demotions_to_level[k -
-    1]`, per step) and per second of `duration_s`, and the most ballast a ledger owed."""
-    sums = [sum(pages) for pages in pages_at_level]
-    demotions = [0, *(sum(steps) for steps in demotions_to_level)]
-    total = sum(sums) or 1
-    out: dict[str, Any] = {"precision_levels": "/".join(names)}
-    out["precision_demotions_per_s"] = sum(demotions) / duration_s if duration_s > 0 else 0.0
-    for level, name in enumerate(names):
-        out[f"precision_share_{level}_{name}"] = sums[level] / total
-        if level:
-            out[f"precision_demotions_{level}_{name}"] = demotions[level]
-    out["precision_max_debt_pages"] = max_debt_pages
-    return out

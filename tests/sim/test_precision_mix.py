@@ -98,3 +98,22 @@ def test_a_clusters_mix_is_its_instances_together():
     assert whole["precision_share_2_int4_per_token_head"] == pytest.approx(share)
     assert len(result.cluster.steps) == sum(steps)
     assert whole["precision_levels"] == "auto/fp8_e4m3/int4_per_token_head"
+
+
+def test_merged_runs_pool_their_mix():
+    """`merge_runs` (pooled validation windows, bench runs): the mix over every run's steps,
+    not the first run's; none where a run had none."""
+    from kvlab.metrics import merge_runs
+
+    first, second = _run("age:recent=64,depth=2", num_prompts=40), _run("age:recent=16,depth=2",
+                                                                        num_prompts=60)
+    merged = summarize(merge_runs([first, second]))
+    parts = [summarize(first), summarize(second)]
+    key = "precision_demotions_2_int4_per_token_head"
+    assert merged[key] == parts[0][key] + parts[1][key] > parts[0][key]
+    held = [sum(sum(run.steps.columns[name]) for name in LEVELS) for run in (first, second)]
+    share = "precision_share_0_auto"
+    assert merged[share] == pytest.approx(
+        (held[0] * parts[0][share] + held[1] * parts[1][share]) / sum(held))
+    plain = summarize(merge_runs([first, _run(None, num_prompts=20)]))
+    assert not any(k.startswith("precision_") for k in plain)

@@ -1,0 +1,48 @@
+"""A run's precision mix as flat summary keys, from its pages at each precision level and its
+demotions step by step: the step-table columns a precision policy adds
+(kvlab.policies.precision.mix), or the same figures kept by a manager."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvlab.metrics.records import StepRecorder
+
+PAGES_AT_LEVEL = "num_pages_at_level_"  # + level: held and cached pages at it, per step
+DEMOTIONS_TO_LEVEL = "num_demotions_to_level_"  # + level (>= 1): pages demoted into it
+
+
+def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
+                demotions_to_level: Sequence[Sequence[int]], duration_s: float,
+                max_debt_pages: int) -> dict[str, Any]:
+    """Flat keys for a run's summary: the levels' `names` (the cache's dtype first), the mean
+    share of held and cached pages at each (over steps: `pages_at_level[k]`, a value per
+    step), the pages demoted into each level below the cache's dtype (`demotions_to_level[k -
+    1]`, per step) and per second of `duration_s`, and the most ballast a ledger owed."""
+    sums = [sum(pages) for pages in pages_at_level]
+    demotions = [0, *(sum(steps) for steps in demotions_to_level)]
+    total = sum(sums) or 1
+    out: dict[str, Any] = {"precision_levels": "/".join(names)}
+    out["precision_demotions_per_s"] = sum(demotions) / duration_s if duration_s > 0 else 0.0
+    for level, name in enumerate(names):
+        out[f"precision_share_{level}_{name}"] = sums[level] / total
+        if level:
+            out[f"precision_demotions_{level}_{name}"] = demotions[level]
+    out["precision_max_debt_pages"] = max_debt_pages
+    return out
+
+
+def steps_mix_summary(steps: StepRecorder, metadata: Sequence[Mapping[str, Any]],
+                      duration_s: float) -> dict[str, Any]:
+    """`mix_summary` of runs merged into `steps` (several runs' rows, `metadata` each run's),
+    from its precision columns, the levels named as the first run names them, the most ballast
+    any run owed; none where the step table has no precision columns (a run without)."""
+    names = str(metadata[0].get("precision_levels") or "").split("/") if metadata else []
+    columns = steps.columns
+    levels = [f"{PAGES_AT_LEVEL}{level}" for level in range(len(names))]
+    if len(names) < 2 or not all(name in columns for name in levels):
+        return {}
+    demotions = [columns[f"{DEMOTIONS_TO_LEVEL}{level}"] for level in range(1, len(names))]
+    debt = max(int(meta.get("precision_max_debt_pages", 0)) for meta in metadata)
+    return mix_summary(names, [columns[name] for name in levels], demotions, duration_s, debt)
