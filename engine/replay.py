@@ -11,7 +11,7 @@ from kvlab.engine.kv_sizing import model_dtype
 from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import RunResult
 from kvlab.policies import Request
-from kvlab.policies.precision.summary import precision_summary
+from kvlab.policies.precision.summary import record_precision_mix
 from kvlab.policies.tiers import tier_summary
 
 if TYPE_CHECKING:  # traces are duck-typed here: the engine does not depend on kvlab.traces
@@ -75,8 +75,7 @@ def trace_result(engine: LLMEngine, trace: Trace, run: EngineRun, replay: str) -
         metadata.update(tier_summary(manager.tiers, manager.tier_stats, manager.first_hit_pages,
                                      engine.page_size, prompt_tokens))
     if manager.precision is not None:  # the precision mix, as the simulator has it
-        metadata.update(precision_summary(manager.precision, run.duration_s, len(run.steps)))
-        run.steps.add_columns(manager.precision.mix.step_columns(len(run.steps)))
+        metadata.update(record_precision_mix(manager.precision, run.steps, run.duration_s))
     return RunResult(
         requests=run.requests,
         steps=run.steps,

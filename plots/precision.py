@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvlab.metrics.precision_mix import DEMOTIONS_TO_LEVEL, PAGES_AT_LEVEL
+from kvlab.plots.binning import bin_starts
 from kvlab.plots.model import Panel, Series
 
 if TYPE_CHECKING:
@@ -37,12 +38,7 @@ def binned_shares(x: np.ndarray, parts: list[np.ndarray], points: int
                   ) -> tuple[list[float], list[list[float]]]:
     """Each of `parts`' share (%) of their sum, over at most `points` equal bins of `x`, at
     each bin's first x (a bin with nothing in it: NaN)."""
-    if len(x) > points:
-        edges = np.linspace(x[0], x[-1], points + 1)
-        bins = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, points - 1)
-        starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
-    else:
-        starts = np.arange(len(x))
+    starts = bin_starts(x, points)
     sums = [np.add.reduceat(part.astype(float), starts) for part in parts]
     total = sum(sums)
     total = np.where(total > 0, total, np.nan)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvlab.plots.binning import bin_starts
 from kvlab.plots.load import RunData
 from kvlab.plots.model import Figure, Panel, Series
 from kvlab.plots.precision import precision_panels
@@ -34,9 +35,7 @@ def binned_max(x: np.ndarray, y: np.ndarray, points: int = MAX_POINTS
     x. Shorter series come back whole."""
     if len(x) <= points:
         return x.tolist(), y.tolist()
-    edges = np.linspace(x[0], x[-1], points + 1)
-    bins = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, points - 1)
-    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
+    starts = bin_starts(x, points)
     return x[starts].tolist(), np.maximum.reduceat(y, starts).tolist()
 
 

@@ -106,7 +106,6 @@ class ServerMetrics:
         per level and its dtype (policies/precision/mix.py)."""
         self.precision_pages: list[Gauge] = []
         self.precision_demotions: list[Counter] = []
-        self._demotions_seen: list[int] = []
         precision = self._manager.precision
         if precision is None:
             return
@@ -120,7 +119,7 @@ class ServerMetrics:
             self.precision_pages.append(pages.labels(model_name, str(level), dtype))
             if level:
                 self.precision_demotions.append(demoted.labels(model_name, str(level), dtype))
-        self._demotions_seen = [0] * len(self.precision_pages)
+                self._seen[f"demotions_{level}"] = 0
 
     def observe_state(self, scheduler: Scheduler) -> None:
         """Queues, memory and counters as they are now (engine thread)."""
@@ -137,13 +136,16 @@ class ServerMetrics:
         slots = usage.num_used_pages * usage.page_size
         self.internal_frag.set(usage.num_internal_frag_slots / slots if slots else 0.0)
         self.external_frag.set(usage.num_external_frag_pages)
-        page_size = manager.page_size
+        page_size, precision = manager.page_size, manager.precision
+        demoted = precision.ledger.demotions if precision is not None else []
         for name, counter, total in (
             ("preemptions", self.preemptions, scheduler.num_preemptions),
             ("swaps_out", self.swaps_out, scheduler.num_swaps_out),
             ("swaps_in", self.swaps_in, scheduler.num_swaps_in),
             ("queries", self.prefix_queries, usage.num_prefix_queries * page_size),
             ("hits", self.prefix_hits, usage.num_prefix_hits * page_size),
+            *((f"demotions_{level}", counter, demoted[level])  # (a precision policy's)
+              for level, counter in enumerate(self.precision_demotions, 1)),
         ):
             if total > seen[name]:
                 counter.inc(total - seen[name])
@@ -152,20 +154,10 @@ class ServerMetrics:
         for gap in itls[seen["itls"]:]:
             self.itl.observe(gap)
         seen["itls"] = len(itls)
-        if self.precision_pages:
-            self._observe_precision()
-
-    def _observe_precision(self) -> None:
-        precision = self._manager.precision
-        assert precision is not None
-        mix, demotions, seen = precision.mix, precision.ledger.demotions, self._demotions_seen
-        if len(mix):
-            for gauge, pages in zip(self.precision_pages, mix.pages_at_level, strict=True):
+        if precision is not None and len(precision.mix):  # (pages at each level, last step)
+            for gauge, pages in zip(self.precision_pages, precision.mix.pages_at_level,
+                                    strict=True):
                 gauge.set(pages[-1])
-        for level, counter in enumerate(self.precision_demotions, 1):
-            if demotions[level] > seen[level]:
-                counter.inc(demotions[level] - seen[level])
-                seen[level] = demotions[level]
 
     def observe_batch(self, output: SchedulerOutput) -> None:
         """The tokens a step computed (engine thread)."""

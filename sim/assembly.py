@@ -15,7 +15,7 @@ from kvlab.errors import KvlabError
 from kvlab.metrics import RunResult
 from kvlab.policies import KVCacheManager, Request, StepLoop, registry
 from kvlab.policies.precision.ladder import PrecisionLadder, build_ladder
-from kvlab.policies.precision.summary import precision_summary
+from kvlab.policies.precision.summary import record_precision_mix
 from kvlab.policies.preemption.modes import PreemptionCosts
 from kvlab.policies.tiers import PrefixTier, build_tiers, tier_summary
 from kvlab.sim.config import SimConfig
@@ -123,10 +123,8 @@ def instance_result(config: SimConfig, requests: Sequence[Request], loop: StepLo
     if group_memory is not None:
         metadata = {**metadata, **group_memory.summary()}
     if manager.precision is not None:  # its mix: summary keys, and a column per level
-        num_steps = len(loop.steps)
-        metadata = {**metadata, **precision_summary(manager.precision, duration_s(requests),
-                                                    num_steps)}
-        loop.steps.add_columns(manager.precision.mix.step_columns(num_steps))
+        metadata = {**metadata, **record_precision_mix(manager.precision, loop.steps,
+                                                       duration_s(requests))}
     return RunResult(
         requests=requests,
         steps=loop.steps,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kvlab.metrics.precision_mix import mix_summary
 
 if TYPE_CHECKING:
+    from kvlab.metrics import StepRecorder
     from kvlab.policies.precision.driver import PrecisionDriver
 
 
@@ -21,3 +22,11 @@ def precision_summary(driver: PrecisionDriver, duration_s: float,
                        [steps[start:] for steps in mix.demotions_to_level[1:]],
                        duration_s, driver.ledger.max_debt_pages)
 
+
+def record_precision_mix(driver: PrecisionDriver, steps: StepRecorder,
+                         duration_s: float) -> dict[str, Any]:
+    """A finished run's mix: its steps' rows of the driver's mix added to `steps` as columns
+    (`PrecisionMix.step_columns`), and its summary keys (`precision_summary`) returned."""
+    num_steps = len(steps)
+    steps.add_columns(driver.mix.step_columns(num_steps))
+    return precision_summary(driver, duration_s, num_steps)
