@@ -132,16 +132,33 @@ def relative_error(sim: float, engine: float) -> float | None:
 
 def compare_metrics(sim: dict[str, Any], measured: dict[str, Any],
                     reference: str = "engine") -> dict[str, dict]:
-    """{key: {"sim", reference, "rel_error"}} for every validated metric; a metric the
-    measured side does not report (a server's swaps) is None with no error."""
+    """{key: {"sim", reference, "rel_error"}} for every validated metric (`METRICS`, then the
+    precision mix's rows where the simulator ran a precision policy: `precision_rows`); a
+    metric the measured side does not report (a server's swaps, its precision mix) is None
+    with no error."""
     table = {}
-    for _, key in METRICS:
+    for _, key in (*METRICS, *precision_rows(sim)):
         value = measured.get(key)
         s = float(sim[key])
         m = None if value is None else float(value)
         table[key] = {"sim": s, reference: m,
                       "rel_error": None if m is None else relative_error(s, m)}
     return table
+
+
+def precision_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(printed label, summary key) of a run's precision mix (`kvlab.metrics.precision_mix`):
+    each level's mean share of the KV pages and the pages demoted into it, and demotions per
+    second; none for a run without a precision policy."""
+    names = str(summary.get("precision_levels") or "").split("/")
+    if len(names) < 2:
+        return []
+    rows = [(f"Share at {name}", f"precision_share_{level}_{name}")
+            for level, name in enumerate(names)]
+    rows += [(f"Pages demoted to {name}", f"precision_demotions_{level}_{name}")
+             for level, name in enumerate(names) if level]
+    rows.append(("Demotions per second", "precision_demotions_per_s"))
+    return [(label, key) for label, key in rows if key in summary]
 
 
 def _summarize(result: RunResult) -> dict[str, Any]:

@@ -12,19 +12,21 @@ if TYPE_CHECKING:
 
 def format_validation(result: ValidationResult) -> str:
     """The metric table (simulator, engine, relative error) and the lockstep verdict."""
-    from kvlab.fidelity.validation import METRICS, WINDOW_METRICS
-    width = 28 + 3 * 13
+    from kvlab.fidelity.validation import METRICS, WINDOW_METRICS, precision_rows
+    rows = (*METRICS, *precision_rows(result.sim_summary))
+    label_width = max(28, 1 + max(len(label) for label, _ in rows))
+    width = label_width + 3 * 13
     reference = result.reference
     lines = [
         f" Simulator vs {reference} ".center(width, "="),
-        f"{'Policy:':<28}{result.policy}",
-        f"{'Calibration:':<28}{result.calibration}",
-        f"{'Metric':<28}{'sim':>13}{reference:>13}{'rel. error':>13}",
+        f"{'Policy:':<{label_width}}{result.policy}",
+        f"{'Calibration:':<{label_width}}{result.calibration}",
+        f"{'Metric':<{label_width}}{'sim':>13}{reference:>13}{'rel. error':>13}",
         "-" * width,
     ]
-    for label, key in METRICS:
+    for label, key in rows:
         row = result.metrics[key]
-        lines.append(f"{label:<28}{_number(row['sim']):>13}{_number(row[reference]):>13}"
+        lines.append(f"{label:<{label_width}}{_number(row['sim']):>13}{_number(row[reference]):>13}"
                      f"{_percent(row['rel_error']):>13}")
     if result.windows:
         lines.append("-" * width)
@@ -51,7 +53,7 @@ def format_validation(result: ValidationResult) -> str:
                 lines.append(f"    1% slower steps move these by: {moves}")
     if result.lockstep is not None:
         lines.append("-" * width)
-        lines.append(f"{'Lockstep:':<28}{result.lockstep.describe()}")
+        lines.append(f"{'Lockstep:':<{label_width}}{result.lockstep.describe()}")
     lines.extend(f"warning: {text}" for text in result.warnings)
     lines.append("=" * width)
     return "\n".join(lines)

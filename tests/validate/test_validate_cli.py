@@ -35,6 +35,26 @@ def test_validate_saves_every_metric_with_finite_values(tmp_path, capsys):
     assert "Output throughput (tok/s)" in capsys.readouterr().out
 
 
+def test_validate_compares_the_precision_mix_of_a_demoting_policy(tmp_path, capsys):
+    """With a precision policy the table adds each level's share and demotions, and the
+    demotions per second; in lockstep the simulator demotes the engine's pages exactly."""
+    code = main(["validate", *SMALL, "--policy",
+                 "paged:block_size=4,precision=age:recent=8,depth=2", "--lockstep",
+                 "--save-result", "--result-dir", str(tmp_path), "--result-filename", "p.json"])
+    assert code == 0
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved["lockstep_identical"] is True
+    levels = ("0_auto", "1_fp8_e4m3", "2_int4_per_token_head")
+    shares = [saved["metrics"][f"precision_share_{level}"] for level in levels]
+    assert sum(row["engine"] for row in shares) == pytest.approx(1.0)
+    for level in levels[1:]:
+        row = saved["metrics"][f"precision_demotions_{level}"]
+        assert row["sim"] == row["engine"] > 0 and row["rel_error"] == 0.0
+    assert "precision_demotions_per_s" in saved["metrics"]
+    out = capsys.readouterr().out
+    assert "Pages demoted to int4_per_token_head" in out and "Share at fp8_e4m3" in out
+
+
 def test_calibrate_fits_a_run_profile_that_sim_then_uses(tmp_path, capsys):
     assert main(["run", *SMALL, "--save-result", "--result-dir", str(tmp_path),
                  "--result-filename", "r.json"]) == 0
