@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from kvlab.bench.scrape import MetricsSample
 from kvlab.dashboard.pagemap import CACHED, FREE, SHARED, PageMap
+from kvlab.metrics.precision_mix import used_pages_in_bytes
 from kvlab.plots.html import to_plotly
 from kvlab.plots.load import RunData
 from kvlab.plots.model import Figure
@@ -142,13 +143,14 @@ def latency_cdfs(requests: Mapping[str, pd.DataFrame]) -> tuple[go.Figure, go.Fi
 
 def kv_usage_overlay_figure(steps: Mapping[str, pd.DataFrame], num_total_pages: Mapping[str, int],
                             *, max_points: int = MAX_POINTS) -> go.Figure:
-    """Used KV pages in percent over time, one line per run label."""
+    """Used KV pages in percent over time, one line per run label (demoted pages as the
+    bytes they fill: `used_pages_in_bytes`)."""
     fig = go.Figure()
     for label, table in steps.items():
         thin = thin_steps(table, max_points)
-        used = 100.0 * thin["num_used_pages"] / max(num_total_pages[label], 1)
+        used = 100.0 * used_pages_in_bytes(thin) / max(num_total_pages[label], 1)
         fig.add_trace(go.Scatter(x=thin["start_s"], y=used, name=label, mode="lines"))
-    return _layout(fig, "KV cache usage", "time (s)", "pages used (%)")
+    return _layout(fig, "KV cache usage", "time (s)", "KV memory held (%)")
 
 
 # Words and units of summary keys (titles and axes; the keys stay in tables and hovers).

@@ -11,6 +11,8 @@ from kvlab.metrics.records import StepRecorder
 
 PAGES_AT_LEVEL = "num_pages_at_level_"  # + level: held and cached pages at it, per step
 DEMOTIONS_TO_LEVEL = "num_demotions_to_level_"  # + level (>= 1): pages demoted into it
+# whole pages at the cache's dtype that the held demoted pages no longer need, per step
+SPARED_PAGES = "num_spared_pages"
 
 
 def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
@@ -46,3 +48,13 @@ def steps_mix_summary(steps: StepRecorder, metadata: Sequence[Mapping[str, Any]]
     demotions = [columns[f"{DEMOTIONS_TO_LEVEL}{level}"] for level in range(1, len(names))]
     debt = max(int(meta.get("precision_max_debt_pages", 0)) for meta in metadata)
     return mix_summary(names, [columns[name] for name in levels], demotions, duration_s, debt)
+
+
+def used_pages_in_bytes(columns: Mapping[str, Any]) -> Any:
+    """Each step's used pages as the device's pages of bytes they fill: `num_used_pages`
+    less the pages demotion spared them (`SPARED_PAGES`, where a precision policy recorded
+    it; a used page at a lower precision fills part of a page). A numpy array where the
+    columns are."""
+    used = columns["num_used_pages"]
+    spared = columns.get(SPARED_PAGES)
+    return used if spared is None else used - spared

@@ -18,6 +18,7 @@ from kvlab.errors import KvlabError
 from kvlab.metrics.classes import count_priority_inversions, jain_index, request_classes
 from kvlab.metrics.exact import exact_sum
 from kvlab.metrics.failures import failed_reasons
+from kvlab.metrics.precision_mix import used_pages_in_bytes
 from kvlab.metrics.records import StepRecorder
 from kvlab.metrics.run_result import COMPLETED_STATUSES, RequestRecord, RunResult
 from kvlab.metrics.summary_options import (
@@ -159,11 +160,12 @@ def _kv_stats(result: RunResult) -> dict:
     total_pages = result.num_total_pages
     used = cols["num_used_pages"].astype(np.float64)
     held_slots = used * result.page_size
+    filled = used_pages_in_bytes(cols).astype(np.float64)  # (demoted pages fill less)
     constant_total = np.full_like(used, float(total_pages))
     return {
-        "mean_kv_usage_perc": _time_weighted_ratio(weights, used, constant_total),
+        "mean_kv_usage_perc": _time_weighted_ratio(weights, filled, constant_total),
         "peak_kv_usage_perc": (
-            100.0 * float(used.max()) / total_pages if used.size and total_pages else 0.0
+            100.0 * float(filled.max()) / total_pages if used.size and total_pages else 0.0
         ),
         "kv_token_state_perc": _time_weighted_ratio(
             weights, cols["num_live_token_slots"], held_slots

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvlab.metrics.precision_mix import SPARED_PAGES, used_pages_in_bytes
 from kvlab.plots.binning import bin_starts
 from kvlab.plots.load import RunData
 from kvlab.plots.model import Figure, Panel, Series
@@ -41,9 +42,12 @@ def binned_max(x: np.ndarray, y: np.ndarray, points: int = MAX_POINTS
 
 def _total_pages(steps: pd.DataFrame, summary_total: object) -> np.ndarray | float | None:
     """Each step's device KV pages: used + cached free + free (an instance's own, in a
-    cluster of unequal instances), else the summary's num_total_pages; None when unknown."""
+    cluster of unequal instances), else, or where a precision policy demoted pages, the
+    summary's num_total_pages; None when unknown."""
     if "num_used_pages" not in steps:
         return None
+    if SPARED_PAGES in steps:  # (a precision policy's pool holds more page ids: the device's)
+        return float(summary_total) if summary_total else None  # type: ignore[arg-type]
     parts = ("num_used_pages", "num_cached_free_pages", "num_free_pages")
     if all(part in steps for part in parts):
         total = sum(steps[part].to_numpy(dtype=float) for part in parts)
@@ -66,7 +70,7 @@ def _step_series(run: RunData) -> dict[str, list[tuple[str, np.ndarray, np.ndarr
         t = group["start_s"].to_numpy(dtype=float)
         pages = _total_pages(group, run.summary.get("num_total_pages"))
         if pages is not None:
-            usage = group["num_used_pages"].to_numpy(dtype=float) * 100.0 / pages
+            usage = used_pages_in_bytes(group).to_numpy(dtype=float) * 100.0 / pages
             out["kv"].append((name, t, usage))
         for key in ("running", "waiting"):
             if f"num_{key}" in group:
@@ -80,7 +84,7 @@ def timeline_figure(runs: list[RunData], name: str = "timeline") -> Figure | Non
     (plots/precision.py); None when no run has one."""
     per_run = [_step_series(run) for run in runs]
     panels = []
-    for key, title, unit in (("kv", "KV cache usage", "% of KV pages used"),
+    for key, title, unit in (("kv", "KV cache usage", "% of KV memory held"),
                              ("running", "Running requests", "requests"),
                              ("waiting", "Waiting requests", "requests")):
         series = tuple(Series(label, *binned_max(t, y))

@@ -64,7 +64,10 @@ class StepLoop:
         output = scheduler.schedule(now_s)
         if not (output.requests or output.mem_ops or output.preempted or output.failed):
             raise LivelockError(_livelock_message(scheduler, now_s))
-        self._usage = scheduler.manager.usage()
+        manager = scheduler.manager
+        self._usage = manager.usage()
+        if manager.precision is not None:  # (its pages spared, as the usage is taken)
+            manager.precision.note_usage()
         return output
 
     def commit(

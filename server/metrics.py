@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvlab.policies import KVCacheManager, Request, Scheduler, SchedulerOutput
+from kvlab.policies import KVCacheManager, MemoryUsage, Request, Scheduler, SchedulerOutput
 
 # vLLM's buckets, so that dashboards built for vLLM read kvlab's histograms alike.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -128,7 +128,7 @@ class ServerMetrics:
         self.running.set(len(scheduler.running))
         self.waiting.set(len(scheduler.waiting))
         self.swapped.set(len(scheduler.swapped))
-        self.kv_usage.set(usage.num_used_pages / usage.num_total_pages)
+        self.kv_usage.set(_kv_usage(manager, usage))
         self.used_pages.set(usage.num_used_pages)
         self.cached_pages.set(usage.num_cached_free_pages)
         self.free_pages.set(usage.num_free_pages)
@@ -192,3 +192,13 @@ class ServerMetrics:
     def exposition(self) -> bytes:
         """The Prometheus text format of every series."""
         return generate_latest(self.registry)
+
+
+def _kv_usage(manager: KVCacheManager, usage: MemoryUsage) -> float:
+    """The share of the device's KV bytes that held pages fill: demoted pages fill less than
+    a page (`PrecisionLedger.num_spared_pages`), and a precision policy's pool holds more
+    page ids than the device has pages of the cache's dtype."""
+    precision = manager.precision
+    if precision is None:
+        return usage.num_used_pages / usage.num_total_pages
+    return (usage.num_used_pages - precision.ledger.num_spared_pages) / manager.num_total_pages

@@ -357,7 +357,12 @@ class PrecisionDriver:
         ledger, manager = self.ledger, self.manager
         held = (manager.num_total_pages + ledger.num_extra - manager.allocator.num_free_pages
                 - ledger.num_ballast_pages)  # held and cached-free pages
-        self.mix.add(held, ledger.num_at_level, ledger.demotions)
+        self.mix.add(held, ledger.num_at_level, ledger.demotions, ledger.num_spared_pages)
+
+    def note_usage(self) -> None:
+        """The step's memory is being recorded (after its allocations and preemptions): its
+        spared pages as they are now (`PrecisionMix.note_spared`)."""
+        self.mix.note_spared(self.ledger.num_spared_pages)
 
     def num_saved_context_tokens(self, requests: list[Any]) -> float:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention

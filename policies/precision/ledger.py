@@ -357,6 +357,13 @@ class PrecisionLedger:
             self._into_ballast = False
 
     @property
+    def num_spared_pages(self) -> int:
+        """Whole pages at the cache's dtype that the held demoted pages no longer need: the
+        bytes freed less the cached-free demoted pages' (held page ids less this many are the
+        device pages' worth of bytes held, rounded up)."""
+        return (self.freed_units - self._cached_units) // self.unit
+
+    @property
     def num_ballast_pages(self) -> int:
         """Page ids held back because their bytes are not free."""
         return len(self.ballast)

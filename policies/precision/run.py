@@ -283,7 +283,7 @@ class RunDemotions:
         released: list[int] = []
         num_released = 0
         taken_before = [0, *pages_taken[:-1]]  # (pages taken by each step's start)
-        dues, num_at, num_demoted = self._dues, ledger.num_at_level, 0
+        dues, num_at, num_demoted, spared = self._dues, ledger.num_at_level, 0, 0
         for step in range(num_steps):
             due = dues[step] if step < len(dues) else self.due(step)
             if due or not step:  # (most steps: nothing demoted, nothing settled)
@@ -293,8 +293,9 @@ class RunDemotions:
                 num_ballast = ledger.num_ballast_pages  # (the first step settles what pages
                 ledger.settle()  # dropped before owe)
                 num_released += num_ballast - ledger.num_ballast_pages
+                spared = ledger.num_spared_pages
             released.append(num_released)
-            sample(held + taken_before[step], num_at, ledger.demotions)
+            sample(held + taken_before[step], num_at, ledger.demotions, spared)
         if policy.recompute:  # a lookup from before may reach them
             driver.manager.pool.cache_epoch += num_demoted
         return released

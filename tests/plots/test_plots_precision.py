@@ -49,6 +49,18 @@ def test_the_timeline_shows_the_mix_and_the_demotion_rate(demoting):
     assert float(np.dot(rate.y, widths)) == pytest.approx(demoted)
 
 
+def test_the_timeline_kv_usage_is_the_bytes_held_pages_fill(demoting):
+    """A demoted page fills part of a page: the usage line is the used pages less those
+    demotion spared, over the device's pages (the pool's page ids are more)."""
+    panels = {panel.title: panel for panel in _timeline(demoting).panels}
+    (usage,) = panels["KV cache usage"].series
+    steps = demoting.steps.sort_values("start_s")
+    filled = steps["num_used_pages"] - steps["num_spared_pages"]
+    assert steps["num_spared_pages"].max() > 0
+    expected = 100.0 * filled.to_numpy(dtype=float) / demoting.summary["num_total_pages"]
+    assert max(usage.y) == pytest.approx(expected.max())
+
+
 def test_several_runs_name_their_lines_by_run_and_level(demoting):
     import dataclasses
 

@@ -147,6 +147,10 @@ def check_memory(manager: KVCacheManager, shadow: dict[int, int]) -> None:
     row = ledger.ladder.row_bytes
     used = sum(row[ledger.level(page)] for page in list(held) + cached) + row[0] * len(free)
     assert ledger.max_debt_pages or used <= row[0] * manager.num_total_pages
+    # the held pages' spared bytes, in whole pages: what KV usage takes off the pages held
+    spared = sum(row[0] - row[ledger.level(page)] for page in held) // row[0]
+    assert ledger.num_spared_pages == spared
+    assert ledger.max_debt_pages or len(held) - spared <= manager.num_total_pages
     for page in list(held) + cached:
         assert shadow.get(page, 0) == ledger.level(page), f"page {page} read at a wrong level"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvlab.engine.config import EngineConfig
 from kvlab.engine.engine import LLMEngine
 from kvlab.engine.replay import run_trace
+from kvlab.engine.sampler import SamplingParams
 from kvlab.metrics import summarize
 from kvlab.policies.serving import ServingConfig
 from kvlab.server.metrics import ServerMetrics
@@ -42,6 +43,28 @@ def test_a_demoting_server_exports_its_precision_mix():
             == last[level]
     metrics.observe_state(engine.scheduler)  # (a counter counts each demotion once)
     assert _series(metrics) == series
+
+
+def test_kv_usage_is_the_bytes_held_pages_fill():
+    """Mid-run, with pages demoted: the usage gauge is the held pages less the whole pages
+    their demotion spared, over the device's pages (the pool's page ids are more)."""
+    engine = LLMEngine(EngineConfig(model="tiny-llama", serving=ServingConfig.create(
+        "paged:block_size=4,precision=age:recent=4,depth=2", num_gpu_blocks_override=64)))
+    metrics = ServerMetrics("tiny", engine.manager, {"block_size": "4"}, "paged")
+    requests = [engine.make_request([(7 * i + j) % 97 + 1 for j in range(40)],
+                                    SamplingParams(max_tokens=30, ignore_eos=True),
+                                    request_id=i) for i in range(3)]
+    steps = engine.iter_run(requests)
+    for _ in range(12):
+        next(steps)
+    manager = engine.manager
+    spared = manager.precision.ledger.num_spared_pages
+    used = manager.usage().num_used_pages
+    assert spared > 0 and manager.usage().num_total_pages > manager.num_total_pages
+    metrics.observe_state(engine.scheduler)
+    gauge = [line for line in metrics.exposition().decode().splitlines()
+             if line.startswith("vllm:kv_cache_usage_perc{")]
+    assert float(gauge[0].rsplit(" ", 1)[1]) == (used - spared) / manager.num_total_pages
 
 
 def test_a_plain_server_exports_no_precision_series():

@@ -15,12 +15,14 @@ from kvlab.traces import load_trace
 
 LEVELS = ("num_pages_at_level_0", "num_pages_at_level_1", "num_pages_at_level_2")
 DEMOTIONS = ("num_demotions_to_level_1", "num_demotions_to_level_2")
+SPARED = "num_spared_pages"
 
 
-def _run(precision: str | None, num_prompts: int = 200):
+def _run(precision: str | None, num_prompts: int = 200, **memory: int):
     policy = "paged:eviction=lru" + (f",precision={precision}" if precision else "")
     config = SimConfig(model="llama-3.1-8b", hardware="h200-141g",
-                       serving=ServingConfig.create(policy, enable_prefix_caching=True))
+                       serving=ServingConfig.create(policy, enable_prefix_caching=True,
+                                                    **memory))
     return simulate(load_trace("azure", num_prompts=num_prompts), config)
 
 
@@ -31,8 +33,8 @@ def demoting():
 
 def test_each_step_has_its_pages_at_each_level_and_its_demotions(demoting):
     columns = demoting.steps.columns
-    assert demoting.steps.added_columns() == [*LEVELS, *DEMOTIONS]
-    for name in (*LEVELS, *DEMOTIONS):
+    assert demoting.steps.added_columns() == [*LEVELS, *DEMOTIONS, SPARED]
+    for name in (*LEVELS, *DEMOTIONS, SPARED):
         assert len(columns[name]) == len(demoting.steps)
         assert min(columns[name]) >= 0, name
     pages = {name: np.asarray(columns[name]) for name in LEVELS}
@@ -60,12 +62,27 @@ def test_the_summary_is_its_columns_summed(demoting):
         (columns[DEMOTIONS[0]] + columns[DEMOTIONS[1]]) / demoting.duration_s)
 
 
+def test_kv_usage_is_the_bytes_held_pages_fill():
+    """A demoting pool hands out more page ids than the device has pages of the cache's
+    dtype (here 245 held of 128): KV usage is what held pages fill, demoted ones less than
+    a page (the used pages less those spared), never above the device's bytes."""
+    result = _run("age:recent=64,depth=2", num_prompts=60, kv_cache_memory_bytes=1 << 28)
+    summary, total = summarize(result), result.num_total_pages
+    used = np.asarray(result.steps.columns["num_used_pages"])
+    filled = used - np.asarray(result.steps.columns[SPARED])
+    assert used.max() > total
+    assert summary["peak_kv_usage_perc"] == 100.0 * filled.max() / total <= 100.0
+    weights = np.asarray(result.steps.columns["duration_s"])
+    assert summary["mean_kv_usage_perc"] == pytest.approx(
+        100.0 * (weights * filled).sum() / (weights.sum() * total))
+
+
 def test_saved_step_tables_keep_the_mix(demoting, tmp_path):
     import pandas as pd
 
     save_results(summarize(demoting), demoting, result_dir=tmp_path, result_filename="run.json")
     table = pd.read_csv(tmp_path / "run.steps.csv")
-    for name in (*LEVELS, *DEMOTIONS):
+    for name in (*LEVELS, *DEMOTIONS, SPARED):
         np.testing.assert_array_equal(table[name].to_numpy(), np.asarray(
             demoting.steps.columns[name]))
 
@@ -76,7 +93,7 @@ def test_a_run_without_demotion_adds_no_column():
 
 def test_one_level_adds_one_level_of_columns():
     steps = _run("age:recent=64,depth=1", num_prompts=60).steps
-    assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0]]
+    assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0], SPARED]
 
 
 def test_a_clusters_mix_is_its_instances_together():
