@@ -101,6 +101,11 @@ class StepRecorder:
         for name, column in columns.items():
             column.extend(other.columns[name])
 
+    def clear(self) -> None:
+        """Drop every row (a server that keeps no profile bounds its memory so)."""
+        for column in self.columns.values():
+            del column[:]
+
     def add_columns(self, added: Mapping[str, array]) -> None:
         """Integer columns of a run's own after STEP_COLUMNS, one value per step recorded."""
         for name, values in added.items():

@@ -74,7 +74,8 @@ def start_service(config: ServeConfig) -> tuple[EngineService, str]:
     publisher = None
     if config.kv_events is not None:
         publisher = KVEventPublisher(config.kv_events, manager.page_size)
-    service = EngineService(engine, metrics, max_queue=config.max_queue, publisher=publisher)
+    service = EngineService(engine, metrics, max_queue=config.max_queue, publisher=publisher,
+                            keep_steps=config.profile_path is not None)
     service.start()
     return service, name
 

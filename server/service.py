@@ -30,6 +30,9 @@ from kvlab.server.metrics import ServerMetrics
 
 log = logging.getLogger("kvlab.server")
 IDLE_WAIT_S = 0.5  # an idle engine thread wakes this often to notice a stop
+# Steps of history (profile rows, inter-token gaps, precision mix) a server keeps at most when
+# no profile is asked for: nothing it serves reads them, and a server runs for days.
+HISTORY_STEPS = 4096
 
 
 class Overloaded(Exception):
@@ -113,13 +116,18 @@ class EngineService:
     requests finish for up to a timeout, aborts the rest and joins the thread. `max_queue`
     bounds the requests not yet running (waiting or just submitted): past it, `submit` raises
     Overloaded. `metrics` is updated after every step; with a `publisher`, the manager's
-    prefix-cache changes are published after every step (vLLM's KV events).
+    prefix-cache changes are published after every step (vLLM's KV events). With `keep_steps`
+    (`kvlab serve --profile-path`) every step's profile row is kept for the service's life;
+    otherwise the rows, the inter-token gaps and a precision policy's mix are dropped every
+    `history_steps` steps, so that memory does not grow with the steps served.
     """
 
     engine: LLMEngine
     metrics: ServerMetrics
     max_queue: int = 1024
     publisher: KVEventPublisher | None = None
+    keep_steps: bool = False
+    history_steps: int = HISTORY_STEPS
     _inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     _wake: threading.Event = field(default_factory=threading.Event)
     _streams: dict[int, Stream] = field(default_factory=dict)
@@ -133,7 +141,8 @@ class EngineService:
 
     @property
     def steps(self) -> StepRecorder:
-        """Every step's profile row so far (the same columns as an offline run's)."""
+        """Every step's profile row so far (the same columns as an offline run's); without
+        `keep_steps`, those since the history was last dropped."""
         assert self._loop is not None, "start the service first"
         return self._loop.steps
 
@@ -246,6 +255,16 @@ class EngineService:
                 self.publisher.publish(events.take(), ended)
             self.metrics.observe_state(loop.scheduler)
             self.metrics.observe_batch(output)
+            if not self.keep_steps and len(loop.steps) >= self.history_steps:
+                self._forget_history(loop)
+
+    def _forget_history(self, loop: StepLoop) -> None:
+        """Drop the steps' rows, the inter-token gaps and the precision mix (no profile)."""
+        loop.steps.clear()
+        del loop.scheduler.itls_s[:]
+        precision = self.engine.manager.precision
+        if precision is not None:
+            precision.mix.clear()
 
     def _drain(self, loop: StepLoop, now_s: float) -> bool:
         """Take in new requests (arrived by now) and carry out aborts, in that order, so that a

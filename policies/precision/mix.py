@@ -42,6 +42,12 @@ class PrecisionMix:
             self.demotions_to_level[level].append(demotions[level] - before[level])
             before[level] = demotions[level]
 
+    def clear(self) -> None:
+        """Drop every row (a server that keeps no profile bounds its memory so); demotions
+        go on counting from the totals seen last."""
+        for rows in (*self.pages_at_level, *self.demotions_to_level, self.spared_pages):
+            del rows[:]
+
     def note_spared(self, num_spared: int) -> None:
         """The step's spared pages as its memory is recorded (preemptions since its start
         freed demoted pages)."""
