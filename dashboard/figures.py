@@ -293,6 +293,7 @@ def overlay_labels(labels: Sequence[str]) -> list[str]:
 
 
 # Series of the Live page: (trace name, sample name); the kvlab: ones appear only when served.
+PAGES_AT_PRECISION = "kvlab:kv_pages_at_precision"  # by dtype (kvlab.bench.scrape.KEPT_LABELS)
 LIVE_QUEUES = (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
                ("swapped", "kvlab:num_requests_swapped"))
 LIVE_RATES = (("preemptions", "vllm:num_preemptions_total"), ("swaps out", "kvlab:swaps_out_total"),
@@ -303,7 +304,8 @@ LIVE_RATES = (("preemptions", "vllm:num_preemptions_total"), ("swaps out", "kvla
 def live_figures(samples: Sequence[MetricsSample]) -> list[go.Figure]:
     """Charts of a server's /metrics over time (seconds since the first scrape): KV-cache usage,
     queues, preemptions, swaps and (a precision policy's) page demotions per second, and the
-    prefix-cache hit rate between scrapes."""
+    prefix-cache hit rate between scrapes; for a server demoting pages (kvlab serve with a
+    precision policy), the share of its pages at each precision too."""
     t0 = samples[0].time_s if samples else 0.0
     times = [s.time_s - t0 for s in samples]
     usage = go.Figure(go.Scatter(x=times, y=[100 * s.get("vllm:kv_cache_usage_perc")
@@ -324,12 +326,32 @@ def live_figures(samples: Sequence[MetricsSample]) -> list[go.Figure]:
                                        mode="lines+markers"))
     hits = go.Figure(go.Scatter(x=mids, y=[_hit_rate(a, b) for a, b in pairs],
                                 name="prefix-cache hit rate", mode="lines+markers"))
-    return [
-        _layout(usage, "KV cache usage", "time (s)", "% of KV pages in use"),
+    charts = [
+        _layout(usage, "KV cache usage", "time (s)", "% of KV memory held"),
         _layout(queues, "Requests", "time (s)", "requests"),
         _layout(rates, "Preemptions and swaps", "time (s)", "per second"),
         _layout(hits, "Prefix-cache hits between scrapes", "time (s)", "% of looked-up tokens"),
     ]
+    mix = _live_precision_mix(samples, times)
+    return charts if mix is None else [*charts, mix]
+
+
+def _live_precision_mix(samples: Sequence[MetricsSample], times: list[float]
+                        ) -> go.Figure | None:
+    """The share of held and cached pages at each precision (kvlab serve's
+    `kvlab:kv_pages_at_precision`, by dtype) at each scrape; None where no scrape has it."""
+    prefix = f'{PAGES_AT_PRECISION}{{dtype="'
+    dtypes = list(dict.fromkeys(key[len(prefix):-2] for s in samples for key in s.values
+                                if key.startswith(prefix)))
+    if not dtypes:
+        return None
+    fig = go.Figure()
+    totals = [sum(s.get(f'{prefix}{d}"}}') for d in dtypes) for s in samples]
+    for dtype in dtypes:
+        shares = [100 * s.get(f'{prefix}{dtype}"}}') / total if total else None
+                  for s, total in zip(samples, totals, strict=True)]
+        fig.add_trace(go.Scatter(x=times, y=shares, name=dtype, mode="lines+markers"))
+    return _layout(fig, "KV precision mix", "time (s)", "% of held and cached pages")
 
 
 def _rate(a: MetricsSample, b: MetricsSample, key: str) -> float:

@@ -39,8 +39,9 @@ def _scrape_and_draw(url: str) -> None:
                f"{sample.get('vllm:num_requests_waiting'):.0f} waiting, KV cache "
                f"{100 * sample.get('vllm:kv_cache_usage_perc'):.1f}% used")
     charts = figures.live_figures(samples)
-    for first in (0, 2):  # two rows of two charts
-        for column, index in zip(st.columns(2), (first, first + 1), strict=True):
+    for first in range(0, len(charts), 2):  # rows of two charts
+        for column, index in zip(st.columns(2), range(first, min(first + 2, len(charts))),
+                                 strict=False):
             with column:
                 chart(charts[index], f"live_chart_{index}")
 

@@ -11,6 +11,8 @@ from kvlab.errors import KvlabError
 
 # Histograms whose buckets a sample keeps (the others' sums and counts suffice).
 KEPT_BUCKETS = frozenset({"vllm:request_num_preemptions_bucket"})
+# Series a sample also keeps by one label (summed over the others): name{label="value"}.
+KEPT_LABELS = {"kvlab:kv_pages_at_precision": "dtype"}  # kvlab serve's precision mix
 
 
 @dataclass(slots=True)
@@ -19,9 +21,10 @@ class MetricsSample:
 
     Names are the exposition's sample names (`vllm:num_preemptions_total`,
     `vllm:time_to_first_token_seconds_sum`, ...); a name with several label sets (one per model
-    or engine) holds their sum. Histogram buckets are left out. `info` holds the labels of each
-    `*_info` series (vLLM's `vllm:cache_config_info`: block_size, num_gpu_blocks, ...), the
-    first label set where there are several.
+    or engine) holds their sum, and those of `KEPT_LABELS` are also kept by their label
+    (`kvlab:kv_pages_at_precision{dtype="fp8_e4m3"}`). Histogram buckets are left out. `info`
+    holds the labels of each `*_info` series (vLLM's `vllm:cache_config_info`: block_size,
+    num_gpu_blocks, ...), the first label set where there are several.
     """
 
     time_s: float
@@ -50,6 +53,10 @@ def parse_metrics(text: str, time_s: float | None = None) -> MetricsSample:
                         values[key] = values.get(key, 0.0) + float(sample.value)
                     continue
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+                label = KEPT_LABELS.get(sample.name)
+                if label is not None and label in sample.labels:
+                    key = f'{sample.name}{{{label}="{sample.labels[label]}"}}'
+                    values[key] = values.get(key, 0.0) + float(sample.value)
                 if sample.name.endswith("_info"):
                     info.setdefault(sample.name, dict(sample.labels))
     except ValueError as exc:

@@ -93,3 +93,19 @@ def test_a_long_error_body_gives_its_message_not_a_cut_json():
     error = ran.requests[0].error
     assert error.startswith("HTTP 400: This model's maximum context length is 2048 tokens.")
     assert '{"error"' not in error and len(error) <= 320
+
+
+def test_the_precision_mix_is_kept_by_dtype():
+    """kvlab serve's pages at each precision: summed under the name, and kept by dtype (the
+    Live page's precision chart) over the model and level labels."""
+    page = """\
+# HELP kvlab:kv_pages_at_precision KV pages held or cached at each precision level.
+# TYPE kvlab:kv_pages_at_precision gauge
+kvlab:kv_pages_at_precision{dtype="auto",level="0",model_name="tiny"} 6.0
+kvlab:kv_pages_at_precision{dtype="fp8_e4m3",level="1",model_name="tiny"} 10.0
+kvlab:kv_pages_at_precision{dtype="fp8_e4m3",level="1",model_name="other"} 2.0
+"""
+    sample = parse_metrics(page, time_s=1.0)
+    assert sample.get("kvlab:kv_pages_at_precision") == 18.0
+    assert sample.get('kvlab:kv_pages_at_precision{dtype="auto"}') == 6.0
+    assert sample.get('kvlab:kv_pages_at_precision{dtype="fp8_e4m3"}') == 12.0

@@ -178,6 +178,19 @@ def test_live_scrapes_a_metrics_page_and_charts_it(app):
     assert "5 running, 7 waiting, KV cache 25.0% used" in app.caption[-1].value
 
 
+def test_live_charts_a_demoting_servers_precision_mix(app):
+    mix = ('kvlab:kv_pages_at_precision{dtype="auto",level="0",model_name="m"} 3.0\n'
+           'kvlab:kv_pages_at_precision{dtype="fp8_e4m3",level="1",model_name="m"} 1.0\n')
+    url, stop = serve_text(lambda: VLLM_METRICS + mix)
+    try:
+        app.switch_page("live.py").run()
+        app.text_input(key="live_url").set_value(url)
+        checked(app.run())
+    finally:
+        stop()
+    assert series(app)[-1] == ["auto", "fp8_e4m3"]
+
+
 def test_live_shows_an_unreachable_server_as_an_error(app):
     app.switch_page("live.py").run()
     app.text_input(key="live_url").set_value("http://127.0.0.1:1/metrics").run()

@@ -158,6 +158,23 @@ def test_live_charts_a_demoting_servers_demotions_per_second():
     assert list(rates.data[1].y) == [10.0, 5.0]
 
 
+def test_live_charts_a_demoting_servers_precision_mix():
+    """A fifth chart, the share of pages at each dtype, where the server exports the mix; the
+    four others alone where it does not."""
+    from kvlab.bench import MetricsSample
+
+    def sample(time_s, auto, fp8):
+        return MetricsSample(time_s, {'kvlab:kv_pages_at_precision{dtype="auto"}': auto,
+                                      'kvlab:kv_pages_at_precision{dtype="fp8_e4m3"}': fp8})
+
+    charts = figures.live_figures([sample(0.0, 4.0, 0.0), sample(2.0, 1.0, 3.0),
+                                   sample(4.0, 0.0, 0.0)])
+    mix = charts[4]
+    assert figures.trace_names(mix) == ["auto", "fp8_e4m3"]
+    assert list(mix.data[0].y) == [100.0, 25.0, None] and list(mix.data[1].y) == [0.0, 75.0, None]
+    assert len(figures.live_figures([MetricsSample(0.0, {})])) == 4
+
+
 @pytest.mark.parametrize("key, label", [
     ("mean_ttft_ms", "mean TTFT (ms)"), ("request_goodput", "request goodput (req/s)"),
     ("output_throughput", "output throughput (tok/s)"), ("p99_itl_ms", "p99 ITL (ms)"),
