@@ -22,6 +22,7 @@ from kvlab.fidelity.bridge import sim_config_for
 from kvlab.fidelity.calibration import fit_cost_model
 from kvlab.fidelity.lockstep import LockstepReport, lockstep
 from kvlab.metrics import RunResult, merge_runs, per_step_table, summarize
+from kvlab.metrics.precision_mix import mix_rows
 from kvlab.sim import simulate
 from kvlab.sim.calibrated import CalibratedCostModel
 
@@ -147,18 +148,11 @@ def compare_metrics(sim: dict[str, Any], measured: dict[str, Any],
 
 
 def precision_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """(printed label, summary key) of a run's precision mix (`kvlab.metrics.precision_mix`):
-    each level's mean share of the KV pages and the pages demoted into it, and demotions per
-    second; none for a run without a precision policy."""
-    names = str(summary.get("precision_levels") or "").split("/")
-    if len(names) < 2:
-        return []
-    rows = [(f"Share at {name}", f"precision_share_{level}_{name}")
-            for level, name in enumerate(names)]
-    rows += [(f"Pages demoted to {name}", f"precision_demotions_{level}_{name}")
-             for level, name in enumerate(names) if level]
-    rows.append(("Demotions per second", "precision_demotions_per_s"))
-    return [(label, key) for label, key in rows if key in summary]
+    """(printed label, summary key) of a run's precision mix (`mix_rows`) that validation
+    compares: each level's share of the pages and the pages demoted into it, and demotions
+    per second (the ballast a ledger owed is the run's own bookkeeping)."""
+    return [(label, key) for label, key in mix_rows(summary)
+            if key != "precision_max_debt_pages"]
 
 
 def _summarize(result: RunResult) -> dict[str, Any]:

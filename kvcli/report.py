@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from kvlab.cli.validation_report import format_validation as format_validation
 from kvlab.metrics import LATENCY_KEY, PERCENTILE_METRICS
+from kvlab.metrics.precision_mix import mix_rows
 
 WIDTH = 50  # vLLM's report width
 LABEL_WIDTH = 40
@@ -168,10 +169,8 @@ def _group_rows(summary: dict) -> list[tuple[str, str]]:
 
 
 def _precision_rows(summary: dict) -> list[tuple[str, str]]:
-    """(key, label) of a precision policy's mix: pages at each level, demotions (none without)."""
-    keys = [k for k in summary if k.startswith("precision_") and k != "precision_levels"]
-    return [(k, k.removeprefix("precision_").replace("_", " ", 2).capitalize() + ":")
-            for k in keys]
+    """(key, label) of a precision policy's mix (`mix_rows`; none without)."""
+    return [(key, f"{label}:") for label, key in mix_rows(summary)]
 
 
 # per SLO class (kvlab.metrics.classes): (key in the class's dict, label after its name)

@@ -35,6 +35,22 @@ def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
     return out
 
 
+def mix_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, key) of the mix keys a run's summary has (`mix_summary`), in reading order:
+    each level's share of the pages, the pages demoted into each level below the cache's
+    dtype, the demotions per second, the most ballast owed; none for a run without."""
+    names = str(summary.get("precision_levels") or "").split("/")
+    if len(names) < 2:
+        return []
+    rows = [(f"Share at {name}", f"precision_share_{level}_{name}")
+            for level, name in enumerate(names)]
+    rows += [(f"Pages demoted to {name}", f"precision_demotions_{level}_{name}")
+             for level, name in enumerate(names) if level]
+    rows += [("Demotions per second", "precision_demotions_per_s"),
+             ("Max debt pages", "precision_max_debt_pages")]
+    return [(label, key) for label, key in rows if key in summary]
+
+
 def steps_mix_summary(steps: StepRecorder, metadata: Sequence[Mapping[str, Any]],
                       duration_s: float) -> dict[str, Any]:
     """`mix_summary` of runs merged into `steps` (several runs' rows, `metadata` each run's),

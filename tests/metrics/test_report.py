@@ -130,8 +130,8 @@ def test_comparison_shows_a_precision_policys_mix_beside_a_plain_run(summary):
                     precision_share_0_auto=0.25, precision_share_1_fp8_e4m3=0.75,
                     precision_demotions_1_fp8_e4m3=40, precision_max_debt_pages=0)
     table = format_comparison([summary, demoting], ["plain", "age"])
-    assert _line(table, "Share 1 fp8_e4m3:").split()[-2:] == ["-", "0.75"]
-    assert _line(table, "Demotions 1 fp8_e4m3:").split()[-2:] == ["-", "40"]
+    assert _line(table, "Share at fp8_e4m3:").split()[-2:] == ["-", "0.75"]
+    assert _line(table, "Pages demoted to fp8_e4m3:").split()[-2:] == ["-", "40"]
     assert "levels" not in table
 
 
