@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvlab.bench import BenchResult
-from kvlab.bench.observed import series_increase
+from kvlab.bench.observed import DEMOTIONS_KEY, series_increase
 from kvlab.fidelity.from_bench import SUMMARY_OPTIONS
 from kvlab.fidelity.validation import WINDOW_METRICS
 from kvlab.metrics import RunResult, merge_runs, summarize
@@ -60,7 +60,11 @@ def _pooled_kv(summaries: list[dict[str, Any]], durations: list[float],
     queries = sum(_increase(r, "prefix_cache_queries_total") for r in results)
     hits = sum(_increase(r, "prefix_cache_hits_total") for r in results)
     first = summaries[0]
+    demoted = {key: total(key) for key in first if DEMOTIONS_KEY.fullmatch(key)}
+    if demoted and None not in demoted.values() and sum(durations):
+        demoted["precision_demotions_per_s"] = sum(demoted.values()) / sum(durations)
     return {
+        **demoted,
         "mean_kv_usage_perc": weighted,
         "peak_kv_usage_perc": max(peaks) if peaks else None,
         "num_preemptions": total("num_preemptions"),

@@ -4,6 +4,7 @@ the KV section of the run's summary computed from them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,14 @@ SERIES = (
     ("request_preemptions_count_total", "vllm:request_num_preemptions_count", 1.0),
     ("request_preemptions_sum_total", "vllm:request_num_preemptions_sum", 1.0),
 )
+
+
+# kvlab serve's demotions into each precision level (a scrape keeps them by level and dtype,
+# kvlab.bench.scrape.KEPT_LABELS), as series columns and then the summary's keys (the
+# simulator's, kvlab.metrics.precision_mix)
+_DEMOTIONS = re.compile(r'kvlab:kv_page_demotions_total\{level="(\d+)",dtype="([^"]+)"\}')
+DEMOTIONS_COLUMN = re.compile(r"precision_demotions_(\d+)_(.+)_total")
+DEMOTIONS_KEY = re.compile(r"precision_demotions_(\d+)_(.+)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -125,9 +134,13 @@ def _bool(value: object) -> bool | None:
 def metrics_series(samples: Sequence[MetricsSample], origin_s: float) -> dict[str, list[float]]:
     """The run's time series, one row per scrape: `time_s` since `origin_s` (the run's start,
     epoch seconds), then SERIES' columns (NaN where the server does not export one; counters
-    relative to the first sample)."""
+    relative to the first sample), then, from a server demoting pages (kvlab serve with a
+    precision policy), `precision_demotions_K_DTYPE_total` for each level K it demoted into."""
     table: dict[str, list[float]] = {"time_s": [s.time_s - origin_s for s in samples]}
-    for column, name, scale in SERIES:
+    demotions = [(f"precision_demotions_{found[1]}_{found[2]}_total", name, 1.0)
+                 for name in dict.fromkeys(key for s in samples for key in s.values)
+                 if (found := _DEMOTIONS.fullmatch(name))]
+    for column, name, scale in (*SERIES, *demotions):
         base = samples[0].values.get(name, 0.0) if column.endswith("_total") and samples else 0.0
         table[column] = [
             (s.values[name] - base) * scale if name in s.values else float("nan")
@@ -153,7 +166,9 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
       two scrapes goes unseen);
     - num_preemptions, num_swaps_out: the counters' increase over the run;
     - prefix_cache_hit_rate_perc: hit tokens over looked-up tokens during the run, in percent;
-    - page_size, num_total_pages, kv_cache_size_tokens: from cache_config_info.
+    - page_size, num_total_pages, kv_cache_size_tokens: from cache_config_info;
+    - precision_demotions_K_DTYPE: a demoting server's pages demoted into level K during the
+      run (its counters' increase; the simulator's keys of the same name).
     """
     usage = series.get("kv_cache_usage_perc", [])
     running = series.get("num_requests_running", [])
@@ -169,7 +184,10 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
     if queries is not None and hits is not None:
         hit_rate = 100.0 * hits / queries if queries > 0 else 0.0
     pages, page_size = info.num_gpu_blocks, info.block_size
+    demoted = {f"precision_demotions_{found[1]}_{found[2]}": int(increase(column) or 0)
+               for column in series if (found := DEMOTIONS_COLUMN.fullmatch(column))}
     return {
+        **demoted,
         "mean_kv_usage_perc": sum(busy) / len(busy) if busy else None,
         "peak_kv_usage_perc": max(seen) if seen else None,
         "num_preemptions": None if preemptions is None else int(preemptions),

@@ -15,7 +15,7 @@ import numpy as np
 
 from kvlab.bench.host_cpu import ticks_between
 from kvlab.bench.kv_event_stream import KVEventStream
-from kvlab.bench.observed import ServerInfo, kv_summary, server_latency_summary
+from kvlab.bench.observed import DEMOTIONS_KEY, ServerInfo, kv_summary, server_latency_summary
 from kvlab.bench.records import BenchRequest
 from kvlab.metrics import RunResult, per_request_table, summarize
 
@@ -68,6 +68,10 @@ class BenchResult:
         for key in UNOBSERVED_KEYS:
             summary.pop(key, None)
         summary.update(kv_summary(self.series, self.server))
+        demoted = [v for k, v in summary.items() if DEMOTIONS_KEY.fullmatch(k)]
+        if demoted:  # (as the simulator's: over the run's duration)
+            duration = self.run.duration_s
+            summary["precision_demotions_per_s"] = sum(demoted) / duration if duration else 0.0
         summary.update(server_latency_summary(self.series))
         summary["host_cpu_steal_perc"] = self.host_cpu_steal_perc()
         if "request_goodput" not in summary:

@@ -11,8 +11,10 @@ from kvlab.errors import KvlabError
 
 # Histograms whose buckets a sample keeps (the others' sums and counts suffice).
 KEPT_BUCKETS = frozenset({"vllm:request_num_preemptions_bucket"})
-# Series a sample also keeps by one label (summed over the others): name{label="value"}.
-KEPT_LABELS = {"kvlab:kv_pages_at_precision": "dtype"}  # kvlab serve's precision mix
+# Series a sample also keeps by some of their labels (summed over the others), in this order:
+# name{level="1",dtype="fp8_e4m3"} (kvlab serve's precision mix and demotions)
+KEPT_LABELS = {"kvlab:kv_pages_at_precision": ("dtype",),
+               "kvlab:kv_page_demotions_total": ("level", "dtype")}
 
 
 @dataclass(slots=True)
@@ -53,9 +55,10 @@ def parse_metrics(text: str, time_s: float | None = None) -> MetricsSample:
                         values[key] = values.get(key, 0.0) + float(sample.value)
                     continue
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
-                label = KEPT_LABELS.get(sample.name)
-                if label is not None and label in sample.labels:
-                    key = f'{sample.name}{{{label}="{sample.labels[label]}"}}'
+                labels = KEPT_LABELS.get(sample.name, ())
+                if labels and all(label in sample.labels for label in labels):
+                    kept = ",".join(f'{label}="{sample.labels[label]}"' for label in labels)
+                    key = f"{sample.name}{{{kept}}}"
                     values[key] = values.get(key, 0.0) + float(sample.value)
                 if sample.name.endswith("_info"):
                     info.setdefault(sample.name, dict(sample.labels))

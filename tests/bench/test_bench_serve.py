@@ -20,6 +20,7 @@ from kvlab.bench import (
 from kvlab.bench.observed import server_latency_summary
 from kvlab.bench.records import BenchRequest
 from kvlab.bench.result import peaks
+from kvlab.bench.result_files import save_bench_result
 from kvlab.cli import main
 from kvlab.cli.report import format_report
 from kvlab.engine import LLM, SamplingParams
@@ -229,3 +230,29 @@ def test_peaks_count_chunks_and_requests_per_second_as_vllm():
                 record(2, 3.0, [3.1])]
     assert peaks(requests) == {"max_output_tokens_per_s": 5.0, "max_concurrent_requests": 2}
     assert math.isclose(sum(requests[0].itls_s()), 0.9)
+
+
+def test_a_demoting_servers_demotions_reach_the_summary(tmp_path):
+    """kvlab serve with a precision policy: the bench's summary has the pages it demoted into
+    each level during the run (its counters' increase, the simulator's keys) and their rate,
+    and a saved result reads them back."""
+    server = start_live_server(EngineConfig(model="tiny-llama", serving=ServingConfig.create(
+        "paged:block_size=4,precision=age:recent=8,depth=2", num_gpu_blocks_override=80,
+        max_model_len=128)))
+    try:
+        ledger = server.service.engine.manager.precision.ledger
+        before = list(ledger.demotions)
+        card = resolve_model(server.base_url, None, None)
+        result = bench_serve(_trace(num_prompts=8), _client(server), card=card,
+                             vocab_size=card["vocab_size"], seed=1)
+        demoted = [after - first for after, first in zip(ledger.demotions, before, strict=True)]
+    finally:
+        server.stop()
+    summary = result.summary()
+    assert summary["precision_demotions_1_fp8_e4m3"] == demoted[1] > 0
+    assert summary["precision_demotions_2_int4_per_token_head"] == demoted[2] > 0
+    assert summary["precision_demotions_per_s"] == pytest.approx(
+        (demoted[1] + demoted[2]) / result.run.duration_s)
+    path, *_ = save_bench_result(result, summary, result_dir=tmp_path,
+                                 result_filename="demoting.json", detailed=True)
+    assert load_bench_result(path).summary()["precision_demotions_1_fp8_e4m3"] == demoted[1]

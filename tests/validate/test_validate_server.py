@@ -146,3 +146,25 @@ def test_bad_repeat_targets_are_one_line(live, extra, message, capsys):
 def test_a_standard_error_target_needs_a_server(capsys):
     assert main(["validate", "--until-std-error", "5"]) != 0
     assert "--num-repeats, --until-std-error: only with --base-url" in capsys.readouterr().err
+
+
+def test_a_demoting_kvlab_serve_confirms_the_simulators_demotions(tmp_path, capsys):
+    """Against kvlab serve with a precision policy, the pages demoted into each level are
+    compared with the server's counters; age-based demotion depends only on each request's
+    tokens here (no preemption, no prefix hit), so they are equal; the shares, a gauge's
+    scrapes against the simulator's steps, are the simulator's alone."""
+    server = start_live_server(EngineConfig(model="tiny-llama", serving=ServingConfig.create(
+        "paged:block_size=4,precision=age:recent=8,depth=2", num_gpu_blocks_override=60,
+        max_model_len=256, max_num_batched_tokens=128)))
+    try:
+        argv = ["validate", "--base-url", server.base_url, *WORKLOAD, "--save-result",
+                "--result-dir", str(tmp_path), "--result-filename", "p.json"]
+        assert main(argv) == 0
+    finally:
+        server.stop()
+    metrics = json.loads((tmp_path / "p.json").read_text())["metrics"]
+    for key in ("precision_demotions_1_fp8_e4m3", "precision_demotions_2_int4_per_token_head"):
+        assert metrics[key]["sim"] == metrics[key]["server"] > 0, key
+    assert metrics["precision_demotions_per_s"]["server"] > 0
+    assert metrics["precision_share_1_fp8_e4m3"]["server"] is None
+    assert "Pages demoted to fp8_e4m3" in capsys.readouterr().out
