@@ -6,14 +6,12 @@ tell the series apart. Long per-step series are thinned to at most `max_points` 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvlab.bench.scrape import MetricsSample
 from kvlab.dashboard.pagemap import CACHED, FREE, SHARED, PageMap
 from kvlab.metrics.precision_mix import used_pages_in_bytes
 from kvlab.plots.html import to_plotly
@@ -50,7 +48,8 @@ def thin_steps(steps: pd.DataFrame, max_points: int = MAX_POINTS) -> pd.DataFram
     return steps.groupby(bins).mean(numeric_only=True).reset_index(drop=True)
 
 
-def _layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+def chart_layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> go.Figure:
+    """`fig` titled, its axes named, its legend below it (every dashboard chart's layout)."""
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title,
                       legend={"orientation": "h", "y": -0.2}, margin={"t": 50, "b": 10},
                       hovermode="x unified")
@@ -72,7 +71,7 @@ def kv_memory_figure(steps: pd.DataFrame, page_size: int, *,
     for name, colour in KV_LAYERS:
         fig.add_trace(go.Scatter(x=thin["start_s"], y=values[name], name=name, mode="lines",
                                  stackgroup="kv", line={"width": 0.5, "color": colour}))
-    return _layout(fig, "KV cache over time", "time (s)", "token slots")
+    return chart_layout(fig, "KV cache over time", "time (s)", "token slots")
 
 
 def queue_figure(steps: pd.DataFrame, *, max_points: int = MAX_POINTS) -> go.Figure:
@@ -81,7 +80,7 @@ def queue_figure(steps: pd.DataFrame, *, max_points: int = MAX_POINTS) -> go.Fig
     fig = go.Figure()
     for name, column in QUEUE_SERIES:
         fig.add_trace(go.Scatter(x=thin["start_s"], y=thin[column], name=name, mode="lines"))
-    return _layout(fig, "Scheduler queues", "time (s)", "requests")
+    return chart_layout(fig, "Scheduler queues", "time (s)", "requests")
 
 
 def precision_figure(steps: pd.DataFrame, summary: Mapping, *,
@@ -104,7 +103,7 @@ def events_figure(steps: pd.DataFrame) -> go.Figure:
         total += len(hit)
         fig.add_trace(go.Scatter(x=hit["start_s"], y=hit[column], name=name, mode="markers",
                                  marker={"size": 6}))
-    fig = _layout(fig, "Preemption and swap events", "time (s)", "count in the step")
+    fig = chart_layout(fig, "Preemption and swap events", "time (s)", "count in the step")
     if total == 0:  # a message, not an empty plot with made-up axes
         fig.add_annotation(text="no preemption or swap in this run", showarrow=False,
                            xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 16})
@@ -123,7 +122,7 @@ def cdf_figure(samples: Mapping[str, np.ndarray], title: str, x_title: str) -> g
         share = np.arange(1, len(values) + 1) / max(len(values), 1)
         fig.add_trace(go.Scatter(x=values, y=share, name=label, mode="lines",
                                  line={"shape": "hv"}))
-    fig = _layout(fig, title, x_title + " (log scale)", "share of requests")
+    fig = chart_layout(fig, title, x_title + " (log scale)", "share of requests")
     fig.update_layout(hovermode="closest", xaxis_type="log")
     return fig
 
@@ -150,7 +149,7 @@ def kv_usage_overlay_figure(steps: Mapping[str, pd.DataFrame], num_total_pages: 
         thin = thin_steps(table, max_points)
         used = 100.0 * used_pages_in_bytes(thin) / max(num_total_pages[label], 1)
         fig.add_trace(go.Scatter(x=thin["start_s"], y=used, name=label, mode="lines"))
-    return _layout(fig, "KV cache usage", "time (s)", "KV memory held (%)")
+    return chart_layout(fig, "KV cache usage", "time (s)", "KV memory held (%)")
 
 
 # Words and units of summary keys (titles and axes; the keys stay in tables and hovers).
@@ -175,8 +174,8 @@ def metric_bar_figure(table: pd.DataFrame, metric: str, label_column: str = "pol
     """One bar per run for one summary metric."""
     fig = go.Figure(go.Bar(x=table[label_column], y=table[metric], name=metric))
     label = metric_label(metric)
-    return _layout(fig, label, "run" if label_column == "label" else metric_label(label_column),
-                   label)
+    x_title = "run" if label_column == "label" else metric_label(label_column)
+    return chart_layout(fig, label, x_title, label)
 
 
 def class_bar_figure(table: pd.DataFrame, stat: str, label_column: str = "label") -> go.Figure:
@@ -189,7 +188,7 @@ def class_bar_figure(table: pd.DataFrame, stat: str, label_column: str = "label"
             fig.add_trace(go.Bar(x=table[label_column], y=table[column], name=name))
     fig.update_layout(barmode="group")
     label = metric_label(stat)
-    return _layout(fig, f"{label} per SLO class", "run", label)
+    return chart_layout(fig, f"{label} per SLO class", "run", label)
 
 
 def page_map_figure(page_map: PageMap, *, max_cells: int = 10_000) -> go.Figure:
@@ -269,11 +268,11 @@ def validate_figures(metrics: pd.DataFrame) -> tuple[go.Figure, go.Figure]:
     scatter.add_trace(go.Scatter(x=positive["engine"], y=positive["sim"], name="metrics",
                                  mode="markers+text", text=positive["metric"],
                                  textposition="top center"))
-    scatter = _layout(scatter, "Simulator against engine", "engine", "simulator")
+    scatter = chart_layout(scatter, "Simulator against engine", "engine", "simulator")
     scatter.update_layout(xaxis_type="log", yaxis_type="log", hovermode="closest")
     errors = go.Figure(go.Bar(x=metrics["metric"], y=100.0 * metrics["rel_error"],
                               name="relative error"))
-    errors = _layout(errors, "Relative error of the simulator", "metric", "error (%)")
+    errors = chart_layout(errors, "Relative error of the simulator", "metric", "error (%)")
     return scatter, errors
 
 
@@ -290,79 +289,6 @@ def overlay_labels(labels: Sequence[str]) -> list[str]:
         seen[label] = seen.get(label, 0) + 1
         out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
     return out
-
-
-# Series of the Live page: (trace name, sample name); the kvlab: ones appear only when served.
-PAGES_AT_PRECISION = "kvlab:kv_pages_at_precision"  # by dtype (kvlab.bench.scrape.KEPT_LABELS)
-LIVE_QUEUES = (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
-               ("swapped", "kvlab:num_requests_swapped"))
-LIVE_RATES = (("preemptions", "vllm:num_preemptions_total"), ("swaps out", "kvlab:swaps_out_total"),
-              ("swaps in", "kvlab:swaps_in_total"),
-              ("pages demoted", "kvlab:kv_page_demotions_total"))  # (every level's, summed)
-
-
-def live_figures(samples: Sequence[MetricsSample]) -> list[go.Figure]:
-    """Charts of a server's /metrics over time (seconds since the first scrape): KV-cache usage,
-    queues, preemptions, swaps and (a precision policy's) page demotions per second, and the
-    prefix-cache hit rate between scrapes; for a server demoting pages (kvlab serve with a
-    precision policy), the share of its pages at each precision too."""
-    t0 = samples[0].time_s if samples else 0.0
-    times = [s.time_s - t0 for s in samples]
-    usage = go.Figure(go.Scatter(x=times, y=[100 * s.get("vllm:kv_cache_usage_perc")
-                                             for s in samples], name="KV cache usage",
-                                 mode="lines+markers"))
-    usage.update_yaxes(range=[0, 100])
-    queues = go.Figure()
-    for name, key in LIVE_QUEUES:
-        if any(key in s.values for s in samples):
-            queues.add_trace(go.Scatter(x=times, y=[s.get(key) for s in samples], name=name,
-                                        mode="lines+markers"))
-    pairs = list(itertools.pairwise(samples))
-    mids = [(a.time_s + b.time_s) / 2 - t0 for a, b in pairs]
-    rates = go.Figure()
-    for name, key in LIVE_RATES:
-        if any(key in s.values for s in samples):
-            rates.add_trace(go.Scatter(x=mids, y=[_rate(a, b, key) for a, b in pairs], name=name,
-                                       mode="lines+markers"))
-    hits = go.Figure(go.Scatter(x=mids, y=[_hit_rate(a, b) for a, b in pairs],
-                                name="prefix-cache hit rate", mode="lines+markers"))
-    charts = [
-        _layout(usage, "KV cache usage", "time (s)", "% of KV memory held"),
-        _layout(queues, "Requests", "time (s)", "requests"),
-        _layout(rates, "Preemptions and swaps", "time (s)", "per second"),
-        _layout(hits, "Prefix-cache hits between scrapes", "time (s)", "% of looked-up tokens"),
-    ]
-    mix = _live_precision_mix(samples, times)
-    return charts if mix is None else [*charts, mix]
-
-
-def _live_precision_mix(samples: Sequence[MetricsSample], times: list[float]
-                        ) -> go.Figure | None:
-    """The share of held and cached pages at each precision (kvlab serve's
-    `kvlab:kv_pages_at_precision`, by dtype) at each scrape; None where no scrape has it."""
-    prefix = f'{PAGES_AT_PRECISION}{{dtype="'
-    dtypes = list(dict.fromkeys(key[len(prefix):-2] for s in samples for key in s.values
-                                if key.startswith(prefix)))
-    if not dtypes:
-        return None
-    fig = go.Figure()
-    totals = [sum(s.get(f'{prefix}{d}"}}') for d in dtypes) for s in samples]
-    for dtype in dtypes:
-        shares = [100 * s.get(f'{prefix}{dtype}"}}') / total if total else None
-                  for s, total in zip(samples, totals, strict=True)]
-        fig.add_trace(go.Scatter(x=times, y=shares, name=dtype, mode="lines+markers"))
-    return _layout(fig, "KV precision mix", "time (s)", "% of held and cached pages")
-
-
-def _rate(a: MetricsSample, b: MetricsSample, key: str) -> float:
-    dt = b.time_s - a.time_s
-    return (b.get(key) - a.get(key)) / dt if dt > 0 else 0.0
-
-
-def _hit_rate(a: MetricsSample, b: MetricsSample) -> float | None:
-    queries = b.get("vllm:prefix_cache_queries_total") - a.get("vllm:prefix_cache_queries_total")
-    hits = b.get("vllm:prefix_cache_hits_total") - a.get("vllm:prefix_cache_hits_total")
-    return 100 * hits / queries if queries > 0 else None
 
 
 TIER_KINDS = ("host", "ssd", "remote")
@@ -390,8 +316,10 @@ def tier_figure(table: pd.DataFrame, label_column: str = "kv_tiers") -> go.Figur
     fig.update_layout(barmode="stack", yaxis2={"overlaying": "y", "side": "right",
                                                "title": metric_label(rate)},
                       xaxis_type="category")
-    return _layout(fig, "Prefix hits by memory level, and " + metric_label(rate),
-                   "memory tiers", "prompt tokens served from cache (%)")
+    return chart_layout(fig, "Prefix hits by memory level, and " + metric_label(rate),
+                        "memory tiers", "prompt tokens served from cache (%)")
+
+
 def instance_bar_figure(instances: pd.DataFrame, metric: str) -> go.Figure:
     """One group of bars per router, one bar per instance in it, for one per-instance summary
     metric (`num_prompts`: the requests routed there)."""
@@ -400,7 +328,7 @@ def instance_bar_figure(instances: pd.DataFrame, metric: str) -> go.Figure:
         fig.add_trace(go.Bar(x=rows["router"], y=rows[metric], name=f"instance {instance}"))
     fig.update_layout(barmode="group")
     label = "requests routed" if metric == "num_prompts" else metric_label(metric)
-    return _layout(fig, f"{label} per instance", "router", label)
+    return chart_layout(fig, f"{label} per instance", "router", label)
 
 
 def instance_load_figure(steps: pd.DataFrame, *, max_points: int = MAX_POINTS) -> go.Figure:
@@ -411,4 +339,4 @@ def instance_load_figure(steps: pd.DataFrame, *, max_points: int = MAX_POINTS) -
         thin = thin_steps(rows.reset_index(drop=True), max_points)
         fig.add_trace(go.Scatter(x=thin["start_s"], y=thin["num_running"] + thin["num_waiting"],
                                  name=f"instance {instance}", mode="lines"))
-    return _layout(fig, "Load per instance", "time (s)", "requests running + waiting")
+    return chart_layout(fig, "Load per instance", "time (s)", "requests running + waiting")

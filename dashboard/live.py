@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.bench import scrape_metrics
-from kvlab.dashboard import figures
+from kvlab.dashboard.live_figures import live_figures
 from kvlab.dashboard.widgets import chart, user_errors
 
 SAMPLES = "live_samples"
@@ -38,7 +38,7 @@ def _scrape_and_draw(url: str) -> None:
                f"{sample.get('vllm:num_requests_running'):.0f} running, "
                f"{sample.get('vllm:num_requests_waiting'):.0f} waiting, KV cache "
                f"{100 * sample.get('vllm:kv_cache_usage_perc'):.1f}% used")
-    charts = figures.live_figures(samples)
+    charts = live_figures(samples)
     for first in range(0, len(charts), 2):  # rows of two charts
         for column, index in zip(st.columns(2), range(first, min(first + 2, len(charts))),
                                  strict=False):

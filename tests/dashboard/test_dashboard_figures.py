@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.dashboard import figures
+from kvlab.dashboard.live_figures import live_figures
 from kvlab.dashboard.pagemap import CACHED, FREE, SHARED, PageMap
 
 
@@ -138,7 +139,7 @@ def test_live_charts_turn_counters_into_rates_between_scrapes():
         })
 
     samples = [sample(10.0, 0.5, 2, 1, 100, 10), sample(12.0, 0.75, 3, 5, 300, 110)]
-    usage, queues, rates, hits = figures.live_figures(samples)
+    usage, queues, rates, hits = live_figures(samples)
     assert list(usage.data[0].y) == [50.0, 75.0] and list(usage.data[0].x) == [0.0, 2.0]
     assert figures.trace_names(queues) == ["running"]  # only the series the server exports
     assert list(rates.data[0].y) == [2.0] and list(rates.data[0].x) == [1.0]
@@ -153,7 +154,7 @@ def test_live_charts_a_demoting_servers_demotions_per_second():
     samples = [MetricsSample(t, {"kvlab:kv_page_demotions_total": n,
                                  "vllm:num_preemptions_total": 0.0})
                for t, n in ((0.0, 0.0), (4.0, 40.0), (6.0, 50.0))]
-    rates = figures.live_figures(samples)[2]
+    rates = live_figures(samples)[2]
     assert figures.trace_names(rates) == ["preemptions", "pages demoted"]
     assert list(rates.data[1].y) == [10.0, 5.0]
 
@@ -167,12 +168,12 @@ def test_live_charts_a_demoting_servers_precision_mix():
         return MetricsSample(time_s, {'kvlab:kv_pages_at_precision{dtype="auto"}': auto,
                                       'kvlab:kv_pages_at_precision{dtype="fp8_e4m3"}': fp8})
 
-    charts = figures.live_figures([sample(0.0, 4.0, 0.0), sample(2.0, 1.0, 3.0),
+    charts = live_figures([sample(0.0, 4.0, 0.0), sample(2.0, 1.0, 3.0),
                                    sample(4.0, 0.0, 0.0)])
     mix = charts[4]
     assert figures.trace_names(mix) == ["auto", "fp8_e4m3"]
     assert list(mix.data[0].y) == [100.0, 25.0, None] and list(mix.data[1].y) == [0.0, 75.0, None]
-    assert len(figures.live_figures([MetricsSample(0.0, {})])) == 4
+    assert len(live_figures([MetricsSample(0.0, {})])) == 4
 
 
 @pytest.mark.parametrize("key, label", [
