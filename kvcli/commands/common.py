@@ -239,6 +239,7 @@ def config_warnings(config: Any) -> list[str]:
     if policy.preemption == "swap":
         warnings.append("preemption=swap: vLLM V1 never swaps, it recomputes; swapping is "
                         "vLLM V0's (--preset vllm-v0 gives its other defaults)")
+    warnings += _precision_warnings(policy)
     if config.calibrated is None:
         return warnings
     from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
@@ -247,3 +248,20 @@ def config_warnings(config: Any) -> list[str]:
     mismatch = mismatch_warning(config.calibrated, config.model_spec.name, where)
     warnings += [mismatch] if mismatch else []
     return warnings + [f"{where}: {warning}" for warning in fit_warnings(config.calibrated)]
+
+
+def _precision_warnings(policy: Any) -> list[str]:
+    """A precision policy's settings that act on prefix-cache pages, given without prefix
+    caching (they then do nothing; `cached=1` is the default and says nothing unless given)."""
+    from kvlab.policies.params import split_spec
+
+    if policy.prefix_caching:
+        return []
+    _, items = split_spec(policy.precision, "precision")
+    given = [f"{key}={value}" for key, value in items
+             if key in ("cached", "recompute") and value.strip() not in ("0", "0.0")]
+    if not given:
+        return []
+    return [f"precision {', '.join(given)}: acts on prefix-cache pages, and prefix caching is "
+            "off (--enable-prefix-caching, or an eviction policy other than none): it does "
+            "nothing here"]
