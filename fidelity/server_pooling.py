@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvlab.bench import BenchResult
-from kvlab.bench.observed import DEMOTIONS_KEY, series_increase
+from kvlab.bench.observed import series_increase
 from kvlab.fidelity.from_bench import SUMMARY_OPTIONS
 from kvlab.fidelity.validation import WINDOW_METRICS
 from kvlab.metrics import RunResult, merge_runs, summarize
+from kvlab.metrics.precision_mix import DEMOTIONS_KEY
 
 
 def summarize_run(result: RunResult) -> dict[str, Any]:

@@ -54,7 +54,6 @@ SERIES = (
 # simulator's, kvlab.metrics.precision_mix)
 _DEMOTIONS = re.compile(r'kvlab:kv_page_demotions_total\{level="(\d+)",dtype="([^"]+)"\}')
 DEMOTIONS_COLUMN = re.compile(r"precision_demotions_(\d+)_(.+)_total")
-DEMOTIONS_KEY = re.compile(r"precision_demotions_(\d+)_(.+)")
 
 
 @dataclass(slots=True, frozen=True)

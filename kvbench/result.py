@@ -15,9 +15,10 @@ import numpy as np
 
 from kvlab.bench.host_cpu import ticks_between
 from kvlab.bench.kv_event_stream import KVEventStream
-from kvlab.bench.observed import DEMOTIONS_KEY, ServerInfo, kv_summary, server_latency_summary
+from kvlab.bench.observed import ServerInfo, kv_summary, server_latency_summary
 from kvlab.bench.records import BenchRequest
 from kvlab.metrics import RunResult, per_request_table, summarize
+from kvlab.metrics.precision_mix import DEMOTIONS_KEY
 
 if TYPE_CHECKING:
     import pandas as pd

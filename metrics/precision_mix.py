@@ -4,6 +4,7 @@ demotions step by step: the step-table columns a precision policy adds
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ PAGES_AT_LEVEL = "num_pages_at_level_"  # + level: held and cached pages at it, 
 DEMOTIONS_TO_LEVEL = "num_demotions_to_level_"  # + level (>= 1): pages demoted into it
 # whole pages at the cache's dtype that the held demoted pages no longer need, per step
 SPARED_PAGES = "num_spared_pages"
+DEMOTIONS_KEY = re.compile(r"precision_demotions_(\d+)_(.+)")  # a summary's, per level
 
 
 def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
@@ -38,14 +40,19 @@ def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
 def mix_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(label, key) of the mix keys a run's summary has (`mix_summary`), in reading order:
     each level's share of the pages, the pages demoted into each level below the cache's
-    dtype, the demotions per second, the most ballast owed; none for a run without."""
-    names = str(summary.get("precision_levels") or "").split("/")
+    dtype, the demotions per second, the most ballast owed; none for a run without. A
+    summary without `precision_levels` (a benchmark of a demoting server: its demotions
+    only) names its levels by its demotion keys."""
+    names = dict(enumerate(str(summary.get("precision_levels") or "").split("/")))
     if len(names) < 2:
-        return []
+        names = {int(found[1]): found[2] for key in summary
+                 if (found := DEMOTIONS_KEY.fullmatch(key))}
+        if not names:
+            return []
     rows = [(f"Share at {name}", f"precision_share_{level}_{name}")
-            for level, name in enumerate(names)]
+            for level, name in sorted(names.items())]
     rows += [(f"Pages demoted to {name}", f"precision_demotions_{level}_{name}")
-             for level, name in enumerate(names) if level]
+             for level, name in sorted(names.items()) if level]
     rows += [("Demotions per second", "precision_demotions_per_s"),
              ("Max debt pages", "precision_max_debt_pages")]
     return [(label, key) for label, key in rows if key in summary]

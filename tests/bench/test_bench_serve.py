@@ -253,6 +253,8 @@ def test_a_demoting_servers_demotions_reach_the_summary(tmp_path):
     assert summary["precision_demotions_2_int4_per_token_head"] == demoted[2] > 0
     assert summary["precision_demotions_per_s"] == pytest.approx(
         (demoted[1] + demoted[2]) / result.run.duration_s)
+    report = format_report(summary)  # (levels named by the demotions: no shares scraped)
+    assert "Pages demoted to int4_per_token_head:" in report and "Share at" not in report
     path, *_ = save_bench_result(result, summary, result_dir=tmp_path,
                                  result_filename="demoting.json", detailed=True)
     assert load_bench_result(path).summary()["precision_demotions_1_fp8_e4m3"] == demoted[1]
