@@ -159,6 +159,11 @@ class ServerMetrics:
                                     strict=True):
                 gauge.set(pages[-1])
 
+    def itls_dropped(self) -> None:
+        """The scheduler's inter-token gaps were emptied after `observe_state` read them all
+        (a server keeping no history): read the next ones from the start."""
+        self._seen["itls"] = 0
+
     def observe_batch(self, output: SchedulerOutput) -> None:
         """The tokens a step computed (engine thread)."""
         if output.requests:

@@ -259,9 +259,11 @@ class EngineService:
                 self._forget_history(loop)
 
     def _forget_history(self, loop: StepLoop) -> None:
-        """Drop the steps' rows, the inter-token gaps and the precision mix (no profile)."""
+        """Drop the steps' rows, the inter-token gaps and the precision mix (no profile; the
+        metrics observed every gap already)."""
         loop.steps.clear()
         del loop.scheduler.itls_s[:]
+        self.metrics.itls_dropped()
         precision = self.engine.manager.precision
         if precision is not None:
             precision.mix.clear()

@@ -15,7 +15,8 @@ HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def _serve(keep_steps: bool) -> tuple[int, int, int]:
-    """Rows, gaps and mix rows a demoting server holds after 24 steps of one request."""
+    """Rows, gaps and mix rows a demoting server holds after 24 steps of one request; its
+    /metrics observed every one of the request's 23 inter-token gaps either way."""
     engine = EngineConfig(model="tiny-llama", serving=ServingConfig.create(
         "paged:block_size=4,precision=age:recent=4,depth=2", num_gpu_blocks_override=32))
     server = start_live_server(engine, api_key=API_KEY)
@@ -27,6 +28,9 @@ def _serve(keep_steps: bool) -> tuple[int, int, int]:
         with httpx.Client(base_url=server.base_url, headers=HEADERS, timeout=60) as client:
             response = client.post("/v1/completions", json=body)
             assert response.status_code == 200, response.text
+        itls = [line for line in service.metrics.exposition().decode().splitlines()
+                if line.startswith("vllm:inter_token_latency_seconds_count")]
+        assert float(itls[0].rsplit(" ", 1)[1]) == 23
     finally:
         server.stop()
     precision = service.engine.manager.precision
