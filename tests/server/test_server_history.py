@@ -28,11 +28,11 @@ def _serve(keep_steps: bool) -> tuple[int, int, int]:
         with httpx.Client(base_url=server.base_url, headers=HEADERS, timeout=60) as client:
             response = client.post("/v1/completions", json=body)
             assert response.status_code == 200, response.text
-        itls = [line for line in service.metrics.exposition().decode().splitlines()
-                if line.startswith("vllm:inter_token_latency_seconds_count")]
-        assert float(itls[0].rsplit(" ", 1)[1]) == 23
     finally:
-        server.stop()
+        server.stop()  # (the engine thread observes its last step before it stops)
+    itls = [line for line in service.metrics.exposition().decode().splitlines()
+            if line.startswith("vllm:inter_token_latency_seconds_count")]
+    assert float(itls[0].rsplit(" ", 1)[1]) == 23
     precision = service.engine.manager.precision
     assert precision is not None
     return len(service.steps), len(service.engine.scheduler.itls_s), len(precision.mix)
