@@ -4,6 +4,7 @@ the workload, the serving config and the report."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 # The engine commands' KV cache on cpu when neither a size nor a page count is given: vLLM's
@@ -236,10 +237,7 @@ def config_warnings(config: Any) -> list[str]:
         enable_chunked_prefill=config.serving.enable_chunked_prefill, kv_cache_dtype=dtype)
     warnings += platform_warnings(kv_cache_dtype(dtype), platform_of(config.hardware_spec))
     warnings += [f"--kv-tiers: {warning}" for warning in config.tier_warnings()]
-    if policy.preemption == "swap":
-        warnings.append("preemption=swap: vLLM V1 never swaps, it recomputes; swapping is "
-                        "vLLM V0's (--preset vllm-v0 gives its other defaults)")
-    warnings += _precision_warnings(policy)
+    warnings += policy_warnings(policy)
     if config.calibrated is None:
         return warnings
     from kvlab.fidelity.calibration import fit_warnings, mismatch_warning
@@ -248,6 +246,23 @@ def config_warnings(config: Any) -> list[str]:
     mismatch = mismatch_warning(config.calibrated, config.model_spec.name, where)
     warnings += [mismatch] if mismatch else []
     return warnings + [f"{where}: {warning}" for warning in fit_warnings(config.calibrated)]
+
+
+def policy_warnings(policy: Any) -> list[str]:
+    """What a policy (a `PolicySpec`) should tell its user before it runs, simulated or on
+    the engine (`kvlab sim`, `sweep`, `run`, `serve`): swapping, which vLLM V1 never does,
+    and precision settings that act on nothing."""
+    warnings = []
+    if policy.preemption == "swap":
+        warnings.append("preemption=swap: vLLM V1 never swaps, it recomputes; swapping is "
+                        "vLLM V0's (--preset vllm-v0 gives its other defaults)")
+    return warnings + _precision_warnings(policy)
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """Each of `warnings` on stderr, as `warning: ...`."""
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _precision_warnings(policy: Any) -> list[str]:

@@ -22,6 +22,8 @@ from kvlab.cli.commands.common import (
     add_serving_arguments,
     add_workload_arguments,
     load_trace_from_args,
+    policy_warnings,
+    print_warnings,
     serving_config,
     show_progress,
     summary_options,
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = summary_options(args)
     config = engine_config(args)
+    print_warnings(policy_warnings(config.serving.policy))
     trace = load_trace_from_args(args)
     if args.step_timer == "cpu":
         import torch

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the engine and serve until a signal."""
     import logging
 
-    from kvlab.cli.commands.common import serving_config
+    from kvlab.cli.commands.common import policy_warnings, print_warnings, serving_config
     from kvlab.engine.config import EngineConfig
     from kvlab.errors import KvlabError
     from kvlab.server import ServeConfig, serve
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     engine = EngineConfig(model=args.model, device=args.device, serving=serving_config(args),
                           attention_backend=args.attention_backend, dtype=args.dtype,
                           cpu_gemm=args.cpu_gemm)
+    print_warnings(policy_warnings(engine.serving.policy))
     return serve(ServeConfig(
         engine=engine, host=args.host, port=args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, max_queue=args.max_queue,

@@ -164,12 +164,9 @@ def _run_cluster(args: argparse.Namespace, options: dict[str, Any]) -> int:
 
 def _warn_config(config: SimConfig) -> None:
     """On stderr, each of `config_warnings`."""
-    import sys
+    from kvlab.cli.commands.common import config_warnings, print_warnings
 
-    from kvlab.cli.commands.common import config_warnings
-
-    for warning in config_warnings(config):
-        print(f"warning: {warning}", file=sys.stderr)
+    print_warnings(config_warnings(config))
 
 
 def _configs(args: argparse.Namespace) -> list[SimConfig]:

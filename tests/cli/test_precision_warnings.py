@@ -1,5 +1,6 @@
-"""`kvlab sim` says when a precision policy's prefix-cache settings cannot act: `cached=1` or
-`recompute=1` given without prefix caching (the default `cached=1` says nothing)."""
+"""`kvlab sim` and `serve` (`run`: tests/engine/test_run_cli.py) say when a precision policy's
+prefix-cache settings cannot act: `cached=1` or `recompute=1` given without prefix caching (the
+default `cached=1` says nothing)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ def test_prefix_cache_settings_without_prefix_caching_are_named(policy, flags, w
         assert WARNING not in err
     else:
         assert f"{warned}: {WARNING}" in err
+
+
+def test_kvlab_serve_names_them_before_it_serves(monkeypatch, capsys):
+    import kvlab.server
+
+    served = []
+    monkeypatch.setattr(kvlab.server, "serve", lambda config: served.append(config) or 0)
+    assert main(["serve", "tiny-llama", "--policy",
+                 "paged:precision=age:recent=64,cached=1,preemption=swap"]) == 0
+    err = capsys.readouterr().err
+    assert f"precision cached=1: {WARNING}" in err and "preemption=swap: vLLM V1" in err
+    assert len(served) == 1  # (the warnings do not stop it)

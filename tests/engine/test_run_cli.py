@@ -92,3 +92,12 @@ def test_run_with_demotion_reports_the_precision_mix_the_simulator_reports(tmp_p
                                                                  "num_demotions_to_level_"))]
     assert len(columns) == 5 and steps["run"]["num_demotions_to_level_2"].sum() > 0
     pd.testing.assert_frame_equal(steps["run"][columns], steps["sim"][columns])
+
+
+def test_a_precision_setting_that_cannot_act_is_named(capsys):
+    assert main(["run", "--num-prompts", "1", "--max-model-len", "512", "--kv-cache-memory",
+                 "8MiB", "--disable-tqdm", "--policy",
+                 "paged:precision=age:recent=64,cached=0,recompute=1"]) == 0
+    assert ("precision recompute=1: acts on prefix-cache pages, and prefix caching is off"
+            in capsys.readouterr().err)
+
