@@ -122,6 +122,10 @@ class StepRecorder:
         """Every column: STEP_COLUMNS, then those added."""
         return (*STEP_COLUMNS, *self.added_columns())
 
+    def ordered_columns(self) -> dict[str, array]:
+        """The columns as they are (no copies), STEP_COLUMNS first."""
+        return {name: self.columns[name] for name in self.column_names()}
+
     def as_dict(self) -> dict[str, list]:
         """The columns as plain lists, STEP_COLUMNS first (for pandas or JSON)."""
-        return {name: self.columns[name].tolist() for name in self.column_names()}
+        return {name: column.tolist() for name, column in self.ordered_columns().items()}

@@ -84,11 +84,6 @@ def _write_table(table: pd.DataFrame | dict[str, Any], path: Path, table_format:
         table.to_parquet(path, engine="pyarrow", index=False)
 
 
-def _step_columns(steps: StepRecorder) -> dict[str, Any]:
-    """The recorder's columns as they are (no copies), STEP_COLUMNS first."""
-    return {name: steps.columns[name] for name in steps.column_names()}
-
-
 def _check_table_format(table_format: str) -> None:
     if table_format not in TABLE_FORMATS:
         raise KvlabError(
@@ -109,7 +104,7 @@ def save_step_profile(steps: StepRecorder, path: Path) -> Path:
     _check_table_format(table_format)
     with writing(path, "the step profile"):
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_table(_step_columns(steps), path, table_format)
+        _write_table(steps.ordered_columns(), path, table_format)
     return path
 
 
@@ -145,7 +140,7 @@ def save_results(
     json_path = Path(result_dir) / name
     stem = result_stem(json_path)
     written: dict[str, pd.DataFrame | dict[str, Any]] = dict(tables) if tables is not None else {
-        "requests": request_columns(result), "steps": _step_columns(result.steps)}
+        "requests": request_columns(result), "steps": result.steps.ordered_columns()}
     table_paths = {key: json_path.with_name(f"{stem}.{key}.{table_format}") for key in written}
     payload = {"date": now.strftime("%Y%m%d-%H%M%S"), **summary}
     # allow_nan=False: a NaN or infinity in a summary is a bug, not something to save.

@@ -1,4 +1,5 @@
-"""The record of a finished run, simulated or real: `RunResult`, and `merge_runs`."""
+"""The record of a finished run, simulated or real: `RunResult`, and runs combined as one
+(`merge_runs`, `combine_runs`)."""
 
 from __future__ import annotations
 
@@ -83,25 +84,35 @@ def merge_runs(results: Sequence[RunResult]) -> RunResult:
     first = results[0]
     if len(results) == 1:
         return first
-    shape = (first.page_size, first.num_total_pages, first.num_host_pages)
-    for result in results[1:]:
-        if (result.page_size, result.num_total_pages, result.num_host_pages) != shape:
-            raise ValueError("merge_runs: the runs' KV memory differs (page size or page counts)")
-    steps = StepRecorder()
-    for result in results:
-        steps.extend(result.steps)
     requests = [request for result in results for request in result.requests]
-    duration_s = sum(result.duration_s for result in results)
-    # (a precision policy's mix over every run's steps, not the first run's; none where a
-    # run had none)
-    mix = steps_mix_summary(steps, [result.metadata for result in results], duration_s)
+    # (a precision policy's mix over every run's steps, not the first run's: `combine_runs`)
     kept = {key: value for key, value in first.metadata.items()
             if not key.startswith("precision_")}
+    return combine_runs(results, requests, sum(result.duration_s for result in results),
+                        {**kept, "num_prompts": len(requests)})
+
+
+def combine_runs(runs: Sequence[RunResult], requests: Sequence[Any], duration_s: float,
+                 metadata: dict[str, Any]) -> RunResult:
+    """`runs` (one memory shape, else ValueError) as one run of `requests` lasting
+    `duration_s`: their steps run by run, their inter-token gaps together, `metadata` with
+    the precision mix over all their steps (none where a run had none). `merge_runs` (runs
+    one after another) and a simulated cluster's whole view (runs side by side) are both
+    this."""
+    first = runs[0]
+    shape = (first.page_size, first.num_total_pages, first.num_host_pages)
+    if any((run.page_size, run.num_total_pages, run.num_host_pages) != shape for run in runs):
+        raise ValueError("the runs' KV memory differs (page size or page counts): they cannot "
+                         "be one run")
+    steps = StepRecorder()
+    for run in runs:
+        steps.extend(run.steps)
+    mix = steps_mix_summary(steps, [run.metadata for run in runs], duration_s)
     return dataclasses.replace(
         first,
         requests=requests,
         steps=steps,
-        itls_s=np.concatenate([result.itls_s for result in results]),
+        itls_s=np.concatenate([run.itls_s for run in runs]),
         duration_s=duration_s,
-        metadata={**kept, "num_prompts": len(requests), **mix},
+        metadata={**metadata, **mix},
     )

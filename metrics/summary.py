@@ -142,7 +142,7 @@ def count_good_requests(result: RunResult, slos_ms: dict[str, float],
 
 def step_columns(steps: StepRecorder) -> dict[str, np.ndarray]:
     """The recorder's columns as numpy arrays (copies), STEP_COLUMNS first."""
-    return {name: np.array(steps.columns[name]) for name in steps.column_names()}
+    return {name: np.array(column) for name, column in steps.ordered_columns().items()}
 
 
 def _time_weighted_ratio(weights: np.ndarray, num: np.ndarray, den: np.ndarray) -> float:

@@ -8,10 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from kvlab.metrics import RunResult, StepRecorder
-from kvlab.metrics.precision_mix import steps_mix_summary
+from kvlab.metrics import RunResult
+from kvlab.metrics.run_result import combine_runs
 from kvlab.policies import Request
 from kvlab.policies.tiers import PrefixTier, TierStats
 from kvlab.sim.assembly import duration_s, scheduled_prompt_tokens, tier_stats
@@ -22,25 +20,8 @@ def whole_cluster_run(requests: list[Request], runs: Sequence[RunResult],
                       metadata: dict[str, Any]) -> RunResult:
     """One run of every request (`requests`, in trace order) and every instance's steps
     (instance by instance), with one instance's memory fields (every instance has the same
-    memory shape)."""
-    shapes = {(run.page_size, run.num_total_pages, run.num_host_pages) for run in runs}
-    assert len(shapes) == 1, "the cluster's view needs instances of one memory shape"
-    steps = StepRecorder()
-    for run in runs:
-        steps.extend(run.steps)
-    metadata = {**metadata, **steps_mix_summary(steps, [run.metadata for run in runs],
-                                                duration_s(requests))}
-    return RunResult(
-        requests=requests,
-        steps=steps,
-        itls_s=np.concatenate([run.itls_s for run in runs]),
-        duration_s=duration_s(requests),
-        page_size=runs[0].page_size,
-        num_total_pages=runs[0].num_total_pages,
-        kv_cache_size_tokens=runs[0].kv_cache_size_tokens,
-        num_host_pages=runs[0].num_host_pages,
-        metadata=metadata,
-    )
+    memory shape), lasting from the first arrival to the last finish."""
+    return combine_runs(runs, requests, duration_s(requests), metadata)
 
 
 def cluster_tier_stats(instances: Sequence[ClusterInstance], shared_tiers: dict[str, PrefixTier],
