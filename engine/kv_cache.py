@@ -6,9 +6,11 @@ out on them by `kvlab.engine.kv_mem_ops`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvlab.engine.kv_mem_ops import execute_mem_ops
@@ -65,6 +67,18 @@ def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
                         "kv_tiers"))
 
 
+
+def page_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """A zeroed tensor of pages. Zeros, not empty: a kernel that loads a whole page and masks
+    scores must not meet NaN. On the CPU the zeros come from calloc (numpy's `zeros`): the OS
+    maps zero pages as they are first written, so a cache, or a precision level, larger than
+    what a run writes holds only what it wrote (a 512 MiB CPU cache and its demoted levels
+    were written out in full before: seconds of system time and GBs of resident memory)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    num_bytes = math.prod(shape) * dtype.itemsize
+    return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)
+
 class KVCache:
     """Per-layer K and V pages on the device (layers of different KV-cache groups may share a
     tensor: `layer_slots`), the host swap space and the host tier (prefix
@@ -113,10 +127,9 @@ class KVCache:
         host_shape = (num_host_pages, page_size, num_kv_heads, row)
         page_bytes = 2 * num_layers * page_size * num_kv_heads * row * dtype.itemsize
         _check_fits(platform, num_pages, num_host_pages + num_tier_pages, page_bytes)
-        # Zeros, not empty: a kernel that loads a whole page and masks scores must not meet NaN.
         device = platform.device
-        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_caches = [page_zeros(shape, dtype, device) for _ in range(num_layers)]
+        self.v_caches = [page_zeros(shape, dtype, device) for _ in range(num_layers)]
         pin = platform.pin_memory and num_host_pages > 0
         self.host_k_caches = [
             torch.zeros(host_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvlab.engine.kv_cache import KVCache, layer_kv_quants
+from kvlab.engine.kv_cache import KVCache, layer_kv_quants, page_zeros
 from kvlab.kernels.kv_quant import KVQuant, page_format
 from kvlab.kernels.mixed_attention import LevelPages, MixedBackend, MixedLayer, MixedState
 from kvlab.policies import registry
@@ -78,9 +78,8 @@ class PrecisionPages:
                 or no_quants)
             shape = (num_ids, page_size, num_kv_heads, row)
             for levels, quant in zip(self.tensor_levels, quants, strict=True):
-                levels.append(LevelPages(torch.zeros(shape, dtype=element, device=device),
-                                         torch.zeros(shape, dtype=element, device=device),
-                                         quant))
+                levels.append(LevelPages(page_zeros(shape, element, device),
+                                         page_zeros(shape, element, device), quant))
         self.state = MixedState(torch.zeros(num_ids, dtype=torch.int8, device=device))
         self.levels: dict[int, int] = {}  # demoted page -> level (absent: 0)
         self.demoted = bytearray()  # the manager's word: its ledger's levels (by page id)

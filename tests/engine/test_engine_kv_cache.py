@@ -293,3 +293,32 @@ def test_cuda_sizing_leaves_room_for_weights_and_the_profiled_peak():
     num_pages = determine_num_pages(model, platform, serving, 256)
     budget = int(platform.total_memory_bytes() * 0.5) - weights_bytes(model) - peak
     assert abs(num_pages - budget // page_bytes_all_layers(config, 16, torch.float32)) <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn,
+                                   torch.uint8])
+def test_page_zeros_are_zeros_of_the_shape_and_dtype_and_writable(dtype):
+    from kvlab.engine.kv_cache import page_zeros
+
+    pages = page_zeros((3, 4, 2, 8), dtype, "cpu")
+    assert pages.shape == (3, 4, 2, 8) and pages.dtype == dtype and pages.is_contiguous()
+    assert not pages.float().any()
+    pages[1, 2] = torch.ones(2, 8).to(dtype)
+    assert pages.float().sum() == 16 and not pages[0].float().any()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="Linux only")
+def test_page_zeros_on_the_cpu_hold_only_the_pages_written():
+    # A precision level holds pages for every page id: a 1 GiB one written in one page must
+    # not be 1 GiB of resident memory (calloc's zero pages, mapped when first written)
+    from kvlab.engine.kv_cache import page_zeros
+
+    def resident_bytes() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096
+
+    before = resident_bytes()
+    pages = page_zeros((1024, 16, 8, 1024), torch.float32, "cpu")  # 512 MiB
+    pages[7] = 1.0
+    assert resident_bytes() - before < 64 << 20
+    assert pages[7].sum() == 16 * 8 * 1024 and not pages[8].any()
