@@ -6,7 +6,9 @@ physics, and would make the simulator's clock run backwards on some shapes):
 1. the forward pass, on the steps with no memory work: measured `wall_time_s` against a constant
    (the fixed per-step overhead), prefill tokens, decode tokens, context tokens read by attention,
    the prefill chunks' (query, key) pairs, the batch size, and the decode context padded to the
-   longest decode (what the torch backend's batched decode attention reads);
+   longest decode (what the torch backend's batched decode attention reads), and, where a
+   precision policy demoted pages, the context tokens they spared (the context left charged as
+   context: `step_features`);
 2. the memory work, on the steps that swapped or copied pages: what fit 1 does not explain of
    their measured time, against swap transfers, swapped pages and copied pages.
 
@@ -26,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import KvlabError
+from kvlab.metrics.precision_mix import SAVED_CONTEXT
 from kvlab.sim.calibrated import CalibratedCostModel
 
 STEP_FEATURES = (
@@ -44,6 +47,7 @@ STEP_COEFFICIENTS = (
     "attention_pair_s",
     "seq_s",
     "padded_context_token_s",
+    "demoted_context_token_s",
 )
 MEMORY_COEFFICIENTS = ("swap_transfer_s", "swap_page_s", "copy_page_s")
 MEMORY_COLUMNS = (
@@ -121,9 +125,22 @@ def _scaled_nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 
 def step_features(profile: pd.DataFrame) -> np.ndarray:
-    """The forward-pass design matrix: a column of ones, then STEP_FEATURES."""
+    """The forward-pass design matrix: a column of ones, then STEP_FEATURES, then the context
+    tokens a precision policy's demoted pages spared (`num_saved_context_tokens`, 0 where the
+    profile has none). Where they spared any, the step's context and padded context are what
+    the simulator charges (sim/precision_costs.py): less in proportion."""
     ones = np.ones((len(profile), 1))
-    return np.hstack([ones, profile[list(STEP_FEATURES)].to_numpy(dtype=np.float64)])
+    features = profile[list(STEP_FEATURES)].to_numpy(dtype=np.float64, copy=True)
+    if SAVED_CONTEXT not in profile:
+        return np.hstack([ones, features, np.zeros((len(profile), 1))])
+    saved = profile[SAVED_CONTEXT].to_numpy(dtype=np.float64)
+    context = features[:, STEP_FEATURES.index("num_context_tokens")]
+    spared = (saved > 0) & (context > 0)
+    keep = np.maximum(0.0, 1.0 - saved[spared] / context[spared])
+    for name in ("num_context_tokens", "num_padded_context_tokens"):
+        column = STEP_FEATURES.index(name)
+        features[spared, column] = np.round(features[spared, column] * keep)
+    return np.hstack([ones, features, np.where(spared, saved, 0.0)[:, None]])
 
 
 def memory_features(profile: pd.DataFrame) -> np.ndarray:

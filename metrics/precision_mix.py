@@ -14,6 +14,9 @@ PAGES_AT_LEVEL = "num_pages_at_level_"  # + level: held and cached pages at it, 
 DEMOTIONS_TO_LEVEL = "num_demotions_to_level_"  # + level (>= 1): pages demoted into it
 # whole pages at the cache's dtype that the held demoted pages no longer need, per step
 SPARED_PAGES = "num_spared_pages"
+# the context tokens at the cache's dtype that the batch's demoted pages spare its attention,
+# per step (what the simulator takes off the step's context; a calibration's feature)
+SAVED_CONTEXT = "num_saved_context_tokens"
 DEMOTIONS_KEY = re.compile(r"precision_demotions_(\d+)_(.+)")  # a summary's, per level
 
 

@@ -95,7 +95,7 @@ class StepRecorder:
         columns = self.columns
         if not len(self):
             for name in other.added_columns():
-                columns.setdefault(name, array("q"))
+                columns.setdefault(name, array(other.columns[name].typecode))
         for name in [name for name in self.added_columns() if name not in other.columns]:
             del columns[name]
         for name, column in columns.items():
@@ -107,12 +107,14 @@ class StepRecorder:
             del column[:]
 
     def add_columns(self, added: Mapping[str, array]) -> None:
-        """Integer columns of a run's own after STEP_COLUMNS, one value per step recorded."""
+        """Columns of a run's own after STEP_COLUMNS, one value per step recorded: integers,
+        but for a float array (`array("d")`)."""
         for name, values in added.items():
             if name in STEP_COLUMNS or len(values) != len(self):
                 raise ValueError(f"step column {name!r}: {len(values)} values for "
                                  f"{len(self)} steps, or a name STEP_COLUMNS has")
-            self.columns[name] = array("q", values)
+            kind = "d" if isinstance(values, array) and values.typecode == "d" else "q"
+            self.columns[name] = array(kind, values)
 
     def added_columns(self) -> list[str]:
         """The columns `add_columns` added, in order."""

@@ -67,7 +67,7 @@ class StepLoop:
         manager = scheduler.manager
         self._usage = manager.usage()
         if manager.precision is not None:  # (its pages spared, as the usage is taken)
-            manager.precision.note_usage()
+            manager.precision.note_usage(output.requests)
         return output
 
     def commit(

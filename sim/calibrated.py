@@ -14,13 +14,15 @@ bends the decode cost: a step's first `first_decodes` decodes cost `first_decode
 each, as the steps of a CPU server grow fast over their first decodes and slower after; 0
 where the steps are a line.)
 
-and its memory work (executed before the forward pass, on the same stream) costs
-`swap_transfer_s` per separate copy plus `swap_page_s` per page moved either way, and
-`copy_page_s` per page copied on the device. `api_latency_s` and `api_latency_per_request_s`
-are a server's: the time its API adds between a client's send and the scheduler, and how much
-more for each request in flight (see the fields). All coefficients are
-seconds and non-negative, but `host_steal_slowdown`: how much slower the server's steps ran
-per share of its host's CPU that the hypervisor withheld (steal time, `under_steal`).
+(plus `demoted_context_token` x the context tokens a precision policy's demoted pages spare,
+on top of the context they leave: `demoted_read_time_s`) and its memory work (executed before
+the forward pass, on the same stream) costs `swap_transfer_s` per separate copy plus
+`swap_page_s` per page moved either way, and `copy_page_s` per page copied on the device.
+`api_latency_s` and `api_latency_per_request_s` are a server's: the time its API adds between a
+client's send and the scheduler, and how much more for each request in flight (see the fields).
+All coefficients are seconds and non-negative, but `host_steal_slowdown`: how much slower the
+server's steps ran per share of its host's CPU that the hypervisor withheld (steal time,
+`under_steal`).
 Torch-free: the file is plain JSON.
 """
 
@@ -41,7 +43,7 @@ FORMAT = "kvlab-calibrated-cost-model"
 FORMAT_VERSION = 2
 # Written only when nonzero (`to_json`): added to version 2 without a new version.
 OPTIONAL_COEFFICIENTS = ("api_latency_per_request_s", "host_steal_slowdown",
-                         "first_decode_token_s", "first_decodes")
+                         "first_decode_token_s", "first_decodes", "demoted_context_token_s")
 # What a server's API adds, the steal sensitivity and a count of decodes: not scaled by
 # `under_steal`.
 UNSCALED_COEFFICIENTS = ("api_latency_s", "api_latency_per_request_s", "host_steal_slowdown",
@@ -83,6 +85,11 @@ class CalibratedCostModel:
     # `first_decodes` decodes (a count, not seconds; `calibrate --from-bench` picks it).
     first_decode_token_s: float = 0.0
     first_decodes: float = 0.0
+    # A step whose batch reads demoted pages (a precision policy): seconds per context token
+    # (at the cache's dtype) they spare, on top of the context left (`demoted_read_time_s`);
+    # fitted where the profile has `num_saved_context_tokens`. 0 on a device whose kernels
+    # read demoted pages as fast as their bytes; a CPU engine's dequantization costs more.
+    demoted_context_token_s: float = 0.0
     fit: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def step_time_s(self, shape: StepShapeLike) -> float:
@@ -122,6 +129,11 @@ class CalibratedCostModel:
     def copy_time_s(self, num_pages: int) -> float:
         """Copying num_pages pages on the device."""
         return num_pages * self.copy_page_s
+
+    def demoted_read_time_s(self, num_saved_tokens: float) -> float:
+        """`demoted_context_token_s` per context token the demoted pages spare: what their
+        reads cost beyond the context left (a CPU engine dequantizes them apart)."""
+        return self.demoted_context_token_s * num_saved_tokens
 
     def recompute_time_s(self, num_tokens: int) -> float:
         """One sequence's prefill of num_tokens tokens from scratch, causal attention."""

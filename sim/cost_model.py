@@ -96,6 +96,12 @@ class CostModel(Protocol):
         """Prefilling num_tokens tokens from scratch (what a recompute preemption costs)."""
         ...
 
+    def demoted_read_time_s(self, num_saved_tokens: float) -> float:
+        """What a step's reads of demoted pages cost beyond their bytes, given the context
+        tokens (at the cache's dtype) their lower precision spares it (the step's time
+        already counts that much less context: sim/precision_costs.py)."""
+        ...
+
 
 class RooflineCostModel:
     """Step, swap, copy and recompute times from data-sheet figures (see the module docstring).
@@ -232,6 +238,11 @@ class RooflineCostModel:
     def copy_time_s(self, num_pages: int) -> float:
         """Each page read and written once in HBM (copies are batched into one kernel)."""
         return num_pages * self._copy_s_per_page
+
+    def demoted_read_time_s(self, num_saved_tokens: float) -> float:
+        """0: a demoted page's read costs its bytes (a fused dequantizing kernel; its
+        arithmetic hides under the memory traffic)."""
+        return 0.0
 
     def recompute_time_s(self, num_tokens: int) -> float:
         """The step time of one sequence's prefill of num_tokens tokens, causal attention."""

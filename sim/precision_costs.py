@@ -25,7 +25,8 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
     roofline's KV bytes shrink; its attention FLOPs shrink by the same tokens (an undercount
     of compute where a step is compute-bound). Requantizing a page reads it at its old level
     and writes it at its new one: a copy's time (`copy_time_s`, read + write of a full page)
-    scaled by the two levels' byte ratios.
+    scaled by the two levels' byte ratios. What reading the demoted pages costs beyond their
+    bytes is the cost model's (`demoted_read_time_s`: 0 but for a calibrated CPU engine).
     """
     saved = driver.num_saved_context_tokens(output.requests)
     context, padded = output.num_context_tokens, output.num_padded_context_tokens
@@ -39,6 +40,7 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
             time_s = cost_model.step_time_s(output)
         finally:
             output.num_context_tokens, output.num_padded_context_tokens = context, padded
+        time_s += cost_model.demoted_read_time_s(saved)
     else:
         time_s = cost_model.step_time_s(output)
     requantize = output.mem_ops.requantize
@@ -48,11 +50,12 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
 
 
 def demoted_run_timer(timer: Callable[[int, int], float], run: RunDemotions,
-                      copy_page_s: float) -> Callable[[int, int], float]:
+                      copy_page_s: float, demoted_read_time_s: Callable[[float], float]
+                      ) -> Callable[[int, int], float]:
     """A decode run's step timer (context, padded context -> seconds, the run's steps in
     turn) with each step's demoted pages read at their levels and its requantizations
     (`run.costs`), as `precision_step_time_s` charges a step; `copy_page_s` is one page's
-    copy (`copy_time_s(1)`)."""
+    copy (`copy_time_s(1)`), `demoted_read_time_s` the cost model's."""
     costs, steps = run.costs, itertools.count()
 
     def time_s(num_context: int, num_padded: int) -> float:
@@ -60,6 +63,7 @@ def demoted_run_timer(timer: Callable[[int, int], float], run: RunDemotions,
         if saved > 0 and num_context > 0:
             keep = max(0.0, 1.0 - saved / num_context)
             seconds = timer(round(num_context * keep), round(num_padded * keep))
+            seconds += demoted_read_time_s(saved)
         else:
             seconds = timer(num_context, num_padded)
         if pages:

@@ -36,6 +36,10 @@ class ReplayedStepTimes:
         """0 (inside the measured duration)."""
         return 0.0
 
+    def demoted_read_time_s(self, num_saved_tokens: float) -> float:
+        """0 (inside the measured duration)."""
+        return 0.0
+
     def recompute_time_s(self, num_tokens: int) -> float:
         """Only asked under preemption=auto, which gets the engine's costs; linear otherwise."""
         return float(num_tokens)

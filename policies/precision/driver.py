@@ -359,10 +359,12 @@ class PrecisionDriver:
                 - ledger.num_ballast_pages)  # held and cached-free pages
         self.mix.add(held, ledger.num_at_level, ledger.demotions, ledger.num_spared_pages)
 
-    def note_usage(self) -> None:
+    def note_usage(self, requests: list[Any]) -> None:
         """The step's memory is being recorded (after its allocations and preemptions): its
-        spared pages as they are now (`PrecisionMix.note_spared`)."""
-        self.mix.note_spared(self.ledger.num_spared_pages)
+        spared pages as they are now and the context its batch `requests` reads less
+        (`PrecisionMix.note_spared`)."""
+        self.mix.note_spared(self.ledger.num_spared_pages,
+                             self.num_saved_context_tokens(requests))
 
     def num_saved_context_tokens(self, requests: list[Any]) -> float:
         """The KV tokens at the cache's dtype that `requests`' demoted pages spare attention

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from array import array
 
-from kvlab.metrics.precision_mix import DEMOTIONS_TO_LEVEL, PAGES_AT_LEVEL, SPARED_PAGES
+from kvlab.metrics.precision_mix import (
+    DEMOTIONS_TO_LEVEL,
+    PAGES_AT_LEVEL,
+    SAVED_CONTEXT,
+    SPARED_PAGES,
+)
 
 
 class PrecisionMix:
@@ -14,27 +19,33 @@ class PrecisionMix:
     level k >= 1 in it (`demotions_to_level[k]`; a page stepped down two levels counts once in
     each), and the whole pages at the cache's dtype the held demoted pages no longer need
     (`spared_pages`: the step table's used pages less these are the bytes held), that one as
-    the step's memory is recorded (`note_spared`: after its allocations). A manager serving
+    the step's memory is recorded (`note_spared`: after its allocations), and the context
+    tokens the step's batch reads less for its demoted pages (`saved_tokens`, `note_spared`
+    too: once the batch is known). A manager serving
     several runs (the engine's) samples them all: a run's rows are the last as many as its
     steps (`step_columns`)."""
 
-    __slots__ = ("_demotions_before", "demotions_to_level", "pages_at_level", "spared_pages")
+    __slots__ = ("_demotions_before", "demotions_to_level", "pages_at_level", "saved_tokens",
+                 "spared_pages")
 
     def __init__(self, depth: int) -> None:
         self.pages_at_level = [array("q") for _ in range(depth + 1)]
         self.demotions_to_level = [array("q") for _ in range(depth + 1)]  # (index 0 unused)
         self._demotions_before = [0] * (depth + 1)
         self.spared_pages = array("q")
+        self.saved_tokens = array("d")
 
     def __len__(self) -> int:
         return len(self.pages_at_level[0])
 
     def add(self, num_pages: int, num_at_level: list[int], demotions: list[int],
-            num_spared: int) -> None:
+            num_spared: int, num_saved_tokens: float = 0.0) -> None:
         """One step: `num_pages` held and cached pages, `num_at_level[k]` of them at level
         k >= 1 (index 0 unused, 0), `demotions[k]` pages demoted into level k ever,
-        `num_spared` pages spared (until `note_spared`)."""
+        `num_spared` pages spared and `num_saved_tokens` context tokens saved (until
+        `note_spared`)."""
         self.spared_pages.append(num_spared)
+        self.saved_tokens.append(num_saved_tokens)
         before = self._demotions_before
         self.pages_at_level[0].append(num_pages - sum(num_at_level))
         for level in range(1, len(before)):
@@ -45,18 +56,20 @@ class PrecisionMix:
     def clear(self) -> None:
         """Drop every row (a server that keeps no profile bounds its memory so); demotions
         go on counting from the totals seen last."""
-        for rows in (*self.pages_at_level, *self.demotions_to_level, self.spared_pages):
+        for rows in (*self.pages_at_level, *self.demotions_to_level, self.spared_pages,
+                     self.saved_tokens):
             del rows[:]
 
-    def note_spared(self, num_spared: int) -> None:
+    def note_spared(self, num_spared: int, num_saved_tokens: float) -> None:
         """The step's spared pages as its memory is recorded (preemptions since its start
-        freed demoted pages)."""
+        freed demoted pages), and the context tokens its batch's demoted pages save."""
         self.spared_pages[-1] = num_spared
+        self.saved_tokens[-1] = num_saved_tokens
 
     def step_columns(self, num_steps: int) -> dict[str, array]:
         """The last `num_steps` rows as step-table columns: `num_pages_at_level_K` for every
         level, `num_demotions_to_level_K` for every level below the cache's dtype,
-        `num_spared_pages`."""
+        `num_spared_pages`, `num_saved_context_tokens`."""
         start = len(self) - num_steps
         assert start >= 0, "a run's steps are the mix's last rows"
         columns = {f"{PAGES_AT_LEVEL}{level}": pages[start:]
@@ -64,4 +77,5 @@ class PrecisionMix:
         for level in range(1, len(self.demotions_to_level)):
             columns[f"{DEMOTIONS_TO_LEVEL}{level}"] = self.demotions_to_level[level][start:]
         columns[SPARED_PAGES] = self.spared_pages[start:]
+        columns[SAVED_CONTEXT] = self.saved_tokens[start:]
         return columns

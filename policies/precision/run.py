@@ -62,7 +62,8 @@ class RunDemotions:
     past a prefill, may demote many pages), then a page per level every `page_size` steps."""
 
     __slots__ = ("_at", "_built", "_driver", "_dues", "_gaps", "_horizon", "_levels", "_requests",
-                 "_saved", "_states", "_step", "first", "new_entries", "num_steps")
+                 "_saved", "_saved_tokens", "_states", "_step", "first", "new_entries",
+                 "num_steps")
 
     def __init__(self, driver: PrecisionDriver, requests: list[Any], num_steps: int) -> None:
         self._driver = driver
@@ -86,6 +87,7 @@ class RunDemotions:
         self._saved = 0.0
         self._levels: dict[int, int] = {}
         self._dues: list[list[Walk]] = []  # each step's walks as `costs` found them
+        self._saved_tokens: list[float] = []  # each step's context saved, as `costs` gave it
 
     def _build(self) -> None:
         driver = self._driver
@@ -192,7 +194,8 @@ class RunDemotions:
         due = self.due(step)
         self._dues.append(due)  # (for `commit`)
         if not due:  # (most steps)
-            return self._saved * driver.manager.page_size, 0.0
+            self._saved_tokens.append(saved := self._saved * driver.manager.page_size)
+            return saved, 0.0
         saved = self._saved
         for state, _, level, _, start, end, num_held in due:
             saved += (end - start) * saving[level]
@@ -216,7 +219,8 @@ class RunDemotions:
         for page, before in first_level.items():
             pages += ratios[before, levels[page]]
         self._saved = saved
-        return saved * driver.manager.page_size, pages / 2
+        self._saved_tokens.append(saved := saved * driver.manager.page_size)
+        return saved, pages / 2
 
     def _apply(self, due: list[Walk]) -> int:
         """A step's walks `due` applied to the ledger, a level at a time, in turn: the same
@@ -284,6 +288,7 @@ class RunDemotions:
         num_released = 0
         taken_before = [0, *pages_taken[:-1]]  # (pages taken by each step's start)
         dues, num_at, num_demoted, spared = self._dues, ledger.num_at_level, 0, 0
+        saved_tokens = self._saved_tokens  # (the steps costed: the timer's figures)
         for step in range(num_steps):
             due = dues[step] if step < len(dues) else self.due(step)
             if due or not step:  # (most steps: nothing demoted, nothing settled)
@@ -295,7 +300,9 @@ class RunDemotions:
                 num_released += num_ballast - ledger.num_ballast_pages
                 spared = ledger.num_spared_pages
             released.append(num_released)
-            sample(held + taken_before[step], num_at, ledger.demotions, spared)
+            sample(held + taken_before[step], num_at, ledger.demotions, spared,
+                   saved_tokens[step] if step < len(saved_tokens)
+                   else driver.num_saved_context_tokens(self._requests))
         if policy.recompute:  # a lookup from before may reach them
             driver.manager.pool.cache_epoch += num_demoted
         return released

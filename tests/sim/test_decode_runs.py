@@ -4,6 +4,8 @@ on whole traces and on random small ones (policies, memory, prefix caching, pree
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -169,3 +171,26 @@ def test_exact_ratios_are_binary_fractions():
 
     assert exact_ratios([1.0, 0.5, 0.265625, 0.734375])
     assert not exact_ratios([0.275])  # 44 / 160: a head_dim of 80's int4 row
+
+
+def test_runs_charge_demoted_reads_as_stepping_does_under_a_calibrated_model():
+    """A calibrated model's `demoted_context_token_s` is charged by a run's timer as by a
+    stepped step: the same durations to the last bit."""
+    from kvlab.sim.calibrated import CalibratedCostModel
+
+    model = CalibratedCostModel(step_overhead_s=2e-3, decode_token_s=3e-4,
+                                context_token_s=1e-6, demoted_context_token_s=5e-6,
+                                copy_page_s=1e-5)
+    trace = load_trace("random", num_prompts=24, seed=3, random_input_len=64,
+                       random_output_len=80, random_range_ratio=0.9, request_rate=20.0)
+    config = _config("paged:block_size=4,precision=age:recent=16,depth=2",
+                     num_gpu_blocks_override=400, max_num_seqs=8, max_model_len=256)
+    stepped = simulate(trace, config, cost_model=model, decode_runs=False)
+    fast = simulate(trace, config, cost_model=model)
+    plain = simulate(trace, config, cost_model=dataclasses.replace(
+        model, demoted_context_token_s=0.0))
+    for name, column in stepped.steps.columns.items():
+        np.testing.assert_array_equal(np.asarray(fast.steps.columns[name]), np.asarray(column),
+                                      err_msg=name)
+    assert sum(fast.steps.columns["num_saved_context_tokens"]) > 0
+    assert fast.duration_s > plain.duration_s  # (the term is charged)

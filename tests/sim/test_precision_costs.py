@@ -25,6 +25,9 @@ class _ContextCost:
     def copy_time_s(self, num_pages: int) -> float:
         return num_pages * 1e-3
 
+    def demoted_read_time_s(self, num_saved_tokens: float) -> float:
+        return 0.0
+
 
 class _Demoted:
     """A precision driver whose batch's demoted pages spare `saved` context tokens and whose
@@ -65,3 +68,12 @@ def test_requantizations_cost_page_copies_by_their_levels():
     output.mem_ops.requantize = [(7, 0, 1), (8, 0, 2)]
     seconds = precision_step_time_s(_ContextCost(), output, _Demoted(0, 0.75))
     assert seconds == pytest.approx(1000e-6 + 0.75e-3)
+
+
+def test_a_calibrated_model_charges_demoted_reads_beyond_the_context_left():
+    from kvlab.sim.calibrated import CalibratedCostModel
+
+    model = CalibratedCostModel(context_token_s=1e-6, demoted_context_token_s=3e-6)
+    seconds = precision_step_time_s(model, _step(), _Demoted(250, 0.0))
+    assert seconds == pytest.approx(750e-6 + 250 * 3e-6)  # the context left, the spared apart
+    assert precision_step_time_s(model, _step(), _Demoted(0, 0.0)) == pytest.approx(1000e-6)

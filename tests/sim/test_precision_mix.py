@@ -16,6 +16,7 @@ from kvlab.traces import load_trace
 LEVELS = ("num_pages_at_level_0", "num_pages_at_level_1", "num_pages_at_level_2")
 DEMOTIONS = ("num_demotions_to_level_1", "num_demotions_to_level_2")
 SPARED = "num_spared_pages"
+SAVED = "num_saved_context_tokens"
 
 
 def _run(precision: str | None, num_prompts: int = 200, **memory: int):
@@ -33,8 +34,8 @@ def demoting():
 
 def test_each_step_has_its_pages_at_each_level_and_its_demotions(demoting):
     columns = demoting.steps.columns
-    assert demoting.steps.added_columns() == [*LEVELS, *DEMOTIONS, SPARED]
-    for name in (*LEVELS, *DEMOTIONS, SPARED):
+    assert demoting.steps.added_columns() == [*LEVELS, *DEMOTIONS, SPARED, SAVED]
+    for name in (*LEVELS, *DEMOTIONS, SPARED, SAVED):
         assert len(columns[name]) == len(demoting.steps)
         assert min(columns[name]) >= 0, name
     pages = {name: np.asarray(columns[name]) for name in LEVELS}
@@ -47,6 +48,11 @@ def test_each_step_has_its_pages_at_each_level_and_its_demotions(demoting):
     held = sum(pages.values())
     assert pages["num_pages_at_level_0"][first_fp8 - 1] == held[first_fp8 - 1]
     assert (pages["num_pages_at_level_2"] > 0).sum() > len(held) // 2
+    # the context the batch reads less: none before the first demotion, then some, never more
+    # than the step's context
+    saved, context = np.asarray(columns[SAVED]), np.asarray(columns["num_context_tokens"])
+    assert not saved[:first_fp8].any() and (saved > 0).sum() > len(held) // 2
+    assert (saved <= context).all()
 
 
 def test_the_summary_is_its_columns_summed(demoting):
@@ -93,7 +99,7 @@ def test_a_run_without_demotion_adds_no_column():
 
 def test_one_level_adds_one_level_of_columns():
     steps = _run("age:recent=64,depth=1", num_prompts=60).steps
-    assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0], SPARED]
+    assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0], SPARED, SAVED]
 
 
 def test_a_clusters_mix_is_its_instances_together():

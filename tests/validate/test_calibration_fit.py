@@ -230,3 +230,37 @@ def test_the_report_says_where_the_latency_inside_the_server_came_from(inside_s,
     line = next(row for row in text.splitlines() if "inside the server" in row)
     assert f"{inside_s * 1e6:.4f}" in line and "(from its server histograms" in line
     assert ("negative: the simulator waits longer" in line) == negative
+
+
+def test_the_fit_recovers_what_demoted_reads_cost_from_a_profile_that_saved_context():
+    # Steps of a precision policy: the context its demoted pages spare is charged apart
+    # (`demoted_context_token_s`), the context left as context, as the simulator charges them
+    true = dataclasses.replace(TRUE, demoted_context_token_s=4e-6)
+    frame = synthetic_profile(true)
+    rng = np.random.default_rng(7)
+    context = frame["num_context_tokens"].to_numpy()
+    saved = np.floor(context * rng.random(len(frame)) * (rng.random(len(frame)) < 0.6)) / 4
+    frame["num_saved_context_tokens"] = saved
+    columns = ("num_prefill_tokens", "num_decode_tokens", "num_context_tokens", "num_seqs",
+               "num_attention_pairs", "num_padded_context_tokens")
+    for i in range(len(frame)):
+        shape = StepShape(*(int(frame.at[i, name]) for name in columns))
+        if saved[i] > 0:
+            keep = max(0.0, 1.0 - saved[i] / shape.num_context_tokens)
+            shape.num_context_tokens = round(shape.num_context_tokens * keep)
+            shape.num_padded_context_tokens = round(shape.num_padded_context_tokens * keep)
+        frame.at[i, "wall_time_s"] = (
+            true.step_time_s(shape) + true.demoted_read_time_s(saved[i])
+            + true.swap_time_s(int(frame.at[i, "num_swap_out_pages"]),
+                               int(frame.at[i, "num_swap_out_transfers"]))
+            + true.copy_time_s(int(frame.at[i, "num_copied_pages"])))
+    fitted = fit_cost_model(frame)
+    for name, value in true.coefficients().items():
+        assert fitted.coefficients()[name] == pytest.approx(value, rel=1e-6), name
+    # without the column, the same steps fit worse: demoted reads are put on other terms
+    blind = fit_cost_model(frame.drop(columns="num_saved_context_tokens"))
+    assert blind.demoted_context_token_s == 0.0 and blind.fit["r2"] < fitted.fit["r2"]
+    # the model file keeps the term (written only where it is not 0)
+    assert CalibratedCostModel.from_json(fitted.to_json()).demoted_context_token_s == \
+        pytest.approx(4e-6, rel=1e-6)
+    assert "demoted_context_token_s" not in TRUE.to_json()["coefficients"]
