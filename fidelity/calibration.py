@@ -8,7 +8,7 @@ physics, and would make the simulator's clock run backwards on some shapes):
    the prefill chunks' (query, key) pairs, the batch size, and the decode context padded to the
    longest decode (what the torch backend's batched decode attention reads), and, where a
    precision policy demoted pages, the context tokens they spared (the context left charged as
-   context: `step_features`);
+   context: `step_features`) and the pages it requantized;
 2. the memory work, on the steps that swapped or copied pages: what fit 1 does not explain of
    their measured time, against swap transfers, swapped pages and copied pages.
 
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.errors import KvlabError
-from kvlab.metrics.precision_mix import SAVED_CONTEXT
+from kvlab.metrics.precision_mix import REQUANTIZED_PAGES, SAVED_CONTEXT
 from kvlab.sim.calibrated import CalibratedCostModel
 
 STEP_FEATURES = (
@@ -48,6 +48,7 @@ STEP_COEFFICIENTS = (
     "seq_s",
     "padded_context_token_s",
     "demoted_context_token_s",
+    "requantize_page_s",
 )
 MEMORY_COEFFICIENTS = ("swap_transfer_s", "swap_page_s", "copy_page_s")
 MEMORY_COLUMNS = (
@@ -125,14 +126,17 @@ def _scaled_nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 
 def step_features(profile: pd.DataFrame) -> np.ndarray:
-    """The forward-pass design matrix: a column of ones, then STEP_FEATURES, then the context
-    tokens a precision policy's demoted pages spared (`num_saved_context_tokens`, 0 where the
-    profile has none). Where they spared any, the step's context and padded context are what
-    the simulator charges (sim/precision_costs.py): less in proportion."""
+    """The forward-pass design matrix: a column of ones, then STEP_FEATURES, then a precision
+    policy's two (0 where the profile has none): the context tokens its demoted pages spared
+    (`num_saved_context_tokens`) and the pages it requantized (`num_requantized_pages`). Where
+    they spared any, the step's context and padded context are what the simulator charges
+    (sim/precision_costs.py): less in proportion."""
     ones = np.ones((len(profile), 1))
     features = profile[list(STEP_FEATURES)].to_numpy(dtype=np.float64, copy=True)
+    requantized = (profile[REQUANTIZED_PAGES].to_numpy(dtype=np.float64)
+                   if REQUANTIZED_PAGES in profile else np.zeros(len(profile)))[:, None]
     if SAVED_CONTEXT not in profile:
-        return np.hstack([ones, features, np.zeros((len(profile), 1))])
+        return np.hstack([ones, features, np.zeros((len(profile), 1)), requantized])
     saved = profile[SAVED_CONTEXT].to_numpy(dtype=np.float64)
     context = features[:, STEP_FEATURES.index("num_context_tokens")]
     spared = (saved > 0) & (context > 0)
@@ -140,7 +144,7 @@ def step_features(profile: pd.DataFrame) -> np.ndarray:
     for name in ("num_context_tokens", "num_padded_context_tokens"):
         column = STEP_FEATURES.index(name)
         features[spared, column] = np.round(features[spared, column] * keep)
-    return np.hstack([ones, features, np.where(spared, saved, 0.0)[:, None]])
+    return np.hstack([ones, features, np.where(spared, saved, 0.0)[:, None], requantized])
 
 
 def memory_features(profile: pd.DataFrame) -> np.ndarray:
@@ -154,6 +158,7 @@ def predict(model: CalibratedCostModel, profile: pd.DataFrame) -> np.ndarray:
     """The model's time for every step of a profile, memory work included (as the simulator
     charges it: swap out and in over the link, copies, then the forward pass)."""
     c = model.coefficients()
+    c["requantize_page_s"] = model.requantize_page(c["requantize_page_s"], c["copy_page_s"])
     step = step_features(profile) @ np.array([c[name] for name in STEP_COEFFICIENTS])
     memory = memory_features(profile) @ np.array([c[name] for name in MEMORY_COEFFICIENTS])
     return step + memory + c["first_decode_token_s"] * first_decodes_column(

@@ -17,6 +17,9 @@ SPARED_PAGES = "num_spared_pages"
 # the context tokens at the cache's dtype that the batch's demoted pages spare its attention,
 # per step (what the simulator takes off the step's context; a calibration's feature)
 SAVED_CONTEXT = "num_saved_context_tokens"
+# the step's requantizations, in pages at the cache's dtype read and written (halved: a page
+# copy's worth), per step (what the simulator charges; a calibration's feature)
+REQUANTIZED_PAGES = "num_requantized_pages"
 DEMOTIONS_KEY = re.compile(r"precision_demotions_(\d+)_(.+)")  # a summary's, per level
 
 

@@ -15,7 +15,8 @@ each, as the steps of a CPU server grow fast over their first decodes and slower
 where the steps are a line.)
 
 (plus `demoted_context_token` x the context tokens a precision policy's demoted pages spare,
-on top of the context they leave: `demoted_read_time_s`) and its memory work (executed before
+on top of the context they leave: `demoted_read_time_s`, and `requantize_page` x the pages its
+requantizations read and write, halved) and its memory work (executed before
 the forward pass, on the same stream) costs `swap_transfer_s` per separate copy plus
 `swap_page_s` per page moved either way, and `copy_page_s` per page copied on the device.
 `api_latency_s` and `api_latency_per_request_s` are a server's: the time its API adds between a
@@ -43,7 +44,8 @@ FORMAT = "kvlab-calibrated-cost-model"
 FORMAT_VERSION = 2
 # Written only when nonzero (`to_json`): added to version 2 without a new version.
 OPTIONAL_COEFFICIENTS = ("api_latency_per_request_s", "host_steal_slowdown",
-                         "first_decode_token_s", "first_decodes", "demoted_context_token_s")
+                         "first_decode_token_s", "first_decodes", "demoted_context_token_s",
+                         "requantize_page_s")
 # What a server's API adds, the steal sensitivity and a count of decodes: not scaled by
 # `under_steal`.
 UNSCALED_COEFFICIENTS = ("api_latency_s", "api_latency_per_request_s", "host_steal_slowdown",
@@ -90,6 +92,10 @@ class CalibratedCostModel:
     # fitted where the profile has `num_saved_context_tokens`. 0 on a device whose kernels
     # read demoted pages as fast as their bytes; a CPU engine's dequantization costs more.
     demoted_context_token_s: float = 0.0
+    # A requantization (`requantize_time_s`): seconds per page at the cache's dtype read and
+    # written, halved (the step column `num_requantized_pages`); fitted where a profile has it,
+    # else (0) a page copy's time stands in.
+    requantize_page_s: float = 0.0
     fit: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def step_time_s(self, shape: StepShapeLike) -> float:
@@ -134,6 +140,17 @@ class CalibratedCostModel:
         """`demoted_context_token_s` per context token the demoted pages spare: what their
         reads cost beyond the context left (a CPU engine dequantizes them apart)."""
         return self.demoted_context_token_s * num_saved_tokens
+
+    def requantize_time_s(self, num_pages: float) -> float:
+        """`requantize_page_s` per page (`requantize_page`); a page copy's where the fit saw no
+        requantization (0)."""
+        return self.requantize_page(self.requantize_page_s, self.copy_page_s) * num_pages
+
+    @staticmethod
+    def requantize_page(requantize_page_s: float, copy_page_s: float) -> float:
+        """What one page's requantization costs: `requantize_page_s`, fitted on a profile
+        that requantized; a page copy's time (`copy_page_s`) stands in where it is 0."""
+        return requantize_page_s or copy_page_s
 
     def recompute_time_s(self, num_tokens: int) -> float:
         """One sequence's prefill of num_tokens tokens from scratch, causal attention."""

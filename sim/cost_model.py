@@ -102,6 +102,11 @@ class CostModel(Protocol):
         already counts that much less context: sim/precision_costs.py)."""
         ...
 
+    def requantize_time_s(self, num_pages: float) -> float:
+        """A step's requantizations, `num_pages` pages at the cache's dtype read and written,
+        halved (`PrecisionDriver.requantized_pages`: a page copy's worth each)."""
+        ...
+
 
 class RooflineCostModel:
     """Step, swap, copy and recompute times from data-sheet figures (see the module docstring).
@@ -243,6 +248,10 @@ class RooflineCostModel:
         """0: a demoted page's read costs its bytes (a fused dequantizing kernel; its
         arithmetic hides under the memory traffic)."""
         return 0.0
+
+    def requantize_time_s(self, num_pages: float) -> float:
+        """A page copy's HBM time per page (read at one level, written at the other)."""
+        return self.copy_time_s(1) * num_pages
 
     def recompute_time_s(self, num_tokens: int) -> float:
         """The step time of one sequence's prefill of num_tokens tokens, causal attention."""

@@ -170,7 +170,7 @@ class SimInstance:
                  else decode_step_time(num_seqs))
         precision = scheduler.manager.precision
         if precision is not None and precision.run is not None:  # (precision_costs.py)
-            timer = demoted_run_timer(timer, precision.run, self.cost_model.copy_time_s(1),
+            timer = demoted_run_timer(timer, precision.run, self.cost_model.requantize_time_s,
                                       self.cost_model.demoted_read_time_s)
         for step, context, padded in zip(range(ahead.num_steps), contexts, paddeds, strict=True):
             if step and time_s >= horizon:  # a step starting here admits the arrival first

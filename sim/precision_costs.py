@@ -24,8 +24,9 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
     (`PrecisionDriver.num_saved_context_tokens`, in tokens at the cache's dtype), so the
     roofline's KV bytes shrink; its attention FLOPs shrink by the same tokens (an undercount
     of compute where a step is compute-bound). Requantizing a page reads it at its old level
-    and writes it at its new one: a copy's time (`copy_time_s`, read + write of a full page)
-    scaled by the two levels' byte ratios. What reading the demoted pages costs beyond their
+    and writes it at its new one: a copy's time (read + write of a full page) scaled by the two
+    levels' byte ratios (`requantize_time_s`: the roofline's `copy_time_s`, a calibrated
+    model's fitted time). What reading the demoted pages costs beyond their
     bytes is the cost model's (`demoted_read_time_s`: 0 but for a calibrated CPU engine).
     """
     saved = driver.num_saved_context_tokens(output.requests)
@@ -45,17 +46,18 @@ def precision_step_time_s(cost_model: CostModel, output: SchedulerOutput,
         time_s = cost_model.step_time_s(output)
     requantize = output.mem_ops.requantize
     if requantize:  # (from the step's counts where they sum exactly: `requantized_pages`)
-        time_s += cost_model.copy_time_s(1) * driver.requantized_pages(requantize)
+        time_s += cost_model.requantize_time_s(driver.requantized_pages(requantize))
     return time_s
 
 
 def demoted_run_timer(timer: Callable[[int, int], float], run: RunDemotions,
-                      copy_page_s: float, demoted_read_time_s: Callable[[float], float]
+                      requantize_time_s: Callable[[float], float],
+                      demoted_read_time_s: Callable[[float], float]
                       ) -> Callable[[int, int], float]:
     """A decode run's step timer (context, padded context -> seconds, the run's steps in
     turn) with each step's demoted pages read at their levels and its requantizations
-    (`run.costs`), as `precision_step_time_s` charges a step; `copy_page_s` is one page's
-    copy (`copy_time_s(1)`), `demoted_read_time_s` the cost model's."""
+    (`run.costs`), as `precision_step_time_s` charges a step, with the cost model's
+    `requantize_time_s` and `demoted_read_time_s`."""
     costs, steps = run.costs, itertools.count()
 
     def time_s(num_context: int, num_padded: int) -> float:
@@ -67,7 +69,7 @@ def demoted_run_timer(timer: Callable[[int, int], float], run: RunDemotions,
         else:
             seconds = timer(num_context, num_padded)
         if pages:
-            seconds += copy_page_s * pages
+            seconds += requantize_time_s(pages)
         return seconds
 
     return time_s

@@ -40,6 +40,10 @@ class ReplayedStepTimes:
         """0 (inside the measured duration)."""
         return 0.0
 
+    def requantize_time_s(self, num_pages: float) -> float:
+        """0 (inside the measured duration)."""
+        return 0.0
+
     def recompute_time_s(self, num_tokens: int) -> float:
         """Only asked under preemption=auto, which gets the engine's costs; linear otherwise."""
         return float(num_tokens)

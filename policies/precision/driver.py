@@ -100,10 +100,15 @@ class PrecisionDriver:
 
     def end_step(self, ops: MemOps) -> None:
         """The step's requantizations run first of its MemOps, one per page from its level
-        before the step to its level now (a page whose content left in the step needs none)."""
+        before the step to its level now (a page whose content left in the step needs none);
+        the mix notes what they cost (`requantized_pages`)."""
+        if self._pending:
+            self._list_requantizations(ops)
+            self.mix.note_requantized(self.requantized_pages(ops.requantize))
+
+    def _list_requantizations(self, ops: MemOps) -> None:
+        """`end_step`'s list: the step's demotions, in order, each page once."""
         pages, befores, afters = self._pending, self._befores, self._afters
-        if not pages:
-            return
         self._pending, self._befores, self._afters = [], [], []
         levels_demoted, self._levels_demoted = self._levels_demoted, 0
         dups, self._dups = self._dups, False

@@ -61,9 +61,9 @@ class RunDemotions:
     of `driver`'s manager), per step: the first step's (where a sequence not walked yet, or
     past a prefill, may demote many pages), then a page per level every `page_size` steps."""
 
-    __slots__ = ("_at", "_built", "_driver", "_dues", "_gaps", "_horizon", "_levels", "_requests",
-                 "_saved", "_saved_tokens", "_states", "_step", "first", "new_entries",
-                 "num_steps")
+    __slots__ = ("_at", "_built", "_driver", "_dues", "_gaps", "_horizon", "_levels",
+                 "_requantized", "_requests", "_saved", "_saved_tokens", "_states", "_step",
+                 "first", "new_entries", "num_steps")
 
     def __init__(self, driver: PrecisionDriver, requests: list[Any], num_steps: int) -> None:
         self._driver = driver
@@ -88,6 +88,7 @@ class RunDemotions:
         self._levels: dict[int, int] = {}
         self._dues: list[list[Walk]] = []  # each step's walks as `costs` found them
         self._saved_tokens: list[float] = []  # each step's context saved, as `costs` gave it
+        self._requantized: list[float] = []  # and its pages requantized (halved), likewise
 
     def _build(self) -> None:
         driver = self._driver
@@ -195,6 +196,7 @@ class RunDemotions:
         self._dues.append(due)  # (for `commit`)
         if not due:  # (most steps)
             self._saved_tokens.append(saved := self._saved * driver.manager.page_size)
+            self._requantized.append(0.0)
             return saved, 0.0
         saved = self._saved
         for state, _, level, _, start, end, num_held in due:
@@ -220,7 +222,8 @@ class RunDemotions:
             pages += ratios[before, levels[page]]
         self._saved = saved
         self._saved_tokens.append(saved := saved * driver.manager.page_size)
-        return saved, pages / 2
+        self._requantized.append(pages := pages / 2)
+        return saved, pages
 
     def _apply(self, due: list[Walk]) -> int:
         """A step's walks `due` applied to the ledger, a level at a time, in turn: the same
@@ -288,9 +291,12 @@ class RunDemotions:
         num_released = 0
         taken_before = [0, *pages_taken[:-1]]  # (pages taken by each step's start)
         dues, num_at, num_demoted, spared = self._dues, ledger.num_at_level, 0, 0
-        saved_tokens = self._saved_tokens  # (the steps costed: the timer's figures)
+        # (the steps costed: the timer's figures)
+        saved_tokens, requantized = self._saved_tokens, self._requantized
         for step in range(num_steps):
-            due = dues[step] if step < len(dues) else self.due(step)
+            if step == len(dues):  # (a run committed without its timer: costed as it would)
+                self.costs(step)
+            due = dues[step]
             if due or not step:  # (most steps: nothing demoted, nothing settled)
                 num_demoted += self._apply(due)
                 if not step:
@@ -301,8 +307,7 @@ class RunDemotions:
                 spared = ledger.num_spared_pages
             released.append(num_released)
             sample(held + taken_before[step], num_at, ledger.demotions, spared,
-                   saved_tokens[step] if step < len(saved_tokens)
-                   else driver.num_saved_context_tokens(self._requests))
+                   saved_tokens[step], requantized[step])
         if policy.recompute:  # a lookup from before may reach them
             driver.manager.pool.cache_epoch += num_demoted
         return released

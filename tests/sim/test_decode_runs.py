@@ -174,13 +174,13 @@ def test_exact_ratios_are_binary_fractions():
 
 
 def test_runs_charge_demoted_reads_as_stepping_does_under_a_calibrated_model():
-    """A calibrated model's `demoted_context_token_s` is charged by a run's timer as by a
-    stepped step: the same durations to the last bit."""
+    """A calibrated model's `demoted_context_token_s` and `requantize_page_s` are charged by a
+    run's timer as by a stepped step: the same durations to the last bit."""
     from kvlab.sim.calibrated import CalibratedCostModel
 
     model = CalibratedCostModel(step_overhead_s=2e-3, decode_token_s=3e-4,
                                 context_token_s=1e-6, demoted_context_token_s=5e-6,
-                                copy_page_s=1e-5)
+                                copy_page_s=1e-5, requantize_page_s=2e-4)
     trace = load_trace("random", num_prompts=24, seed=3, random_input_len=64,
                        random_output_len=80, random_range_ratio=0.9, request_rate=20.0)
     config = _config("paged:block_size=4,precision=age:recent=16,depth=2",
@@ -193,4 +193,5 @@ def test_runs_charge_demoted_reads_as_stepping_does_under_a_calibrated_model():
         np.testing.assert_array_equal(np.asarray(fast.steps.columns[name]), np.asarray(column),
                                       err_msg=name)
     assert sum(fast.steps.columns["num_saved_context_tokens"]) > 0
+    assert sum(fast.steps.columns["num_requantized_pages"]) > 0
     assert fast.duration_s > plain.duration_s  # (the term is charged)

@@ -28,6 +28,9 @@ class _ContextCost:
     def demoted_read_time_s(self, num_saved_tokens: float) -> float:
         return 0.0
 
+    def requantize_time_s(self, num_pages: float) -> float:
+        return num_pages * 1e-3
+
 
 class _Demoted:
     """A precision driver whose batch's demoted pages spare `saved` context tokens and whose

@@ -17,6 +17,7 @@ LEVELS = ("num_pages_at_level_0", "num_pages_at_level_1", "num_pages_at_level_2"
 DEMOTIONS = ("num_demotions_to_level_1", "num_demotions_to_level_2")
 SPARED = "num_spared_pages"
 SAVED = "num_saved_context_tokens"
+REQUANTIZED = "num_requantized_pages"
 
 
 def _run(precision: str | None, num_prompts: int = 200, **memory: int):
@@ -34,8 +35,8 @@ def demoting():
 
 def test_each_step_has_its_pages_at_each_level_and_its_demotions(demoting):
     columns = demoting.steps.columns
-    assert demoting.steps.added_columns() == [*LEVELS, *DEMOTIONS, SPARED, SAVED]
-    for name in (*LEVELS, *DEMOTIONS, SPARED, SAVED):
+    assert demoting.steps.added_columns() == [*LEVELS, *DEMOTIONS, SPARED, SAVED, REQUANTIZED]
+    for name in (*LEVELS, *DEMOTIONS, SPARED, SAVED, REQUANTIZED):
         assert len(columns[name]) == len(demoting.steps)
         assert min(columns[name]) >= 0, name
     pages = {name: np.asarray(columns[name]) for name in LEVELS}
@@ -53,6 +54,11 @@ def test_each_step_has_its_pages_at_each_level_and_its_demotions(demoting):
     saved, context = np.asarray(columns[SAVED]), np.asarray(columns["num_context_tokens"])
     assert not saved[:first_fp8].any() and (saved > 0).sum() > len(held) // 2
     assert (saved <= context).all()
+    # requantizations where pages were demoted, each under a page's read and write (halved)
+    requantized = np.asarray(columns[REQUANTIZED])
+    demotions = sum(demoted.values())
+    assert (requantized > 0).sum() > 0 and not requantized[demotions == 0].any()
+    assert (requantized <= demotions).all()
 
 
 def test_the_summary_is_its_columns_summed(demoting):
@@ -99,7 +105,7 @@ def test_a_run_without_demotion_adds_no_column():
 
 def test_one_level_adds_one_level_of_columns():
     steps = _run("age:recent=64,depth=1", num_prompts=60).steps
-    assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0], SPARED, SAVED]
+    assert steps.added_columns() == [*LEVELS[:2], DEMOTIONS[0], SPARED, SAVED, REQUANTIZED]
 
 
 def test_a_clusters_mix_is_its_instances_together():

@@ -235,12 +235,14 @@ def test_the_report_says_where_the_latency_inside_the_server_came_from(inside_s,
 def test_the_fit_recovers_what_demoted_reads_cost_from_a_profile_that_saved_context():
     # Steps of a precision policy: the context its demoted pages spare is charged apart
     # (`demoted_context_token_s`), the context left as context, as the simulator charges them
-    true = dataclasses.replace(TRUE, demoted_context_token_s=4e-6)
+    true = dataclasses.replace(TRUE, demoted_context_token_s=4e-6, requantize_page_s=3e-4)
     frame = synthetic_profile(true)
     rng = np.random.default_rng(7)
     context = frame["num_context_tokens"].to_numpy()
     saved = np.floor(context * rng.random(len(frame)) * (rng.random(len(frame)) < 0.6)) / 4
+    requantized = rng.integers(0, 24, len(frame)) * (rng.random(len(frame)) < 0.3) * 0.625
     frame["num_saved_context_tokens"] = saved
+    frame["num_requantized_pages"] = requantized
     columns = ("num_prefill_tokens", "num_decode_tokens", "num_context_tokens", "num_seqs",
                "num_attention_pairs", "num_padded_context_tokens")
     for i in range(len(frame)):
@@ -251,6 +253,7 @@ def test_the_fit_recovers_what_demoted_reads_cost_from_a_profile_that_saved_cont
             shape.num_padded_context_tokens = round(shape.num_padded_context_tokens * keep)
         frame.at[i, "wall_time_s"] = (
             true.step_time_s(shape) + true.demoted_read_time_s(saved[i])
+            + true.requantize_time_s(requantized[i])
             + true.swap_time_s(int(frame.at[i, "num_swap_out_pages"]),
                                int(frame.at[i, "num_swap_out_transfers"]))
             + true.copy_time_s(int(frame.at[i, "num_copied_pages"])))
@@ -258,9 +261,18 @@ def test_the_fit_recovers_what_demoted_reads_cost_from_a_profile_that_saved_cont
     for name, value in true.coefficients().items():
         assert fitted.coefficients()[name] == pytest.approx(value, rel=1e-6), name
     # without the column, the same steps fit worse: demoted reads are put on other terms
-    blind = fit_cost_model(frame.drop(columns="num_saved_context_tokens"))
-    assert blind.demoted_context_token_s == 0.0 and blind.fit["r2"] < fitted.fit["r2"]
+    blind = fit_cost_model(frame.drop(columns=["num_saved_context_tokens",
+                                               "num_requantized_pages"]))
+    assert blind.demoted_context_token_s == blind.requantize_page_s == 0.0
+    assert blind.fit["r2"] < fitted.fit["r2"]
     # the model file keeps the term (written only where it is not 0)
     assert CalibratedCostModel.from_json(fitted.to_json()).demoted_context_token_s == \
         pytest.approx(4e-6, rel=1e-6)
     assert "demoted_context_token_s" not in TRUE.to_json()["coefficients"]
+
+
+def test_a_model_fitted_without_requantizations_charges_them_as_page_copies():
+    assert TRUE.requantize_time_s(2.5) == pytest.approx(2.5 * TRUE.copy_page_s)
+    fitted = dataclasses.replace(TRUE, requantize_page_s=7e-4)
+    assert fitted.requantize_time_s(2.5) == pytest.approx(2.5 * 7e-4)
+    assert fitted.scaled(2.0).requantize_page_s == pytest.approx(14e-4)
