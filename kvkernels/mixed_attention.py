@@ -141,14 +141,35 @@ def mixed_paged_attention(query: Tensor, levels: Sequence[LevelPages], page_leve
         pages = meta.block_tables[seq_id, :num_pages].to(torch.int64)
         q = query[start : start + query_len].float()  # [q_len, heads, dim]
         q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
+        seq_levels = page_levels.index_select(0, pages)
+        if bool((seq_levels == seq_levels[0]).all()):  # (one level: a prompt's own pages)
+            level_pages = levels[int(seq_levels[0])]
+            out[start : start + query_len] = _one_level(
+                q, q_pos, level_pages, pages, seq_len, scale).to(out.dtype)
+            continue
         parts = []
         for level, level_pages in enumerate(levels):
-            at_level = (page_levels.index_select(0, pages) == level).nonzero().flatten()
+            at_level = (seq_levels == level).nonzero().flatten()
             if at_level.numel():
                 parts.append(_segment(q, q_pos, level_pages, pages, at_level, seq_len,
                                       page_size, scale, num_kv_heads))
         out[start : start + query_len] = combine_segments(parts).to(out.dtype)
     return out
+
+
+def _one_level(q: Tensor, q_pos: Tensor, level: LevelPages, pages: Tensor, seq_len: int,
+               scale: float) -> Tensor:
+    """Output `[q_len, heads, dim]` of `q` over a sequence whose `pages` are all at `level`:
+    one segment, so no log-sum-exp to combine, and torch's fused attention (float32) instead
+    of the segments' scores written out (a long prompt's prefill: 1,315 tokens took 0.54 s
+    on the segments' path against 0.07 s without demotion)."""
+    k, v = level.dequantize(pages)  # [n * page, kv_heads, dim]: the keys in position order
+    k, v = k[:seq_len], v[:seq_len]  # (a page's unwritten tail: never read)
+    seen = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # causal
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=seen, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1)
 
 
 def _segment(q: Tensor, q_pos: Tensor, level: LevelPages, pages: Tensor, columns: Tensor,
