@@ -4,6 +4,7 @@ demoted into each, what the run's step table adds as columns and its summary sum
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 from kvlab.metrics.precision_mix import (
     DEMOTIONS_TO_LEVEL,
@@ -61,9 +62,9 @@ class PrecisionMix:
     def clear(self) -> None:
         """Drop every row (a server that keeps no profile bounds its memory so); demotions
         go on counting from the totals seen last."""
-        for rows in (*self.pages_at_level, *self.demotions_to_level, self.spared_pages,
-                     self.saved_tokens, self.requantized_pages):
+        for rows in (*self.pages_at_level, *self.demotions_to_level, self.spared_pages):
             del rows[:]
+        del self.saved_tokens[:], self.requantized_pages[:]
 
     def note_spared(self, num_spared: int, num_saved_tokens: float) -> None:
         """The step's spared pages as its memory is recorded (preemptions since its start
@@ -76,14 +77,14 @@ class PrecisionMix:
         (`PrecisionDriver.requantized_pages`)."""
         self.requantized_pages[-1] = num_pages
 
-    def step_columns(self, num_steps: int) -> dict[str, array]:
+    def step_columns(self, num_steps: int) -> dict[str, array[Any]]:
         """The last `num_steps` rows as step-table columns: `num_pages_at_level_K` for every
         level, `num_demotions_to_level_K` for every level below the cache's dtype,
         `num_spared_pages`, `num_saved_context_tokens`, `num_requantized_pages`."""
         start = len(self) - num_steps
         assert start >= 0, "a run's steps are the mix's last rows"
-        columns = {f"{PAGES_AT_LEVEL}{level}": pages[start:]
-                   for level, pages in enumerate(self.pages_at_level)}
+        columns: dict[str, array[Any]] = {f"{PAGES_AT_LEVEL}{level}": pages[start:]
+                                          for level, pages in enumerate(self.pages_at_level)}
         for level in range(1, len(self.demotions_to_level)):
             columns[f"{DEMOTIONS_TO_LEVEL}{level}"] = self.demotions_to_level[level][start:]
         columns[SPARED_PAGES] = self.spared_pages[start:]
