@@ -363,6 +363,8 @@ def format_fit(model: CalibratedCostModel) -> str:
             continue
         if name in ("first_decode_token_s", "first_decodes") and not model.first_decode_token_s:
             continue  # no bent decode term
+        if name in ("demoted_context_token_s", "requantize_page_s") and not value:
+            continue  # (a precision policy's terms: a profile without one, or none fitted)
         if name == "first_decodes":
             lines.append(f"{'  for this many decodes of a step:':<40}{value:g}")
             continue

@@ -276,3 +276,11 @@ def test_a_model_fitted_without_requantizations_charges_them_as_page_copies():
     fitted = dataclasses.replace(TRUE, requantize_page_s=7e-4)
     assert fitted.requantize_time_s(2.5) == pytest.approx(2.5 * 7e-4)
     assert fitted.scaled(2.0).requantize_page_s == pytest.approx(14e-4)
+
+
+def test_calibrate_prints_a_precision_policys_terms_only_where_fitted():
+    assert "demoted_context_token" not in format_fit(TRUE)
+    fitted = dataclasses.replace(TRUE, demoted_context_token_s=4e-6, requantize_page_s=3e-4)
+    printed = format_fit(fitted)
+    assert "demoted_context_token (us):             4.0000" in printed
+    assert "requantize_page (us):                   300.0000" in printed
