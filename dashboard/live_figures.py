@@ -8,11 +8,10 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from kvlab.bench.scrape import MetricsSample
+from kvlab.bench.scrape import PRECISION_PAGES, MetricsSample
 from kvlab.dashboard.figures import chart_layout
 
 # Series of the Live page: (trace name, sample name); the kvlab: ones appear only when served.
-PAGES_AT_PRECISION = "kvlab:kv_pages_at_precision"  # by dtype (kvlab.bench.scrape.KEPT_LABELS)
 LIVE_QUEUES = (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
                ("swapped", "kvlab:num_requests_swapped"))
 LIVE_RATES = (("preemptions", "vllm:num_preemptions_total"), ("swaps out", "kvlab:swaps_out_total"),
@@ -59,16 +58,15 @@ def live_figures(samples: Sequence[MetricsSample]) -> list[go.Figure]:
 def _live_precision_mix(samples: Sequence[MetricsSample], times: list[float]
                         ) -> go.Figure | None:
     """The share of held and cached pages at each precision (kvlab serve's
-    `kvlab:kv_pages_at_precision`, by dtype) at each scrape; None where no scrape has it."""
-    prefix = f'{PAGES_AT_PRECISION}{{dtype="'
-    dtypes = list(dict.fromkeys(key[len(prefix):-2] for s in samples for key in s.values
-                                if key.startswith(prefix)))
-    if not dtypes:
+    `kvlab:kv_pages_at_precision`, by level) at each scrape; None where no scrape has it."""
+    keys = sorted({(int(found[1]), found[2], key) for s in samples for key in s.values
+                   if (found := PRECISION_PAGES.fullmatch(key))})
+    if not keys:
         return None
     fig = go.Figure()
-    totals = [sum(s.get(f'{prefix}{d}"}}') for d in dtypes) for s in samples]
-    for dtype in dtypes:
-        shares = [100 * s.get(f'{prefix}{dtype}"}}') / total if total else None
+    totals = [sum(s.get(key) for _, _, key in keys) for s in samples]
+    for _, dtype, key in keys:
+        shares = [100 * s.get(key) / total if total else None
                   for s, total in zip(samples, totals, strict=True)]
         fig.add_trace(go.Scatter(x=times, y=shares, name=dtype, mode="lines+markers"))
     return chart_layout(fig, "KV precision mix", "time (s)", "% of held and cached pages")

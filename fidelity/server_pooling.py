@@ -66,6 +66,7 @@ def _pooled_kv(summaries: list[dict[str, Any]], durations: list[float],
         demoted["precision_demotions_per_s"] = sum(demoted.values()) / sum(durations)
     return {
         **demoted,
+        **_pooled_shares(summaries, durations),
         "mean_kv_usage_perc": weighted,
         "peak_kv_usage_perc": max(peaks) if peaks else None,
         "num_preemptions": total("num_preemptions"),
@@ -129,3 +130,15 @@ def max_pool_std_error(validated: Sequence[Sequence[BenchResult]]) -> float:
               for benches in validated
               for spread in repeat_spread(benches, pooled_server_summary(benches)).values()]
     return max((math.inf if error is None else error for error in errors), default=math.inf)
+
+
+def _pooled_shares(summaries: list[dict[str, Any]], durations: list[float]) -> dict[str, Any]:
+    """A demoting server's precision shares over its runs: each run's weighted by its duration
+    (as its usage mean), where every run has them; its levels as the first names them."""
+    first = summaries[0]
+    keys = [key for key in first if key.startswith("precision_share_")]
+    if not keys or not sum(durations) or any(key not in s for s in summaries for key in keys):
+        return {}
+    shares = {key: sum(s[key] * d for s, d in zip(summaries, durations, strict=True))
+              / sum(durations) for key in keys}
+    return {"precision_levels": first.get("precision_levels"), **shares}

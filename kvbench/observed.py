@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvlab.bench.scrape import MetricsSample
+from kvlab.bench.scrape import PRECISION_PAGES, MetricsSample
 
 CACHE_INFO = "vllm:cache_config_info"
 SCHEDULER_INFO = "kvlab:scheduler_config_info"  # kvlab serve's; vLLM 0.32 exports none
@@ -54,6 +54,8 @@ SERIES = (
 # simulator's, kvlab.metrics.precision_mix)
 _DEMOTIONS = re.compile(r'kvlab:kv_page_demotions_total\{level="(\d+)",dtype="([^"]+)"\}')
 DEMOTIONS_COLUMN = re.compile(r"precision_demotions_(\d+)_(.+)_total")
+# and its pages at each level (a gauge), as series columns
+PAGES_COLUMN = re.compile(r"precision_pages_(\d+)_(.+)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -134,12 +136,15 @@ def metrics_series(samples: Sequence[MetricsSample], origin_s: float) -> dict[st
     """The run's time series, one row per scrape: `time_s` since `origin_s` (the run's start,
     epoch seconds), then SERIES' columns (NaN where the server does not export one; counters
     relative to the first sample), then, from a server demoting pages (kvlab serve with a
-    precision policy), `precision_demotions_K_DTYPE_total` for each level K it demoted into."""
+    precision policy), `precision_demotions_K_DTYPE_total` for each level K it demoted into
+    and `precision_pages_K_DTYPE`, its held and cached pages at each level K."""
     table: dict[str, list[float]] = {"time_s": [s.time_s - origin_s for s in samples]}
+    names = dict.fromkeys(key for s in samples for key in s.values)
     demotions = [(f"precision_demotions_{found[1]}_{found[2]}_total", name, 1.0)
-                 for name in dict.fromkeys(key for s in samples for key in s.values)
-                 if (found := _DEMOTIONS.fullmatch(name))]
-    for column, name, scale in (*SERIES, *demotions):
+                 for name in names if (found := _DEMOTIONS.fullmatch(name))]
+    pages = sorted((int(found[1]), f"precision_pages_{found[1]}_{found[2]}", name, 1.0)
+                   for name in names if (found := PRECISION_PAGES.fullmatch(name)))
+    for column, name, scale in (*SERIES, *demotions, *(page[1:] for page in pages)):
         base = samples[0].values.get(name, 0.0) if column.endswith("_total") and samples else 0.0
         table[column] = [
             (s.values[name] - base) * scale if name in s.values else float("nan")
@@ -167,7 +172,10 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
     - prefix_cache_hit_rate_perc: hit tokens over looked-up tokens during the run, in percent;
     - page_size, num_total_pages, kv_cache_size_tokens: from cache_config_info;
     - precision_demotions_K_DTYPE: a demoting server's pages demoted into level K during the
-      run (its counters' increase; the simulator's keys of the same name).
+      run (its counters' increase; the simulator's keys of the same name);
+      precision_share_K_DTYPE: its pages at level K over its pages at all levels, summed over
+      the scrapes that saw a request running (the simulator sums its steps so);
+      precision_levels: the levels' dtypes, level 0 first.
     """
     usage = series.get("kv_cache_usage_perc", [])
     running = series.get("num_requests_running", [])
@@ -187,6 +195,7 @@ def kv_summary(series: dict[str, list[float]], info: ServerInfo) -> dict[str, An
                for column in series if (found := DEMOTIONS_COLUMN.fullmatch(column))}
     return {
         **demoted,
+        **_precision_shares(series, running),
         "mean_kv_usage_perc": sum(busy) / len(busy) if busy else None,
         "peak_kv_usage_perc": max(seen) if seen else None,
         "num_preemptions": None if preemptions is None else int(preemptions),
@@ -245,3 +254,21 @@ def preemptions_per_request(series: dict[str, list[float]]) -> dict[int, int] | 
         out[1] = total - sum(k * n for k, n in out.items())
         out[0] = le[1] - out[1]
     return {k: n for k, n in sorted(out.items()) if n}
+
+
+def _precision_shares(series: dict[str, list[float]], running: list[float]) -> dict[str, Any]:
+    """`kv_summary`'s precision_share_K_DTYPE and precision_levels: each level's pages summed
+    over the busy scrapes, over all levels' (none for a server that demotes nothing)."""
+    levels = sorted((int(found[1]), found[2], column) for column in series
+                    if (found := PAGES_COLUMN.fullmatch(column)))
+    if len(levels) < 2:
+        return {}
+    sums = [sum(p for p, n in zip(series[column], running, strict=True)
+                if p == p and n == n and n > 0) for _, _, column in levels]
+    total = sum(sums)
+    if not total:
+        return {}
+    out: dict[str, Any] = {"precision_levels": "/".join(dtype for _, dtype, _ in levels)}
+    for (level, dtype, _), pages in zip(levels, sums, strict=True):
+        out[f"precision_share_{level}_{dtype}"] = pages / total
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.error
 import urllib.request
@@ -13,8 +14,10 @@ from kvlab.errors import KvlabError
 KEPT_BUCKETS = frozenset({"vllm:request_num_preemptions_bucket"})
 # Series a sample also keeps by some of their labels (summed over the others), in this order:
 # name{level="1",dtype="fp8_e4m3"} (kvlab serve's precision mix and demotions)
-KEPT_LABELS = {"kvlab:kv_pages_at_precision": ("dtype",),
+KEPT_LABELS = {"kvlab:kv_pages_at_precision": ("level", "dtype"),
                "kvlab:kv_page_demotions_total": ("level", "dtype")}
+# A kept key of kvlab serve's pages at each precision level: (level, dtype)
+PRECISION_PAGES = re.compile(r'kvlab:kv_pages_at_precision\{level="(\d+)",dtype="([^"]+)"\}')
 
 
 @dataclass(slots=True)

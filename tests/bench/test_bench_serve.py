@@ -253,8 +253,14 @@ def test_a_demoting_servers_demotions_reach_the_summary(tmp_path):
     assert summary["precision_demotions_2_int4_per_token_head"] == demoted[2] > 0
     assert summary["precision_demotions_per_s"] == pytest.approx(
         (demoted[1] + demoted[2]) / result.run.duration_s)
-    report = format_report(summary)  # (levels named by the demotions: no shares scraped)
-    assert "Pages demoted to int4_per_token_head:" in report and "Share at" not in report
+    # its held and cached pages at each level, scraped: their shares over the busy scrapes
+    assert summary["precision_levels"] == "auto/fp8_e4m3/int4_per_token_head"
+    shares = [summary[f"precision_share_{k}_{d}"] for k, d in
+              enumerate(summary["precision_levels"].split("/"))]
+    assert sum(shares) == pytest.approx(1.0) and shares[2] > 0
+    report = format_report(summary)
+    assert "Pages demoted to int4_per_token_head:" in report
+    assert "Share at int4_per_token_head:" in report
     path, *_ = save_bench_result(result, summary, result_dir=tmp_path,
                                  result_filename="demoting.json", detailed=True)
     assert load_bench_result(path).summary()["precision_demotions_1_fp8_e4m3"] == demoted[1]

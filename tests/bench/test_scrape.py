@@ -95,9 +95,9 @@ def test_a_long_error_body_gives_its_message_not_a_cut_json():
     assert '{"error"' not in error and len(error) <= 320
 
 
-def test_the_precision_mix_is_kept_by_dtype():
-    """kvlab serve's pages at each precision: summed under the name, and kept by dtype (the
-    Live page's precision chart) over the model and level labels."""
+def test_the_precision_mix_is_kept_by_level_and_dtype():
+    """kvlab serve's pages at each precision: summed under the name, and kept by level and
+    dtype (the Live page's precision chart, a benchmark's shares) over the model label."""
     page = """\
 # HELP kvlab:kv_pages_at_precision KV pages held or cached at each precision level.
 # TYPE kvlab:kv_pages_at_precision gauge
@@ -107,5 +107,5 @@ kvlab:kv_pages_at_precision{dtype="fp8_e4m3",level="1",model_name="other"} 2.0
 """
     sample = parse_metrics(page, time_s=1.0)
     assert sample.get("kvlab:kv_pages_at_precision") == 18.0
-    assert sample.get('kvlab:kv_pages_at_precision{dtype="auto"}') == 6.0
-    assert sample.get('kvlab:kv_pages_at_precision{dtype="fp8_e4m3"}') == 12.0
+    assert sample.get('kvlab:kv_pages_at_precision{level="0",dtype="auto"}') == 6.0
+    assert sample.get('kvlab:kv_pages_at_precision{level="1",dtype="fp8_e4m3"}') == 12.0

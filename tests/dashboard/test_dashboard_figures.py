@@ -165,8 +165,10 @@ def test_live_charts_a_demoting_servers_precision_mix():
     from kvlab.bench import MetricsSample
 
     def sample(time_s, auto, fp8):
-        return MetricsSample(time_s, {'kvlab:kv_pages_at_precision{dtype="auto"}': auto,
-                                      'kvlab:kv_pages_at_precision{dtype="fp8_e4m3"}': fp8})
+        # (level 1 listed first: the chart orders the levels)
+        return MetricsSample(time_s, {
+            'kvlab:kv_pages_at_precision{level="1",dtype="fp8_e4m3"}': fp8,
+            'kvlab:kv_pages_at_precision{level="0",dtype="auto"}': auto})
 
     charts = live_figures([sample(0.0, 4.0, 0.0), sample(2.0, 1.0, 3.0),
                                    sample(4.0, 0.0, 0.0)])

@@ -152,7 +152,7 @@ def test_a_demoting_kvlab_serve_confirms_the_simulators_demotions(tmp_path, caps
     """Against kvlab serve with a precision policy, the pages demoted into each level are
     compared with the server's counters; age-based demotion depends only on each request's
     tokens here (no preemption, no prefix hit), so they are equal; the shares, a gauge's
-    scrapes against the simulator's steps, are the simulator's alone."""
+    busy scrapes against the simulator's steps, are compared too."""
     server = start_live_server(EngineConfig(model="tiny-llama", serving=ServingConfig.create(
         "paged:block_size=4,precision=age:recent=8,depth=2", num_gpu_blocks_override=60,
         max_model_len=256, max_num_batched_tokens=128)))
@@ -166,5 +166,7 @@ def test_a_demoting_kvlab_serve_confirms_the_simulators_demotions(tmp_path, caps
     for key in ("precision_demotions_1_fp8_e4m3", "precision_demotions_2_int4_per_token_head"):
         assert metrics[key]["sim"] == metrics[key]["server"] > 0, key
     assert metrics["precision_demotions_per_s"]["server"] > 0
-    assert metrics["precision_share_1_fp8_e4m3"]["server"] is None
+    # measured 0.200 / 0.202 (auto) and 0.653 / 0.652 (int4), sim / server, on 2026-12-07
+    for key in ("precision_share_0_auto", "precision_share_2_int4_per_token_head"):
+        assert metrics[key]["server"] == pytest.approx(metrics[key]["sim"], abs=0.05), key
     assert "Pages demoted to fp8_e4m3" in capsys.readouterr().out
