@@ -14,7 +14,9 @@ from typing import cast
 from kvlab.bench import BenchResult
 from kvlab.fidelity import server_sim_config
 from kvlab.fidelity.from_bench import bench_trace
+from kvlab.fidelity.kv_changes import Change
 from kvlab.policies import SchedulerOutput
+from kvlab.policies.kv_events import KVEventLog
 from kvlab.sim import SimConfig, Simulation
 from kvlab.sim.replayed import ReplayedStepTimes
 from kvlab.traces import Trace
@@ -139,3 +141,34 @@ def preset_on_engine_clock(result: BenchResult, log: ScheduleLog, *, token_ids: 
     config = server_sim_config(result.server, model,
                                overrides={"scheduling_policy": scheduling_policy})
     return simulated_schedule(replay, config, durations)
+
+
+def kv_changes_on_engine_clock(result: BenchResult, log: ScheduleLog, model: str
+                               ) -> list[Change]:
+    """kvlab's prefix-cache changes over a bench run against the peer (its KV events on),
+    replayed under the `vllm` preset on vLLM's engine clock (`replay_on_engine_clock`, the
+    server's tokens: output blocks hash as vLLM's), in the order the manager made them: the
+    KV lockstep's kvlab side without the client's reconstruction of vLLM's steps. `model`:
+    the peer's model (a preset name or the served model folder)."""
+    replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=True), log)
+    config = server_sim_config(result.server, model)
+    simulation = Simulation(replay, config, cost_model=ReplayedStepTimes(durations),
+                            decode_runs=False)
+    events = simulation.manager.events = KVEventLog.for_manager(simulation.manager)
+    changes: list[Change] = []
+    schedule, steps = simulation.scheduler.schedule, itertools.count()
+
+    def taken(step: int, now_s: float) -> None:
+        changes.extend(Change(e.kind, e.key, step, now_s, e.request_id, group=e.group)
+                       for e in events.take())
+
+    def scheduled(now_s: float = 0.0) -> SchedulerOutput:
+        # (the step before's commit and this step's allocations, in the manager's order)
+        output = schedule(now_s)
+        taken(next(steps), now_s)
+        return output
+
+    simulation.scheduler.schedule = scheduled  # type: ignore[method-assign]
+    result_run = simulation.run()
+    taken(next(steps), result_run.duration_s)
+    return changes
