@@ -3,7 +3,8 @@
 requests under the `vllm` preset must make the same changes in the same order on the bundled
 Mooncake excerpt scaled down, on a KV budget small enough to evict all the time; and, on that
 excerpt and with shared prefixes and preemptions, replayed on vLLM's engine clock, schedule
-every step as vLLM did. Marked `peer` (make test-peer)."""
+every step as vLLM did and make every one of its prefix-cache changes, in order. Marked `peer`
+(make test-peer)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,17 @@ import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
 from kvlab.cli import main
+from kvlab.fidelity.kv_alignment import compare_changes
+from kvlab.fidelity.kv_changes import server_changes
+from kvlab.fidelity.kv_lockstep import format_kv_lockstep
+from kvlab.policies.kv_events import CLEARED
 from kvlab.traces import load_trace
-from tests.peer.schedule_log import first_difference, preset_on_engine_clock, read_schedule_log
+from tests.peer.schedule_log import (
+    first_difference,
+    kv_changes_on_engine_clock,
+    preset_on_engine_clock,
+    read_schedule_log,
+)
 from tests.peer.vllm_server import missing_reason, start_vllm_with_kv_events
 
 pytestmark = pytest.mark.peer
@@ -74,7 +84,8 @@ def test_prefix_hits_and_preemptions_schedule_as_vllms_step_for_step(vllm_with_e
 def _schedules_as_vllm(vllm_with_events, trace, prefix: str):
     """Benchmark `trace` with request ids `prefix`<id> and assert that the `vllm` preset,
     replayed on vLLM's engine clock with the server's tokens, makes every step and
-    preemption of vLLM's; returns vLLM's schedule log of the run."""
+    preemption of vLLM's, and every prefix-cache change of its KV events, in order; returns
+    vLLM's schedule log of the run."""
     server, endpoint = vllm_with_events
     card = resolve_model(server.base_url, None, None)
     client = ClientConfig(base_url=server.base_url, model=str(card["id"]), ignore_eos=True,
@@ -88,4 +99,10 @@ def _schedules_as_vllm(vllm_with_events, trace, prefix: str):
                              f"{steps[differs]}")
     assert len(steps) == len(log.steps)
     assert preempted == log.preemptions_per_request()
+    theirs = server_changes(result.kv_events)
+    while theirs and theirs[0].kind == CLEARED:  # (the reset before the run)
+        theirs.pop(0)
+    report = compare_changes(theirs, kv_changes_on_engine_clock(result, log, "tiny-llama"))
+    # (Mooncake: 3,501 changes, 1,877 stored and 1,624 removed, all matched on 2026-12-07)
+    assert report.match_rate == 1.0, format_kv_lockstep(report)
     return log
