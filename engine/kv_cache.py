@@ -67,7 +67,6 @@ def _check_fits(platform: Platform, num_pages: int, num_host_pages: int,
                         "kv_tiers"))
 
 
-
 def page_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
     """A zeroed tensor of pages. Zeros, not empty: a kernel that loads a whole page and masks
     scores must not meet NaN. On the CPU the zeros come from calloc (numpy's `zeros`): the OS
@@ -78,6 +77,7 @@ def page_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch
         return torch.zeros(shape, dtype=dtype, device=device)
     num_bytes = math.prod(shape) * dtype.itemsize
     return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)
+
 
 class KVCache:
     """Per-layer K and V pages on the device (layers of different KV-cache groups may share a

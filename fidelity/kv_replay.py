@@ -199,7 +199,12 @@ def replay_changes(result: BenchResult, config: SimConfig,
         # Past the server's last step (or where the client saw none), a short step.
         end = ends[at] if at < len(ends) else now + 1e-3
         loop.commit(output, start_s=now, end_s=end, wall_time_s=end - now)
-        changes.extend(Change(e.kind, e.key, step, end, e.request_id, group=e.group)
-                       for e in log.take())
+        changes += taken_changes(log, step, end)
         now, step = end, step + 1
     return Replay(changes, step, preemptions)
+
+
+def taken_changes(log: KVEventLog, step: int, time_s: float) -> list[Change]:
+    """The events `log` gathered since last taken, as changes made at `step` by `time_s`."""
+    return [Change(e.kind, e.key, step, time_s, e.request_id, group=e.group)
+            for e in log.take()]

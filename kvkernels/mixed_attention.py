@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kvlab.kernels.metadata import AttentionMetadata
+from kvlab.kernels.torch_backend import attend
 
 if TYPE_CHECKING:
     from kvlab.kernels.kv_quant import KVQuant
@@ -160,15 +161,15 @@ def mixed_paged_attention(query: Tensor, levels: Sequence[LevelPages], page_leve
 def _one_level(q: Tensor, q_pos: Tensor, level: LevelPages, pages: Tensor, seq_len: int,
                scale: float) -> Tensor:
     """Output `[q_len, heads, dim]` of `q` over a sequence whose `pages` are all at `level`:
-    one segment, so no log-sum-exp to combine, and torch's fused attention (float32) instead
-    of the segments' scores written out (a long prompt's prefill: 1,315 tokens took 0.54 s
-    on the segments' path against 0.07 s without demotion)."""
+    one segment, so no log-sum-exp to combine, and the torch backend's fused attention
+    (`attend`, float32) instead of the segments' scores written out (a long prompt's
+    prefill: 1,315 tokens took 0.54 s on the segments' path against 0.07 s without
+    demotion)."""
     k, v = level.dequantize(pages)  # [n * page, kv_heads, dim]: the keys in position order
     k, v = k[:seq_len], v[:seq_len]  # (a page's unwritten tail: never read)
     seen = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]  # causal
-    o = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-        attn_mask=seen, scale=scale, enable_gqa=True)
+    o = attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+               seen, scale)
     return o[0].transpose(0, 1)
 
 

@@ -205,7 +205,7 @@ def _decode(
             k[row, meta.seq_lens_cpu[seq_id] :] = 0
             v[row, meta.seq_lens_cpu[seq_id] :] = 0
     q = query[rows].unsqueeze(2)  # [batch, num_heads, 1, head_dim]
-    o = _attend(q, k.transpose(1, 2), v.transpose(1, 2), valid[:, None, None, :], scale)
+    o = attend(q, k.transpose(1, 2), v.transpose(1, 2), valid[:, None, None, :], scale)
     out[rows] = o.squeeze(2).to(out.dtype)
 
 
@@ -232,7 +232,7 @@ def _prefill(
     if query_len < seq_len:
         positions = torch.arange(seq_len, device=query.device)
         mask = positions[None, :] <= positions[seq_len - query_len :, None]
-    o = _attend(q, k, v, mask, scale)
+    o = attend(q, k, v, mask, scale)
     out[start : start + query_len] = o[0].transpose(0, 1).to(out.dtype)
 
 
@@ -301,7 +301,7 @@ def _attend_window(
     rows = (torch.tensor([starts[i] for i in seq_ids])[:, None] + torch.arange(query_len))
     rows = rows.flatten().to(device)
     q = query[rows].view(len(seq_ids), query_len, *query.shape[1:]).transpose(1, 2)
-    o = _attend(q, k.transpose(1, 2), v.transpose(1, 2), mask[:, None].to(device), scale)
+    o = attend(q, k.transpose(1, 2), v.transpose(1, 2), mask[:, None].to(device), scale)
     out[rows] = o.transpose(1, 2).flatten(0, 1).to(out.dtype)
 
 
@@ -331,7 +331,7 @@ def _gather_pair(
     return k.view(shape), v.view(shape)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """Grouped-query attention in fp32; `mask` True where a key may be attended (None: causal)."""
     return F.scaled_dot_product_attention(
         q.float(),

@@ -15,6 +15,7 @@ from kvlab.bench import BenchResult
 from kvlab.fidelity import server_sim_config
 from kvlab.fidelity.from_bench import bench_trace
 from kvlab.fidelity.kv_changes import Change
+from kvlab.fidelity.kv_replay import taken_changes
 from kvlab.policies import SchedulerOutput
 from kvlab.policies.kv_events import KVEventLog
 from kvlab.sim import SimConfig, Simulation
@@ -158,17 +159,12 @@ def kv_changes_on_engine_clock(result: BenchResult, log: ScheduleLog, model: str
     changes: list[Change] = []
     schedule, steps = simulation.scheduler.schedule, itertools.count()
 
-    def taken(step: int, now_s: float) -> None:
-        changes.extend(Change(e.kind, e.key, step, now_s, e.request_id, group=e.group)
-                       for e in events.take())
-
     def scheduled(now_s: float = 0.0) -> SchedulerOutput:
         # (the step before's commit and this step's allocations, in the manager's order)
         output = schedule(now_s)
-        taken(next(steps), now_s)
+        changes.extend(taken_changes(events, next(steps), now_s))
         return output
 
     simulation.scheduler.schedule = scheduled  # type: ignore[method-assign]
-    result_run = simulation.run()
-    taken(next(steps), result_run.duration_s)
-    return changes
+    end_s = simulation.run().duration_s
+    return changes + taken_changes(events, next(steps), end_s)
