@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from kvlab.bench.scrape import PRECISION_PAGES, MetricsSample
 from kvlab.dashboard.figures import chart_layout
+from kvlab.metrics.precision_mix import level_label
 
 # Series of the Live page: (trace name, sample name); the kvlab: ones appear only when served.
 LIVE_QUEUES = (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
@@ -68,7 +69,7 @@ def _live_precision_mix(samples: Sequence[MetricsSample], times: list[float]
     for _, dtype, key in keys:
         shares = [100 * s.get(key) / total if total else None
                   for s, total in zip(samples, totals, strict=True)]
-        fig.add_trace(go.Scatter(x=times, y=shares, name=dtype, mode="lines+markers"))
+        fig.add_trace(go.Scatter(x=times, y=shares, name=level_label(dtype), mode="lines+markers"))
     return chart_layout(fig, "KV precision mix", "time (s)", "% of held and cached pages")
 
 

@@ -23,6 +23,12 @@ REQUANTIZED_PAGES = "num_requantized_pages"
 DEMOTIONS_KEY = re.compile(r"precision_demotions_(\d+)_(.+)")  # a summary's, per level
 
 
+def level_label(name: str) -> str:
+    """A level's dtype as a report or figure shows it: `auto` (vLLM's name for the model's own
+    dtype, kept in keys and labels) says what it is."""
+    return "auto (model dtype)" if name == "auto" else name
+
+
 def mix_summary(names: Sequence[str], pages_at_level: Sequence[Sequence[int]],
                 demotions_to_level: Sequence[Sequence[int]], duration_s: float,
                 max_debt_pages: int) -> dict[str, Any]:
@@ -55,7 +61,7 @@ def mix_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
                  if (found := DEMOTIONS_KEY.fullmatch(key))}
         if not names:
             return []
-    rows = [(f"Share at {name}", f"precision_share_{level}_{name}")
+    rows = [(f"Share at {level_label(name)}", f"precision_share_{level}_{name}")
             for level, name in sorted(names.items())]
     rows += [(f"Pages demoted to {name}", f"precision_demotions_{level}_{name}")
              for level, name in sorted(names.items()) if level]

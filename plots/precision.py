@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvlab.metrics.precision_mix import DEMOTIONS_TO_LEVEL, PAGES_AT_LEVEL
+from kvlab.metrics.precision_mix import DEMOTIONS_TO_LEVEL, PAGES_AT_LEVEL, level_label
 from kvlab.plots.binning import bin_starts
 from kvlab.plots.model import Panel, Series
 
@@ -29,9 +29,12 @@ def level_columns(steps: pd.DataFrame, prefix: str) -> list[str]:
 
 
 def level_names(summary: dict, num_levels: int) -> list[str]:
-    """Each level's dtype, from the summary's `precision_levels` (else "level K")."""
+    """Each level's dtype (`level_label`), from the summary's `precision_levels` (else "level
+    K")."""
     names = str(summary.get("precision_levels") or "").split("/")
-    return names if len(names) == num_levels else [f"level {k}" for k in range(num_levels)]
+    if len(names) != num_levels:
+        return [f"level {k}" for k in range(num_levels)]
+    return [level_label(name) for name in names]
 
 
 def binned_shares(x: np.ndarray, parts: list[np.ndarray], points: int

@@ -58,7 +58,8 @@ def test_run_simulates_the_edited_policy(app):
 def test_a_precision_policy_charts_its_mix_over_time(app):
     app.text_input(key="explore_precision").set_value("age:recent=32,depth=2")
     checked(app.button(key="explore_run").click().run())
-    assert series(app)[3] == ["auto", "fp8_e4m3", "int4_per_token_head", "pages demoted"]
+    assert series(app)[3] == ["auto (model dtype)", "fp8_e4m3", "int4_per_token_head",
+                              "pages demoted"]
     assert series(app)[4] == ["paged:precision=age:recent=32,depth=2"]  # (the TTFT CDF)
 
 
@@ -188,7 +189,7 @@ def test_live_charts_a_demoting_servers_precision_mix(app):
         checked(app.run())
     finally:
         stop()
-    assert series(app)[-1] == ["auto", "fp8_e4m3"]
+    assert series(app)[-1] == ["auto (model dtype)", "fp8_e4m3"]
 
 
 def test_live_shows_an_unreachable_server_as_an_error(app):

@@ -173,7 +173,7 @@ def test_live_charts_a_demoting_servers_precision_mix():
     charts = live_figures([sample(0.0, 4.0, 0.0), sample(2.0, 1.0, 3.0),
                                    sample(4.0, 0.0, 0.0)])
     mix = charts[4]
-    assert figures.trace_names(mix) == ["auto", "fp8_e4m3"]
+    assert figures.trace_names(mix) == ["auto (model dtype)", "fp8_e4m3"]
     assert list(mix.data[0].y) == [100.0, 25.0, None] and list(mix.data[1].y) == [0.0, 75.0, None]
     assert len(live_figures([MetricsSample(0.0, {})])) == 4
 

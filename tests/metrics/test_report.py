@@ -131,6 +131,8 @@ def test_comparison_shows_a_precision_policys_mix_beside_a_plain_run(summary):
                     precision_demotions_1_fp8_e4m3=40, precision_max_debt_pages=0)
     table = format_comparison([summary, demoting], ["plain", "age"])
     assert _line(table, "Share at fp8_e4m3:").split()[-2:] == ["-", "0.75"]
+    # (the level of the model's own dtype, `auto` in keys, says so)
+    assert _line(table, "Share at auto (model dtype):").split()[-2:] == ["-", "0.25"]
     assert _line(table, "Pages demoted to fp8_e4m3:").split()[-2:] == ["-", "40"]
     assert "levels" not in table
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.cli import main
+from kvlab.metrics.precision_mix import level_label
 from kvlab.plots import figures_of, load_results
 from kvlab.plots.precision import binned_rate, binned_shares
 
@@ -37,7 +38,9 @@ def test_the_timeline_shows_the_mix_and_the_demotion_rate(demoting):
     panels = {panel.title: panel for panel in _timeline(demoting).panels}
     mix = panels["KV precision mix"].series
     names = demoting.summary["precision_levels"].split("/")
-    assert [s.name for s in mix] == names  # (one run: its levels' names)
+    # (one run: its levels' names, the model's own dtype said so)
+    assert [s.name for s in mix] == [level_label(name) for name in names]
+    assert mix[0].name == "auto (model dtype)"
     totals = np.nansum([s.y for s in mix], axis=0)
     held = np.isfinite(mix[0].y)
     np.testing.assert_allclose(totals[held], 100.0)
@@ -68,7 +71,8 @@ def test_several_runs_name_their_lines_by_run_and_level(demoting):
     panels = {p.title: p for p in _timeline_of([demoting, other]).panels}
     names = demoting.summary["precision_levels"].split("/")
     assert [s.name for s in panels["KV precision mix"].series] == [
-        f"{label} {name}" for label in (demoting.label, "other") for name in names]
+        f"{label} {level_label(name)}" for label in (demoting.label, "other")
+        for name in names]
     assert [s.name for s in panels["Demotions"].series] == [demoting.label, "other"]
 
 
