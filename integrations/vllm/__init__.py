@@ -6,6 +6,10 @@ Set `KVLAB_VLLM_EVICTION=arc` (any registered kvlab eviction policy, in kvlab's 
 unset, the plugin does nothing but say so. On a vLLM it does not support, or a bad value, it
 stops vLLM at start with one line. The offloading connector's CPU tier takes kvlab's policies
 through `kvlab.integrations.vllm.offload` (its `cache_policy_module_path`).
+
+Set `KVLAB_VLLM_STEP_LOG=PATH` and vLLM's scheduler logs its arrivals, steps and preemptions to
+`PATH.<pid>` (`step_log.py`), which `kvlab validate --lockstep --kv-events ... --step-log PATH`
+replays kvlab's manager on: vLLM's own step boundaries instead of the client's view of them.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable
 
 from kvlab.errors import KvlabError
 from kvlab.integrations.vllm.setting import VARIABLE, eviction_from_env
+from kvlab.integrations.vllm.step_log import STEP_LOG_VARIABLE
 from kvlab.policies.interfaces import Eviction
 
 logger = logging.getLogger("vllm.kvlab")
@@ -25,6 +30,9 @@ def register() -> None:
     """The entry point vLLM calls in each process. Raises SystemExit with one line when the
     variable asks for something the plugin cannot do."""
     try:
+        step_log = os.environ.get(STEP_LOG_VARIABLE, "").strip()
+        if step_log:
+            _log_steps(step_log)
         choice = eviction_from_env(os.environ)
         if choice is None:
             logger.info("kvlab: %s is not set: vLLM's device prefix cache evicts by vLLM's own "
@@ -56,3 +64,33 @@ def _activate(spec: str, policy: Callable[[], Eviction]) -> None:
     export_policy(spec)
     logger.info("kvlab: %s=%s: vLLM %s's device prefix cache evicts by kvlab's %s",
                 VARIABLE, os.environ.get(VARIABLE), vllm.__version__, spec)
+
+
+def _log_steps(stem: str) -> None:
+    """Check this vLLM and wrap its scheduler (`step_log.py`)."""
+    import vllm
+
+    from kvlab.integrations.vllm.step_log import (
+        SCHEDULER_METHODS,
+        StepLogWriter,
+        install_step_log,
+    )
+    from kvlab.integrations.vllm.support import check_version
+
+    unset = f"unset {STEP_LOG_VARIABLE}"
+    check_version(vllm.__version__, unset)
+    try:
+        from vllm.v1.core.sched.scheduler import Scheduler
+    except ImportError as error:
+        raise KvlabError(f"this vLLM lacks {error.name or error}, which kvlab's step log "
+                         f"wraps; {unset}") from None
+    missing = [name for name in SCHEDULER_METHODS if not hasattr(Scheduler, name)]
+    if missing:
+        raise KvlabError(f"this vLLM's Scheduler lacks {', '.join(missing)}, which kvlab's "
+                         f"step log wraps; {unset}")
+    folder = os.path.dirname(os.path.abspath(stem))
+    if not os.path.isdir(folder):
+        raise KvlabError(f"{STEP_LOG_VARIABLE}={stem!r}: no folder {folder} to write the log in")
+    install_step_log(Scheduler, StepLogWriter(stem))
+    logger.info("kvlab: %s=%s: vLLM's scheduler logs its steps to %s.<pid>", STEP_LOG_VARIABLE,
+                stem, stem)

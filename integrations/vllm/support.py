@@ -22,13 +22,14 @@ def supported_versions() -> str:
     return ", ".join(f"{major}.{minor}.x" for major, minor in SUPPORTED_MINORS)
 
 
-def check_version(version: str) -> None:
-    """Raise KvlabError unless `version` (vLLM's `__version__`) is a supported minor."""
+def check_version(version: str,
+                  unset: str = "unset KVLAB_VLLM_EVICTION to run vLLM's own LRU") -> None:
+    """Raise KvlabError unless `version` (vLLM's `__version__`) is a supported minor; the
+    message ends with `unset` (what to do instead)."""
     match = re.match(r"(\d+)\.(\d+)", version)
     if match is None or (int(match[1]), int(match[2])) not in SUPPORTED_MINORS:
-        raise KvlabError(f"vLLM {version} is not one kvlab's eviction plugin supports "
-                         f"({supported_versions()}); unset KVLAB_VLLM_EVICTION to run "
-                         "vLLM's own LRU")
+        raise KvlabError(f"vLLM {version} is not one kvlab's vLLM plugin supports "
+                         f"({supported_versions()}); {unset}")
 
 
 def check_internals(block_pool_cls: Any, queue_cls: Any) -> None:

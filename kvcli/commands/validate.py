@@ -162,6 +162,12 @@ def _add_server_arguments(server: argparse._ArgumentGroup) -> None:
     server.add_argument("--from-bench", default=None, metavar="RESULT",
                         help="with --lockstep: compare a saved `bench serve --kv-events` run "
                         "(its JSON; the stream beside it) instead of running one")
+    server.add_argument("--step-log", default=None, metavar="PATH",
+                        help="with --kv-events: the log vLLM's scheduler writes where it runs "
+                        "with kvlab's plugin and KVLAB_VLLM_STEP_LOG=PATH (PATH.<pid>, or the "
+                        "file itself): kvlab replays the run on vLLM's own steps and clock "
+                        "instead of the client's view of them, so every step boundary is "
+                        "vLLM's (docs/vllm_plugin.md)")
     server.add_argument("--reset-prefix-cache", action="store_true",
                         help="with --kv-events: empty the server's prefix cache before the run "
                         "(kvlab serve; vLLM with VLLM_SERVER_DEV_MODE=1), so that both sides "
@@ -173,21 +179,27 @@ def default_calibration_run(device: str) -> str:
     return "interleaved" if device == "cpu" else "before"
 
 
-def run(args: argparse.Namespace) -> int:
-    """Calibrate (unless given a model), run engine and simulator, print and save the table
-    (against a server: `_run_server`; a saved run's KV lockstep: --from-bench)."""
+def _check_mode_flags(args: argparse.Namespace) -> None:
+    """Raise KvlabError naming a flag that the mode of `args` does not take."""
+    from kvlab.errors import KvlabError
+
     repeated = args.num_repeats not in (None, 1) or args.until_std_error is not None
     if repeated and (args.base_url is None or args.lockstep):
-        from kvlab.errors import KvlabError
-
         raise KvlabError("--num-repeats, --until-std-error: only with --base-url, without "
                          "--lockstep (the engine's side is timed on its CPU clock and needs no "
                          "repeats)")
     if args.no_refine and (args.base_url is None or args.lockstep):
-        from kvlab.errors import KvlabError
-
         raise KvlabError("--no-refine: only with --base-url, without --lockstep (the engine's "
                          "side is calibrated from its own profile)")
+    if args.step_log is not None and (args.kv_events is None or args.from_bench is not None):
+        raise KvlabError("--step-log: with --base-url URL --kv-events ENDPOINT --lockstep, a "
+                         "run sent now (the log names its requests by the ids the run sends)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Calibrate (unless given a model), run engine and simulator, print and save the table
+    (against a server: `_run_server`; a saved run's KV lockstep: --from-bench)."""
+    _check_mode_flags(args)
     if args.num_repeats is None:
         args.num_repeats = 1 if args.until_std_error is None else DEFAULT_MAX_ROUNDS
     if args.from_bench is not None:
@@ -272,8 +284,9 @@ def _run_server(args: argparse.Namespace) -> int:
         from kvlab.cli.commands.validate_kv import run_server_lockstep
 
         return run_server_lockstep(args, _server_target(args))
-    if args.kv_events is not None or args.reset_prefix_cache:
-        raise KvlabError("--kv-events and --reset-prefix-cache: only with --lockstep")
+    if args.kv_events is not None or args.reset_prefix_cache or args.step_log is not None:
+        raise KvlabError("--kv-events, --step-log and --reset-prefix-cache: only with "
+                         "--lockstep")
     check_client_flags(args)
     cost_model = None if args.cost_model is None else load_cost_model(args.cost_model)
     separate = cost_model is None and not args.calibrate_on_same_run

@@ -5,6 +5,8 @@ kvlab's manager and print the block-by-block report (kvlab.fidelity.kv_lockstep)
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,24 @@ def run_server_lockstep(args: argparse.Namespace, target: Any) -> int:
 
     endpoint = normalize_endpoint(args.kv_events)
     trace = load_trace_from_args(args)
+    client = target.client
+    if args.step_log is not None:  # (the ids the scheduler's log names the run's requests by)
+        client = dataclasses.replace(client, request_id_prefix=f"validate-{uuid.uuid4().hex[:8]}-")
     with tqdm(total=len(trace), unit="req", desc="server run", leave=False,
               disable=not show_progress(args)) as bar:
-        result = bench_serve(trace, target.client, card=target.card,
+        result = bench_serve(trace, client, card=target.card,
                              vocab_size=target.vocab_size, seed=args.seed,
                              on_finish=lambda _: bar.update(1), kv_events=endpoint,
                              reset_cache=args.reset_prefix_cache)
     path = _report_path(args)
     if path is not None:
         _save_bench(result, path)
-    return _report(args, result, target.model, path)
+    step_log = None
+    if args.step_log is not None:
+        from kvlab.fidelity.step_log import read_schedule_log
+
+        step_log = read_schedule_log(Path(args.step_log), str(client.request_id_prefix))
+    return _report(args, result, target.model, path, step_log)
 
 
 def run_saved_lockstep(args: argparse.Namespace) -> int:
@@ -51,8 +61,10 @@ def run_saved_lockstep(args: argparse.Namespace) -> int:
     return _report(args, result, model, _report_path(args))
 
 
-def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None) -> int:
-    """Replay, print and save the report; 0 when every block change matched, else 1."""
+def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None,
+            step_log: Any = None) -> int:
+    """Replay (on vLLM's engine clock with `step_log`: `kv_lockstep`), print and save the
+    report; 0 when every block change matched, else 1."""
     from kvlab.cli.commands.bench import check_stream, describe_stream
     from kvlab.cli.commands.common import server_overrides
     from kvlab.cli.commands.validate_report import save_document
@@ -64,15 +76,19 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
     check_stream(stream)
     config = server_sim_config(result.server, model, preset=args.server_preset,
                                overrides=server_overrides(args))
-    report = kv_lockstep(result, config)
+    report = kv_lockstep(result, config, step_log=step_log)
     policy = config.serving.policy.to_string()
     source = " (the server's kvlab plugin)" if result.server.eviction else ""
     print(f"{'kvlab replays policy:':<40} {policy}{source}")
+    clock = "the client's view of its steps" if step_log is None else \
+        f"vLLM's own steps ({len(step_log.steps)}, --step-log {args.step_log})"
+    print(f"{'steps replayed:':<40} {clock}")
     print(format_kv_lockstep(report))
     if path is not None:
         document = {"reference": "server", "base_url": result.run.metadata.get("base_url"),
                     "kv_events": stream.endpoint, "preset": args.server_preset or "auto",
                     "policy": policy, "server_eviction": result.server.eviction,
+                    "step_log": args.step_log,
                     "num_requests": len(result.requests), "kv_lockstep": report.to_json()}
         save_document(path, document)
     return 0 if report.identical else 1

@@ -14,17 +14,11 @@ import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
 from kvlab.cli import main
-from kvlab.fidelity.kv_alignment import compare_changes
-from kvlab.fidelity.kv_changes import server_changes
-from kvlab.fidelity.kv_lockstep import format_kv_lockstep
-from kvlab.policies.kv_events import CLEARED
+from kvlab.fidelity import server_sim_config
+from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
+from kvlab.fidelity.step_log import read_schedule_log
 from kvlab.traces import load_trace
-from tests.peer.schedule_log import (
-    first_difference,
-    kv_changes_on_engine_clock,
-    preset_on_engine_clock,
-    read_schedule_log,
-)
+from tests.peer.schedule_log import first_difference, preset_on_engine_clock
 from tests.peer.vllm_server import missing_reason, start_vllm_with_kv_events
 
 pytestmark = pytest.mark.peer
@@ -34,7 +28,8 @@ pytestmark = pytest.mark.peer
 def vllm_with_events():
     if missing_reason() is not None:
         pytest.skip(missing_reason())
-    # its scheduler logs every step (tests/peer/schedule_hook; it changes nothing vLLM does)
+    # its scheduler logs every step (kvlab's plugin, KVLAB_VLLM_STEP_LOG; it changes nothing
+    # vLLM does)
     server, endpoint = start_vllm_with_kv_events(256, log_schedule=True)
     yield server, endpoint
     server.stop()
@@ -55,6 +50,23 @@ def test_mooncake_block_changes_match_vllms(vllm_with_events, tmp_path, capsys):
     # order"): changes a step apart at most; lower only with another job beside it
     assert report["match_rate"] >= 0.98, out
     assert set(report["unmatched"]) <= {"moved"}, out
+
+
+def test_validate_on_vllms_step_log_matches_every_change(vllm_with_events, tmp_path, capsys):
+    # The user's command with the plugin's step log (KVLAB_VLLM_STEP_LOG on the server): kvlab
+    # replays on vLLM's own steps, so every change must be vLLM's, in order, and it exits 0
+    server, endpoint = vllm_with_events
+    code = main(["validate", "--base-url", server.base_url, "--kv-events", endpoint,
+                 "--lockstep", "--reset-prefix-cache", "--step-log", str(server.schedule_log),
+                 "--dataset-name", "mooncake", "--length-scale", "16", "--num-prompts", "120",
+                 "--time-scale", "4", "--vocab-size", "2048", "--model", "tiny-llama",
+                 "--save-result", "--result-dir", str(tmp_path), "--result-filename", "kv.json"])
+    out = capsys.readouterr().out
+    document = json.loads((tmp_path / "kv.json").read_text())
+    report = document["kv_lockstep"]
+    assert "vLLM's own steps" in out and document["step_log"] == str(server.schedule_log)
+    assert report["server_counts"].get("removed", 0) > 500, "the budget must evict"
+    assert report["match_rate"] == 1.0 and code == 0, out
 
 
 def test_mooncake_schedules_as_vllms_step_for_step(vllm_with_events):
@@ -99,10 +111,8 @@ def _schedules_as_vllm(vllm_with_events, trace, prefix: str):
                              f"{steps[differs]}")
     assert len(steps) == len(log.steps)
     assert preempted == log.preemptions_per_request()
-    theirs = server_changes(result.kv_events)
-    while theirs and theirs[0].kind == CLEARED:  # (the reset before the run)
-        theirs.pop(0)
-    report = compare_changes(theirs, kv_changes_on_engine_clock(result, log, "tiny-llama"))
+    # (kvlab validate --lockstep --kv-events ... --step-log's comparison)
+    report = kv_lockstep(result, server_sim_config(result.server, "tiny-llama"), step_log=log)
     # (Mooncake: 3,501 changes, 1,877 stored and 1,624 removed, all matched on 2026-12-07)
     assert report.match_rate == 1.0, format_kv_lockstep(report)
     return log

@@ -13,12 +13,10 @@ from __future__ import annotations
 import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
-from kvlab.fidelity.kv_alignment import compare_changes
-from kvlab.fidelity.kv_changes import server_changes
-from kvlab.fidelity.kv_lockstep import format_kv_lockstep
-from kvlab.policies.kv_events import CLEARED
+from kvlab.fidelity import server_sim_config
+from kvlab.fidelity.kv_lockstep import format_kv_lockstep, kv_lockstep
+from kvlab.fidelity.step_log import read_schedule_log
 from kvlab.traces import load_trace
-from tests.peer.schedule_log import kv_changes_on_engine_clock, read_schedule_log
 from tests.peer.vllm_server import (
     missing_reason,
     save_sliding_window_model,
@@ -42,9 +40,10 @@ def sliding_vllm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sliding_vllm_logged(tmp_path_factory):
-    """The same server, its scheduler logging every step (tests/peer/schedule_hook: it changes
-    none of vLLM's decisions, but its writes slow vLLM's steps, and the client's view of them
-    with it: 93% in the test above against such a server, on a quiet machine)."""
+    """The same server, its scheduler logging every step (kvlab's plugin, KVLAB_VLLM_STEP_LOG:
+    it changes none of vLLM's decisions, but its writes slow vLLM's steps, and the client's
+    view of them with it: 93% in the test above against such a server, on a quiet
+    machine)."""
     if missing_reason() is not None:
         pytest.skip(missing_reason())
     folder = save_sliding_window_model(tmp_path_factory.mktemp("mistral"), window=32)
@@ -88,11 +87,7 @@ def test_sliding_window_block_changes_are_vllms_on_its_engine_clock(sliding_vllm
     result = bench_serve(trace, client, card=card, vocab_size=384, kv_events=endpoint,
                          reset_cache=True)
     log = read_schedule_log(server.schedule_log, "engine-clock-")
-    ours = kv_changes_on_engine_clock(result, log, str(folder))
-    assert result.kv_events is not None
-    theirs = server_changes(result.kv_events)
-    while theirs and theirs[0].kind == CLEARED:  # (the reset before the run)
-        theirs.pop(0)
-    report = compare_changes(theirs, ours)
+    # (kvlab validate --lockstep --kv-events ... --step-log's comparison)
+    report = kv_lockstep(result, server_sim_config(result.server, str(folder)), step_log=log)
     assert report.server_counts.get("removed", 0) > 500, "the budget must evict"
     assert report.match_rate == 1.0, format_kv_lockstep(report)

@@ -12,8 +12,9 @@ import pytest
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
 from kvlab.cli import main
 from kvlab.engine import LLM, SamplingParams
+from kvlab.fidelity.step_log import read_schedule_log
 from kvlab.traces import load_trace, synthesize_prompt_ids
-from tests.peer.schedule_log import first_difference, preset_on_engine_clock, read_schedule_log
+from tests.peer.schedule_log import first_difference, preset_on_engine_clock
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm
 from tests.peer.workloads import queued_behind_a_long_request
 
@@ -66,7 +67,7 @@ def test_vllm_streams_kvlabs_greedy_tokens_and_tells_its_cache(vllm):
 
 @pytest.fixture(scope="module")
 def logged_vllm():
-    # the same server, its scheduler logging every step (tests/peer/schedule_hook)
+    # the same server, its scheduler logging every step (kvlab plugin, KVLAB_VLLM_STEP_LOG)
     server = start_vllm(kv_cache_memory_bytes=NUM_BLOCKS * BLOCK_BYTES, max_model_len=1248,
                         log_schedule=True)
     yield server

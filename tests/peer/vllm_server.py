@@ -14,6 +14,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PEER_PYTHON = Path(os.environ.get("KVLAB_VLLM_PYTHON", ROOT / ".peer/vllm/bin/python"))
 PEER_MODEL = Path(os.environ.get("KVLAB_VLLM_MODEL", ROOT / ".peer/tiny-llama"))
@@ -51,7 +53,8 @@ class PeerServer:
     model: str
     process: subprocess.Popen
     log_path: Path
-    schedule_log: Path | None = None  # the scheduler's log files' stem (schedule_hook/)
+    # the scheduler's log files' stem (kvlab's plugin, KVLAB_VLLM_STEP_LOG)
+    schedule_log: Path | None = None
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 30 s."""
@@ -75,17 +78,19 @@ def start_vllm(*, block_size: int = 32, kv_cache_memory_bytes: int = 64 << 20,
                extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
                log_schedule: bool = False, model: Path = PEER_MODEL) -> PeerServer:
     """Start vLLM on a free port and wait until /health answers (25-30 s on this machine).
-    `model`: another model folder. `log_schedule`: its scheduler logs every step
-    (tests/peer/schedule_hook; read with
-    `tests.peer.schedule_log.read_schedule_log(server.schedule_log)`)."""
+    `model`: another model folder. `log_schedule`: its scheduler logs every step (kvlab's
+    plugin with KVLAB_VLLM_STEP_LOG, as a user starts it for `kvlab validate --step-log`;
+    read with `kvlab.fidelity.step_log.read_schedule_log(server.schedule_log, prefix)`):
+    skips the test where the plugin is not installed in the peer."""
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="kvlab-peer-"))
     log_path = workdir / "vllm.log"
     schedule_log = workdir / "schedule.jsonl" if log_schedule else None
     if schedule_log is not None:
-        hook = str(Path(__file__).resolve().parent / "schedule_hook")
-        env = {**(env or {}), "KVLAB_VLLM_SCHEDULE_LOG": str(schedule_log),
-               "PYTHONPATH": os.pathsep.join(filter(None, (hook, os.environ.get("PYTHONPATH"))))}
+        reason = plugin_missing_reason()
+        if reason is not None:
+            pytest.skip(f"the scheduler's log is kvlab's plugin's: {reason}")
+        env = {**(env or {}), "KVLAB_VLLM_STEP_LOG": str(schedule_log)}
     command = [
         str(PEER_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--host", "127.0.0.1", "--port", str(port),

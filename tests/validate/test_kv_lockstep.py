@@ -218,12 +218,18 @@ def test_from_bench_errors_name_the_file(tmp_path, capsys):
     assert f"{missing}: no such file" in capsys.readouterr().err
     assert main(["validate", "--from-bench", str(missing)]) != 0
     assert "--from-bench: with --lockstep" in capsys.readouterr().err
+    # (a saved run's requests carry no ids a scheduler's log could name)
+    assert main(["validate", "--lockstep", "--from-bench", str(missing), "--kv-events",
+                 "tcp://127.0.0.1:1", "--step-log", str(tmp_path / "steps")]) != 0
+    assert "--step-log: with --base-url URL --kv-events ENDPOINT" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, problem", [
     (["--lockstep"], "give --kv-events ENDPOINT"),
     (["--kv-events", "tcp://127.0.0.1:1"], "only with --lockstep"),
     (["--lockstep", "--kv-events", "tcp://*:1"], "bind address"),
+    (["--lockstep", "--step-log", "steps"], "--step-log: with --base-url URL --kv-events"),
+    (["--kv-events", "tcp://127.0.0.1:1", "--step-log", "steps"], "only with --lockstep"),
 ])
 def test_validate_flag_errors(live_with_events, capsys, flags, problem):
     server, _ = live_with_events
