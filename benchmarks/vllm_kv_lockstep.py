@@ -48,9 +48,13 @@ from kvlab.bench.result_files import save_bench_result  # noqa: E402
 from kvlab.fidelity import server_sim_config  # noqa: E402
 from kvlab.fidelity.kv_lockstep import kv_lockstep  # noqa: E402
 from kvlab.fidelity.kv_replay import SEND_ORDER_SLACK_S  # noqa: E402
-from kvlab.fidelity.step_log import ScheduleLog, read_schedule_log  # noqa: E402
+from kvlab.fidelity.step_log import (  # noqa: E402
+    ScheduleLog,
+    first_difference,
+    read_schedule_log,
+)
 from kvlab.traces import load_trace  # noqa: E402
-from tests.peer.schedule_log import first_difference, preset_on_engine_clock  # noqa: E402
+from tests.peer.schedule_log import preset_on_engine_clock  # noqa: E402
 from tests.peer.vllm_server import (  # noqa: E402
     PEER_MODEL,
     missing_reason,

@@ -40,11 +40,15 @@ from kvlab.bench import (  # noqa: E402
 )
 from kvlab.fidelity import fit_bench, server_sim_config  # noqa: E402
 from kvlab.fidelity.from_bench import bench_trace  # noqa: E402
-from kvlab.fidelity.step_log import read_schedule_log, replay_on_engine_clock  # noqa: E402
+from kvlab.fidelity.step_log import (  # noqa: E402
+    first_difference,
+    read_schedule_log,
+    replay_on_engine_clock,
+    run_on_engine_clock,
+)
 from kvlab.metrics import summarize  # noqa: E402
 from kvlab.sim import simulate  # noqa: E402
 from kvlab.traces import load_trace  # noqa: E402
-from tests.peer.schedule_log import first_difference, simulated_schedule  # noqa: E402
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm  # noqa: E402
 from tests.peer.workloads import queued_behind_a_long_request  # noqa: E402
 
@@ -92,7 +96,8 @@ def run_workload(name: str, seed: int) -> dict:
     log = read_schedule_log(server.schedule_log, prefix)
     served_trace = bench_trace(result)
     replay, durations = replay_on_engine_clock(served_trace, log)
-    steps, preempted = simulated_schedule(replay, config, durations)
+    run = run_on_engine_clock(replay, config, durations)
+    steps, preempted = run.steps, run.preempted
     differs = first_difference(steps, log.steps)
     same_steps = min(len(steps), len(log.steps)) if differs is None else differs
     fit = fit_bench(result, config, max_evaluations=40, source=name)

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model  # noqa: E402
-from kvlab.fidelity.step_log import read_schedule_log  # noqa: E402
-from tests.peer.schedule_log import first_difference, preset_on_engine_clock  # noqa: E402
+from kvlab.fidelity.step_log import first_difference, read_schedule_log  # noqa: E402
+from tests.peer.schedule_log import preset_on_engine_clock  # noqa: E402
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm  # noqa: E402
 from tests.peer.workloads import PRIORITY_WORKLOADS, priority_workload  # noqa: E402
 

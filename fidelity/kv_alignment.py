@@ -10,9 +10,12 @@ import difflib
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvlab.fidelity.kv_changes import Change
+
+if TYPE_CHECKING:
+    from kvlab.fidelity.step_log import ScheduleMatch
 
 # Why an event has no partner on the other side (the report's explanations).
 WHY = {
@@ -55,6 +58,8 @@ class KVLockstepReport:
     num_server_batches: int = 0
     num_server_preemptions: int | None = None  # the server's counter, when it exports one
     num_kvlab_preemptions: int = 0
+    # kvlab's steps against the server's, where its scheduler's log was given
+    schedule: ScheduleMatch | None = None
 
     @property
     def match_rate(self) -> float:
@@ -72,6 +77,8 @@ class KVLockstepReport:
         document = dataclasses.asdict(self)
         document.update(match_rate=self.match_rate, identical=self.identical,
                         causes={cause: WHY[cause] for cause in self.unmatched})
+        if self.schedule is not None:
+            document["schedule"]["identical"] = self.schedule.identical
         return document
 
 

@@ -29,7 +29,7 @@ from kvlab.policies.kv_events import CLEARED, REMOVED, STORED
 
 if TYPE_CHECKING:
     from kvlab.bench import BenchResult
-    from kvlab.fidelity.step_log import ScheduleLog
+    from kvlab.fidelity.step_log import ScheduleLog, ScheduleMatch
     from kvlab.sim import SimConfig
 
 
@@ -50,15 +50,18 @@ def kv_lockstep(result: BenchResult, config: SimConfig, step_log: ScheduleLog | 
             server = [dataclasses.replace(c, time_s=ends[c.step]) for c in server]
     while server and server[0].kind == CLEARED:  # a reset before the run: kvlab starts empty too
         server.pop(0)
+    schedule = None
     if step_log is None:
         replay = replay_changes(result, config, server, ends)
     else:
-        from kvlab.fidelity.step_log import kv_changes_on_engine_clock
+        from kvlab.fidelity.step_log import bench_on_engine_clock, match_schedule
 
-        replay = kv_changes_on_engine_clock(result, step_log, config)
+        run = bench_on_engine_clock(result, step_log, config)
+        replay, schedule = run.as_replay(), match_schedule(run, step_log)
     owners = _block_owners(replay.changes)  # names the server's blocks by who stored them
     server = [dataclasses.replace(c, request_id=owners.get(c.key)) for c in server]
     report = compare_changes(server, replay.changes)
+    report.schedule = schedule
     report.num_replay_steps = replay.num_steps
     report.num_kvlab_preemptions = replay.num_preemptions
     report.num_server_batches = len(result.kv_events.batches)
@@ -98,6 +101,8 @@ def format_kv_lockstep(report: KVLockstepReport) -> str:
         apart = (f"; median {report.moved_median_s * 1e3:.1f} ms apart"
                  if cause == "moved" and report.moved_median_s is not None else "")
         lines.append(f"  unmatched, {cause}: {number} ({WHY[cause]}{apart})")
+    if report.schedule is not None:
+        lines += _schedule_lines(report.schedule)
     first = report.first_divergence
     if first is None:
         lines.append("Every block change matched, in order.")
@@ -107,6 +112,23 @@ def format_kv_lockstep(report: KVLockstepReport) -> str:
         lines.append("  server: " + _line(first["server"], first["num_server"], "batch"))
         lines.append("  kvlab:  " + _line(first["kvlab"], first["num_kvlab"], "step"))
     return "\n".join(lines)
+
+
+def _schedule_lines(schedule: ScheduleMatch) -> list[str]:
+    """The steps on vLLM's clock against vLLM's (`--step-log`)."""
+    same = schedule.first_difference if schedule.first_difference is not None else min(
+        schedule.num_vllm_steps, schedule.num_kvlab_steps)
+    lines = [f"{'Steps vLLM / kvlab (its clock):':<40} {schedule.num_vllm_steps} / "
+             f"{schedule.num_kvlab_steps}",
+             f"{'Steps alike before the first other:':<40} {same}"
+             + ("" if schedule.first_difference is None else
+                f" (step {schedule.first_difference} differs)"),
+             f"{'Preemptions per request alike:':<40} "
+             f"{'yes' if schedule.preemptions_equal else 'no'} "
+             f"({schedule.num_vllm_preemptions} / {schedule.num_kvlab_preemptions})"]
+    if schedule.identical:
+        lines.append("Every step scheduled as vLLM's, every preemption too.")
+    return lines
 
 
 def _line(changes: list[dict[str, Any]], total: int, unit: str) -> str:

@@ -39,6 +39,7 @@ class ScheduleLog:
     steps: list[dict[int, int]] = field(default_factory=list)  # tokens per request, per step
     step_times_s: list[float] = field(default_factory=list)  # when each step was decided
     preemptions: list[tuple[int, int]] = field(default_factory=list)  # (step, request), in order
+    prefix: str = ""  # the run's request-id prefix, which names its rows
 
     def preemptions_per_request(self) -> dict[int, int]:
         """Request id -> times preempted (requests never preempted left out)."""
@@ -79,7 +80,7 @@ def read_schedule_log(stem: Path, prefix: str) -> ScheduleLog:
     One server's log holds every run sent to it: a run's own rows are those of its prefix.
     Raises KvlabError naming the file and line of a row that is not the plugin's JSON."""
     path = step_log_file(stem)
-    log = ScheduleLog()
+    log = ScheduleLog(prefix=prefix)
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if prefix not in line:
             continue
@@ -115,13 +116,12 @@ def replay_on_engine_clock(trace: Trace, log: ScheduleLog) -> tuple[Trace, list[
     the engine queued it (those queued before the first step, at it), and each step lasts
     until vLLM decided the next (an idle wait included), on the engine's clock from its first
     step. A step starting at t admits what arrived by t, so the simulator's steps see the
-    same arrivals as vLLM's. Raises KvlabError where the log misses some of the requests."""
+    same arrivals as vLLM's; a request the engine never queued (refused by the server's API)
+    is left out. Raises KvlabError where the log has no step of the run."""
+    if not log.step_times_s:
+        raise KvlabError(f"{STEP_LOG_FLAG}: the log has no step of requests named "
+                         f"{log.prefix}<id>: is it the log of the server the run was sent to?")
     by_id = {request.request_id: request for request in trace.requests}
-    missing = sorted(set(by_id) - set(log.arrivals))
-    if missing or not log.step_times_s:
-        raise KvlabError(f"{STEP_LOG_FLAG}: the log names {len(set(log.arrivals) & set(by_id))} "
-                         f"of the run's {len(by_id)} requests (e.g. not {missing[:3]}): is it "
-                         "the log of the server the run was sent to?")
     first = log.step_times_s[0]
     requests = [replace(by_id[request_id], arrival_s=max(time_s, first) - first)
                 for request_id, time_s in zip(log.arrivals, log.arrival_times_s, strict=True)
@@ -131,30 +131,104 @@ def replay_on_engine_clock(trace: Trace, log: ScheduleLog) -> tuple[Trace, list[
     return replace(trace, requests=requests), durations
 
 
-def kv_changes_on_engine_clock(result: BenchResult, log: ScheduleLog, config: SimConfig
-                               ) -> Replay:
-    """kvlab's prefix-cache changes over a bench run (its KV events on), replayed on `config`
-    (the server's) on vLLM's engine clock (`replay_on_engine_clock`, the server's tokens:
-    output blocks hash as vLLM's), in the order the manager made them."""
-    from kvlab.fidelity.from_bench import bench_trace
+def check_covers(log: ScheduleLog, result: BenchResult) -> None:
+    """Raise KvlabError unless `log` queued every request of `result` the server completed
+    (a request the server refused never reaches its scheduler)."""
+    completed = {record.request_id for record in result.requests if record.completed}
+    missing = sorted(completed - set(log.arrivals))
+    if missing:
+        raise KvlabError(f"{STEP_LOG_FLAG}: the log names {len(completed) - len(missing)} of "
+                         f"the run's {len(completed)} completed requests (not {missing[:3]}"
+                         f"{', ...' if len(missing) > 3 else ''}): is it the log of the server "
+                         "the run was sent to?")
 
-    replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=True), log)
-    simulation = Simulation(replay, config, cost_model=ReplayedStepTimes(durations),
+
+@dataclass
+class EngineClockRun:
+    """The simulator's run of a trace on vLLM's engine clock: its prefix-cache changes in the
+    manager's order, the tokens per request of each step that scheduled any (as the log keeps
+    vLLM's), each request's preemptions and the steps it took."""
+
+    changes: list[Change]
+    steps: list[dict[int, int]]
+    preempted: dict[int, int]
+    num_steps: int
+
+    def as_replay(self) -> Replay:
+        """The KV lockstep's kvlab side (`kv_replay.Replay`)."""
+        return Replay(self.changes, self.num_steps, sum(self.preempted.values()))
+
+
+def run_on_engine_clock(trace: Trace, config: SimConfig, durations_s: list[float]
+                        ) -> EngineClockRun:
+    """Simulate `trace` on `config` with `durations_s` replayed as its steps' lengths
+    (`replay_on_engine_clock`), every step through the scheduler (no decode runs), its KV
+    events and schedule recorded."""
+    simulation = Simulation(trace, config, cost_model=ReplayedStepTimes(durations_s),
                             decode_runs=False)
     events = simulation.manager.events = KVEventLog.for_manager(simulation.manager)
     changes: list[Change] = []
-    schedule, steps = simulation.scheduler.schedule, itertools.count()
-    preemptions = 0
+    steps: list[dict[int, int]] = []
+    schedule, counter = simulation.scheduler.schedule, itertools.count()
 
     def scheduled(now_s: float = 0.0) -> SchedulerOutput:
-        nonlocal preemptions
         # (the step before's commit and this step's allocations, in the manager's order)
         output = schedule(now_s)
-        preemptions += len(output.preempted)
-        changes.extend(taken_changes(events, next(steps), now_s))
+        changes.extend(taken_changes(events, next(counter), now_s))
+        if output.requests:
+            steps.append({request.request_id: tokens for request, tokens
+                          in zip(output.requests, output.num_new_tokens, strict=True)})
         return output
 
     simulation.scheduler.schedule = scheduled  # type: ignore[method-assign]
-    end_s = simulation.run().duration_s
-    step = next(steps)
-    return Replay(changes + taken_changes(events, step, end_s), step, preemptions)
+    result = simulation.run()
+    step = next(counter)
+    changes += taken_changes(events, step, result.duration_s)
+    preempted = {r.request_id: r.num_preemptions for r in result.requests if r.num_preemptions}
+    return EngineClockRun(changes, steps, preempted, step)
+
+
+def bench_on_engine_clock(result: BenchResult, log: ScheduleLog, config: SimConfig
+                          ) -> EngineClockRun:
+    """`run_on_engine_clock` of a bench run's requests (`check_covers`), on `config` (the
+    server's), with the server's tokens (output blocks hash as vLLM's)."""
+    from kvlab.fidelity.from_bench import bench_trace
+
+    check_covers(log, result)
+    replay, durations = replay_on_engine_clock(bench_trace(result, token_ids=True), log)
+    return run_on_engine_clock(replay, config, durations)
+
+
+@dataclass
+class ScheduleMatch:
+    """kvlab's steps against vLLM's, step for step on vLLM's clock: how many each took,
+    the first step whose tokens per request differ (None: none of those both took), and
+    whether each request was preempted as often."""
+
+    num_vllm_steps: int
+    num_kvlab_steps: int
+    first_difference: int | None
+    num_vllm_preemptions: int
+    num_kvlab_preemptions: int
+    preemptions_equal: bool
+
+    @property
+    def identical(self) -> bool:
+        """Every step and every request's preemptions alike."""
+        return (self.first_difference is None and self.preemptions_equal
+                and self.num_vllm_steps == self.num_kvlab_steps)
+
+
+def first_difference(ours: list[dict[int, int]], theirs: list[dict[int, int]]) -> int | None:
+    """The first step at which two schedules (tokens per request, step by step) differ, over
+    the steps both have; None where those are all alike."""
+    return next((index for index, (mine, other) in enumerate(zip(ours, theirs, strict=False))
+                 if mine != other), None)
+
+
+def match_schedule(run: EngineClockRun, log: ScheduleLog) -> ScheduleMatch:
+    """`run`'s steps and preemptions against vLLM's (`log`)."""
+    theirs = log.preemptions_per_request()
+    return ScheduleMatch(len(log.steps), len(run.steps), first_difference(run.steps, log.steps),
+                         len(log.preemptions), sum(run.preempted.values()),
+                         run.preempted == theirs)

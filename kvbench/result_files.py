@@ -104,7 +104,7 @@ def _from_document(d: dict[str, Any]) -> BenchResult:
     itls = [gap for r in requests if r.completed for gap in r.itls_s()]
     keys = ("policy", "model", "hardware", "dataset", "dataset_name", "dataset_source",
             "backend", "endpoint_type", "seed", "request_rate", "burstiness", "time_scale",
-            "max_concurrency", "label", "base_url", "slo_classes")
+            "max_concurrency", "label", "base_url", "slo_classes", "request_id_prefix")
     run = RunResult(
         requests=requests,
         steps=StepRecorder(),

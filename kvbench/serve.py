@@ -63,6 +63,8 @@ def bench_serve(
         reset_prefix_cache(client.base_url, api_key=client.api_key)
     subscriber = None if kv_events is None else KVEventSubscriber(kv_events).start()
     ran = run_client(client, planned, on_finish=on_finish)
+    if client.request_id_prefix is not None:  # (what a scheduler's log names them by)
+        metadata = {"request_id_prefix": client.request_id_prefix, **(metadata or {})}
     result = bench_result(ran, trace, card, metadata or {})
     if subscriber is not None:
         result.kv_events = subscriber.stop(ran.started_at)

@@ -163,11 +163,12 @@ def _add_server_arguments(server: argparse._ArgumentGroup) -> None:
                         help="with --lockstep: compare a saved `bench serve --kv-events` run "
                         "(its JSON; the stream beside it) instead of running one")
     server.add_argument("--step-log", default=None, metavar="PATH",
-                        help="with --kv-events: the log vLLM's scheduler writes where it runs "
+                        help="with --kv-events or --from-bench: the log vLLM's scheduler "
+                        "writes where it runs "
                         "with kvlab's plugin and KVLAB_VLLM_STEP_LOG=PATH (PATH.<pid>, or the "
                         "file itself): kvlab replays the run on vLLM's own steps and clock "
                         "instead of the client's view of them, so every step boundary is "
-                        "vLLM's (docs/vllm_plugin.md)")
+                        "vLLM's, and compares its steps with vLLM's (docs/vllm_plugin.md)")
     server.add_argument("--reset-prefix-cache", action="store_true",
                         help="with --kv-events: empty the server's prefix cache before the run "
                         "(kvlab serve; vLLM with VLLM_SERVER_DEV_MODE=1), so that both sides "
@@ -191,9 +192,9 @@ def _check_mode_flags(args: argparse.Namespace) -> None:
     if args.no_refine and (args.base_url is None or args.lockstep):
         raise KvlabError("--no-refine: only with --base-url, without --lockstep (the engine's "
                          "side is calibrated from its own profile)")
-    if args.step_log is not None and (args.kv_events is None or args.from_bench is not None):
-        raise KvlabError("--step-log: with --base-url URL --kv-events ENDPOINT --lockstep, a "
-                         "run sent now (the log names its requests by the ids the run sends)")
+    if args.step_log is not None and not args.lockstep:
+        raise KvlabError("--step-log: only with --lockstep (--kv-events ENDPOINT or "
+                         "--from-bench RESULT)")
 
 
 def run(args: argparse.Namespace) -> int:

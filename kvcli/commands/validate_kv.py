@@ -23,9 +23,9 @@ def run_server_lockstep(args: argparse.Namespace, target: Any) -> int:
 
     endpoint = normalize_endpoint(args.kv_events)
     trace = load_trace_from_args(args)
-    client = target.client
-    if args.step_log is not None:  # (the ids the scheduler's log names the run's requests by)
-        client = dataclasses.replace(client, request_id_prefix=f"validate-{uuid.uuid4().hex[:8]}-")
+    # (ids a scheduler's log names the run's requests by: --step-log, now or on the saved run)
+    client = dataclasses.replace(target.client,
+                                 request_id_prefix=f"validate-{uuid.uuid4().hex[:8]}-")
     with tqdm(total=len(trace), unit="req", desc="server run", leave=False,
               disable=not show_progress(args)) as bar:
         result = bench_serve(trace, client, card=target.card,
@@ -35,12 +35,7 @@ def run_server_lockstep(args: argparse.Namespace, target: Any) -> int:
     path = _report_path(args)
     if path is not None:
         _save_bench(result, path)
-    step_log = None
-    if args.step_log is not None:
-        from kvlab.fidelity.step_log import read_schedule_log
-
-        step_log = read_schedule_log(Path(args.step_log), str(client.request_id_prefix))
-    return _report(args, result, target.model, path, step_log)
+    return _report(args, result, target.model, path, _step_log(args, result))
 
 
 def run_saved_lockstep(args: argparse.Namespace) -> int:
@@ -58,7 +53,23 @@ def run_saved_lockstep(args: argparse.Namespace) -> int:
         model = get_model(str(result.server.model))
     except KvlabError:
         model = get_model(args.model)
-    return _report(args, result, model, _report_path(args))
+    return _report(args, result, model, _report_path(args), _step_log(args, result))
+
+
+def _step_log(args: argparse.Namespace, result: Any) -> Any:
+    """--step-log's rows of the run (`read_schedule_log`, by the request-id prefix the run was
+    sent with, which its result records); None without the flag."""
+    from kvlab.errors import KvlabError
+    from kvlab.fidelity.step_log import read_schedule_log
+
+    if args.step_log is None:
+        return None
+    prefix = result.run.metadata.get("request_id_prefix")
+    if not prefix:
+        raise KvlabError(f"--step-log: {args.from_bench or 'the run'} records no request-id "
+                         "prefix to find its requests in the log by (a run saved by an older "
+                         "kvlab): send it again")
+    return read_schedule_log(Path(args.step_log), str(prefix))
 
 
 def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None,
@@ -89,6 +100,7 @@ def _report(args: argparse.Namespace, result: Any, model: Any, path: Path | None
                     "kv_events": stream.endpoint, "preset": args.server_preset or "auto",
                     "policy": policy, "server_eviction": result.server.eviction,
                     "step_log": args.step_log,
+                    "request_id_prefix": result.run.metadata.get("request_id_prefix"),
                     "num_requests": len(result.requests), "kv_lockstep": report.to_json()}
         save_document(path, document)
     return 0 if report.identical else 1

@@ -11,7 +11,17 @@ from types import SimpleNamespace
 import pytest
 
 from kvlab.errors import KvlabError
-from kvlab.fidelity.step_log import read_schedule_log, replay_on_engine_clock, step_log_file
+from kvlab.fidelity.kv_alignment import compare_changes
+from kvlab.fidelity.kv_lockstep import format_kv_lockstep
+from kvlab.fidelity.step_log import (
+    EngineClockRun,
+    ScheduleLog,
+    check_covers,
+    match_schedule,
+    read_schedule_log,
+    replay_on_engine_clock,
+    step_log_file,
+)
 from kvlab.integrations.vllm.step_log import StepLogWriter, install_step_log
 from kvlab.traces.types import Trace, TraceRequest
 
@@ -109,7 +119,7 @@ def test_a_row_that_is_not_the_logs_names_its_file_and_line(tmp_path):
         read_schedule_log(tmp_path / "steps", "p-")
 
 
-def test_the_engine_clock_replay_needs_every_request_of_the_run(tmp_path):
+def test_the_engine_clock_replay_needs_every_completed_request_of_the_run(tmp_path):
     path = tmp_path / "steps.5"
     path.write_text('{"t": 10.0, "add": "cmpl-p-0-0", "prompt_len": 2}\n'
                     '{"t": 10.5, "step": 1, "tokens": {"cmpl-p-0-0": 2}, "waiting": 0, '
@@ -117,12 +127,42 @@ def test_the_engine_clock_replay_needs_every_request_of_the_run(tmp_path):
                     '{"t": 10.75, "step": 2, "tokens": {"cmpl-p-0-0": 1}, "waiting": 0, '
                     '"free": 3}\n')
     log = read_schedule_log(path, "p-")
+    served = SimpleNamespace(requests=[SimpleNamespace(request_id=0, completed=True),
+                                       SimpleNamespace(request_id=1, completed=True)])
+    with pytest.raises(KvlabError, match=r"names 1 of the run's 2 completed requests \(not "
+                                         r"\[1\]\)"):
+        check_covers(log, served)
+    served.requests[1].completed = False  # (refused by the server's API: never queued)
+    check_covers(log, served)
     trace = Trace("t", "random", "synthetic",
                   [TraceRequest(0, 5.0, 2, 1), TraceRequest(1, 5.1, 2, 1)])
-    with pytest.raises(KvlabError, match=r"names 1 of the run's 2 requests \(e\.g\. not \[1\]\)"):
-        replay_on_engine_clock(trace, log)
-    replay, durations = replay_on_engine_clock(
-        Trace("t", "random", "synthetic", [TraceRequest(0, 5.0, 2, 1)]), log)
+    replay, durations = replay_on_engine_clock(trace, log)
     # (queued before the first step: it arrives at it; each step lasts until the next)
-    assert [r.arrival_s for r in replay.requests] == [0.0]
+    assert [(r.request_id, r.arrival_s) for r in replay.requests] == [(0, 0.0)]
     assert durations == [0.25, 1e-3]
+    with pytest.raises(KvlabError, match=r"no step of requests named q-<id>"):
+        replay_on_engine_clock(trace, read_schedule_log(path, "q-"))
+
+
+def test_the_schedule_is_compared_step_for_step_and_reported():
+    log = ScheduleLog(steps=[{0: 4}, {0: 1, 1: 3}, {1: 1}], preemptions=[(2, 1)])
+    alike = EngineClockRun([], [{0: 4}, {0: 1, 1: 3}, {1: 1}], {1: 1}, 3)
+    match = match_schedule(alike, log)
+    assert match.identical and match.first_difference is None
+    other = EngineClockRun([], [{0: 4}, {0: 1, 1: 2}, {1: 2}], {}, 3)
+    match = match_schedule(other, log)
+    assert (match.first_difference, match.preemptions_equal, match.identical) == (1, False, False)
+    report = compare_changes([], [])
+    report.schedule = match
+    text = format_kv_lockstep(report)
+    rows = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    assert rows["Steps vLLM / kvlab (its clock)"].strip() == "3 / 3"
+    assert rows["Steps alike before the first other"].strip() == "1 (step 1 differs)"
+    assert rows["Preemptions per request alike"].strip() == "no (1 / 0)"
+    assert "Every step scheduled" not in text
+    assert report.to_json()["schedule"] == {
+        "num_vllm_steps": 3, "num_kvlab_steps": 3, "first_difference": 1,
+        "num_vllm_preemptions": 1, "num_kvlab_preemptions": 0, "preemptions_equal": False,
+        "identical": False}
+    report.schedule = match_schedule(alike, log)
+    assert "Every step scheduled as vLLM's, every preemption too." in format_kv_lockstep(report)

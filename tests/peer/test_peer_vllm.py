@@ -12,9 +12,9 @@ import pytest
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
 from kvlab.cli import main
 from kvlab.engine import LLM, SamplingParams
-from kvlab.fidelity.step_log import read_schedule_log
+from kvlab.fidelity.step_log import first_difference, read_schedule_log
 from kvlab.traces import load_trace, synthesize_prompt_ids
-from tests.peer.schedule_log import first_difference, preset_on_engine_clock
+from tests.peer.schedule_log import preset_on_engine_clock
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm
 from tests.peer.workloads import queued_behind_a_long_request
 

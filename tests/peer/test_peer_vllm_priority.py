@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from kvlab.bench import ClientConfig, bench_serve, resolve_model
-from kvlab.fidelity.step_log import read_schedule_log
-from tests.peer.schedule_log import first_difference, preset_on_engine_clock
+from kvlab.fidelity.step_log import first_difference, read_schedule_log
+from tests.peer.schedule_log import preset_on_engine_clock
 from tests.peer.vllm_server import BLOCK_BYTES, missing_reason, start_vllm
 from tests.peer.workloads import PRIORITY_WORKLOADS, priority_workload
 

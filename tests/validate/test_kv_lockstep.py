@@ -5,6 +5,7 @@ manager kvlab replays, so that every block change must match in order."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -210,6 +211,19 @@ def test_validate_lockstep_command(live_with_events, capsys, tmp_path):
     assert code == 0, capsys.readouterr().out
     again = json.loads((tmp_path / "again.json").read_text())["kv_lockstep"]
     assert again == report
+    # the run records the request ids it was sent with (X-Request-Id: validate-<hex>-<id>),
+    # which a vLLM scheduler's log (--step-log) names them by
+    document = json.loads(saved.read_text())
+    assert re.fullmatch(r"validate-[0-9a-f]{8}-", document["request_id_prefix"])
+    steps = tmp_path / "steps"
+    assert main(["validate", "--lockstep", "--from-bench", str(saved), "--step-log",
+                 str(steps)]) != 0
+    assert f"--step-log {steps}: no log {steps}.<pid>" in capsys.readouterr().err
+    del document["request_id_prefix"]
+    saved.write_text(json.dumps(document))
+    assert main(["validate", "--lockstep", "--from-bench", str(saved), "--step-log",
+                 str(steps)]) != 0
+    assert "records no request-id prefix" in capsys.readouterr().err
 
 
 def test_from_bench_errors_name_the_file(tmp_path, capsys):
@@ -218,18 +232,17 @@ def test_from_bench_errors_name_the_file(tmp_path, capsys):
     assert f"{missing}: no such file" in capsys.readouterr().err
     assert main(["validate", "--from-bench", str(missing)]) != 0
     assert "--from-bench: with --lockstep" in capsys.readouterr().err
-    # (a saved run's requests carry no ids a scheduler's log could name)
-    assert main(["validate", "--lockstep", "--from-bench", str(missing), "--kv-events",
-                 "tcp://127.0.0.1:1", "--step-log", str(tmp_path / "steps")]) != 0
-    assert "--step-log: with --base-url URL --kv-events ENDPOINT" in capsys.readouterr().err
+    assert main(["validate", "--from-bench", str(missing), "--step-log", "steps"]) != 0
+    assert "--step-log: only with --lockstep" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, problem", [
     (["--lockstep"], "give --kv-events ENDPOINT"),
     (["--kv-events", "tcp://127.0.0.1:1"], "only with --lockstep"),
     (["--lockstep", "--kv-events", "tcp://*:1"], "bind address"),
-    (["--lockstep", "--step-log", "steps"], "--step-log: with --base-url URL --kv-events"),
-    (["--kv-events", "tcp://127.0.0.1:1", "--step-log", "steps"], "only with --lockstep"),
+    (["--lockstep", "--step-log", "steps"], "give --kv-events ENDPOINT"),
+    (["--kv-events", "tcp://127.0.0.1:1", "--step-log", "steps"],
+     "--step-log: only with --lockstep"),
 ])
 def test_validate_flag_errors(live_with_events, capsys, flags, problem):
     server, _ = live_with_events
