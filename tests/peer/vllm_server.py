@@ -157,14 +157,17 @@ def save_sliding_window_model(folder: Path, window: int = 32) -> Path:
 
 
 def validate_sliding_lockstep(base_url: str, endpoint: str, folder: Path,
-                              result_dir: Path) -> tuple[int, dict]:
+                              result_dir: Path, step_log: Path | None = None
+                              ) -> tuple[int, dict]:
     """`kvlab validate --lockstep --kv-events` against the server at `base_url` (KV events at
     `endpoint`) of a sliding-window model `folder`, on six shared 512-token prefixes with 192
     tokens after each and 48 out, 200 requests at 30/s: the exit code and the saved KV
-    lockstep report."""
+    lockstep report. `step_log`: the server's scheduler log (`--step-log`), else the
+    client's view of its steps."""
     from kvlab.cli import main
 
-    code = main(["validate", "--base-url", base_url, "--kv-events", endpoint,
+    logged = [] if step_log is None else ["--step-log", str(step_log)]
+    code = main(["validate", "--base-url", base_url, "--kv-events", endpoint, *logged,
                  "--lockstep", "--reset-prefix-cache", "--dataset-name", "random",
                  "--num-prompts", "200", "--random-input-len", "192",
                  "--random-output-len", "48", "--random-prefix-len", "512",
