@@ -249,12 +249,15 @@ class EngineService:
             now = clock.now()
             output, finished = engine.step(loop, now, clock)
             ended = time.time()  # before its tokens go out: no client sees them earlier
-            self._emit(output.requests, finished, output.failed)
+            # The step's counters and KV events before its tokens: a client that saw its last
+            # token and scrapes /metrics at once sees that step's demotions, preemptions and
+            # hits, and a batch of events for each step counted.
+            self.metrics.observe_state(loop.scheduler)
+            self.metrics.observe_batch(output)
             events = engine.manager.events
             if self.publisher is not None and events is not None:
                 self.publisher.publish(events.take(), ended)
-            self.metrics.observe_state(loop.scheduler)
-            self.metrics.observe_batch(output)
+            self._emit(output.requests, finished, output.failed)
             if not self.keep_steps and len(loop.steps) >= self.history_steps:
                 self._forget_history(loop)
 
