@@ -314,7 +314,8 @@ class HybridKVCacheManager(GroupSwapping):
         rid = seq.request_id
         deferred = rid in self._steps.loaded
         for manager, state in self._take_states(seq):
-            if deferred:
+            if deferred:  # (its unwritten pages out of the cache now, the rest at the end)
+                manager.unregister_unwritten(state, seq.num_computed_tokens)
                 self._steps.freed.append((manager, seq, state, seq.num_computed_tokens))
             else:
                 manager.release(seq, state)

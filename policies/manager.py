@@ -247,6 +247,7 @@ class KVCacheManager(ManagerView):
             if self.precision is not None:
                 self.precision.forget(state)
             if seq.request_id in self._steps.loaded:  # (released at the step's end)
+                self._main.unregister_unwritten(state, seq.num_computed_tokens)
                 self._steps.freed.append((self._main, seq, state, seq.num_computed_tokens))
             else:
                 self._main.release(seq, state)

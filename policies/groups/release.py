@@ -53,8 +53,7 @@ class TableRelease:
             num_written = seq.num_computed_tokens
         if state.hash_outputs:
             self.register(seq, state, min(num_written, state.num_tokens))
-        if state.num_hashed * self.page_size > num_written:
-            self._unregister_unwritten(state, num_written)
+        self.unregister_unwritten(state, num_written)
         pages, end, owners = state.pages, state.num_hashed, self.pool.owners
         if state.regular:
             first, still_held = self._shared_pages_of_regular(state) if owners else (0, None)
@@ -79,9 +78,13 @@ class TableRelease:
         self.pool.release(to_cache, keys, depths, to_free)
         self.num_live_slots -= state.num_tokens
 
-    def _unregister_unwritten(self, state: SeqState, num_written: int) -> None:
+    def unregister_unwritten(self, state: SeqState, num_written: int) -> None:
         """Take out of the prefix cache the registered pages past the first `num_written`
-        tokens: a sequence preempted in the step that registered them never computes them."""
+        tokens: a sequence preempted or freed in the step that registered them never computes
+        them. A release deferred to the step's end (`KVCacheManager.free`) calls this at once:
+        a later lookup of the step must not take them as hits."""
+        if state.num_hashed * self.page_size <= num_written:
+            return
         num_full = num_written // self.page_size
         self.pool.uncache(state.hashes[num_full : state.num_hashed],
                           state.pages[num_full : state.num_hashed])

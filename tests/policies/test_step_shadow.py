@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvlab.policies import MemOps
 from kvlab.policies.spec import parse_policy
-from kvlab.policies.tiers import TiersConfig, build_tiers
+from kvlab.policies.tiers import TiersConfig, TierSpec, build_tiers
 from tests.policies.harness import Harness
 from tests.policies.step_walk import StepWalk
 from tests.policies.test_manager_properties import MAX_MODEL_LEN, new_request, spec_and_memory
@@ -60,3 +60,17 @@ def test_every_order_within_a_step_keeps_each_sequence_in_its_own_pages(workload
     usage = stepped.manager.usage()
     assert usage.num_used_pages == 0 and usage.num_host_used_pages == 0
     stepped.manager.check_tiers()
+
+
+def test_a_free_deferred_by_a_tier_load_leaves_no_uncomputed_page_to_hit():
+    # Found by the thorough profile: a request admitted with hits loaded from the host tier
+    # and two new pages (registered: their tokens are known) was freed in the same step, its
+    # release deferred to the step's end (the loads still write its pages), and a request of
+    # the same prompt admitted after it in that step took the two pages, never computed, as
+    # prefix hits. The free now takes them out of the cache at once.
+    config = TiersConfig(tiers=(TierSpec(kind="host", size_pages=2, eviction="lru"),
+                                TierSpec(kind="ssd", size_pages=1, eviction="lru")),
+                         write_policy="write-back", store_threshold=0, overlap="none")
+    spec = ("paged:block_size=1,block_sizing=fixed,eviction=lru,preemption=recompute,"
+            "victim=last-arrived")
+    walk(spec, 48, 8, config, 341982, num_steps=60)
