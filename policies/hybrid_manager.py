@@ -314,9 +314,8 @@ class HybridKVCacheManager(GroupSwapping):
         rid = seq.request_id
         deferred = rid in self._steps.loaded
         for manager, state in self._take_states(seq):
-            if deferred:  # (its unwritten pages out of the cache now, the rest at the end)
-                manager.unregister_unwritten(state, seq.num_computed_tokens)
-                self._steps.freed.append((manager, seq, state, seq.num_computed_tokens))
+            if deferred:
+                self._steps.defer_release(manager, seq, state)
             else:
                 manager.release(seq, state)
         self.host.release(rid)

@@ -246,9 +246,8 @@ class KVCacheManager(ManagerView):
             del self._seqs[seq.request_id]
             if self.precision is not None:
                 self.precision.forget(state)
-            if seq.request_id in self._steps.loaded:  # (released at the step's end)
-                self._main.unregister_unwritten(state, seq.num_computed_tokens)
-                self._steps.freed.append((self._main, seq, state, seq.num_computed_tokens))
+            if seq.request_id in self._steps.loaded:
+                self._steps.defer_release(self._main, seq, state)
             else:
                 self._main.release(seq, state)
         self.host.release(seq.request_id)

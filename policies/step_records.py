@@ -49,6 +49,15 @@ class StepRecords:
             if loaded:
                 self.loaded.add(request_id)
 
+    def defer_release(self, manager: FullAttentionManager, request: Request,
+                      state: SeqState) -> None:
+        """`request`, freed in the step, is released at the step's end (the step's loads still
+        write its pages); the pages registered past its computed tokens leave the prefix cache
+        now, so that no later lookup of the step takes them as hits."""
+        num_written = request.num_computed_tokens
+        manager.unregister_unwritten(state, num_written)
+        self.freed.append((manager, request, state, num_written))
+
     def sources(self, pages: list[int]) -> list[int]:
         """`pages` as swap-outs read them: a page copied this step from its source."""
         copies = self.copies

@@ -81,8 +81,8 @@ class TableRelease:
     def unregister_unwritten(self, state: SeqState, num_written: int) -> None:
         """Take out of the prefix cache the registered pages past the first `num_written`
         tokens: a sequence preempted or freed in the step that registered them never computes
-        them. A release deferred to the step's end (`KVCacheManager.free`) calls this at once:
-        a later lookup of the step must not take them as hits."""
+        them. A release deferred to the step's end calls this at once
+        (`StepRecords.defer_release`): a later lookup of the step must not take them as hits."""
         if state.num_hashed * self.page_size <= num_written:
             return
         num_full = num_written // self.page_size
