@@ -44,14 +44,13 @@ def kv_lockstep(result: BenchResult, config: SimConfig, step_log: ScheduleLog | 
         raise KvlabError("the bench result has no KV event stream: run `kvlab bench serve` "
                          "with --kv-events", parameters=("kv_events",))
     server = server_changes(result.kv_events)
-    if step_log is None:
-        ends = server_step_ends(result)
-        if publishes_every_step(result):  # a change happened at its batch's step end, exactly
-            server = [dataclasses.replace(c, time_s=ends[c.step]) for c in server]
     while server and server[0].kind == CLEARED:  # a reset before the run: kvlab starts empty too
         server.pop(0)
     schedule = None
     if step_log is None:
+        ends = server_step_ends(result)
+        if publishes_every_step(result):  # a change happened at its batch's step end, exactly
+            server = [dataclasses.replace(c, time_s=ends[c.step]) for c in server]
         replay = replay_changes(result, config, server, ends)
     else:
         from kvlab.fidelity.step_log import bench_on_engine_clock, match_schedule
