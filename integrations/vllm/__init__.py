@@ -75,7 +75,7 @@ def _log_steps(stem: str) -> None:
         StepLogWriter,
         install_step_log,
     )
-    from kvlab.integrations.vllm.support import check_version
+    from kvlab.integrations.vllm.support import check_scheduler, check_version
 
     unset = f"unset {STEP_LOG_VARIABLE}"
     check_version(vllm.__version__, unset)
@@ -84,10 +84,7 @@ def _log_steps(stem: str) -> None:
     except ImportError as error:
         raise KvlabError(f"this vLLM lacks {error.name or error}, which kvlab's step log "
                          f"wraps; {unset}") from None
-    missing = [name for name in SCHEDULER_METHODS if not hasattr(Scheduler, name)]
-    if missing:
-        raise KvlabError(f"this vLLM's Scheduler lacks {', '.join(missing)}, which kvlab's "
-                         f"step log wraps; {unset}")
+    check_scheduler(Scheduler, SCHEDULER_METHODS, unset)
     folder = os.path.dirname(os.path.abspath(stem))
     if not os.path.isdir(folder):
         raise KvlabError(f"{STEP_LOG_VARIABLE}={stem!r}: no folder {folder} to write the log in")

@@ -32,6 +32,15 @@ def check_version(version: str,
                          f"({supported_versions()}); {unset}")
 
 
+def check_scheduler(scheduler_cls: Any, methods: tuple[str, ...], unset: str) -> None:
+    """Raise KvlabError when vLLM's Scheduler lacks one of `methods` (the step log wraps
+    them); the message ends with `unset`."""
+    missing = [name for name in methods if not hasattr(scheduler_cls, name)]
+    if missing:
+        raise KvlabError(f"this vLLM's Scheduler lacks {', '.join(missing)}, which kvlab's "
+                         f"step log wraps; {unset}")
+
+
 def check_internals(block_pool_cls: Any, queue_cls: Any) -> None:
     """Raise KvlabError when vLLM's BlockPool or free block queue lacks a method the plugin
     relies on (a vLLM whose version passed but whose internals moved)."""

@@ -6,7 +6,8 @@ import pytest
 
 from kvlab.errors import KvlabError
 from kvlab.integrations.vllm.free_queue import PolicyFreeBlockQueue
-from kvlab.integrations.vllm.support import check_internals, check_version
+from kvlab.integrations.vllm.step_log import SCHEDULER_METHODS
+from kvlab.integrations.vllm.support import check_internals, check_scheduler, check_version
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.32.0rc1"])
@@ -32,3 +33,20 @@ def test_a_vllm_whose_internals_moved_is_refused():
 
     with pytest.raises(KvlabError, match=r"lacks BlockPool\.touch"):
         check_internals(BlockPool, PolicyFreeBlockQueue)
+
+
+def test_a_vllm_whose_scheduler_moved_is_refused_by_the_step_log():
+    class Scheduler:  # without _preempt_request
+        def add_request(self): ...
+        def schedule(self): ...
+
+    with pytest.raises(KvlabError, match=r"Scheduler lacks _preempt_request, which kvlab's "
+                                         r"step log wraps; unset KVLAB_VLLM_STEP_LOG"):
+        check_scheduler(Scheduler, SCHEDULER_METHODS, "unset KVLAB_VLLM_STEP_LOG")
+    check_scheduler(_Full, SCHEDULER_METHODS, "unset KVLAB_VLLM_STEP_LOG")
+
+
+class _Full:
+    def add_request(self): ...
+    def schedule(self): ...
+    def _preempt_request(self): ...
